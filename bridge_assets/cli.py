@@ -1,0 +1,103 @@
+"""The `bridge` command line: a thin layer over the same functions and assets the UI runs."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import typer
+
+from bridge_assets.human.cli import app as annotate_app
+
+os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+app = typer.Typer(help="BRIDGE: find and fill the holes in IR benchmarks, then re-benchmark.",
+                  no_args_is_help=True, add_completion=False)
+datasets_app = typer.Typer(help="The dataset registry (resources/datasets.yaml).", no_args_is_help=True)
+app.add_typer(datasets_app, name="datasets")
+app.add_typer(annotate_app, name="annotate")
+
+
+def _fail(message: str) -> None:
+    typer.secho(f"error: {message}", fg="red", err=True)
+    raise typer.Exit(2)
+
+
+@datasets_app.command("list")
+def datasets_list() -> None:
+    """Name, kind, source and (once ingested) counts of every registered dataset."""
+    from bridge_assets import store
+    from bridge_assets.ingest.registry import load_registry
+
+    counts: dict[str, dict[str, int]] = {}
+    if store.duckdb_path().exists():
+        with store.connect() as con:
+            for table in ("corpus", "queries", "original_qrels"):
+                if store.table_exists(con, table):
+                    for dataset, n in con.execute(
+                            f"select dataset, count(*) from {table} group by dataset").fetchall():
+                        counts.setdefault(dataset, {})[table] = n
+    typer.echo(f"{'name':<16}{'kind':<16}{'documents':>10}{'queries':>9}{'qrels':>8}  source")
+    for name, spec in load_registry().items():
+        c = counts.get(name, {})
+        cells = [str(c.get(t, "-")) for t in ("corpus", "queries", "original_qrels")]
+        typer.echo(f"{name:<16}{spec.kind:<16}{cells[0]:>10}{cells[1]:>9}{cells[2]:>8}  {spec.source}")
+
+
+def _materialize(assets: list[str], dataset: str | None) -> None:
+    from bridge_assets import orchestration
+    from bridge_assets.definitions import defs
+
+    inst = orchestration.instance()
+    try:
+        steps = orchestration.plan(defs, assets, dataset, inst)
+    except ValueError as exc:
+        _fail(str(exc))
+    total = sum(len(s.partition_keys) for s in steps)
+    done = 0
+
+    def progress(step, partition_key):
+        nonlocal done
+        done += 1
+        names = ", ".join(k.to_user_string() for k in step.keys)
+        typer.secho(f"[{done}/{total}] {names}" + (f"  ({partition_key})" if partition_key else ""),
+                    fg="cyan", err=True)
+
+    try:
+        orchestration.execute(defs, steps, inst, on_step=progress)
+    except Exception as exc:  # Dagster wraps the asset's own error: show the user the root cause
+        cause = exc
+        while getattr(cause, "__cause__", None) is not None:
+            cause = cause.__cause__
+        _fail(f"{type(cause).__name__}: {cause}")
+
+
+@app.command()
+def materialize(
+    assets: list[str] = typer.Argument(None, help="Asset names; all assets when none are given."),
+    dataset: str = typer.Option(None, "--dataset", "-d", help="Only this dataset's partitions."),
+) -> None:
+    """Materialize ASSETS (and whatever they depend on that was never materialized)."""
+    _materialize(assets or [], dataset)
+
+
+@app.command()
+def run(dataset: str = typer.Option("demo", "--dataset", "-d", help="Dataset to run the main job on.")) -> None:
+    """The main job: the whole pipeline for one dataset, then a short summary."""
+    from bridge_assets import store
+
+    from bridge_assets.definitions import defs, main_selection
+
+    started = time.monotonic()
+    graph = defs.resolve_asset_graph()
+    _materialize([key.to_user_string() for key in main_selection.resolve(graph)], dataset)
+    with store.connect() as con:
+        counts = [con.execute(f"select count(*) from {t} where dataset = ?", [dataset]).fetchone()[0]
+                  for t in ("corpus", "queries", "original_qrels")]
+    typer.echo(f"{dataset}: {counts[0]} documents, {counts[1]} queries, {counts[2]} qrels "
+               f"({time.monotonic() - started:.0f}s) -> {store.duckdb_path()}")
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,42 @@
+"""Inter-annotator agreement: Fleiss' kappa (Fleiss 1971) over the votes per pair."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+import numpy as np
+from statsmodels.stats.inter_rater import fleiss_kappa as _statsmodels_fleiss_kappa
+
+LABELS = (0, 1)
+
+
+def category_counts(votes_per_subject: Iterable[Sequence[int]],
+                    categories: Sequence[int] = LABELS) -> np.ndarray:
+    """The subjects x categories table Fleiss' kappa reads: how many raters chose each category."""
+    index = {c: i for i, c in enumerate(categories)}
+    rows = []
+    for n, votes in enumerate(votes_per_subject):
+        row = [0] * len(categories)
+        for vote in votes:
+            if vote not in index:
+                raise ValueError(f"subject {n}: vote {vote!r} is not one of {list(categories)}")
+            row[index[vote]] += 1
+        rows.append(row)
+    return np.array(rows, dtype=int).reshape(len(rows), len(categories))
+
+
+def fleiss_kappa(table: np.ndarray | Sequence[Sequence[int]]) -> float | None:
+    """Fleiss' kappa of a subjects x categories count table (every subject rated by the same
+    number of raters). None when undefined: no subjects, or every rating in one category."""
+    table = np.asarray(table, dtype=float)
+    if table.ndim != 2 or table.shape[0] == 0:
+        return None
+    raters = table.sum(axis=1)
+    if raters[0] < 2 or not np.all(raters == raters[0]):
+        raise ValueError("Fleiss' kappa needs the same number (>= 2) of ratings per subject; "
+                         f"got {sorted(set(raters.astype(int).tolist()))}")
+    if np.count_nonzero(table.sum(axis=0)) < 2:
+        return None
+    kappa = float(_statsmodels_fleiss_kappa(table, method="fleiss"))
+    return None if math.isnan(kappa) else kappa

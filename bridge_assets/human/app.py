@@ -1,0 +1,335 @@
+"""The annotation web app (FastAPI + Jinja2 templates, no front-end build).
+
+Every page needs a valid session (a login with a personal token); admin pages need an admin
+token. Every form post carries the session's CSRF token. Input is validated with pydantic, SQL
+is parameterized, and database work runs one request at a time on short DuckDB connections
+(DuckDB has one writer per file), off the event loop.
+"""
+
+# No `from __future__ import annotations`: FastAPI must see the real Depends() annotations of
+# the routes defined inside create_app.
+
+import functools
+import random
+import secrets
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+
+import anyio.to_thread
+import duckdb
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.templating import Jinja2Templates
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.datastructures import FormData, UploadFile
+
+from bridge_assets import store
+from bridge_assets.human import annotators
+from bridge_assets.human.annotators import NAME_PATTERN, Annotator
+from bridge_assets.human.items import load_item
+from bridge_assets.human.labels import compute_human_labels, datasets_with_escalations
+from bridge_assets.human.queue import QueueSettings, next_assignment, progress
+from bridge_assets.human.security import (SESSION_COOKIE, Session, SessionSigner, csrf_matches,
+                                          fingerprint, logged_in_session, new_session)
+from bridge_assets.human.tables import ensure_schema
+from bridge_assets.human.transfer import (MAX_COMMENT, ImportFailed, ImportFormat, export_votes,
+                                          import_votes)
+from bridge_assets.human.votes import VoteRejected, annotator_activity, record_vote
+
+TEMPLATES_DIR = Path(__file__).parent / "templates"
+T = TypeVar("T")
+
+
+class AppSettings(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    db_path: Path
+    secret: str = Field(min_length=16, repr=False)
+    with_history: bool = True
+    attention_rate: float = Field(0.1, ge=0.0, le=1.0)
+    datasets: tuple[str, ...] | None = None
+    lease_minutes: int = Field(30, ge=1)
+    session_hours: int = Field(12, ge=1)
+    secure_cookies: bool = False          # set when served over HTTPS
+    seed: int | None = None               # attention-check draws; fixed in tests
+    max_upload_bytes: int = 10 * 2**20
+
+    @property
+    def queue(self) -> QueueSettings:
+        return QueueSettings(with_history=self.with_history, attention_rate=self.attention_rate,
+                             datasets=self.datasets, lease=timedelta(minutes=self.lease_minutes))
+
+
+class LoginForm(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    token: str = Field(min_length=1, max_length=200)
+
+
+class VoteForm(BaseModel):
+    model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
+    assignment_id: str = Field(pattern=r"^[0-9a-f]{32}$")
+    label: Literal["0", "1"]
+    comment: str = Field("", max_length=MAX_COMMENT)
+
+
+class ImportForm(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    format: ImportFormat = "auto"
+
+
+class ExportQuery(BaseModel):
+    dataset: str | None = Field(None, min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.-]+$")
+
+
+class LoginRequired(Exception):
+    pass
+
+
+class Forbidden(Exception):
+    def __init__(self, message: str):
+        self.message = message
+
+
+class BadRequest(Exception):
+    def __init__(self, message: str, status: int = 400):
+        self.message, self.status = message, status
+
+
+@dataclass(frozen=True)
+class Viewer:
+    annotator: Annotator
+    session: Session
+
+
+class Database:
+    """Runs database work in a worker thread, one call at a time, each on a short connection."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._lock = threading.Lock()
+
+    def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        with self._lock, store.connect(self.path) as con:
+            return fn(con, *args, **kwargs)
+
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await anyio.to_thread.run_sync(functools.partial(self._call, fn, *args, **kwargs))
+
+
+def _validation_message(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'form'}: {e['msg']}" for e in exc.errors())
+
+
+def create_app(settings: AppSettings) -> FastAPI:
+    app = FastAPI(title="BRIDGE annotation", docs_url=None, redoc_url=None, openapi_url=None)
+    templates = Jinja2Templates(directory=str(TEMPLATES_DIR))
+    signer = SessionSigner(settings.secret, settings.session_hours * 3600)
+    db = Database(settings.db_path)
+    rng = random.Random(settings.seed)
+    queue_settings = settings.queue
+
+    with store.connect(settings.db_path) as con:
+        ensure_schema(con)
+
+    def with_cookie(response: Response, session: Session) -> Response:
+        response.set_cookie(SESSION_COOKIE, signer.dump(session), max_age=signer.max_age_seconds,
+                            httponly=True, samesite="strict", secure=settings.secure_cookies,
+                            path="/")
+        return response
+
+    def render(request: Request, name: str, session: Session, status: int = 200,
+               viewer: Viewer | None = None, **context: Any) -> HTMLResponse:
+        nonce = secrets.token_urlsafe(16)
+        response = templates.TemplateResponse(request, name, {
+            "nonce": nonce, "csrf": session.csrf, "viewer": viewer, **context}, status_code=status)
+        response.headers["Content-Security-Policy"] = (
+            f"default-src 'none'; style-src 'nonce-{nonce}'; script-src 'nonce-{nonce}'; "
+            "img-src 'self' data:; form-action 'self'; frame-ancestors 'none'; base-uri 'none'")
+        return with_cookie(response, session)
+
+    def redirect(url: str, session: Session) -> Response:
+        return with_cookie(RedirectResponse(url, status_code=303), session)
+
+    def session_of(request: Request) -> Session | None:
+        return signer.load(request.cookies.get(SESSION_COOKIE))
+
+    async def current_viewer(request: Request) -> Viewer:
+        session = session_of(request)
+        if session is None or not session.logged_in:
+            raise LoginRequired()
+        annotator = await db.run(annotators.get_annotator, session.annotator_id)
+        if annotator is None or annotator.token_hash is None or \
+                fingerprint(annotator.token_hash) != session.fingerprint:
+            raise LoginRequired()  # unknown annotator, or their token was rotated
+        return Viewer(annotator, session)
+
+    async def current_admin(viewer: Annotated[Viewer, Depends(current_viewer)]) -> Viewer:
+        if not viewer.annotator.is_admin:
+            raise Forbidden("this page needs an admin token")
+        return viewer
+
+    async def checked_form(request: Request, session: Session | None) -> FormData:
+        """The posted form, once its CSRF token matches the session's."""
+        form = await request.form(max_files=1, max_fields=20)
+        if session is None or not csrf_matches(session, form.get("csrf_token")):
+            raise Forbidden("the form's CSRF token is missing or wrong; reload the page and retry")
+        return form
+
+    @app.middleware("http")
+    async def security_headers(request: Request, call_next):
+        response = await call_next(request)
+        response.headers.setdefault("X-Content-Type-Options", "nosniff")
+        response.headers.setdefault("X-Frame-Options", "DENY")
+        response.headers.setdefault("Referrer-Policy", "no-referrer")
+        response.headers.setdefault("Cache-Control", "no-store")
+        return response
+
+    @app.exception_handler(LoginRequired)
+    async def login_required(request: Request, _: LoginRequired):
+        session = new_session()
+        if request.method == "GET":
+            return redirect("/login", session)
+        return render(request, "message.html", session, status=401, title="Login required",
+                      message="Log in with your personal token first.")
+
+    @app.exception_handler(Forbidden)
+    async def forbidden(request: Request, exc: Forbidden):
+        return render(request, "message.html", session_of(request) or new_session(), status=403,
+                      title="Forbidden", message=exc.message)
+
+    @app.exception_handler(BadRequest)
+    async def bad_request(request: Request, exc: BadRequest):
+        return render(request, "message.html", session_of(request) or new_session(),
+                      status=exc.status, title="Not accepted", message=exc.message)
+
+    # --- login -----------------------------------------------------------------------------
+
+    @app.get("/login")
+    async def login_page(request: Request):
+        session = session_of(request) or new_session()
+        if session.logged_in:
+            return redirect("/annotate", session)
+        return render(request, "login.html", session)
+
+    @app.post("/login")
+    async def login(request: Request):
+        session = session_of(request)
+        form = await checked_form(request, session)
+        try:
+            token = LoginForm.model_validate(dict(form)).token
+        except ValidationError as exc:
+            raise BadRequest(_validation_message(exc)) from None
+        annotator = await db.run(annotators.annotator_by_token, token)
+        if annotator is None:
+            return render(request, "login.html", session, status=401, error="Unknown token.")
+        return redirect("/annotate", logged_in_session(annotator.annotator_id, annotator.token_hash))
+
+    @app.post("/logout")
+    async def logout(request: Request, viewer: Annotated[Viewer, Depends(current_viewer)]):
+        await checked_form(request, viewer.session)
+        return redirect("/login", new_session())
+
+    # --- annotation ------------------------------------------------------------------------
+
+    @app.get("/")
+    async def home(viewer: Annotated[Viewer, Depends(current_viewer)]):
+        return redirect("/annotate", viewer.session)
+
+    def annotation_page(con: duckdb.DuckDBPyConnection, annotator_id: str):
+        assignment = next_assignment(con, annotator_id, queue_settings, rng)
+        item = load_item(con, assignment) if assignment else None
+        return item, progress(con, annotator_id, queue_settings)
+
+    @app.get("/annotate")
+    async def annotate_page(request: Request, viewer: Annotated[Viewer, Depends(current_viewer)]):
+        if viewer.annotator.flagged:
+            return render(request, "flagged.html", viewer.session, viewer=viewer)
+        item, prog = await db.run(annotation_page, viewer.annotator.annotator_id)
+        if item is None:
+            return render(request, "done.html", viewer.session, viewer=viewer, progress=prog)
+        return render(request, "annotate.html", viewer.session, viewer=viewer, item=item,
+                      progress=prog)
+
+    @app.post("/annotate")
+    async def vote(request: Request, viewer: Annotated[Viewer, Depends(current_viewer)]):
+        form = await checked_form(request, viewer.session)
+        try:
+            answer = VoteForm.model_validate(dict(form))
+        except ValidationError as exc:
+            raise BadRequest(_validation_message(exc)) from None
+        try:
+            await db.run(record_vote, assignment_id=answer.assignment_id,
+                         annotator_id=viewer.annotator.annotator_id,
+                         label=int(answer.label), comment=answer.comment or None)
+        except VoteRejected as exc:
+            raise BadRequest(str(exc), exc.status) from None
+        # the next item, or the paused page after a failed attention check
+        return redirect("/annotate", viewer.session)
+
+    # --- admin -----------------------------------------------------------------------------
+
+    def admin_overview(con: duckdb.DuckDBPyConnection):
+        datasets = [compute_human_labels(con, d) for d in datasets_with_escalations(con)]
+        return datasets, annotator_activity(con).to_dicts(), annotators.list_annotators(con)
+
+    @app.get("/admin")
+    async def admin_page(request: Request, viewer: Annotated[Viewer, Depends(current_admin)]):
+        datasets, activity, people = await db.run(admin_overview)
+        return render(request, "admin.html", viewer.session, viewer=viewer, datasets=datasets,
+                      activity=activity, annotators=people, settings=settings)
+
+    async def export(fmt: Literal["csv", "json"], request: Request) -> Response:
+        try:
+            query = ExportQuery.model_validate(dict(request.query_params))
+        except ValidationError as exc:
+            raise BadRequest(_validation_message(exc)) from None
+        body = await db.run(export_votes, fmt, query.dataset)
+        media = "text/csv" if fmt == "csv" else "application/json"
+        return Response(body, media_type=f"{media}; charset=utf-8", headers={
+            "Content-Disposition": f'attachment; filename="human_votes.{fmt}"'})
+
+    @app.get("/admin/export.csv")
+    async def export_csv(request: Request, _: Annotated[Viewer, Depends(current_admin)]):
+        return await export("csv", request)
+
+    @app.get("/admin/export.json")
+    async def export_json(request: Request, _: Annotated[Viewer, Depends(current_admin)]):
+        return await export("json", request)
+
+    @app.post("/admin/import")
+    async def import_page(request: Request, viewer: Annotated[Viewer, Depends(current_admin)]):
+        form = await checked_form(request, viewer.session)
+        try:
+            fmt = ImportForm.model_validate(dict(form)).format
+        except ValidationError as exc:
+            raise BadRequest(_validation_message(exc)) from None
+        upload = form.get("file")
+        if not isinstance(upload, UploadFile) or not upload.filename:
+            raise BadRequest("choose a votes file to import")
+        content = await upload.read(settings.max_upload_bytes + 1)
+        if len(content) > settings.max_upload_bytes:
+            raise BadRequest(f"the file is larger than {settings.max_upload_bytes} bytes", 413)
+        name = Path(upload.filename).name
+        try:
+            added = await db.run(import_votes, content, name, fmt)
+        except ImportFailed as exc:
+            return render(request, "import_result.html", viewer.session, status=400, viewer=viewer,
+                          source=name, errors=exc.errors, added=0)
+        return render(request, "import_result.html", viewer.session, viewer=viewer, source=name,
+                      errors=[], added=added)
+
+    @app.post("/admin/annotators/{annotator_id}/unflag")
+    async def unflag(request: Request, annotator_id: str,
+                     viewer: Annotated[Viewer, Depends(current_admin)]):
+        await checked_form(request, viewer.session)
+        if not NAME_PATTERN.match(annotator_id):
+            raise BadRequest("not an annotator name", 404)
+        if not await db.run(annotators.unflag, annotator_id):
+            raise BadRequest(f"no annotator {annotator_id!r}", 404)
+        return redirect("/admin", viewer.session)
+
+    return app

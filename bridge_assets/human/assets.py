@@ -1,0 +1,96 @@
+"""Dagster wiring: the `human_labels` asset, its job and the sensor that runs it once a
+dataset's escalated pairs all have their votes."""
+
+# No `from __future__ import annotations` here: Dagster resolves the Config annotation at import.
+
+import dagster as dg
+from pydantic import Field
+
+from bridge_assets.human.labels import (REQUIRED_VOTES, HumanLabels, compute_human_labels,
+                                        datasets_with_escalations)
+from bridge_assets.partitions import dataset_partitions
+from bridge_assets.resources import DuckDBStore
+
+
+class HumanLabelsConfig(dg.Config):
+    allow_partial: bool = Field(
+        False, description="Materialize even though some escalated pairs still lack votes; "
+                           "only the complete pairs get a label and the metadata says how many are open.")
+
+
+def _metadata(result: HumanLabels) -> dict:
+    metadata = {
+        "dagster/row_count": result.decided_pairs,
+        "escalated_pairs": result.escalated_pairs,
+        "open_pairs": result.open_pairs,
+        "coverage": dg.MetadataValue.float(result.coverage),
+        "accepted_votes": result.accepted_votes,
+        "excluded_votes": result.excluded_votes,
+        "required_votes": REQUIRED_VOTES,
+        "fleiss_kappa_pairs": result.kappa_pairs,
+        "votes_version": result.data_version,
+    }
+    for key, value in (("fleiss_kappa", result.kappa),
+                       ("fleiss_kappa_with_history", result.kappa_with_history),
+                       ("fleiss_kappa_without_history", result.kappa_without_history)):
+        if value is not None:  # undefined with no complete pair or a single category
+            metadata[key] = dg.MetadataValue.float(value)
+    return metadata
+
+
+@dg.asset(
+    partitions_def=dataset_partitions,
+    deps=["debate_labels"],
+    group_name="human",
+    code_version="1",
+    description=f"Majority of {REQUIRED_VOTES} accepted human votes per escalated pair "
+                "(from the annotation app's append-only human_votes table), with Fleiss' kappa "
+                "and coverage. Its data version is a hash of the votes it was built from.",
+)
+def human_labels(context: dg.AssetExecutionContext, config: HumanLabelsConfig,
+                 store: DuckDBStore) -> dg.MaterializeResult:
+    dataset = context.partition_key
+    with store.connect() as con:
+        result = compute_human_labels(con, dataset)
+    metadata = _metadata(result)
+    if result.open_pairs and not config.allow_partial:
+        raise dg.Failure(
+            description=f"human_labels for dataset '{dataset}': {result.open_pairs} of "
+                        f"{result.escalated_pairs} escalated pairs still need votes; annotate them "
+                        "(bridge annotate serve) or run with config allow_partial=true",
+            metadata=metadata)
+    if result.open_pairs:
+        context.log.warning(f"{dataset}: partial human_labels, {result.open_pairs} of "
+                            f"{result.escalated_pairs} escalated pairs still open")
+    store.write_partitions({"human_labels": result.labels}, dataset=dataset)
+    return dg.MaterializeResult(metadata=metadata, data_version=dg.DataVersion(result.data_version))
+
+
+human_labels_job = dg.define_asset_job(
+    "human_labels_job", selection=dg.AssetSelection.assets(human_labels).downstream(),
+    partitions_def=dataset_partitions,
+    description="human_labels of one dataset and everything downstream of it.")
+
+
+@dg.sensor(job=human_labels_job, minimum_interval_seconds=60,
+           default_status=dg.DefaultSensorStatus.RUNNING,
+           description="Runs human_labels_job for a dataset once every escalated pair has its "
+                       f"{REQUIRED_VOTES} accepted votes (again whenever the votes change).")
+def human_labels_sensor(context: dg.SensorEvaluationContext, store: DuckDBStore):
+    known = set(dataset_partitions.get_partition_keys())
+    requests, waiting = [], []
+    with store.connect() as con:
+        for dataset in datasets_with_escalations(con):
+            if dataset not in known:
+                continue
+            result = compute_human_labels(con, dataset)
+            if result.open_pairs:
+                waiting.append(f"{dataset}: {result.open_pairs} of {result.escalated_pairs} "
+                               "escalated pairs still need votes")
+            else:
+                # one run per state of the votes: the key repeats until a vote changes
+                requests.append(dg.RunRequest(
+                    partition_key=dataset, run_key=f"human_labels:{dataset}:{result.data_version}"))
+    if requests:
+        return dg.SensorResult(run_requests=requests)
+    return dg.SkipReason("; ".join(waiting) or "no escalated pairs yet")

@@ -1,0 +1,113 @@
+"""`bridge annotate ...`: serve the annotation app, manage annotators, move votes in and out."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(help="Human annotation of escalated pairs (the annotation web app and its votes).",
+                  no_args_is_help=True, add_completion=False)
+
+
+def _fail(message: str) -> None:
+    typer.secho(f"error: {message}", fg="red", err=True)
+    raise typer.Exit(2)
+
+
+@app.command()
+def serve(
+    host: str = typer.Option("127.0.0.1", help="Interface to bind; 0.0.0.0 opens it to the network."),
+    port: int = typer.Option(8765, min=1, max=65535),
+    with_history: bool = typer.Option(True, "--with-history/--without-history",
+                                      help="Show the debate history (recorded with every vote)."),
+    attention_rate: float = typer.Option(0.1, min=0.0, max=1.0,
+                                         help="Share of items that are attention checks."),
+    dataset: list[str] = typer.Option(None, "--dataset", "-d", help="Only these datasets' pairs."),
+    secure_cookies: bool = typer.Option(False, help="Mark cookies Secure (serving over HTTPS)."),
+) -> None:
+    """Serve the annotation app (log in with a token from add-annotator)."""
+    import uvicorn
+
+    from bridge_assets.human.app import AppSettings, create_app
+    from bridge_assets.human.security import load_secret
+    from bridge_assets.paths import data_lake_dir, duckdb_path
+
+    settings = AppSettings(db_path=duckdb_path(), secret=load_secret(data_lake_dir()),
+                           with_history=with_history, attention_rate=attention_rate,
+                           datasets=tuple(dataset) if dataset else None,
+                           secure_cookies=secure_cookies)
+    typer.secho(f"annotation app on http://{host}:{port}/ ({'with' if with_history else 'without'} "
+                f"debate history) -> {settings.db_path}", fg="cyan", err=True)
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+
+
+@app.command("add-annotator")
+def add_annotator(
+    name: str = typer.Argument(..., help="Annotator name (also their id in human_votes)."),
+    admin: bool = typer.Option(False, "--admin", help="May open the admin pages."),
+    rotate: bool = typer.Option(False, "--rotate", help="Issue a new token for an existing annotator."),
+) -> None:
+    """Create an annotator and print their personal token (shown once; only its hash is kept)."""
+    from bridge_assets import store
+    from bridge_assets.human.annotators import AnnotatorError
+    from bridge_assets.human.annotators import add_annotator as add
+
+    try:
+        with store.connect() as con:
+            token = add(con, name, admin=admin, rotate=rotate)
+    except AnnotatorError as exc:
+        _fail(str(exc))
+    typer.secho(f"{'admin' if admin else 'annotator'} {name}: personal token (keep it secret, "
+                "it is shown only once):", err=True)
+    typer.echo(token)
+
+
+class ImportKind(str, Enum):
+    auto = "auto"
+    csv = "csv"
+    json = "json"
+    label_studio = "label-studio"
+
+
+@app.command("import")
+def import_(
+    file: Path = typer.Argument(..., exists=True, dir_okay=False, readable=True),
+    fmt: ImportKind = typer.Option(ImportKind.auto, "--format", "-f",
+                                   help="auto: CSV by extension, else JSON or Label Studio's export."),
+) -> None:
+    """Import votes collected elsewhere (validated; all or nothing)."""
+    from bridge_assets import store
+    from bridge_assets.human.transfer import ImportFailed, import_votes
+
+    try:
+        with store.connect() as con:
+            added = import_votes(con, file.read_bytes(), file.name, fmt.value)
+    except ImportFailed as exc:
+        _fail(str(exc))
+    typer.echo(f"imported {added} votes from {file}")
+
+
+class ExportKind(str, Enum):
+    csv = "csv"
+    json = "json"
+
+
+@app.command()
+def export(
+    fmt: ExportKind = typer.Option(ExportKind.csv, "--format", "-f"),
+    output: Path = typer.Option(None, "--output", "-o", help="File to write (default: stdout)."),
+    dataset: str = typer.Option(None, "--dataset", "-d", help="Only this dataset's votes."),
+) -> None:
+    """Export every vote (accepted and excluded) as CSV or JSON."""
+    from bridge_assets import store
+    from bridge_assets.human.transfer import export_votes
+
+    with store.connect() as con:
+        body = export_votes(con, fmt.value, dataset)
+    if output:
+        output.write_text(body)
+        typer.secho(f"wrote {output}", err=True)
+    else:
+        typer.echo(body, nl=False)

@@ -1,0 +1,128 @@
+"""`human_labels` as a plain function: the majority vote per escalated pair, agreement, coverage.
+
+The set-based part (tallies and majority per pair) is sql/human_labels.sql; this module adds
+Fleiss' kappa and the data version (a hash of exactly the votes and pairs the labels come from).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+import duckdb
+import polars as pl
+
+from bridge_assets.human.agreement import category_counts, fleiss_kappa
+from bridge_assets.human.tables import ensure_schema
+from bridge_assets.paths import read_sql
+from bridge_assets.store import table_exists
+
+# Votes each escalated pair needs (the paper: three crowd annotators per pair).
+REQUIRED_VOTES = 3
+
+HUMAN_LABELS_SCHEMA = {
+    "dataset": pl.String, "query_id": pl.String, "doc_id": pl.String, "label": pl.Int32,
+    "votes": pl.Int32, "votes_relevant": pl.Int32, "agreement": pl.Float64,
+}
+TALLY_SCHEMA = {**HUMAN_LABELS_SCHEMA, "decided": pl.Boolean}
+
+
+class MissingDebateLabels(LookupError):
+    """human_labels needs the debate's outcomes to know which pairs were escalated."""
+
+
+@dataclass(frozen=True)
+class HumanLabels:
+    dataset: str
+    labels: pl.DataFrame            # rows of the human_labels table: the decided pairs
+    escalated_pairs: int
+    open_pairs: int                 # escalated pairs still short of votes (or tied)
+    accepted_votes: int
+    excluded_votes: int
+    kappa: float | None             # Fleiss' kappa over the first REQUIRED_VOTES votes per pair
+    kappa_with_history: float | None
+    kappa_without_history: float | None
+    kappa_pairs: int
+    data_version: str
+
+    @property
+    def decided_pairs(self) -> int:
+        return self.labels.height
+
+    @property
+    def coverage(self) -> float:
+        return self.decided_pairs / self.escalated_pairs if self.escalated_pairs else 1.0
+
+
+def pair_tallies(con: duckdb.DuckDBPyConnection, dataset: str | None = None) -> pl.DataFrame:
+    """One row per escalated pair (of `dataset`, or all): votes, majority label, decided.
+    Empty when the debate has not run yet."""
+    ensure_schema(con)
+    if not table_exists(con, "debate_labels"):
+        return pl.DataFrame(schema=TALLY_SCHEMA)
+    frame = con.execute(read_sql("human_labels"),
+                        {"dataset": dataset, "required_votes": REQUIRED_VOTES}).pl()
+    return frame.cast(TALLY_SCHEMA) if frame.height else pl.DataFrame(schema=TALLY_SCHEMA)
+
+
+def _votes_on_escalated_pairs(con: duckdb.DuckDBPyConnection, dataset: str) -> pl.DataFrame:
+    return con.execute("""
+        select v.vote_id, v.query_id, v.doc_id, v.annotator_id, v.label, v.with_history, v.status
+        from human_votes v
+        where v.dataset = ? and not v.is_attention_check
+          and exists (select 1 from debate_labels d
+                      where d.dataset = v.dataset and d.query_id = v.query_id
+                        and d.doc_id = v.doc_id and d.outcome in ('escalated', 'failed'))
+        order by v.vote_id""", [dataset]).pl()
+
+
+def _kappa(first_votes: pl.DataFrame) -> tuple[float | None, int]:
+    groups = [g["label"].to_list() for _, g in first_votes.group_by(["query_id", "doc_id"])]
+    return fleiss_kappa(category_counts(groups)), len(groups)
+
+
+def compute_human_labels(con: duckdb.DuckDBPyConnection, dataset: str) -> HumanLabels:
+    """The majority label of every decided escalated pair of `dataset`, with agreement."""
+    ensure_schema(con)
+    if not table_exists(con, "debate_labels"):
+        raise MissingDebateLabels(f"human_labels for dataset '{dataset}': no debate_labels table "
+                                  "yet; materialize debate_labels first")
+    tallies = pair_tallies(con, dataset)
+    votes = _votes_on_escalated_pairs(con, dataset)
+    accepted = votes.filter(pl.col("status") == "accepted")
+    # Fleiss' kappa needs the same number of raters per pair: the first REQUIRED_VOTES each.
+    first_votes = (accepted.with_columns(pl.int_range(pl.len()).over(["query_id", "doc_id"]).alias("n"))
+                   .filter(pl.col("n") < REQUIRED_VOTES)
+                   .filter(pl.len().over(["query_id", "doc_id"]) == REQUIRED_VOTES))
+    kappa, kappa_pairs = _kappa(first_votes)
+    uniform = first_votes.with_columns(
+        pl.col("with_history").all().over(["query_id", "doc_id"]).alias("all_with"),
+        (~pl.col("with_history")).all().over(["query_id", "doc_id"]).alias("all_without"))
+    kappa_with, _ = _kappa(uniform.filter(pl.col("all_with")))
+    kappa_without, _ = _kappa(uniform.filter(pl.col("all_without")))
+
+    digest = hashlib.sha256()
+    for row in tallies.select("query_id", "doc_id").iter_rows():
+        digest.update(repr(("pair", *row)).encode())
+    for row in accepted.select("vote_id", "query_id", "doc_id", "annotator_id", "label").iter_rows():
+        digest.update(repr(("vote", *row)).encode())
+
+    return HumanLabels(
+        dataset=dataset,
+        labels=tallies.filter(pl.col("decided")).select(list(HUMAN_LABELS_SCHEMA)),
+        escalated_pairs=tallies.height,
+        open_pairs=tallies.filter(~pl.col("decided")).height,
+        accepted_votes=accepted.height,
+        excluded_votes=votes.height - accepted.height,
+        kappa=kappa, kappa_with_history=kappa_with, kappa_without_history=kappa_without,
+        kappa_pairs=kappa_pairs,
+        data_version=digest.hexdigest()[:32],
+    )
+
+
+def datasets_with_escalations(con: duckdb.DuckDBPyConnection) -> list[str]:
+    if not table_exists(con, "debate_labels"):
+        return []
+    return [r[0] for r in con.execute(
+        "select distinct dataset from debate_labels where outcome in ('escalated', 'failed') "
+        "order by 1").fetchall()]

@@ -1,0 +1,237 @@
+"""Which item an annotator gets next.
+
+Every escalated pair needs REQUIRED_VOTES accepted votes from distinct annotators (one more
+while tied). An annotator is never served the same pair twice, and an item served but not yet
+answered reserves its slot for a while (the lease), so three people do not vote on a pair that
+needs one more vote. About `attention_rate` of the items are attention checks: a pair whose
+answer is known (an original-qrels chunk with its query, or a chunk gold for another query that
+contains none of this query's answers) dressed with the debate of an unrelated pair.
+"""
+
+from __future__ import annotations
+
+import random
+import uuid
+from dataclasses import astuple, dataclass
+from datetime import datetime, timedelta
+
+import duckdb
+import polars as pl
+
+from bridge_assets.human.labels import REQUIRED_VOTES, pair_tallies
+from bridge_assets.human.tables import ensure_schema, utc_now
+from bridge_assets.paths import read_sql
+from bridge_assets.store import table_exists
+
+
+@dataclass(frozen=True)
+class QueueSettings:
+    with_history: bool = True          # serve this batch with the debate history (recorded per vote)
+    attention_rate: float = 0.1        # share of items that are attention checks
+    datasets: tuple[str, ...] | None = None   # None: every dataset with escalated pairs
+    lease: timedelta = timedelta(minutes=30)
+
+
+@dataclass(frozen=True)
+class Assignment:
+    assignment_id: str
+    annotator_id: str
+    dataset: str
+    query_id: str
+    doc_id: str
+    is_attention_check: bool
+    expected_label: int | None
+    dressing_pair_key: str | None
+    with_history: bool
+    state: str
+    assigned_at: datetime
+
+
+_ASSIGNMENT_COLUMNS = ("assignment_id, annotator_id, dataset, query_id, doc_id, is_attention_check, "
+                       "expected_label, dressing_pair_key, with_history, state, assigned_at")
+
+
+def get_assignment(con: duckdb.DuckDBPyConnection, assignment_id: str) -> Assignment | None:
+    row = con.execute(f"select {_ASSIGNMENT_COLUMNS} from annotation_assignments "
+                      "where assignment_id = ?", [assignment_id]).fetchone()
+    return Assignment(*row) if row else None
+
+
+def pairs_open_to(con: duckdb.DuckDBPyConnection, annotator_id: str, settings: QueueSettings,
+                  now: datetime) -> pl.DataFrame:
+    """Escalated pairs `annotator_id` may vote on, pairs closest to done first: still short of
+    votes once the others' live leases are counted, and never served to (or voted on by) them."""
+    ensure_schema(con)
+    if not table_exists(con, "debate_labels"):
+        return pl.DataFrame(schema={"dataset": pl.String, "query_id": pl.String,
+                                    "doc_id": pl.String, "votes": pl.Int32})
+    frame = con.execute(f"""
+        with tallies as ({read_sql("human_labels")}),
+        leases as (
+            select dataset, query_id, doc_id, count(*) as n
+            from annotation_assignments
+            where state = 'open' and not is_attention_check and assigned_at > $lease_start
+              and annotator_id <> $annotator
+            group by all
+        )
+        select t.dataset, t.query_id, t.doc_id, t.votes
+        from tallies t left join leases l using (dataset, query_id, doc_id)
+        where not t.decided
+          and greatest($required_votes - t.votes,
+                       case when 2 * t.votes_relevant = t.votes then 1 else 0 end) > coalesce(l.n, 0)
+          and not exists (select 1 from annotation_assignments a
+                          where a.annotator_id = $annotator and not a.is_attention_check
+                            and a.dataset = t.dataset and a.query_id = t.query_id
+                            and a.doc_id = t.doc_id)
+          and not exists (select 1 from human_votes v
+                          where v.annotator_id = $annotator and not v.is_attention_check
+                            and v.dataset = t.dataset and v.query_id = t.query_id
+                            and v.doc_id = t.doc_id)
+        order by t.votes desc, t.dataset, t.query_id, t.doc_id""",
+        {"dataset": None, "required_votes": REQUIRED_VOTES, "annotator": annotator_id,
+         "lease_start": now - settings.lease}).pl()
+    if settings.datasets is not None:
+        frame = frame.filter(pl.col("dataset").is_in(list(settings.datasets)))
+    return frame
+
+
+def _open_assignment(con: duckdb.DuckDBPyConnection, annotator_id: str) -> Assignment | None:
+    row = con.execute(f"select {_ASSIGNMENT_COLUMNS} from annotation_assignments "
+                      "where annotator_id = ? and state = 'open' order by assigned_at limit 1",
+                      [annotator_id]).fetchone()
+    return Assignment(*row) if row else None
+
+
+def pair_is_decided(con: duckdb.DuckDBPyConnection, dataset: str, query_id: str, doc_id: str) -> bool:
+    row = con.execute(f"select decided from ({read_sql('human_labels')}) "
+                      "where query_id = $query_id and doc_id = $doc_id",
+                      {"dataset": dataset, "required_votes": REQUIRED_VOTES,
+                       "query_id": query_id, "doc_id": doc_id}).fetchone()
+    return bool(row and row[0])
+
+
+def close_assignment(con: duckdb.DuckDBPyConnection, assignment_id: str, state: str) -> None:
+    con.execute("update annotation_assignments set state = ?, closed_at = ? where assignment_id = ?",
+                [state, utc_now(), assignment_id])
+
+
+def _insert(con: duckdb.DuckDBPyConnection, annotator_id: str, dataset: str, query_id: str,
+            doc_id: str, *, with_history: bool, now: datetime, expected_label: int | None = None,
+            dressing_pair_key: str | None = None) -> Assignment:
+    assignment = Assignment(uuid.uuid4().hex, annotator_id, dataset, query_id, doc_id,
+                            expected_label is not None, expected_label, dressing_pair_key,
+                            with_history, "open", now)
+    con.execute(f"insert into annotation_assignments ({_ASSIGNMENT_COLUMNS}) "
+                "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", list(astuple(assignment)))
+    return assignment
+
+
+def _known_relevant(con, dataset: str, annotator_id: str, rng: random.Random) -> tuple[str, str] | None:
+    rows = con.execute("""
+        select r.query_id, r.doc_id
+        from original_qrels r
+        join queries q on q.dataset = r.dataset and q.query_id = r.query_id
+        join corpus c on c.dataset = r.dataset and c.doc_id = r.doc_id
+        where r.dataset = ? and r.relevance > 0
+          and not exists (select 1 from annotation_assignments a
+                          where a.annotator_id = ? and a.is_attention_check and a.dataset = r.dataset
+                            and a.query_id = r.query_id and a.doc_id = r.doc_id)
+        order by r.query_id, r.doc_id""", [dataset, annotator_id]).fetchall()
+    return tuple(rng.choice(rows)) if rows else None
+
+
+def _known_irrelevant(con, dataset: str, annotator_id: str, rng: random.Random) -> tuple[str, str] | None:
+    """A query with answers and a chunk that is gold for another query, not judged for this one,
+    and mentions none of this query's answers: irrelevant by construction. Without these, an
+    annotator answering "yes" to everything would pass every check."""
+    queries = [r[0] for r in con.execute(
+        "select query_id from queries where dataset = ? and len(answers) > 0 order by query_id",
+        [dataset]).fetchall()]
+    if not queries:
+        return None
+    query_id = rng.choice(queries)
+    docs = [r[0] for r in con.execute("""
+        select distinct r.doc_id
+        from original_qrels r
+        join corpus c on c.dataset = r.dataset and c.doc_id = r.doc_id
+        join queries q on q.dataset = r.dataset and q.query_id = $query_id
+        where r.dataset = $dataset and r.query_id <> $query_id and r.relevance > 0
+          and not exists (select 1 from original_qrels o where o.dataset = r.dataset
+                          and o.query_id = $query_id and o.doc_id = r.doc_id)
+          and not list_bool_or(list_transform(q.answers,
+                                              lambda a: contains(lower(c.text), lower(trim(a)))))
+          and not exists (select 1 from annotation_assignments a
+                          where a.annotator_id = $annotator and a.is_attention_check
+                            and a.dataset = r.dataset and a.query_id = $query_id and a.doc_id = r.doc_id)
+        order by r.doc_id""", {"dataset": dataset, "query_id": query_id,
+                               "annotator": annotator_id}).fetchall()]
+    return (query_id, rng.choice(docs)) if docs else None
+
+
+def _dressing(con, dataset: str, query_id: str, rng: random.Random) -> str | None:
+    """The debate of an unrelated pair (another query) to show with an attention check."""
+    if not table_exists(con, "debate_turns"):
+        return None
+    keys = [r[0] for r in con.execute(
+        "select distinct pair_key from debate_turns where dataset = ? and query_id <> ? "
+        "order by pair_key", [dataset, query_id]).fetchall()]
+    return rng.choice(keys) if keys else None
+
+
+def _attention_check(con, dataset: str, annotator_id: str, settings: QueueSettings,
+                     rng: random.Random, now: datetime) -> Assignment | None:
+    if not all(table_exists(con, t) for t in ("original_qrels", "queries", "corpus")):
+        return None
+    kinds = [(1, _known_relevant), (0, _known_irrelevant)]
+    rng.shuffle(kinds)
+    for expected_label, pick in kinds:
+        pair = pick(con, dataset, annotator_id, rng)
+        if pair:
+            dressing = _dressing(con, dataset, pair[0], rng) if settings.with_history else None
+            return _insert(con, annotator_id, dataset, *pair, with_history=settings.with_history,
+                           now=now, expected_label=expected_label, dressing_pair_key=dressing)
+    return None
+
+
+def next_assignment(con: duckdb.DuckDBPyConnection, annotator_id: str, settings: QueueSettings,
+                    rng: random.Random, now: datetime | None = None) -> Assignment | None:
+    """The item to show `annotator_id` now (their unanswered one first); None when nothing is
+    left for them. Attention checks are only mixed in while real work remains."""
+    ensure_schema(con)
+    now = now or utc_now()
+    current = _open_assignment(con, annotator_id)
+    if current is not None:
+        if current.is_attention_check or not pair_is_decided(
+                con, current.dataset, current.query_id, current.doc_id):
+            return current
+        close_assignment(con, current.assignment_id, "dropped")  # others completed it meanwhile
+    candidates = pairs_open_to(con, annotator_id, settings, now)
+    if candidates.is_empty():
+        return None
+    dataset, query_id, doc_id, _ = candidates.row(0)
+    if rng.random() < settings.attention_rate:
+        check = _attention_check(con, dataset, annotator_id, settings, rng, now)
+        if check is not None:
+            return check
+    return _insert(con, annotator_id, dataset, query_id, doc_id,
+                   with_history=settings.with_history, now=now)
+
+
+@dataclass(frozen=True)
+class Progress:
+    labelled: int               # items this annotator answered
+    remaining_for_you: int      # further pairs they could still be served
+    decided_pairs: int          # escalated pairs with their votes complete (all annotators)
+    escalated_pairs: int
+
+
+def progress(con: duckdb.DuckDBPyConnection, annotator_id: str, settings: QueueSettings,
+             now: datetime | None = None) -> Progress:
+    ensure_schema(con)
+    labelled = con.execute("select count(*) from human_votes where annotator_id = ?",
+                           [annotator_id]).fetchone()[0]
+    tallies = pair_tallies(con)
+    if settings.datasets is not None:
+        tallies = tallies.filter(pl.col("dataset").is_in(list(settings.datasets)))
+    remaining = pairs_open_to(con, annotator_id, settings, now or utc_now()).height
+    return Progress(labelled, remaining, tallies.filter(pl.col("decided")).height, tallies.height)

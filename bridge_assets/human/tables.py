@@ -1,0 +1,70 @@
+"""The tables the annotation app owns, created on first use.
+
+- annotators: one row per person; only a SHA-256 hash of their personal token is kept (tokens
+  are 256-bit random strings, so a fast hash is enough). Imported annotators have no token.
+- annotation_assignments: every item served to an annotator (a real escalated pair or an
+  attention check). A vote refers to its assignment, so the server, not the form, decides which
+  pair a vote is for and whether it is an attention check. Open assignments reserve a vote slot.
+- human_votes: append-only. Rows are never deleted and labels never change; the only update is
+  `status` going from 'accepted' to 'excluded' when an attention check fails.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import duckdb
+
+SCHEMA = """
+create sequence if not exists human_vote_ids start 1;
+
+create table if not exists annotators (
+    annotator_id varchar primary key,
+    token_hash varchar unique,
+    is_admin boolean not null,
+    created_at timestamp not null,
+    flagged_at timestamp,
+    flag_reason varchar
+);
+
+create table if not exists annotation_assignments (
+    assignment_id varchar primary key,
+    annotator_id varchar not null,
+    dataset varchar not null,
+    query_id varchar not null,
+    doc_id varchar not null,
+    is_attention_check boolean not null,
+    expected_label integer,
+    dressing_pair_key varchar,
+    with_history boolean not null,
+    state varchar not null check (state in ('open', 'answered', 'dropped')),
+    assigned_at timestamp not null,
+    closed_at timestamp
+);
+
+create table if not exists human_votes (
+    vote_id bigint primary key default nextval('human_vote_ids'),
+    dataset varchar not null,
+    query_id varchar not null,
+    doc_id varchar not null,
+    annotator_id varchar not null,
+    label integer not null check (label in (0, 1)),
+    comment varchar,
+    with_history boolean not null,
+    is_attention_check boolean not null,
+    expected_label integer check (expected_label in (0, 1)),
+    status varchar not null check (status in ('accepted', 'excluded')),
+    created_at timestamp not null,
+    source varchar not null,
+    unique (dataset, query_id, doc_id, annotator_id, is_attention_check)
+);
+"""
+
+
+def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
+    con.execute(SCHEMA)
+
+
+def utc_now() -> datetime:
+    """Timestamps are stored as naive UTC (DuckDB TIMESTAMP)."""
+    return datetime.now(UTC).replace(tzinfo=None)

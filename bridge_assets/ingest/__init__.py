@@ -1,0 +1,1 @@
+"""Ingest: dataset registry (resources/datasets.yaml) and loaders, one per source kind."""

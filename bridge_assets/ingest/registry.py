@@ -1,0 +1,87 @@
+"""The dataset registry: `resources/datasets.yaml`, one entry per dataset, loaded by kind."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from bridge_assets.ingest.errors import DatasetError
+from bridge_assets.paths import PROJECT_ROOT, RESOURCES_DIR
+
+DatasetKind = Literal["beir", "nq_open", "trec", "bridge_release", "beir_url", "huggingface",
+                      "ir_datasets"]
+# `BRIDGE_DATASETS` points at another registry file (tests, or a user's own set of datasets).
+REGISTRY_PATH = Path(os.environ.get("BRIDGE_DATASETS", RESOURCES_DIR / "datasets.yaml")).resolve()
+
+
+class DatasetSpec(BaseModel):
+    """One dataset entry. Which fields are needed depends on `kind` (see datasets.yaml)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    kind: DatasetKind
+    description: str = ""
+    # Local sources (paths relative to the project root).
+    path: str | None = None          # beir folder, nq_open jsonl(.gz)
+    split: str = "test"              # beir qrels/<split>.tsv
+    corpus: str | None = None        # trec / bridge_release: jsonl or tsv collection
+    topics: str | None = None        # trec topics (tsv or <top> format)
+    qrels: str | None = None         # trec qrels
+    answers: str | None = None       # optional answers jsonl {"query_id"|"_id", "answers"}
+    queries: str | None = None       # bridge_release: the q_id/query/doc_id/answers file
+    # Remote sources (machines with network).
+    url: str | None = None           # beir_url: a BEIR zip
+    id: str | None = None            # huggingface dataset id, or ir_datasets id
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    def resolve(self, value: str | None, field: str) -> Path:
+        if not value:
+            raise DatasetError(f"dataset '{self.name}' of kind {self.kind} needs `{field}`",
+                               REGISTRY_PATH, field=field)
+        path = Path(value)
+        return path if path.is_absolute() else (PROJECT_ROOT / path).resolve()
+
+    @property
+    def source(self) -> str:
+        return self.path or self.url or self.id or self.queries or self.corpus or ""
+
+
+def load_registry(path: Path = REGISTRY_PATH) -> dict[str, DatasetSpec]:
+    """Parse the registry; a malformed entry fails naming the file and the entry."""
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise DatasetError("dataset registry not found", path) from None
+    except yaml.YAMLError as exc:
+        raise DatasetError(f"not valid YAML: {exc}", path) from None
+    entries = raw.get("datasets") or {}
+    specs = {}
+    for name, body in entries.items():
+        try:
+            specs[name] = DatasetSpec(name=name, **(body or {}))
+        except Exception as exc:  # pydantic's message names the offending field
+            raise DatasetError(f"invalid entry '{name}': {exc}", path, field=name) from None
+    return specs
+
+
+@lru_cache(maxsize=1)
+def _cached_registry() -> dict[str, DatasetSpec]:
+    return load_registry()
+
+
+def dataset_names() -> list[str]:
+    return list(_cached_registry())
+
+
+def get_dataset(name: str, registry: dict[str, DatasetSpec] | None = None) -> DatasetSpec:
+    registry = registry if registry is not None else load_registry()
+    if name not in registry:
+        known = ", ".join(sorted(registry)) or "none"
+        raise DatasetError(f"unknown dataset '{name}' (known: {known})", REGISTRY_PATH)
+    return registry[name]

@@ -1,0 +1,156 @@
+"""A real browser: Debian's chromium, headless, driven by Playwright (never `playwright install`).
+
+Three annotators log in to the annotation app (uvicorn on a free 127.0.0.1 port), label the
+queue of a small escalated set with the keyboard shortcuts, answer the attention checks mixed
+in, and human_labels (the plain function and the asset) then holds their majority labels.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import dagster as dg
+import duckdb
+import numpy as np
+import pytest
+import uvicorn
+from statsmodels.stats.inter_rater import fleiss_kappa as statsmodels_fleiss_kappa
+
+from bridge_assets import store
+from bridge_assets.human.annotators import add_annotator
+from bridge_assets.human.app import AppSettings, create_app
+from bridge_assets.human.assets import human_labels
+from bridge_assets.human.labels import compute_human_labels
+from bridge_assets.resources import DuckDBStore
+from test_human_labels import DATASET, QUERIES, write_escalated_set
+
+# Debian's chromium (`make browser` installs it); BRIDGE_CHROMIUM points at another build.
+CHROMIUM = Path(os.environ.get("BRIDGE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+# Where to keep a screenshot of the annotation page besides the test's temp folder.
+SCREENSHOT_ENV = "BRIDGE_ANNOTATION_SCREENSHOT"
+
+# Each annotator's answer per escalated pair, and the majority that must come out.
+PLAN = {("q1", "d5"): {"alice": 1, "bob": 1, "carol": 0},
+        ("q2", "d6"): {"alice": 0, "bob": 0, "carol": 1},
+        ("q3", "d7"): {"alice": 1, "bob": 1, "carol": 1},
+        ("q4", "d8"): {"alice": 0, "bob": 1, "carol": 0}}
+MAJORITY = {("q1", "d5"): 1, ("q2", "d6"): 0, ("q3", "d7"): 1, ("q4", "d8"): 0}
+
+
+@contextmanager
+def served(app):
+    """The app on a free 127.0.0.1 port, in a thread, stopped afterwards."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
+                                           lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(15)
+
+
+def served_item(lake, assignment_id: str) -> tuple[tuple[str, str], bool, int | None]:
+    with duckdb.connect(str(lake / "bridge.duckdb"), read_only=False) as con:
+        query_id, doc_id, is_check, expected = con.execute(
+            "select query_id, doc_id, is_attention_check, expected_label from annotation_assignments "
+            "where assignment_id = ?", [assignment_id]).fetchone()
+    return (query_id, doc_id), is_check, expected
+
+
+def test_three_annotators_label_the_queue_in_chromium_and_human_labels_holds_the_majority(
+        data_lake, tmp_path):
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is absent: `make browser` installs Debian's chromium")
+    from playwright.sync_api import sync_playwright
+
+    write_escalated_set(data_lake)
+    with store.connect() as con:
+        tokens = {name: add_annotator(con, name) for name in ("alice", "bob", "carol")}
+    app = create_app(AppSettings(db_path=data_lake / "bridge.duckdb", secret="browser-test-secret-123",
+                                 attention_rate=0.25, seed=2))
+    screenshot = tmp_path / "annotation_page.png"
+    seen: dict[str, list[tuple[str, str]]] = {}
+    checks = 0
+    with served(app) as base, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            for name, token in tokens.items():
+                context = browser.new_context(viewport={"width": 1280, "height": 1000})
+                page = context.new_page()
+                page.goto(f"{base}/annotate")
+                assert page.url == f"{base}/login"  # no session: the login page
+                page.fill("#token", token)
+                with page.expect_navigation():
+                    page.click("button[type=submit]")
+                while page.locator("#vote-form").count():
+                    assignment_id = page.locator("input[name=assignment_id]").get_attribute("value")
+                    pair, is_check, expected = served_item(data_lake, assignment_id)
+                    assert page.inner_text("#query") == QUERIES[pair[0]][0]
+                    if is_check:
+                        checks += 1
+                        label = expected
+                    else:
+                        label = PLAN[pair][name]
+                        seen.setdefault(name, []).append(pair)
+                        # each agent's quote is highlighted in the chunk, reasons shown by round
+                        assert page.locator("#chunk mark").count() >= 1
+                        assert page.locator("#history .round").count() == 2
+                        if not screenshot.exists():
+                            page.screenshot(path=str(screenshot), full_page=True)
+                    # typing a comment with y and n in it must not trigger the shortcuts
+                    page.keyboard.press("c")
+                    page.keyboard.type(f"{name}: yes or no, I say {label}")
+                    page.keyboard.press("Escape")
+                    assert page.locator("#vote-form").count() == 1
+                    with page.expect_navigation():
+                        page.keyboard.press("y" if label else "n")
+                assert page.locator("#done").count() == 1
+                if name == "carol":  # the last one completes every pair
+                    assert "4 of 4 escalated pairs have all their votes" in page.inner_text("#done")
+                context.close()
+        finally:
+            browser.close()
+
+    assert screenshot.stat().st_size > 10_000
+    if os.environ.get(SCREENSHOT_ENV):
+        shutil.copy(screenshot, os.environ[SCREENSHOT_ENV])
+    assert {name: sorted(pairs) for name, pairs in seen.items()} == \
+        {name: sorted(PLAN) for name in tokens}
+    assert checks >= 1  # attention checks were mixed in, and answered right
+
+    with store.connect() as con:
+        result = compute_human_labels(con, DATASET)
+        comments = con.execute("select annotator_id, label, comment from human_votes "
+                               "where not is_attention_check").fetchall()
+    assert {(r["query_id"], r["doc_id"]): r["label"] for r in result.labels.to_dicts()} == MAJORITY
+    assert result.open_pairs == 0 and result.excluded_votes == 0
+    assert all(comment == f"{who}: yes or no, I say {label}" for who, label, comment in comments)
+    table = np.array([[3 - sum(v.values()), sum(v.values())] for v in PLAN.values()])
+    assert result.kappa == pytest.approx(statsmodels_fleiss_kappa(table))
+
+    materialized = dg.materialize([human_labels], partition_key=DATASET,
+                                  resources={"store": DuckDBStore(data_lake=str(data_lake))})
+    assert materialized.success
+    meta = materialized.asset_materializations_for_node("human_labels")[0].metadata
+    assert meta["coverage"].value == 1.0 and meta["fleiss_kappa"].value == pytest.approx(result.kappa)
+    with duckdb.connect(str(data_lake / "bridge.duckdb")) as con:
+        rows = con.execute("select query_id, doc_id, label, votes from human_labels "
+                           "where dataset = ?", [DATASET]).fetchall()
+    assert {(q, d): label for q, d, label, _ in rows} == MAJORITY and {r[3] for r in rows} == {3}
