@@ -23,6 +23,7 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade "pip>=26"
 	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS)" $(BIN)/pip install --progress-bar off -r requirements.txt -c constraints.txt
 	$(BIN)/pip install --quiet --no-deps -e .
+	$(BIN)/bridge models fetch
 	touch $@
 
 # Debian's chromium for the browser tests (Playwright drives the system browser; it never

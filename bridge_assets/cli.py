@@ -8,6 +8,7 @@ import time
 import typer
 
 from bridge_assets.human.cli import app as annotate_app
+from bridge_assets.llm.cli import models_app
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -17,6 +18,7 @@ app = typer.Typer(help="BRIDGE: find and fill the holes in IR benchmarks, then r
 datasets_app = typer.Typer(help="The dataset registry (resources/datasets.yaml).", no_args_is_help=True)
 app.add_typer(datasets_app, name="datasets")
 app.add_typer(annotate_app, name="annotate")
+app.add_typer(models_app, name="models")
 
 
 def _fail(message: str) -> None:

@@ -5,6 +5,7 @@ import dagster as dg
 from bridge_assets.human import assets as human_assets
 from bridge_assets.ingest import assets as ingest_assets
 from bridge_assets.ingest import checks as ingest_checks
+from bridge_assets.llm.resource import LLMResource
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.resources import DuckDBStore
 
@@ -21,5 +22,5 @@ defs = dg.Definitions(
     asset_checks=dg.load_asset_checks_from_modules([ingest_checks]),
     jobs=[ingest_job, human_assets.human_labels_job],
     sensors=[human_assets.human_labels_sensor],
-    resources={"store": DuckDBStore()},
+    resources={"store": DuckDBStore(), "llm": LLMResource()},
 )

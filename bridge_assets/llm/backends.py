@@ -1,0 +1,325 @@
+"""LLM backends behind one batched interface: `generate(requests) -> results`.
+
+A backend only talks to the model: it returns the raw text (and log-probabilities, token
+counts, latency) of each request, or the error that stopped it after its own transport
+retries. Parsing, parse retries and the call ledger belong to `LLMClient`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import os
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+import httpx
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from bridge_assets.llm.ledger import call_key
+from bridge_assets.llm.profiles import ModelProfile
+from bridge_assets.llm.types import LLMRequest, LLMResult, TokenLogprob
+
+
+class BackendUnavailable(RuntimeError):
+    """A backend's library is not installed, or the profile cannot run on this machine."""
+
+
+class Backend(Protocol):
+    name: str      # "llama_cpp" | "openai" | "vllm": part of the cache key
+    model_id: str  # the model as the cache key sees it
+
+    def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]: ...
+
+    def close(self) -> None: ...
+
+
+def model_id(profile: ModelProfile) -> str:
+    """The profile's model plus, for local weights, their hash: new weights = new cache keys."""
+    return f"{profile.model}@sha256:{profile.weights.sha256}" if profile.weights else profile.model
+
+
+def chat_messages(request: LLMRequest) -> list[dict[str, str]]:
+    return [{"role": role, "content": content} for role, content in request.messages]
+
+
+def openai_logprobs(content: list[dict[str, Any]] | None) -> list[TokenLogprob] | None:
+    """OpenAI's `choices[0].logprobs.content` (llama.cpp uses the same shape) as TokenLogprobs."""
+    if content is None:
+        return None
+    return [TokenLogprob(token=item["token"], logprob=item["logprob"],
+                         top={alt["token"]: alt["logprob"] for alt in item.get("top_logprobs") or []})
+            for item in content]
+
+
+# --- in-process llama.cpp -------------------------------------------------------------------
+
+_LLAMA_MODELS: dict[tuple[str, int, int, bool], Any] = {}
+_LLAMA_LOCK = threading.Lock()
+
+
+def _close_llama_models() -> None:
+    for model in _LLAMA_MODELS.values():
+        model.close()
+    _LLAMA_MODELS.clear()
+
+
+atexit.register(_close_llama_models)  # llama.cpp prints a harmless but noisy error otherwise
+
+
+def _llama(path: str, n_ctx: int, threads: int, logits_all: bool):
+    """One loaded model per (file, context, logits mode) per process, loaded on first use.
+
+    Log-probabilities need llama.cpp's `logits_all`, which makes every prompt token pay for
+    the vocabulary projection, so only requests that ask for them use that instance.
+    """
+    key = (path, n_ctx, threads, logits_all)
+    if key not in _LLAMA_MODELS:
+        from llama_cpp import Llama
+
+        _LLAMA_MODELS[key] = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads,
+                                   n_threads_batch=threads, logits_all=logits_all, verbose=False)
+    return _LLAMA_MODELS[key]
+
+
+class LlamaCppBackend:
+    """llama-cpp-python in this process: the CPU default. Requests run one after another."""
+
+    name = "llama_cpp"
+
+    def __init__(self, profile: ModelProfile):
+        self.profile = profile
+        self.model_id = model_id(profile)
+
+    def _model(self, logits_all: bool):
+        from bridge_assets.llm.weights import provision
+
+        with _LLAMA_LOCK:
+            path = str(provision(self.profile).path)
+            threads = self.profile.threads or os.cpu_count() or 1
+            return _llama(path, self.profile.context_size, threads, logits_all)
+
+    def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
+        return [self._one(request) for request in requests]
+
+    def _one(self, request: LLMRequest) -> LLMResult:
+        key = call_key(self.name, self.model_id, request)
+        model = self._model(logits_all=request.top_logprobs is not None)
+        kwargs: dict[str, Any] = dict(
+            messages=chat_messages(request), max_tokens=request.max_tokens,
+            temperature=request.temperature, seed=request.seed, stop=list(request.stop) or None,
+            repeat_penalty=1.0)  # no repetition penalty: the OpenAI/vLLM default
+        if request.json_schema is not None:
+            kwargs["response_format"] = {"type": "json_object", "schema": request.json_schema}
+        if request.top_logprobs is not None:
+            kwargs.update(logprobs=True, top_logprobs=request.top_logprobs)
+        started = time.perf_counter()
+        try:
+            with _LLAMA_LOCK:  # a Llama object is not thread-safe
+                reply = model.create_chat_completion(**kwargs)
+        except ValueError as exc:  # e.g. the prompt does not fit the context window
+            return LLMResult(key=key, error=f"llama.cpp: {exc}",
+                             latency_s=time.perf_counter() - started)
+        choice = reply["choices"][0]
+        usage = reply.get("usage") or {}
+        return LLMResult(
+            key=key, text=choice["message"].get("content") or "",
+            logprobs=openai_logprobs((choice.get("logprobs") or {}).get("content"))
+            if request.top_logprobs is not None else None,
+            tokens_in=usage.get("prompt_tokens", 0), tokens_out=usage.get("completion_tokens", 0),
+            latency_s=time.perf_counter() - started)
+
+    def close(self) -> None:
+        """Models stay loaded for the process (loading is the slow part); closed at exit."""
+
+
+# --- OpenAI-compatible HTTP -----------------------------------------------------------------
+
+class HTTPStatusFailure(Exception):
+    """A reply with an error status; 429 and 5xx are worth retrying, other 4xx are not."""
+
+    def __init__(self, response: httpx.Response):
+        self.retryable = response.status_code == 429 or response.status_code >= 500
+        super().__init__(f"HTTP {response.status_code} from {response.request.url}: "
+                         f"{response.text[:300]}")
+
+
+def _transient(exc: BaseException) -> bool:
+    return isinstance(exc, httpx.TransportError) or (isinstance(exc, HTTPStatusFailure) and exc.retryable)
+
+
+def response_format(style: str, schema: dict[str, Any]) -> dict[str, Any] | None:
+    if style == "json_object_schema":  # llama.cpp's server, llama-cpp-python's server
+        return {"type": "json_object", "schema": schema}
+    if style == "json_schema":  # OpenAI, vLLM, SGLang
+        return {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema, "strict": True}}
+    return None
+
+
+class OpenAIHTTPBackend:
+    """Any OpenAI-compatible chat-completions server, over httpx.
+
+    Up to `concurrency` requests in flight; each retried with exponential backoff on timeouts,
+    connection errors, HTTP 429 and 5xx; successive attempts and successive requests rotate
+    over `base_urls`, so one dead replica only slows things down.
+    """
+
+    name = "openai"
+
+    def __init__(self, profile: ModelProfile):
+        self.profile = profile
+        self.model_id = model_id(profile)
+        self._urls = [u.rstrip("/") for u in profile.base_urls]
+        self._next_url = itertools.count()
+        headers = {}
+        if profile.api_key_env and os.environ.get(profile.api_key_env):
+            headers["Authorization"] = f"Bearer {os.environ[profile.api_key_env]}"
+        self._http = httpx.Client(
+            headers=headers, timeout=httpx.Timeout(profile.timeout_s, connect=min(10.0, profile.timeout_s)),
+            limits=httpx.Limits(max_connections=profile.concurrency))
+
+    def _body(self, request: LLMRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": self.profile.model, "messages": chat_messages(request),
+                                "max_tokens": request.max_tokens, "temperature": request.temperature,
+                                "seed": request.seed}
+        if request.stop:
+            body["stop"] = list(request.stop)
+        if request.json_schema is not None:
+            fmt = response_format(self.profile.structured_output, request.json_schema)
+            if fmt is not None:
+                body["response_format"] = fmt
+        if request.top_logprobs is not None:
+            body.update(logprobs=True, top_logprobs=request.top_logprobs)
+        return body
+
+    def _post(self, first_url: int, body: dict[str, Any]) -> dict[str, Any]:
+        url_index = itertools.count(first_url)  # each retry goes to the next base URL
+
+        def attempt() -> dict[str, Any]:
+            url = self._urls[next(url_index) % len(self._urls)]
+            response = self._http.post(f"{url}/chat/completions", json=body)
+            if response.status_code >= 400:
+                raise HTTPStatusFailure(response)
+            return response.json()
+
+        return Retrying(stop=stop_after_attempt(self.profile.retries + 1),
+                        wait=wait_exponential(multiplier=self.profile.backoff_s, max=30),
+                        retry=retry_if_exception(_transient), reraise=True)(attempt)
+
+    def _one(self, request: LLMRequest) -> LLMResult:
+        key = call_key(self.name, self.model_id, request)
+        started = time.perf_counter()
+        try:
+            payload = self._post(next(self._next_url), self._body(request))
+            choice = payload["choices"][0]
+            text = choice["message"]["content"]
+            if text is None:
+                raise ValueError(f"the server's reply has no message content: {str(payload)[:300]}")
+        except Exception as exc:  # recorded on the call, which counts as failed
+            return LLMResult(key=key, error=f"{type(exc).__name__}: {exc}",
+                             latency_s=time.perf_counter() - started)
+        usage = payload.get("usage") or {}
+        return LLMResult(
+            key=key, text=text,
+            logprobs=openai_logprobs((choice.get("logprobs") or {}).get("content"))
+            if request.top_logprobs is not None else None,
+            tokens_in=usage.get("prompt_tokens") or 0, tokens_out=usage.get("completion_tokens") or 0,
+            latency_s=time.perf_counter() - started)
+
+    def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
+        if len(requests) <= 1 or self.profile.concurrency == 1:
+            return [self._one(r) for r in requests]
+        with ThreadPoolExecutor(max_workers=min(self.profile.concurrency, len(requests))) as pool:
+            return list(pool.map(self._one, requests))
+
+    def close(self) -> None:
+        self._http.close()
+
+
+# --- in-process vLLM (optional `gpu` extra) -------------------------------------------------
+
+class VLLMBackend:
+    """vLLM in this process (CUDA GPU). The whole batch goes to the engine at once."""
+
+    name = "vllm"
+
+    def __init__(self, profile: ModelProfile):
+        try:
+            import vllm
+        except ImportError:
+            raise BackendUnavailable(
+                f"profile '{profile.name}' uses the vllm backend, but vllm is not installed: "
+                "pip install 'bridge-assets[gpu]' on a machine with a CUDA GPU, or serve the model "
+                "with `vllm serve` and use an openai profile") from None
+        self.profile = profile
+        self.model_id = model_id(profile)
+        self._vllm = vllm
+        self._engine = None
+
+    def _llm(self):
+        if self._engine is None:
+            self._engine = self._vllm.LLM(model=self.profile.model, max_model_len=self.profile.context_size,
+                                          seed=0, **self.profile.engine_args)
+        return self._engine
+
+    def _sampling(self, request: LLMRequest):
+        from vllm import SamplingParams
+
+        extra: dict[str, Any] = {}
+        if request.json_schema is not None:
+            try:  # vLLM >= 0.11
+                from vllm.sampling_params import StructuredOutputsParams
+                extra["structured_outputs"] = StructuredOutputsParams(json=request.json_schema)
+            except ImportError:  # older vLLM names it guided decoding
+                from vllm.sampling_params import GuidedDecodingParams
+                extra["guided_decoding"] = GuidedDecodingParams(json=request.json_schema)
+        return SamplingParams(temperature=request.temperature, max_tokens=request.max_tokens,
+                              stop=list(request.stop) or None, seed=request.seed,
+                              logprobs=request.top_logprobs, **extra)
+
+    @staticmethod
+    def _logprobs(completion) -> list[TokenLogprob] | None:
+        if completion.logprobs is None:
+            return None
+        tokens = []
+        for token_id, alternatives in zip(completion.token_ids, completion.logprobs):
+            chosen = alternatives[token_id]
+            tokens.append(TokenLogprob(
+                token=chosen.decoded_token or "", logprob=chosen.logprob,
+                top={(alt.decoded_token or ""): alt.logprob for alt in alternatives.values()}))
+        return tokens
+
+    def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
+        keys = [call_key(self.name, self.model_id, r) for r in requests]
+        started = time.perf_counter()
+        try:
+            outputs = self._llm().chat([chat_messages(r) for r in requests],
+                                       sampling_params=[self._sampling(r) for r in requests],
+                                       use_tqdm=False)
+        except Exception as exc:  # the engine failed the whole batch: every call is failed
+            elapsed = time.perf_counter() - started
+            return [LLMResult(key=k, error=f"vllm: {type(exc).__name__}: {exc}", latency_s=elapsed)
+                    for k in keys]
+        share = (time.perf_counter() - started) / max(len(requests), 1)  # batch time, shared out
+        results = []
+        for key, output in zip(keys, outputs):
+            completion = output.outputs[0]
+            results.append(LLMResult(
+                key=key, text=completion.text, logprobs=self._logprobs(completion),
+                tokens_in=len(output.prompt_token_ids or []), tokens_out=len(completion.token_ids),
+                latency_s=share))
+        return results
+
+    def close(self) -> None:
+        self._engine = None
+
+
+def make_backend(profile: ModelProfile) -> Backend:
+    if profile.backend == "llama_cpp":
+        return LlamaCppBackend(profile)
+    if profile.backend == "openai":
+        return OpenAIHTTPBackend(profile)
+    return VLLMBackend(profile)

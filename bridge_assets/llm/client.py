@@ -1,0 +1,149 @@
+"""`LLMClient`: the one entry point to LLMs. Cached, batched, strictly parsed, recorded.
+
+    client = LLMClient("qwen-0.5b")
+    results = client.generate([client.request(messages, json_schema=SCHEMA, purpose="filter")],
+                              context=run_id)
+
+`generate` answers keys the ledger already holds from the ledger (no model call), sends the
+rest to the backend in chunks (64 requests by default), re-asks the replies that fail strict
+parsing (up to the profile's `parse_retries`), and appends each chunk's calls to the ledger
+in one short transaction, so a killed run repeats none of the calls already recorded. A
+call that still fails comes back with `error` set: callers must treat it as failed, never as
+a label.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from bridge_assets.llm import ledger
+from bridge_assets.llm.backends import Backend, make_backend, model_id
+from bridge_assets.llm.parsing import check_schema, parse_reply
+from bridge_assets.llm.profiles import ModelProfile, get_profile
+from bridge_assets.llm.types import LLMRequest, LLMResult
+
+
+@dataclass
+class ClientStats:
+    """Running totals for materialization metadata."""
+
+    requests: int = 0       # results asked for (duplicates within a batch included)
+    cache_hits: int = 0     # answered from the ledger
+    calls: int = 0          # model calls made (parse retries included)
+    failures: int = 0       # results returned with `error` set
+    tokens_in: int = 0
+    tokens_out: int = 0
+    model_seconds: float = 0.0  # sum of model call latencies
+    wall_seconds: float = 0.0   # time spent inside generate(), ledger included
+
+    def as_metadata(self) -> dict[str, Any]:
+        values = asdict(self)
+        values["model_seconds"] = round(self.model_seconds, 3)
+        values["wall_seconds"] = round(self.wall_seconds, 3)
+        return values
+
+
+class LLMClient:
+    """Calls one models.yaml profile through its backend, with the DuckDB ledger as cache."""
+
+    def __init__(self, profile: str | ModelProfile, *, db_path: Path | None = None, chunk_size: int = 64):
+        self.profile = get_profile(profile) if isinstance(profile, str) else profile
+        self.db_path = db_path  # None: the data lake's bridge.duckdb
+        # Requests sent (and then recorded) together: big enough to keep an HTTP server's
+        # batch full, small enough that killing a run loses little work.
+        self.chunk_size = max(chunk_size, self.profile.concurrency)
+        self.model_id = model_id(self.profile)
+        self.stats = ClientStats()
+        self._backend: Backend | None = None
+
+    @property
+    def backend(self) -> Backend:
+        if self._backend is None:  # lazily: a fully cached run never loads a model
+            self._backend = make_backend(self.profile)
+        return self._backend
+
+    def key(self, request: LLMRequest) -> str:
+        return ledger.call_key(self.profile.backend, self.model_id, request)
+
+    def request(self, messages: Sequence[tuple[str, str]], *, json_schema: dict[str, Any] | None = None,
+                purpose: str = "", **overrides: Any) -> LLMRequest:
+        """A request with the profile's sampling defaults (temperature, max_tokens)."""
+        fields = {"temperature": self.profile.sampling.temperature,
+                  "max_tokens": self.profile.sampling.max_tokens, **overrides}
+        return LLMRequest(messages=tuple((role, text) for role, text in messages),
+                          json_schema=json_schema, purpose=purpose, **fields)
+
+    def generate(self, requests: Sequence[LLMRequest], *, context: str | None = None) -> list[LLMResult]:
+        """One result per request, in order. `context` (e.g. a run id) is recorded on new calls."""
+        started = time.perf_counter()
+        for request in requests:
+            if request.json_schema is not None:
+                check_schema(request.json_schema)
+        keys = [self.key(r) for r in requests]
+        answered = ledger.lookup(keys, self.db_path)
+        pending: dict[str, LLMRequest] = {}
+        for key, request in zip(keys, requests):
+            if key not in answered:
+                pending.setdefault(key, request)  # identical requests in a batch: one call
+        fresh: dict[str, tuple[LLMResult, int]] = {}
+        todo = list(pending.items())
+        for start in range(0, len(todo), self.chunk_size):  # recorded chunk by chunk: a killed
+            chunk = dict(todo[start:start + self.chunk_size])  # run loses one chunk at most
+            answers = self._call(chunk)
+            ledger.append([ledger.CallRecord(chunk[k], result, attempts) for k, (result, attempts) in answers.items()],
+                          profile=self.profile.name, backend=self.profile.backend,
+                          model=self.model_id, context=context, path=self.db_path)
+            fresh.update(answers)
+        results = [answered[k] if k in answered else fresh[k][0] for k in keys]
+        self.stats.requests += len(requests)
+        self.stats.cache_hits += sum(1 for k in keys if k in answered)
+        self.stats.failures += sum(1 for r in results if not r.ok)
+        self.stats.wall_seconds += time.perf_counter() - started
+        return results
+
+    def _call(self, pending: dict[str, LLMRequest]) -> dict[str, tuple[LLMResult, int]]:
+        """Send the batch; re-send replies that fail strict parsing. Key -> (result, attempts)."""
+        final: dict[str, tuple[LLMResult, int]] = {}
+        spent: dict[str, tuple[int, int, float]] = {}  # key -> tokens in, tokens out, seconds so far
+        todo = dict(pending)
+        for attempt in range(1, self.profile.parse_retries + 2):
+            replies = self.backend.generate(list(todo.values()))
+            self.stats.calls += len(replies)
+            retry = {}
+            for (key, request), reply in zip(todo.items(), replies):
+                if reply.key != key:
+                    raise RuntimeError(f"backend {self.profile.backend} answered key {reply.key} for {key}")
+                self.stats.tokens_in += reply.tokens_in
+                self.stats.tokens_out += reply.tokens_out
+                self.stats.model_seconds += reply.latency_s
+                t_in, t_out, seconds = spent.get(key, (0, 0, 0.0))
+                spent[key] = (t_in + reply.tokens_in, t_out + reply.tokens_out, seconds + reply.latency_s)
+                result = reply
+                if reply.ok and request.json_schema is not None:
+                    parsed, problem = parse_reply(reply.text, request.json_schema)
+                    result = reply.model_copy(update={"parsed": parsed, "error": problem})
+                    if problem is not None and attempt <= self.profile.parse_retries:
+                        retry[key] = request
+                        continue
+                t_in, t_out, seconds = spent[key]
+                final[key] = (result.model_copy(update={"tokens_in": t_in, "tokens_out": t_out,
+                                                        "latency_s": seconds}), attempt)
+            if not retry:
+                break
+            todo = retry
+        return final
+
+    def close(self) -> None:
+        if self._backend is not None:
+            self._backend.close()
+            self._backend = None
+
+    def __enter__(self) -> LLMClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

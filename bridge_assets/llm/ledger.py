@@ -1,0 +1,143 @@
+"""The LLM call ledger: every call's key, request, reply and cost, in DuckDB (`llm_calls`).
+
+The ledger is also the cache. A call's key hashes everything that determines its reply
+(backend, model, rendered messages, JSON schema, sampling parameters, top_logprobs); a key
+with a successful row is never sent again. The table is append-only: a failed call stays
+recorded beside the later success, so the history of every key can be audited.
+Connections are short (one per lookup, one per batch write) and never held during model calls:
+DuckDB allows one writing process per file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import polars as pl
+
+from bridge_assets import store
+from bridge_assets.llm.parsing import canonical_json
+from bridge_assets.llm.types import LLMRequest, LLMResult, TokenLogprob
+
+TABLE = "llm_calls"
+
+CREATE_TABLE = f"""
+create table if not exists {TABLE} (
+    key VARCHAR not null,          -- sha256 of backend, model, messages, schema, sampling
+    profile VARCHAR,               -- models.yaml profile that made the call
+    backend VARCHAR,
+    model VARCHAR,
+    purpose VARCHAR,               -- e.g. filter, debate (not part of the key)
+    context VARCHAR,               -- caller's provenance, e.g. the Dagster run id
+    request_json VARCHAR,          -- the LLMRequest as JSON
+    raw_reply VARCHAR,             -- the model's text as received
+    parsed_json VARCHAR,           -- the validated JSON object (schema requests)
+    logprobs_json VARCHAR,         -- token log-probabilities when asked
+    tokens_in INTEGER,
+    tokens_out INTEGER,
+    latency_s DOUBLE,
+    attempts INTEGER,              -- model calls made for this key in this batch
+    error VARCHAR,                 -- NULL when the call succeeded
+    created_at TIMESTAMP
+)
+"""
+
+
+def call_key(backend: str, model_id: str, request: LLMRequest) -> str:
+    """The cache key: what decides the reply, and nothing else (`purpose` is left out)."""
+    payload = {
+        "backend": backend,
+        "model": model_id,
+        "messages": [list(m) for m in request.messages],
+        "json_schema": request.json_schema,
+        "sampling": {"max_tokens": request.max_tokens, "temperature": request.temperature,
+                     "stop": list(request.stop), "seed": request.seed},
+        "top_logprobs": request.top_logprobs,
+    }
+    return hashlib.sha256(canonical_json(payload).encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    """One row to append: a result plus what the result itself does not say."""
+
+    request: LLMRequest
+    result: LLMResult
+    attempts: int
+
+
+def lookup(keys: Sequence[str], path: Path | None = None) -> dict[str, LLMResult]:
+    """The latest successful result of each key that has one (cached=True)."""
+    if not keys:
+        return {}
+    with store.connect(path) as con:
+        if not store.table_exists(con, TABLE):
+            return {}
+        rows = con.execute(
+            f"""select key, raw_reply, parsed_json, logprobs_json, tokens_in, tokens_out, latency_s
+                from {TABLE}
+                where error is null and key in (select unnest(?::VARCHAR[]))
+                qualify row_number() over (partition by key order by created_at desc) = 1""",
+            [list(set(keys))]).fetchall()
+    found = {}
+    for key, raw, parsed, logprobs, tokens_in, tokens_out, latency in rows:
+        found[key] = LLMResult(
+            key=key, text=raw or "",
+            parsed=json.loads(parsed) if parsed is not None else None,
+            logprobs=[TokenLogprob(**t) for t in json.loads(logprobs)] if logprobs is not None else None,
+            tokens_in=tokens_in or 0, tokens_out=tokens_out or 0, latency_s=latency or 0.0,
+            cached=True)
+    return found
+
+
+def append(records: Sequence[CallRecord], *, profile: str, backend: str, model: str,
+           context: str | None, path: Path | None = None) -> None:
+    """Append one batch's calls in one short transaction."""
+    if not records:
+        return
+    now = datetime.now(timezone.utc).replace(tzinfo=None)
+    frame = pl.DataFrame({
+        "key": [r.result.key for r in records],
+        "profile": [profile] * len(records),
+        "backend": [backend] * len(records),
+        "model": [model] * len(records),
+        "purpose": [r.request.purpose for r in records],
+        "context": [context] * len(records),
+        "request_json": [r.request.model_dump_json() for r in records],
+        "raw_reply": [r.result.text for r in records],
+        "parsed_json": [json.dumps(r.result.parsed) if r.result.parsed is not None else None
+                        for r in records],
+        "logprobs_json": [json.dumps([t.model_dump() for t in r.result.logprobs])
+                          if r.result.logprobs is not None else None for r in records],
+        "tokens_in": [r.result.tokens_in for r in records],
+        "tokens_out": [r.result.tokens_out for r in records],
+        "latency_s": [r.result.latency_s for r in records],
+        "attempts": [r.attempts for r in records],
+        "error": [r.result.error for r in records],
+        "created_at": [now] * len(records),
+    }, schema_overrides={"context": pl.Utf8, "parsed_json": pl.Utf8, "logprobs_json": pl.Utf8,
+                         "error": pl.Utf8, "tokens_in": pl.Int32, "tokens_out": pl.Int32,
+                         "attempts": pl.Int32})
+    with store.connect(path) as con:
+        con.execute("begin transaction")
+        try:
+            con.execute(CREATE_TABLE)
+            con.register("_incoming_calls", frame.to_arrow())
+            con.execute(f"insert into {TABLE} by name select * from _incoming_calls")
+            con.unregister("_incoming_calls")
+            con.execute("commit")
+        except BaseException:
+            con.execute("rollback")
+            raise
+
+
+def read_calls(path: Path | None = None) -> pl.DataFrame:
+    """The whole ledger (empty frame when no call was ever made)."""
+    with store.connect(path) as con:
+        if not store.table_exists(con, TABLE):
+            return pl.DataFrame()
+        return con.execute(f"select * from {TABLE} order by created_at").pl()

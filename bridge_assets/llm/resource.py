@@ -1,0 +1,60 @@
+"""The Dagster resource that hands assets their LLM clients (one per profile, per run)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dagster as dg
+from pydantic import PrivateAttr
+
+from bridge_assets.llm.client import ClientStats, LLMClient
+from bridge_assets.llm.profiles import ROLES, load_models_config
+from bridge_assets.paths import data_lake_dir
+
+
+class LLMResource(dg.ConfigurableResource):
+    """Which profile each labeling role uses; empty = the `defaults` of resources/models.yaml."""
+
+    data_lake: str = ""            # where the call ledger lives (like DuckDBStore.data_lake)
+    filter: list[str] = []         # the filter's models (the paper uses three)
+    debate: str = ""               # the debating agents' model
+    adjudicator: str = ""          # the LLM that resolves escalated debates
+    judge: str = ""                # single-agent LLMJudge / P(yes) scorers
+    rewrite: str = ""              # query rewriting (e.g. HyDE)
+
+    _clients: dict[str, LLMClient] = PrivateAttr(default_factory=dict)
+
+    @property
+    def db_path(self) -> Path:
+        return (Path(self.data_lake) if self.data_lake else data_lake_dir()) / "bridge.duckdb"
+
+    def profiles_for(self, role: str) -> list[str]:
+        if role not in ROLES:
+            raise ValueError(f"unknown LLM role '{role}' (roles: {', '.join(ROLES)})")
+        configured = getattr(self, role)
+        if configured:
+            return list(configured) if isinstance(configured, list) else [configured]
+        return load_models_config().role_profiles(role)
+
+    def profile_for(self, role: str) -> str:
+        names = self.profiles_for(role)
+        if len(names) != 1:
+            raise ValueError(f"role '{role}' uses {len(names)} profiles ({names}); use profiles_for()")
+        return names[0]
+
+    def client(self, profile: str) -> LLMClient:
+        """The client of a profile, shared by every caller in this run (its stats add up)."""
+        if profile not in self._clients:
+            self._clients[profile] = LLMClient(profile, db_path=self.db_path)
+        return self._clients[profile]
+
+    def clients_for(self, role: str) -> list[LLMClient]:
+        return [self.client(name) for name in self.profiles_for(role)]
+
+    def stats(self) -> dict[str, ClientStats]:
+        return {name: client.stats for name, client in self._clients.items()}
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()

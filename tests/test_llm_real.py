@@ -1,0 +1,124 @@
+"""Real models, no fakes: the offline 0.5B joined from its PyPI parts, run in-process by
+llama.cpp and behind llama-cpp-python's OpenAI-compatible server (the same HTTP path that
+talks to `vllm serve` in production). Prompts are few and short: this machine has two cores.
+"""
+
+from __future__ import annotations
+
+import math
+
+import dagster as dg
+import pytest
+from typer.testing import CliRunner
+
+from bridge_assets.llm import LLMClient, get_profile, weights
+from bridge_assets.llm.cli import models_app
+from bridge_assets.llm.ledger import read_calls
+from bridge_assets.llm.resource import LLMResource
+from bridge_assets.llm.scores import yes_probability
+from bridge_assets.llm.server import llama_cpp_server
+
+pytest.importorskip("llama_cpp")
+
+YES_NO = {"type": "object", "properties": {"response": {"type": "string", "enum": ["yes", "no"]}},
+          "required": ["response"], "additionalProperties": False}
+SYSTEM = 'Answer the question. Reply in JSON: {"response": "yes"} or {"response": "no"}.'
+
+
+@pytest.fixture
+def small_model(data_lake):
+    """The offline 0.5B, joined once into the machine's models cache and verified."""
+    return weights.provision(get_profile("qwen-0.5b"))
+
+
+def test_offline_weights_join_to_the_published_hash(small_model):
+    # `bridge models fetch` provisions the same file (and says where it is)
+    fetched = CliRunner().invoke(models_app, ["fetch", "qwen-0.5b"])
+    assert fetched.exit_code == 0, fetched.output
+    assert str(small_model.path) in fetched.output and small_model.sha256 in fetched.output
+    assert small_model.sha256 == get_profile("qwen-0.5b").weights.sha256
+    assert small_model.size == 491_400_064
+    with open(small_model.path, "rb") as handle:
+        assert handle.read(4) == b"GGUF"
+
+
+def test_in_process_llama_cpp_json_schema_and_p_yes(small_model):
+    client = LLMClient("qwen-0.5b")
+    judged = client.request([("system", SYSTEM), ("user", "Is Paris the capital of France?")],
+                            json_schema=YES_NO, max_tokens=16, purpose="test")
+    scored = client.request([("system", "Answer with one word: yes or no."),
+                             ("user", "Is Paris the capital of France?")], max_tokens=1, top_logprobs=10)
+    verdict, score = client.generate([judged, scored], context="real-test")
+
+    assert verdict.ok, verdict.error
+    assert verdict.parsed["response"] in ("yes", "no") and verdict.tokens_out > 0
+    assert score.ok and score.logprobs and len(score.logprobs) == 1
+    first = score.logprobs[0]
+    assert first.token == score.text
+    assert first.logprob == pytest.approx(max(first.top.values()))  # greedy at temperature 0
+    assert sum(math.exp(lp) for lp in first.top.values()) <= 1.0 + 1e-6
+    p_yes = yes_probability(score.logprobs)
+    assert p_yes is not None and 0.0 < p_yes < 1.0
+
+    again = LLMClient("qwen-0.5b").generate([judged, scored])
+    assert [r.cached for r in again] == [True, True]
+    assert again[1].logprobs == score.logprobs and again[0].parsed == verdict.parsed
+    assert read_calls().height == 2  # the second run made no model call
+
+
+@pytest.fixture
+def llama_server(small_model):
+    """llama-cpp-python's OpenAI-compatible server on the offline model, stopped afterwards."""
+    with llama_cpp_server(small_model.path, alias=get_profile("openai-local").model, n_ctx=2048) as url:
+        yield url
+
+
+def test_end_to_end_through_a_real_openai_compatible_server(llama_server):
+    profile = get_profile("openai-local").model_copy(update={"base_urls": (llama_server,), "concurrency": 2})
+    client = LLMClient(profile)
+    questions = ["Is Paris the capital of France?", "Is the Pacific Ocean a desert?"]
+    requests = [client.request([("system", SYSTEM), ("user", q)], json_schema=YES_NO, max_tokens=16,
+                               purpose="e2e") for q in questions]
+    requests.append(client.request([("system", "Answer with one word: yes or no."),
+                                    ("user", questions[0])], max_tokens=1, top_logprobs=5))
+    results = client.generate(requests, context="e2e")
+
+    for result in results[:2]:
+        assert result.ok, result.error
+        assert result.parsed["response"] in ("yes", "no")  # the server's grammar kept it in the schema
+        assert result.tokens_in > 10 and result.tokens_out > 0
+    scored = results[2]
+    assert scored.ok and scored.logprobs and yes_probability(scored.logprobs) is not None
+    calls = read_calls()
+    assert calls.height == 3 and set(calls["backend"]) == {"openai"}
+    assert calls["error"].is_null().all()
+
+    again = LLMClient(profile).generate(requests)
+    assert all(r.cached for r in again) and read_calls().height == 3
+
+
+def test_a_prompt_longer_than_the_context_is_a_recorded_failure(small_model):
+    tiny_context = get_profile("qwen-0.5b").model_copy(update={"context_size": 512})
+    client = LLMClient(tiny_context)
+    [result] = client.generate([client.request([("user", "word " * 800)], max_tokens=4)])
+    assert not result.ok and "context window" in result.error
+    assert read_calls()["error"].to_list() == [result.error]
+
+
+def test_llm_resource_inside_a_dagster_materialization(small_model):
+    @dg.asset
+    def judged(context, llm: LLMResource) -> dg.MaterializeResult:
+        client = llm.client(llm.profile_for("judge"))
+        [result] = client.generate([client.request([("system", SYSTEM), ("user", "Is ice cold?")],
+                                                   json_schema=YES_NO, max_tokens=16, purpose="judge")],
+                                   context=context.run_id)
+        assert result.ok, result.error
+        return dg.MaterializeResult(metadata=client.stats.as_metadata())
+
+    outcome = dg.materialize([judged], resources={"llm": LLMResource(judge="qwen-0.5b")})
+    assert outcome.success
+    metadata = outcome.asset_materializations_for_node("judged")[0].metadata
+    assert metadata["calls"].value == 1 and metadata["cache_hits"].value == 0
+    assert metadata["tokens_out"].value > 0
+    calls = read_calls()
+    assert calls["purpose"].to_list() == ["judge"] and calls["context"].to_list() == [outcome.run_id]
