@@ -9,6 +9,7 @@ import typer
 
 from bridge_assets.human.cli import app as annotate_app
 from bridge_assets.llm.cli import models_app
+from bridge_assets.metrics.cli import eval_command
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -19,6 +20,7 @@ datasets_app = typer.Typer(help="The dataset registry (resources/datasets.yaml).
 app.add_typer(datasets_app, name="datasets")
 app.add_typer(annotate_app, name="annotate")
 app.add_typer(models_app, name="models")
+app.command("eval")(eval_command)
 
 
 def _fail(message: str) -> None:

@@ -211,7 +211,7 @@ def read_trec_qrels(path: Path) -> tuple[pl.DataFrame, list[int]]:
     with _open_text(path) as handle:
         for number, line in enumerate(handle, start=1):
             fields = line.split()
-            if not fields:
+            if not fields or fields[0].startswith("#"):  # trec_eval skips comment lines too
                 continue
             if len(fields) != 4:
                 raise DatasetError(f"expected 4 columns (qid iter docid rel), got {len(fields)}",

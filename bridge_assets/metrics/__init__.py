@@ -1,0 +1,11 @@
+"""Retrieval metrics equal to trec_eval's, computed set-based in DuckDB (docs/metrics.md)."""
+
+from bridge_assets.metrics.measures import (FAMILIES, PIPELINE_MEASURES, MeasureError,
+                                            MeasureSelection, compute_measures,
+                                            compute_retrieval_metrics, resolve_measures)
+from bridge_assets.metrics.trec_files import (TrecRun, evaluate_trec_files, read_trec_run,
+                                              trec_eval_lines)
+
+__all__ = ["FAMILIES", "PIPELINE_MEASURES", "MeasureError", "MeasureSelection", "TrecRun",
+           "compute_measures", "compute_retrieval_metrics", "evaluate_trec_files",
+           "read_trec_run", "resolve_measures", "trec_eval_lines"]

@@ -1,0 +1,216 @@
+"""Benchmark: BRIDGE's set-based DuckDB metrics vs pytrec_eval vs ranx on the same data.
+
+The paper's scale, synthetic: 25 systems x 3,657 queries x top-10 (914,250 run rows), about
+37,000 relevant pairs (graded 1-3) plus judged non-relevant ones. Every tool starts from the
+same polars frames; each is timed with its own input conversion (what a user pays) and for
+the evaluation alone, wall-clock and CPU (all threads), best of --repeat runs. Values are
+asserted equal per query (1e-9) for every shared measure. Scores are distinct, so ranx's
+unstable tie order cannot matter; ranx's numba kernels are compiled before timing.
+
+    .venv/bin/python scripts/bench_metrics.py [--systems 25 --queries 3657 --seed 7 --repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import duckdb
+import numpy as np
+import polars as pl
+import pytrec_eval
+from ranx import Qrels, Run, evaluate
+
+from bridge_assets.metrics import compute_measures, resolve_measures
+
+K = 10
+# our name -> (pytrec_eval measure request or None, ranx metric or None)
+SHARED = {
+    "map": ("map", "map"),
+    "Rprec": ("Rprec", "r-precision"),
+    "bpref": ("bpref", "bpref"),
+    "recip_rank": ("recip_rank", "mrr"),
+    f"recip_rank_cut_{K}": (None, f"mrr@{K}"),
+    f"P_{K}": (f"P.{K}", f"precision@{K}"),
+    f"recall_{K}": (f"recall.{K}", f"recall@{K}"),
+    f"ndcg_cut_{K}": (f"ndcg_cut.{K}", f"ndcg@{K}"),
+    f"map_cut_{K}": (f"map_cut.{K}", f"map@{K}"),
+    f"success_{K}": (f"success.{K}", f"hit_rate@{K}"),
+    "num_rel_ret": ("num_rel_ret", "hits"),
+}
+OURS_ONLY = [f"judged_{K}", "num_ret", "num_rel"]
+
+
+def synthetic(systems: int, queries: int, seed: int) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(run: retriever, query_id, doc_id, score; qrels: query_id, doc_id, relevance)."""
+    rng = np.random.default_rng(seed)
+    corpus, candidates_per_query = 1_000_000, 50
+    # each query: 1..19 relevant documents (mean 10 -> ~37k pairs), 5 judged non-relevant,
+    # the rest of its 50 candidates unjudged
+    n_rel = rng.integers(1, 20, size=queries)
+    candidates = np.empty((queries, candidates_per_query), dtype=np.int64)
+    for q in range(queries):
+        drawn = np.unique(rng.integers(0, corpus, size=candidates_per_query * 2))
+        candidates[q] = rng.permutation(drawn)[:candidates_per_query]
+    position = np.arange(candidates_per_query)
+    relevant = position[None, :] < n_rel[:, None]
+    judged_nonrel = (position[None, :] >= n_rel[:, None]) & (position[None, :] < n_rel[:, None] + 5)
+    grades = rng.integers(1, 4, size=(queries, candidates_per_query))
+    qrels = pl.DataFrame({
+        "query_id": np.repeat(np.arange(queries), candidates_per_query),
+        "doc": candidates.ravel(),
+        "relevance": np.where(relevant, grades, 0).ravel(),
+        "judged": (relevant | judged_nonrel).ravel(),
+    }).filter(pl.col("judged"))
+    # each system ranks a query's candidates by noise plus a system-specific pull to relevance
+    quality = rng.uniform(0.1, 1.2, size=systems)
+    keys = rng.random((systems, queries, candidates_per_query)) + quality[:, None, None] * relevant[None]
+    top = np.argsort(-keys, axis=2)[:, :, :K]
+    run = pl.DataFrame({
+        "retriever": np.repeat(np.arange(systems), queries * K),
+        "query_id": np.tile(np.repeat(np.arange(queries), K), systems),
+        "doc": np.take_along_axis(np.broadcast_to(candidates, keys.shape), top, axis=2).ravel(),
+        "score": np.take_along_axis(keys, top, axis=2).ravel(),
+    })
+    run = run.with_columns(pl.format("s{}", "retriever").alias("retriever"),
+                           pl.format("q{}", "query_id").alias("query_id"),
+                           pl.format("d{}", "doc").alias("doc_id")).drop("doc")
+    qrels = qrels.with_columns(pl.format("q{}", "query_id").alias("query_id"),
+                               pl.format("d{}", "doc").alias("doc_id"),
+                               pl.col("relevance").cast(pl.Int32)).select("query_id", "doc_id", "relevance")
+    assert run.select(pl.struct("retriever", "query_id", "score").is_duplicated().any()).item() is False
+    return run, qrels
+
+
+@dataclass
+class Timing:
+    conversion: float = 0.0  # wall-clock seconds to turn the frames into the tool's input
+    evaluation: float = 0.0  # wall-clock seconds of the evaluation itself
+    cpu: float = 0.0         # CPU seconds of both, all threads
+
+    @property
+    def total(self) -> float:
+        return self.conversion + self.evaluation
+
+
+class Stopwatch:
+    """Wall-clock and CPU time of the conversion and evaluation steps of one tool run."""
+
+    def __init__(self) -> None:
+        self.timing = Timing()
+        self._wall, self._cpu = time.perf_counter(), time.process_time()
+
+    def lap(self, step: str) -> None:
+        wall, cpu = time.perf_counter(), time.process_time()
+        setattr(self.timing, step, wall - self._wall)
+        self.timing.cpu += cpu - self._cpu
+        self._wall, self._cpu = wall, cpu
+
+
+def best_of(repeat: int, tool: Callable[[], tuple[dict, Timing]]) -> tuple[dict, Timing]:
+    runs = [tool() for _ in range(repeat)]
+    return min(runs, key=lambda r: r[1].total)
+
+
+def run_ours(run: pl.DataFrame, qrels: pl.DataFrame) -> tuple[dict, Timing]:
+    """All systems in one query; registering polars frames with DuckDB is zero-copy (Arrow)."""
+    selection = resolve_measures([*SHARED, *OURS_ONLY])
+    watch = Stopwatch()
+    con = duckdb.connect()
+    con.register("bench_run", run)
+    con.register("bench_qrels", qrels)
+    watch.lap("conversion")
+    frame = compute_measures(con, selection, run="bench_run", qrels="bench_qrels")
+    watch.lap("evaluation")
+    con.close()
+    rows = frame.select("retriever", "query_id", "measure", "value").iter_rows()
+    return {(s, q, m): v for s, q, m, v in rows}, watch.timing
+
+
+def nested(frame: pl.DataFrame, value: str) -> dict[str, dict[str, float]]:
+    out: dict[str, dict[str, float]] = defaultdict(dict)
+    for query_id, doc_id, v in frame.select("query_id", "doc_id", value).iter_rows():
+        out[query_id][doc_id] = v
+    return dict(out)
+
+
+def run_pytrec(run: pl.DataFrame, qrels: pl.DataFrame) -> tuple[dict, Timing]:
+    """pytrec_eval takes nested dicts, one run per call."""
+    watch = Stopwatch()
+    qrels_dict = nested(qrels, "relevance")
+    runs = {s: nested(part, "score") for (s,), part in run.partition_by("retriever", as_dict=True).items()}
+    evaluator = pytrec_eval.RelevanceEvaluator(qrels_dict, {p for p, _ in SHARED.values() if p})
+    watch.lap("conversion")
+    results = {system: evaluator.evaluate(system_run) for system, system_run in runs.items()}
+    watch.lap("evaluation")
+    return {(s, q, m): v for s, per_query in results.items() for q, measures in per_query.items()
+            for m, v in measures.items()}, watch.timing
+
+
+def run_ranx(run: pl.DataFrame, qrels: pl.DataFrame) -> tuple[dict, Timing]:
+    """ranx takes its Qrels/Run objects (numba kernels, parallel over queries), one run per call."""
+    metrics = [r for _, r in SHARED.values() if r]
+    watch = Stopwatch()
+    ranx_qrels = Qrels(nested(qrels, "relevance"))
+    runs = {s: Run(nested(part, "score"))
+            for (s,), part in run.partition_by("retriever", as_dict=True).items()}
+    watch.lap("conversion")
+    for system_run in runs.values():
+        evaluate(ranx_qrels, system_run, metrics)
+    watch.lap("evaluation")
+    return {(s, q, m): v for s, r in runs.items() for m in metrics
+            for q, v in r.scores[m].items()}, watch.timing
+
+
+def warm_up_ranx() -> None:
+    """numba compiles ranx's kernels on first use; keep that out of the timing."""
+    evaluate(Qrels({"q": {"a": 1, "b": 0}}), Run({"q": {"a": 0.5, "b": 0.7, "c": 0.1}}),
+             [r for _, r in SHARED.values() if r])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--systems", type=int, default=25)
+    parser.add_argument("--queries", type=int, default=3657)
+    parser.add_argument("--seed", type=int, default=7)
+    parser.add_argument("--repeat", type=int, default=3, help="runs per tool; the best counts")
+    args = parser.parse_args()
+
+    run, qrels = synthetic(args.systems, args.queries, args.seed)
+    relevant = qrels.filter(pl.col("relevance") > 0).height
+    print(f"data: {args.systems} systems x {args.queries} queries x top-{K} = {run.height:,} run rows; "
+          f"{qrels.height:,} judgments, {relevant:,} relevant")
+    warm_up_ranx()
+    ours, ours_t = best_of(args.repeat, lambda: run_ours(run, qrels))
+    pytrec, pytrec_t = best_of(args.repeat, lambda: run_pytrec(run, qrels))
+    ranx_values, ranx_t = best_of(args.repeat, lambda: run_ranx(run, qrels))
+
+    checked = 0
+    for (system, query_id, name), value in ours.items():
+        if query_id == "all" or name not in SHARED:
+            continue
+        pytrec_name, ranx_name = SHARED[name]
+        if pytrec_name:
+            assert abs(value - pytrec[system, query_id, name]) <= 1e-9, (system, query_id, name, value)
+            checked += 1
+        if ranx_name:
+            assert abs(value - ranx_values[system, query_id, ranx_name]) <= 1e-9, \
+                (system, query_id, name, value)
+            checked += 1
+    print(f"equal values: {checked:,} per-query comparisons within 1e-9 "
+          f"({len(SHARED)} shared measures; ours also computed {', '.join(OURS_ONLY)})")
+    print(f"best of {args.repeat} runs each, seconds:")
+    print(f"{'tool':<13}{'with conversion':>16}{'evaluation only':>17}{'CPU (all threads)':>19}")
+    for name, t in (("BRIDGE SQL", ours_t), ("pytrec_eval", pytrec_t), ("ranx", ranx_t)):
+        print(f"{name:<13}{t.total:>16.2f}{t.evaluation:>17.2f}{t.cpu:>19.2f}")
+    print("ratios, their time / ours (> 1: ours is faster):")
+    for name, t in (("pytrec_eval", pytrec_t), ("ranx", ranx_t)):
+        print(f"  {name:<12} with conversion {t.total / ours_t.total:.1f}x, evaluation only "
+              f"{t.evaluation / ours_t.evaluation:.1f}x, CPU {t.cpu / ours_t.cpu:.1f}x")
+
+
+if __name__ == "__main__":
+    main()
