@@ -1,0 +1,78 @@
+"""The optional LLM adjudicator: it reads an unresolved debate's whole history and decides.
+
+For fully automatic runs (the paper's alternative to human annotators). Its decision is kept
+in `adjudicator_label`, apart from the debate's own consensus `label`, and a pair's outcome
+stays 'escalated' or 'failed': whoever builds qrels chooses whether to trust it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from bridge_assets.labeling.calls import Generate, parse_reply
+from bridge_assets.labeling.debate import AgentConfig, DebateOutcome, reply_budget
+from bridge_assets.labeling.pairs import Pair
+from bridge_assets.labeling.prompts import Prompts
+from bridge_assets.llm.types import LLMRequest
+
+ADJUDICATOR_TEMPLATE = "adjudicator"
+
+
+def adjudicator_schema(max_tokens: int) -> dict:
+    """The decision's JSON schema, its reason bounded to fit in `max_tokens` (see turn_schema)."""
+    return {
+        "type": "object",
+        "properties": {
+            "reason": {"type": "string", "maxLength": reply_budget(max_tokens)},
+            "response": {"type": "string", "enum": ["yes", "no"]},
+        },
+        "required": ["reason", "response"],
+        "additionalProperties": False,
+    }
+
+
+class AdjudicatorReply(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str
+    response: Literal["yes", "no"]
+
+    @field_validator("response", mode="before")
+    @classmethod
+    def _normalise(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
+
+
+def adjudicate(outcome: DebateOutcome, pairs: Sequence[Pair], model: str, generate: Generate, *,
+               prompts: Prompts | None = None, temperature: float = 0.0,
+               max_tokens: int = 256) -> DebateOutcome:
+    """Ask `model` to decide every escalated or failed pair of `outcome`, in one batch.
+
+    Returns the outcome with `adjudicator_label` / `adjudicator_call_key` (and
+    `adjudicator_error` when its call failed) set on those pairs.
+    """
+    prompts = prompts or Prompts()
+    by_id = {(pair.query_id, pair.doc_id): pair for pair in pairs}
+    histories = outcome.histories()
+    agents: tuple[AgentConfig, ...] = outcome.agents
+    unresolved = [i for i, label in enumerate(outcome.labels) if label.outcome != "consensus"]
+    requests = []
+    for i in unresolved:
+        label = outcome.labels[i]
+        pair = by_id[(label.query_id, label.doc_id)]
+        requests.append(LLMRequest(
+            messages=prompts.messages(ADJUDICATOR_TEMPLATE, query=pair.query, answers=pair.answers,
+                                      chunk=pair.chunk, agents=agents,
+                                      history=histories.get((pair.query_id, pair.doc_id), [])),
+            json_schema=adjudicator_schema(max_tokens), max_tokens=max_tokens, temperature=temperature,
+            purpose="adjudicator"))
+    labels = list(outcome.labels)
+    for i, result in zip(unresolved, generate(model, requests) if requests else [], strict=True):
+        reply, error = parse_reply(result, AdjudicatorReply)
+        labels[i] = replace(labels[i], adjudicator_label=int(reply.response == "yes") if reply else None,
+                            adjudicator_call_key=result.key, adjudicator_error=error)
+    return replace(outcome, labels=labels)

@@ -1,0 +1,224 @@
+"""DREAM's pipeline assets, per dataset: candidate_pool -> filtered_pool (+ filter_votes) ->
+debate_labels (+ debate_turns).
+
+Thin wiring: read the tables, call the plain functions of this package with the LLM
+resource's clients, write each asset's tables in one transaction, report what it cost.
+Every run sends every pair through the labelers; the LLM call ledger answers what was already
+asked, so an unchanged re-run makes no model call and a new retriever costs only the pairs
+it surfaced. The LLM client records calls chunk by chunk as they return, so a killed run repeats no
+answered call.
+"""
+
+# No `from __future__ import annotations`: Dagster resolves dg.Config annotations at runtime.
+import hashlib
+import time
+from collections.abc import Sequence
+from typing import Any, Literal
+
+import dagster as dg
+import polars as pl
+from pydantic import Field
+
+from bridge_assets.labeling import pooling
+from bridge_assets.labeling.adjudicator import ADJUDICATOR_TEMPLATE, adjudicate, adjudicator_schema
+from bridge_assets.labeling.calls import Generate, MeteredGenerate
+from bridge_assets.labeling.debate import (debate_agents, debate_config_hash, labels_frame,
+                                           run_debate, turns_frame)
+from bridge_assets.labeling.filter import filtered_pool as summarize_votes
+from bridge_assets.labeling.filter import run_filter, votes_frame
+from bridge_assets.labeling.pairs import load_pairs
+from bridge_assets.labeling.prompts import Prompts
+from bridge_assets.llm.resource import LLMResource
+from bridge_assets.llm.types import LLMRequest, LLMResult
+from bridge_assets.partitions import dataset_partitions
+from bridge_assets.resources import DuckDBStore
+from bridge_assets.store import table_exists
+
+GROUP = "labeling"
+ADJUDICATOR_MAX_TOKENS = 256
+
+class CandidatePoolConfig(dg.Config):
+    depth: int = Field(10, ge=1, description="Each system's top-k that enters the pool (paper: 10).")
+    query_limit: int = Field(0, ge=0, description="> 0: pool only a stable sample of this many "
+                             "queries (chosen by md5 of the query id); 0: every query.")
+
+
+class FilterConfig(dg.Config):
+    models: list[str] = Field(default_factory=list, description="Filter model profiles (paper: 3); "
+                              "empty: the LLM resource's `filter` role (models.yaml defaults).")
+    max_tokens: int = Field(32, ge=8)
+    label_judged_pairs: bool = Field(False, description="Also filter (and so debate) pairs the "
+                                     "original qrels already judge.")
+
+
+class DebateConfig(dg.Config):
+    rounds: int = Field(2, ge=1, description="Maximum rounds R before escalation (paper: 2).")
+    agents: int = Field(2, ge=2, description="Number of agents, half per stance (2 or 4).")
+    models: list[str] = Field(default_factory=list, description="One profile for every agent or "
+                              "one per agent; empty: the LLM resource's `debate` role.")
+    temperature: float = Field(0.0, ge=0.0)
+    stance_order: Literal["relevant_first", "irrelevant_first"] = Field(
+        "relevant_first", description="Which opening stance agent A (listed first) takes.")
+    max_tokens: int = Field(256, ge=64)
+    adjudicate: bool = Field(False, description="Let an LLM adjudicator decide escalated and "
+                             "failed pairs (stored as adjudicator_label, apart from consensus).")
+    adjudicator_model: str = Field("", description="Empty: the LLM resource's `adjudicator` role.")
+
+
+def ledger_generate(llm: LLMResource, run_id: str) -> Generate:
+    """`generate(profile, requests)` through the resource's cached clients, tagged with the run."""
+    def generate(profile: str, requests: Sequence[LLMRequest]) -> list[LLMResult]:
+        return llm.client(profile).generate(requests, context=run_id)
+    return generate
+
+
+def _previous_keys(store: DuckDBStore, table: str, columns: str, dataset: str) -> set[tuple]:
+    with store.connect() as con:
+        if not table_exists(con, table):
+            return set()
+        return set(con.execute(f"select distinct {columns} from {table} where dataset = ?",
+                               [dataset]).fetchall())
+
+
+def data_version(frame: pl.DataFrame) -> dg.DataVersion:
+    """Changes only when the rows do, so Dagster marks downstream stale only then."""
+    rows = frame.drop("dataset")
+    rows = rows.select(sorted(rows.columns)).sort(
+        [c for c, kind in rows.schema.items() if not isinstance(kind, pl.List)])
+    return dg.DataVersion(hashlib.sha256(rows.write_ipc(None).getvalue()).hexdigest()[:16])
+
+
+def _seconds(started: float) -> float:
+    return round(time.monotonic() - started, 2)
+
+
+@dg.asset(
+    partitions_def=dataset_partitions, group_name=GROUP,
+    # retrieval_run is partitioned by (dataset, retriever); Dagster maps a dataset's pool to
+    # every retriever's run of that dataset (MultiToSingleDimensionPartitionMapping).
+    deps=["retrieval_run", "original_qrels"],
+    description="Union of every retrieval system's top-k per query: one row per (query, doc) "
+                "with the systems and ranks that surfaced it; pairs the original qrels judge are marked.")
+def candidate_pool(context: dg.AssetExecutionContext, config: CandidatePoolConfig,
+                   store: DuckDBStore) -> dg.MaterializeResult:
+    dataset = context.partition_key
+    started = time.monotonic()
+    before = _previous_keys(store, "candidate_pool", "query_id, doc_id", dataset)
+    with store.connect() as con:
+        pool = pooling.candidate_pool(con, dataset, config.depth, config.query_limit)
+    store.write_partitions({"candidate_pool": pool}, dataset=dataset)
+    pairs = set(zip(pool["query_id"], pool["doc_id"]))
+    systems = sorted({s for row in pool["systems"] for s in row})
+    return dg.MaterializeResult(metadata={
+        "dagster/row_count": pool.height, "pairs": pool.height, "new_pairs": len(pairs - before),
+        "queries": pool["query_id"].n_unique(), "systems": len(systems),
+        "system_names": ", ".join(systems), "depth": config.depth,
+        "judged_pairs": int(pool["in_original_qrels"].sum()), "time_s": _seconds(started)},
+        data_version=data_version(pool))
+
+
+@dg.multi_asset(
+    specs=[
+        dg.AssetSpec("filtered_pool", deps=["candidate_pool", "queries", "corpus"],
+                     description="Candidate pairs after the LLM filter: dropped only when every "
+                                 "filter model says the chunk supports no answer."),
+        dg.AssetSpec("filter_votes", deps=["candidate_pool", "queries", "corpus"],
+                     description="Every filter model's vote on every pair (NULL + error when the call failed)."),
+    ],
+    partitions_def=dataset_partitions, group_name=GROUP, can_subset=False)
+def filter_pool(context: dg.AssetExecutionContext, config: FilterConfig, store: DuckDBStore,
+                llm: LLMResource):
+    dataset = context.partition_key
+    started = time.monotonic()
+    judged = "" if config.label_judged_pairs else "and not in_original_qrels"
+    with store.connect() as con:
+        pairs = load_pairs(con, dataset, "select query_id, doc_id from candidate_pool "
+                                         f"where dataset = $dataset {judged}")
+    before = _previous_keys(store, "filter_votes", "pair_key", dataset)
+    models = config.models or llm.profiles_for("filter")
+    generate = MeteredGenerate(ledger_generate(llm, context.run_id))
+    votes = votes_frame(run_filter(pairs, models, generate, max_tokens=config.max_tokens), dataset)
+    pool = summarize_votes(votes)
+    store.write_partitions({"filter_votes": votes, "filtered_pool": pool}, dataset=dataset)
+    kept = int(pool["kept"].sum()) if pool.height else 0
+    stats = generate.stats.as_metadata()
+    yield dg.MaterializeResult(asset_key="filtered_pool", metadata={
+        "dagster/row_count": pool.height, "pairs": len(pairs),
+        "new_pairs": len({p.key for p in pairs} - {k for (k,) in before}),
+        "kept": kept, "dropped": pool.height - kept, "models": ", ".join(models), **stats,
+        "time_s": _seconds(started)}, data_version=data_version(pool))
+    yield dg.MaterializeResult(asset_key="filter_votes", metadata={
+        "dagster/row_count": votes.height,
+        "failed_votes": int(votes["is_supported"].is_null().sum()), "models": ", ".join(models)},
+        data_version=data_version(votes))
+
+
+def _share(part: int, whole: int) -> float:
+    return round(part / whole, 4) if whole else 0.0
+
+
+@dg.multi_asset(
+    specs=[
+        dg.AssetSpec("debate_labels", deps=["filtered_pool", "queries", "corpus"],
+                     description="DREAM outcome per kept pair: consensus label, or escalated / "
+                                 "failed (to humans or the optional LLM adjudicator)."),
+        dg.AssetSpec("debate_turns", deps=["filtered_pool", "queries", "corpus"],
+                     description="Every debate turn: round, agent, stance, model, quoted "
+                                 "sentences, reason, answer, call key."),
+    ],
+    partitions_def=dataset_partitions, group_name=GROUP, can_subset=False)
+def debate(context: dg.AssetExecutionContext, config: DebateConfig, store: DuckDBStore,
+           llm: LLMResource):
+    dataset = context.partition_key
+    started = time.monotonic()
+    with store.connect() as con:
+        pairs = load_pairs(con, dataset,
+                           "select query_id, doc_id from filtered_pool where dataset = $dataset and kept")
+    models = config.models or [llm.profile_for("debate")]
+    agents = debate_agents(models, config.agents, config.stance_order)
+    prompts = Prompts()
+    adjudicator_model = (config.adjudicator_model or llm.profile_for("adjudicator")) \
+        if config.adjudicate else None
+    model_ids = {name: llm.client(name).model_id for name in {*models, adjudicator_model} if name}
+    adjudicator: dict[str, Any] | None = None
+    if adjudicator_model:
+        adjudicator = {"model": adjudicator_model, "model_id": model_ids[adjudicator_model],
+                       "prompt": prompts.hash(ADJUDICATOR_TEMPLATE),
+                       "schema": adjudicator_schema(ADJUDICATOR_MAX_TOKENS)}
+    config_hash = debate_config_hash(agents, rounds=config.rounds, temperature=config.temperature,
+                                     max_tokens=config.max_tokens, prompts=prompts,
+                                     model_ids=model_ids, adjudicator=adjudicator)
+    before = _previous_keys(store, "debate_labels", "pair_key, config_hash", dataset)
+    generate = MeteredGenerate(ledger_generate(llm, context.run_id))
+    outcome = run_debate(pairs, agents, generate, rounds=config.rounds,
+                         temperature=config.temperature, max_tokens=config.max_tokens,
+                         prompts=prompts)
+    if adjudicator_model:
+        outcome = adjudicate(outcome, pairs, adjudicator_model, generate, prompts=prompts,
+                             max_tokens=ADJUDICATOR_MAX_TOKENS)
+    labels = labels_frame(outcome, dataset, config_hash)
+    turns = turns_frame(outcome, dataset)
+    store.write_partitions({"debate_labels": labels, "debate_turns": turns}, dataset=dataset)
+
+    n = len(pairs)
+    escalated, failed = outcome.count("escalated"), outcome.count("failed")
+    consensus = outcome.consensus_by_round()
+    metadata: dict[str, Any] = {
+        "dagster/row_count": n, "pairs": n,
+        "new_pairs": len({(p.key, config_hash) for p in pairs} - before),
+        "config_hash": config_hash, "agents": ", ".join(f"{a.name}:{a.stance}:{a.model}" for a in agents),
+        "rounds": config.rounds,
+        **{f"consensus_after_round_{r}": count for r, count in consensus.items()},
+        **{f"consensus_share_after_round_{r}": _share(count, n) for r, count in consensus.items()},
+        "relevant": int((labels["label"] == 1).sum()), "irrelevant": int((labels["label"] == 0).sum()),
+        "escalated": escalated, "failed": failed,
+        "escalation_ratio": _share(escalated + failed, n),
+        **generate.stats.as_metadata(), "time_s": _seconds(started)}
+    if adjudicator_model:
+        metadata["adjudicated"] = int(labels["adjudicator_label"].is_not_null().sum())
+        metadata["adjudicator_failures"] = int(labels["adjudicator_error"].is_not_null().sum())
+    yield dg.MaterializeResult(asset_key="debate_labels", metadata=metadata,
+                               data_version=data_version(labels))
+    yield dg.MaterializeResult(asset_key="debate_turns", metadata={
+        "dagster/row_count": turns.height, "failed_turns": int(turns["error"].is_not_null().sum())},
+        data_version=data_version(turns))

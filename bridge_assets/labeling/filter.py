@@ -1,0 +1,87 @@
+"""The LLM filter: each filter model says whether a chunk supports any of the query's answers.
+
+A pair is dropped only when every model says false (sql/filtered_pool.sql); a failed vote is
+recorded with its error and keeps the pair, so an outage never silently removes candidates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import duckdb
+import polars as pl
+from pydantic import BaseModel, ConfigDict, StrictBool
+
+from bridge_assets.labeling.calls import Generate, generate_grouped, parse_reply
+from bridge_assets.labeling.pairs import Pair
+from bridge_assets.labeling.prompts import Prompts
+from bridge_assets.llm.types import LLMRequest
+from bridge_assets.paths import read_sql
+
+FILTER_TEMPLATE = "filter"
+FILTER_SCHEMA = {
+    "type": "object",
+    "properties": {"is_supported": {"type": "boolean"}},
+    "required": ["is_supported"],
+    "additionalProperties": False,
+}
+
+
+class FilterReply(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    is_supported: StrictBool
+
+
+@dataclass(frozen=True)
+class FilterVote:
+    query_id: str
+    doc_id: str
+    pair_key: str
+    model: str                 # the filter model's profile name
+    is_supported: bool | None  # None: the call failed (see error)
+    call_key: str
+    error: str | None
+
+
+VOTE_SCHEMA = {"query_id": pl.Utf8, "doc_id": pl.Utf8, "pair_key": pl.Utf8, "model": pl.Utf8,
+               "is_supported": pl.Boolean, "call_key": pl.Utf8, "error": pl.Utf8}
+
+
+def filter_request(pair: Pair, prompts: Prompts, max_tokens: int = 32) -> LLMRequest:
+    return LLMRequest(
+        messages=prompts.messages(FILTER_TEMPLATE, query=pair.query, answers=pair.answers,
+                                  chunk=pair.chunk),
+        json_schema=FILTER_SCHEMA, max_tokens=max_tokens, temperature=0.0, purpose="filter")
+
+
+def run_filter(pairs: Sequence[Pair], models: Sequence[str], generate: Generate,
+               prompts: Prompts | None = None, max_tokens: int = 32) -> list[FilterVote]:
+    """Every model votes on every pair: one batched generate call per model. Votes come back
+    model by model, pairs in order."""
+    if not models:
+        raise ValueError("the filter needs at least one model profile")
+    prompts = prompts or Prompts()
+    requests = [filter_request(pair, prompts, max_tokens) for pair in pairs]
+    slots = [(model, pair) for model in models for pair in pairs]
+    results = generate_grouped([(model, request) for model in models for request in requests],
+                               generate)
+    votes = []
+    for (model, pair), result in zip(slots, results, strict=True):
+        reply, error = parse_reply(result, FilterReply)
+        votes.append(FilterVote(pair.query_id, pair.doc_id, pair.key, model,
+                                reply.is_supported if reply else None, result.key, error))
+    return votes
+
+
+def votes_frame(votes: Sequence[FilterVote], dataset: str) -> pl.DataFrame:
+    """The `filter_votes` table rows of `dataset`."""
+    frame = pl.DataFrame([asdict(vote) for vote in votes], schema=VOTE_SCHEMA)
+    return frame.with_columns(pl.lit(dataset).alias("dataset"))
+
+
+def filtered_pool(votes: pl.DataFrame) -> pl.DataFrame:
+    """The `filtered_pool` rows: sql/filtered_pool.sql over a `filter_votes` frame."""
+    with duckdb.connect() as con:
+        con.register("filter_votes", votes.to_arrow())
+        return con.execute(read_sql("filtered_pool")).pl()

@@ -1,0 +1,78 @@
+"""Prompt templates (Jinja2, `resources/prompts/*.j2`) and their content hashes.
+
+A prompt file defines a `system` and a `user` block; rendering one gives the chat messages
+of an `LLMRequest`. The rendered text is part of every call's cache key, so editing a
+template re-runs exactly the calls whose text changed; `Prompts.hash()` (the template and
+every template it includes) goes into a labeler's configuration hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import jinja2.meta
+
+from bridge_assets.paths import RESOURCES_DIR
+
+PROMPTS_DIR = RESOURCES_DIR / "prompts"
+ROLES = ("system", "user")
+
+Messages = tuple[tuple[str, str], ...]
+
+
+class PromptError(ValueError):
+    """A template is missing, lacks its blocks, or refers to an undefined variable."""
+
+
+class Prompts:
+    """The prompt templates of one folder (default `resources/prompts/`)."""
+
+    def __init__(self, directory: Path | str = PROMPTS_DIR):
+        self.directory = Path(directory)
+
+    @cached_property
+    def _environment(self) -> jinja2.Environment:
+        return jinja2.Environment(
+            loader=jinja2.FileSystemLoader(self.directory), undefined=jinja2.StrictUndefined,
+            trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True, autoescape=False)
+
+    def _template(self, name: str) -> jinja2.Template:
+        try:
+            return self._environment.get_template(f"{name}.j2")
+        except jinja2.TemplateNotFound as exc:
+            raise PromptError(f"prompt template '{exc.name}' not found in {self.directory}") from None
+
+    def messages(self, name: str, **context: Any) -> Messages:
+        """Render the `system` and `user` blocks of `<name>.j2` into chat messages."""
+        template = self._template(name)
+        missing = [role for role in ROLES if role not in template.blocks]
+        if missing:
+            raise PromptError(f"{self.directory / (name + '.j2')} lacks block(s) {missing}")
+        try:
+            return tuple((role, "".join(template.blocks[role](template.new_context(context))).strip())
+                         for role in ROLES)
+        except jinja2.UndefinedError as exc:
+            raise PromptError(f"{self.directory / (name + '.j2')}: {exc}") from None
+
+    def hash(self, name: str) -> str:
+        """sha256 over the sources of `<name>.j2` and every template it includes."""
+        digest = hashlib.sha256()
+        seen: set[str] = set()
+        pending = [f"{name}.j2"]
+        while pending:
+            filename = pending.pop()
+            if filename in seen:
+                continue
+            seen.add(filename)
+            try:
+                source, _, _ = self._environment.loader.get_source(self._environment, filename)
+            except jinja2.TemplateNotFound:
+                raise PromptError(f"prompt template '{filename}' not found in {self.directory}") from None
+            digest.update(filename.encode() + b"\0" + source.encode() + b"\0")
+            referenced = jinja2.meta.find_referenced_templates(self._environment.parse(source))
+            pending.extend(sorted(r for r in referenced if r is not None))
+        return digest.hexdigest()[:16]

@@ -1,0 +1,110 @@
+"""DREAM debate throughput on this machine, on a handful of real pairs of a dataset.
+
+    .venv/bin/python scripts/bench_debate.py --dataset demo --pairs 4 [--profile qwen-0.5b]
+        [--rounds 2] [--agents 2] [--max-tokens 256] [--json]
+
+Pairs: for the first queries with judgments, the judged (gold) passage and the unjudged
+passage sharing the most words with the query (a hard negative), alternately. Every call goes
+through LLMClient with a fresh, temporary ledger, so nothing is answered from the cache.
+Prints pairs per minute, tokens per second, and the share of wall time spent outside the
+model (prompt rendering, parsing, the ledger, the debate's own bookkeeping).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import tempfile
+import time
+from pathlib import Path
+
+from bridge_assets.ingest.loaders import DatasetTables, load_dataset
+from bridge_assets.ingest.registry import get_dataset
+from bridge_assets.labeling.calls import MeteredGenerate
+from bridge_assets.labeling.debate import debate_agents, run_debate
+from bridge_assets.labeling.pairs import Pair, chunk_text
+from bridge_assets.llm import LLMClient, role_profiles
+
+WORD = re.compile(r"\w+")
+
+
+def words(text: str) -> set[str]:
+    return {w.lower() for w in WORD.findall(text) if len(w) > 2}
+
+
+def judgments(tables: DatasetTables) -> dict[str, set[str]]:
+    judged: dict[str, set[str]] = {}
+    for row in tables.qrels.iter_rows(named=True):
+        judged.setdefault(row["query_id"], set()).add(row["doc_id"])
+    return judged
+
+
+def bench_pairs(tables: DatasetTables, count: int) -> list[Pair]:
+    docs = {row["doc_id"]: row for row in tables.corpus.iter_rows(named=True)}
+    judged = judgments(tables)
+    pairs: list[Pair] = []
+    for query in tables.queries.sort("query_id").iter_rows(named=True):
+        gold = sorted(judged.get(query["query_id"], ()))
+        if not gold:
+            continue
+        query_words = words(query["text"])
+        negative = max((d for d in docs if d not in judged[query["query_id"]]),
+                       key=lambda d: (len(query_words & words(docs[d]["text"])), d))
+        for doc_id in (gold[0], negative):
+            doc = docs[doc_id]
+            pairs.append(Pair(query["query_id"], doc_id, query["text"], tuple(query["answers"]),
+                              chunk_text(doc["title"], doc["text"])))
+        if len(pairs) >= count:
+            break
+    return pairs[:count]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dataset", default="demo")
+    parser.add_argument("--pairs", type=int, default=4)
+    parser.add_argument("--profile", default=None, help="default: models.yaml defaults.debate")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--agents", type=int, default=2)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
+    args = parser.parse_args()
+
+    profile = args.profile or role_profiles("debate")[0]
+    tables = load_dataset(get_dataset(args.dataset))
+    judged = judgments(tables)
+    pairs = bench_pairs(tables, args.pairs)
+    with tempfile.TemporaryDirectory() as folder:
+        client = LLMClient(profile, db_path=Path(folder) / "bench.duckdb")
+        client.backend  # noqa: B018 - load the model before the clock starts
+        generate = MeteredGenerate(lambda _, requests: client.generate(requests, context="bench"))
+        started = time.perf_counter()
+        outcome = run_debate(pairs, debate_agents([profile], args.agents), generate,
+                             rounds=args.rounds, max_tokens=args.max_tokens)
+        wall = time.perf_counter() - started
+        client.close()
+    stats = client.stats
+    figures = {
+        "dataset": args.dataset, "profile": profile, "pairs": len(pairs), "rounds": args.rounds,
+        "agents": args.agents, "max_tokens": args.max_tokens, "calls": stats.calls,
+        "call_failures": stats.failures, "tokens_in": stats.tokens_in, "tokens_out": stats.tokens_out,
+        "wall_s": round(wall, 2), "model_s": round(stats.model_seconds, 2),
+        "pairs_per_min": round(len(pairs) / wall * 60, 2),
+        "generated_tokens_per_s": round(stats.tokens_out / stats.model_seconds, 2) if stats.model_seconds else 0.0,
+        "all_tokens_per_s": round((stats.tokens_in + stats.tokens_out) / wall, 2),
+        "share_outside_model": round(1 - stats.model_seconds / wall, 4) if wall else 0.0,
+        "consensus_by_round": outcome.consensus_by_round(),
+        "escalated": outcome.count("escalated"), "failed": outcome.count("failed"),
+        "outcomes": {f"{l.query_id}/{l.doc_id}{' (judged)' if l.doc_id in judged.get(l.query_id, ()) else ''}":
+                     l.outcome if l.label is None else f"{l.outcome}:{l.label}" for l in outcome.labels},
+    }
+    if args.json:
+        print(json.dumps(figures))
+        return
+    for name, value in figures.items():
+        print(f"{name:>24}  {value}")
+
+
+if __name__ == "__main__":
+    main()
