@@ -1,0 +1,299 @@
+"""Dagster wiring of the re-benchmark and analysis assets, per dataset.
+
+retrieval_metrics -> ranking_shift; pool_saturation; partial_annotation_study;
+rag_answers -> rag_judgments -> rag_alignment. Each reads one dataset's rows into an
+in-memory DuckDB (views.dataset_snapshot), computes with the plain functions of this
+package, and replaces its partition in one transaction.
+"""
+
+# No `from __future__ import annotations`: Dagster resolves dg.Config annotations at runtime.
+import time
+import warnings
+from typing import Literal
+
+import dagster as dg
+import polars as pl
+from pydantic import Field
+
+from bridge_assets.analysis import rag
+from bridge_assets.analysis.partial import DEFAULT_FRACTIONS, compute_partial_annotation_study
+from bridge_assets.analysis.partial import DEFAULT_MEASURES as PARTIAL_MEASURES
+from bridge_assets.analysis.retrieval import compute_dataset_metrics, measure_label, measures_at
+from bridge_assets.analysis.saturation import DEFAULT_MEASURES as SATURATION_MEASURES
+from bridge_assets.analysis.saturation import compute_pool_saturation
+from bridge_assets.analysis.shift import DEFAULT_MEASURES as SHIFT_MEASURES
+from bridge_assets.analysis.shift import compute_ranking_shift
+from bridge_assets.analysis.views import ScopeInfo, dataset_snapshot
+from bridge_assets.labeling.calls import MeteredGenerate
+from bridge_assets.llm.resource import LLMResource
+from bridge_assets.partitions import dataset_partitions
+from bridge_assets.resources import DuckDBStore
+
+GROUP = "analysis"
+# retrieval_run is partitioned by (dataset, retriever): a dataset's analysis reads every
+# retriever's run of that dataset. (The mapping is marked beta; its behaviour is what we need.)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", dg.BetaWarning)
+    RUN_DEP = dg.AssetDep("retrieval_run", partition_mapping=dg.MultiToSingleDimensionPartitionMapping(
+        partition_dimension_name="dataset"))
+ScopeField = Field("pooled", description="pooled: only the queries of the candidate pool (those "
+                   "the pipeline re-judged; every query without a pool); all: every query.")
+
+
+def _seconds(started: float) -> float:
+    return round(time.monotonic() - started, 2)
+
+
+def _scope_metadata(info: ScopeInfo) -> dict:
+    return {"scope": info.applied, "queries": info.queries, "systems": len(info.retrievers),
+            "system_names": ", ".join(info.retrievers)}
+
+
+def _markdown(frame: pl.DataFrame, digits: int = 4) -> str:
+    def cell(value) -> str:
+        return f"{value:.{digits}f}" if isinstance(value, float) else ("" if value is None else str(value))
+    lines = ["| " + " | ".join(frame.columns) + " |", "|" + " --- |" * len(frame.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.iter_rows()]
+    return "\n".join(lines)
+
+
+# --- retrieval_metrics, ranking_shift ------------------------------------------------------------
+
+class RetrievalMetricsConfig(dg.Config):
+    k: int = Field(10, ge=1, description="Cutoff of the @k measures (paper: 10).")
+    scope: Literal["pooled", "all"] = ScopeField
+
+
+def metrics_summary(frame: pl.DataFrame, k: int) -> pl.DataFrame:
+    """Per system: Hit/nDCG/Recall@k on original -> refined qrels, and Hole@k."""
+    names = measures_at(k)
+    wanted = [names["hit"], names["ndcg"], names["recall"], names["hole"]]
+    means = frame.filter((pl.col("query_id") == "all") & pl.col("measure").is_in(wanted))
+    wide = means.with_columns((pl.col("measure").map_elements(measure_label, return_dtype=pl.Utf8)
+                               + " " + pl.col("qrels_version")).alias("column")) \
+        .pivot(on="column", index="retriever", values="value").sort("retriever")
+    ordered = [c for name in wanted for c in (f"{measure_label(name)} original", f"{measure_label(name)} refined")
+               if c in wide.columns and not (name == names["hole"] and c.endswith("original"))]
+    return wide.select("retriever", *ordered)
+
+
+@dg.asset(partitions_def=dataset_partitions, group_name=GROUP,
+          deps=[RUN_DEP, "original_qrels", "bridge_qrels", "candidate_pool"],
+          description="Every system on the original and on the refined qrels, per query and "
+                      "averaged ('all'): Hit, Recall, P, MRR, nDCG @k, MAP, Judged@k, Hole@k "
+                      "(trec_eval conventions). Long table: dataset, retriever, qrels_version, "
+                      "query_id, measure, value.")
+def retrieval_metrics(context: dg.AssetExecutionContext, config: RetrievalMetricsConfig,
+                      store: DuckDBStore) -> dg.MaterializeResult:
+    dataset = context.partition_key
+    started = time.monotonic()
+    con = dataset_snapshot(store.path, dataset, ["retrieval_run", "original_qrels", "bridge_qrels",
+                                                 "candidate_pool", "queries"])
+    try:
+        frame, info = compute_dataset_metrics(con, dataset, k=config.k, scope=config.scope)
+    finally:
+        con.close()
+    store.write_partitions({"retrieval_metrics": frame}, dataset=dataset)
+    return dg.MaterializeResult(metadata={
+        "dagster/row_count": frame.height, **_scope_metadata(info), "k": config.k,
+        "summary": dg.MetadataValue.md(_markdown(metrics_summary(frame, config.k))),
+        "time_s": _seconds(started)})
+
+
+class RankingShiftConfig(dg.Config):
+    measures: list[str] = Field(list(SHIFT_MEASURES), description="retrieval_metrics measures to rank by.")
+
+
+@dg.asset(partitions_def=dataset_partitions, group_name=GROUP, deps=["retrieval_metrics"],
+          description="System ranking before (original qrels) and after (refined qrels), per "
+                      "measure: scores, places, rank changes, Kendall tau and tau-b.")
+def ranking_shift(context: dg.AssetExecutionContext, config: RankingShiftConfig,
+                  store: DuckDBStore) -> dg.MaterializeResult:
+    dataset = context.partition_key
+    con = dataset_snapshot(store.path, dataset, ["retrieval_metrics"])
+    try:
+        frame = compute_ranking_shift(con, dataset, config.measures)
+    finally:
+        con.close()
+    store.write_partitions({"ranking_shift": frame}, dataset=dataset)
+    taus = frame.unique("measure", maintain_order=True).select("measure", "kendall_tau", "kendall_tau_b")
+    return dg.MaterializeResult(metadata={
+        "dagster/row_count": frame.height, "systems": frame["retriever"].n_unique(),
+        "moved_systems": frame.filter(pl.col("rank_change") != 0)["retriever"].n_unique(),
+        "kendall_tau": dg.MetadataValue.md(_markdown(taus))})
+
+
+# --- pool_saturation, partial_annotation_study ------------------------------------------------
+
+class PoolSaturationConfig(dg.Config):
+    orders: int = Field(10, ge=1, description="Random orders of adding systems (paper: 10).")
+    seed: int = 0
+    measures: list[str] = Field(list(SATURATION_MEASURES), description="Measures of the marginal contribution.")
+    k: int = Field(10, ge=1)
+    scope: Literal["pooled", "all"] = ScopeField
+
+
+@dg.asset(partitions_def=dataset_partitions, group_name=GROUP,
+          deps=["candidate_pool", "bridge_qrels", RUN_DEP, "original_qrels"],
+          description="Pool saturation from the stored labels (no LLM call): filled holes found "
+                      "and growth rate GR(m) as systems are added (mean/std over seeded random "
+                      "orders), and each system's marginal contribution MC(r) for Hit@10, "
+                      "nDCG@10, Recall@10.")
+def pool_saturation(context: dg.AssetExecutionContext, config: PoolSaturationConfig,
+                    store: DuckDBStore) -> dg.MaterializeResult:
+    dataset = context.partition_key
+    started = time.monotonic()
+    con = dataset_snapshot(store.path, dataset, ["candidate_pool", "bridge_qrels", "retrieval_run",
+                                                 "original_qrels", "queries"])
+    try:
+        frame, info, holes = compute_pool_saturation(con, dataset, orders=config.orders, seed=config.seed,
+                                                     measures=config.measures, k=config.k,
+                                                     scope=config.scope)
+    finally:
+        con.close()
+    store.write_partitions({"pool_saturation": frame}, dataset=dataset)
+    last_growth = frame.filter(pl.col("statistic") == "growth_rate").sort("systems_added").tail(1)
+    contributions = frame.filter(pl.col("statistic") == "marginal_contribution") \
+        .pivot(on="measure", index="retriever", values="value")
+    return dg.MaterializeResult(metadata={
+        "dagster/row_count": frame.height, **_scope_metadata(info), "holes": holes,
+        "orders": config.orders, "seed": config.seed,
+        "last_growth_rate": dg.MetadataValue.float(last_growth["value"][0])
+        if last_growth.height and last_growth["value"][0] is not None else "undefined",
+        "marginal_contribution": dg.MetadataValue.md(_markdown(contributions)),
+        "time_s": _seconds(started)})
+
+
+class PartialAnnotationConfig(dg.Config):
+    measures: list[str] = Field(list(PARTIAL_MEASURES))
+    samples: int = Field(1000, ge=1, description="Random single-relevant draws (D-MERIT: 1000).")
+    fractions: list[float] = Field(list(DEFAULT_FRACTIONS), description="Fractions of known relevant items.")
+    sweep_samples: int = Field(20, ge=1, description="Draws per fraction.")
+    seed: int = 0
+    scope: Literal["pooled", "all"] = ScopeField
+
+
+@dg.asset(partitions_def=dataset_partitions, group_name=GROUP,
+          deps=["bridge_qrels", RUN_DEP, "corpus", "candidate_pool", "original_qrels"],
+          description="D-MERIT: Kendall tau-b and error rate between system rankings under partial "
+                      "and full (refined) qrels: random single-relevant (x samples), most popular / "
+                      "longest / shortest single-relevant, system-based single-relevant (base "
+                      "left out), a sweep over the fraction of known relevant items, and error "
+                      "rates per paired t-test p-value bucket.")
+def partial_annotation_study(context: dg.AssetExecutionContext, config: PartialAnnotationConfig,
+                             store: DuckDBStore) -> dg.MaterializeResult:
+    dataset = context.partition_key
+    started = time.monotonic()
+    con = dataset_snapshot(store.path, dataset, ["bridge_qrels", "retrieval_run", "corpus",
+                                                 "candidate_pool", "original_qrels", "queries"])
+    try:
+        frame, info, notes = compute_partial_annotation_study(
+            con, dataset, measures=config.measures, samples=config.samples, fractions=config.fractions,
+            sweep_samples=config.sweep_samples, seed=config.seed, scope=config.scope)
+    finally:
+        con.close()
+    store.write_partitions({"partial_annotation_study": frame}, dataset=dataset)
+    found = notes.pop("base_system_found_relevant", {})
+    if notes.get("queries_with_several_relevant") == 0:
+        notes["note"] = ("every query has a single relevant document: partial annotation equals the "
+                         "full qrels in every setting")
+    headline = frame.filter((pl.col("p_bucket") == "all") & pl.col("base_system").is_null()
+                            & (pl.col("statistic") == "kendall_tau_b")) \
+        .select("setting", "fraction", "measure", "mean", "std")
+    return dg.MaterializeResult(metadata={
+        "dagster/row_count": frame.height, **_scope_metadata(info), **notes,
+        **({"base_system_found_relevant": found} if found else {}),
+        "kendall_tau_b": dg.MetadataValue.md(_markdown(headline)), "time_s": _seconds(started)})
+
+
+# --- RAG -------------------------------------------------------------------------------------
+
+class RagAnswersConfig(dg.Config):
+    model: str = Field("", description="LLM profile; empty: the LLM resource's `judge` role.")
+    systems: list[str] = Field(default_factory=list, description="Systems to answer with; empty: every system.")
+    query_limit: int = Field(10, ge=0, description="Stable sample of this many queries with gold "
+                             "answers (0: all; each answer is one LLM call per system).")
+    depth: int = Field(10, ge=1, description="Chunks an answer is generated from (the top-k).")
+    passage_chars: int = Field(300, ge=50, description="Each chunk cut to this many characters.")
+    max_tokens: int = Field(32, ge=4)
+    scope: Literal["pooled", "all"] = ScopeField
+
+
+def _llm_generate(llm: LLMResource, run_id: str) -> MeteredGenerate:
+    return MeteredGenerate(lambda profile, requests: llm.client(profile).generate(requests, context=run_id))
+
+
+@dg.asset(partitions_def=dataset_partitions, group_name=GROUP,
+          deps=[RUN_DEP, "queries", "corpus", "candidate_pool", "original_qrels"],
+          description="Per system and query (a stable sample), an answer generated by the LLM "
+                      "from that system's top-k chunks only, or 'no relevant information'.")
+def rag_answers(context: dg.AssetExecutionContext, config: RagAnswersConfig, store: DuckDBStore,
+                llm: LLMResource) -> dg.MaterializeResult:
+    dataset = context.partition_key
+    started = time.monotonic()
+    con = dataset_snapshot(store.path, dataset, ["retrieval_run", "queries", "corpus", "candidate_pool",
+                                                 "original_qrels"])
+    try:
+        contexts, info = rag.rag_contexts(con, dataset, depth=config.depth, query_limit=config.query_limit,
+                                          systems=config.systems, scope=config.scope)
+    finally:
+        con.close()
+    model = config.model or llm.profile_for("judge")
+    generate = _llm_generate(llm, context.run_id)
+    answers = rag.generate_answers(contexts, generate, model, dataset, settings=rag.AnswerSettings(
+        depth=config.depth, passage_chars=config.passage_chars, max_tokens=config.max_tokens))
+    store.write_partitions({"rag_answers": answers}, dataset=dataset)
+    return dg.MaterializeResult(metadata={
+        "dagster/row_count": answers.height, **_scope_metadata(info), "model": model,
+        "answered_queries": answers["query_id"].n_unique(),
+        "no_information": int(answers["no_information"].sum() or 0),
+        "failed": int(answers["error"].is_not_null().sum()), **generate.stats.as_metadata(),
+        "time_s": _seconds(started)})
+
+
+class RagJudgmentsConfig(dg.Config):
+    model: str = Field("", description="LLM profile; empty: the LLM resource's `judge` role.")
+    max_tokens: int = Field(16, ge=4)
+
+
+@dg.asset(partitions_def=dataset_partitions, group_name=GROUP, deps=["rag_answers", "queries"],
+          description="Each RAG answer judged True/False against the gold answers by the LLM "
+                      "('no relevant information' is False without a call; failed calls stay NULL).")
+def rag_judgments(context: dg.AssetExecutionContext, config: RagJudgmentsConfig, store: DuckDBStore,
+                  llm: LLMResource) -> dg.MaterializeResult:
+    dataset = context.partition_key
+    started = time.monotonic()
+    answers = store.read("select * from rag_answers where dataset = ? order by retriever, query_id", [dataset])
+    queries = store.read("select query_id, text, answers from queries where dataset = ?", [dataset])
+    model = config.model or llm.profile_for("judge")
+    generate = _llm_generate(llm, context.run_id)
+    judgments = rag.judge_answers(answers, queries, generate, model, dataset, max_tokens=config.max_tokens)
+    store.write_partitions({"rag_judgments": judgments}, dataset=dataset)
+    decided = judgments.filter(pl.col("judgment").is_not_null())
+    return dg.MaterializeResult(metadata={
+        "dagster/row_count": judgments.height, "model": model, "judged": decided.height,
+        "correct": int(decided["judgment"].sum() or 0),
+        "undecided": judgments.height - decided.height, **generate.stats.as_metadata(),
+        "time_s": _seconds(started)})
+
+
+class RagAlignmentConfig(dg.Config):
+    k: int = Field(10, ge=1, description="Cutoff of Hit@k / nDCG@k (retrieval_metrics must hold it).")
+
+
+@dg.asset(partitions_def=dataset_partitions, group_name=GROUP, deps=["rag_judgments", "retrieval_metrics"],
+          description="RAGAlign@k on original and refined qrels (agreement of Hit@k with the RAG "
+                      "judgment), point-biserial correlation with nDCG@k, and the Pearson "
+                      "correlation across systems.")
+def rag_alignment(context: dg.AssetExecutionContext, config: RagAlignmentConfig,
+                  store: DuckDBStore) -> dg.MaterializeResult:
+    dataset = context.partition_key
+    con = dataset_snapshot(store.path, dataset, ["rag_judgments", "retrieval_metrics"])
+    try:
+        frame = rag.compute_rag_alignment(con, dataset, k=config.k)
+    finally:
+        con.close()
+    store.write_partitions({"rag_alignment": frame}, dataset=dataset)
+    overall = frame.filter(pl.col("retriever") == "all").select("qrels_version", "statistic", "value", "p_value")
+    return dg.MaterializeResult(metadata={
+        "dagster/row_count": frame.height, "summary": dg.MetadataValue.md(_markdown(overall))})

@@ -1,0 +1,124 @@
+"""`pool_saturation`: is the pool of systems large enough to find the holes?
+
+From the stored labels only (no LLM call):
+- H(C_m): the filled holes (pairs relevant in the refined qrels, unjudged in the original
+  ones) found in the pool of the first m systems of an order. Growth rate
+  GR(m) = (|H(C_m)| - |H(C_{m-1})|) / |H(C_{m-1})| (undefined while |H(C_{m-1})| = 0),
+  averaged over `orders` seeded random orders of adding the systems (mean and std).
+- Marginal contribution MC(r) = |Perf_{D_all}(r) - Perf_{D_without r}(r)|: system r's score on
+  the refined qrels minus its score on the qrels built without r's pool (the new judgments of
+  pairs only r surfaced removed; sql/pool_saturation_qrels.sql), for Hit@10, nDCG@10,
+  Recall@10. MC does not depend on the order in which systems are added, so it is computed
+  once (averaging it over orders would return the same number).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import duckdb
+import numpy as np
+import polars as pl
+
+from bridge_assets.analysis.views import Scope, ScopeInfo, analysis_views, require_rows
+from bridge_assets.metrics import compute_retrieval_metrics
+from bridge_assets.paths import read_sql
+
+DEFAULT_MEASURES = ("success_10", "ndcg_cut_10", "recall_10")
+SATURATION_SCHEMA = {
+    "dataset": pl.Utf8, "statistic": pl.Utf8, "systems_added": pl.Int32, "retriever": pl.Utf8,
+    "measure": pl.Utf8, "value": pl.Float64, "std": pl.Float64, "orders": pl.Int32,
+}
+
+
+def system_orders(systems: Sequence[str], orders: int, seed: int) -> list[list[str]]:
+    """`orders` random permutations of `systems`, reproducible from `seed`."""
+    rng = np.random.default_rng(seed)
+    return [[systems[i] for i in rng.permutation(len(systems))] for _ in range(orders)]
+
+
+def holes_found_curve(hole_systems: Sequence[Sequence[str]], order: Sequence[str]) -> np.ndarray:
+    """|H(C_m)| for m = 1..len(order): how many holes the first m systems' pools contain.
+    `hole_systems` lists, per hole, the systems that surfaced it."""
+    position = {system: i + 1 for i, system in enumerate(order)}
+    first = np.array([min((position[s] for s in systems if s in position), default=len(order) + 1)
+                      for systems in hole_systems], dtype=int)
+    return np.array([(first <= m).sum() for m in range(1, len(order) + 1)], dtype=float)
+
+
+def growth_rates(found: np.ndarray) -> np.ndarray:
+    """GR(m) for m = 2..len(found); NaN where |H(C_{m-1})| = 0."""
+    previous, current = found[:-1], found[1:]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(previous > 0, (current - previous) / np.where(previous > 0, previous, 1), np.nan)
+
+
+def saturation_curves(hole_systems: Sequence[Sequence[str]], systems: Sequence[str], orders: int,
+                      seed: int) -> pl.DataFrame:
+    """Rows 'holes_found' (m = 1..n) and 'growth_rate' (m = 2..n): mean and std over orders
+    (growth rates over the orders where they are defined)."""
+    found = np.array([holes_found_curve(hole_systems, order)
+                      for order in system_orders(systems, orders, seed)])
+    rows = []
+    for m in range(1, len(systems) + 1):
+        rows.append({"statistic": "holes_found", "systems_added": m, "value": float(found[:, m - 1].mean()),
+                     "std": float(found[:, m - 1].std()), "orders": orders})
+    if len(systems) > 1:
+        rates = np.array([growth_rates(curve) for curve in found])
+        for m in range(2, len(systems) + 1):
+            column = rates[:, m - 2]
+            defined = column[~np.isnan(column)]
+            rows.append({"statistic": "growth_rate", "systems_added": m,
+                         "value": float(defined.mean()) if defined.size else None,
+                         "std": float(defined.std()) if defined.size else None,
+                         "orders": int(defined.size)})
+    return pl.DataFrame(rows, schema={k: SATURATION_SCHEMA[k] for k in
+                                      ("statistic", "systems_added", "value", "std", "orders")})
+
+
+def marginal_contributions(con: duckdb.DuckDBPyConnection, measures: Sequence[str], k: int) -> pl.DataFrame:
+    """Rows 'perf_all', 'perf_without' and 'marginal_contribution' per (system, measure).
+    Reads the analysis views, which the caller has created."""
+    con.execute(f"create or replace temp view saturation_qrels as ({read_sql('pool_saturation_qrels')})")
+    con.execute("""create or replace temp view saturation_run as
+                   select 'with' as dataset, retriever, query_id, doc_id, score from analysis_run
+                   union all
+                   select 'without:' || retriever, retriever, query_id, doc_id, score from analysis_run""")
+    try:
+        values = compute_retrieval_metrics(con, run="saturation_run", qrels="saturation_qrels",
+                                           measures=list(measures), k=k, per_query=False)
+    finally:
+        con.execute("drop view if exists saturation_run")
+        con.execute("drop view if exists saturation_qrels")
+    values = values.filter(pl.col("query_id") == "all")
+    with_all = values.filter(pl.col("dataset") == "with").select("retriever", "measure", pl.col("value").alias("all"))
+    without = (values.filter(pl.col("dataset") == pl.lit("without:") + pl.col("retriever"))
+               .select("retriever", "measure", pl.col("value").alias("without")))
+    # a query whose every relevant judgment came from r alone drops out of D_without r; it is
+    # then not evaluated there, like trec_eval skips queries without judgments
+    both = with_all.join(without, on=["retriever", "measure"], how="left").sort("retriever", "measure")
+    return pl.concat([
+        both.select(pl.lit("perf_all").alias("statistic"), "retriever", "measure", pl.col("all").alias("value")),
+        both.select(pl.lit("perf_without").alias("statistic"), "retriever", "measure",
+                    pl.col("without").alias("value")),
+        both.select(pl.lit("marginal_contribution").alias("statistic"), "retriever", "measure",
+                    (pl.col("all") - pl.col("without")).abs().alias("value")),
+    ])
+
+
+def compute_pool_saturation(con: duckdb.DuckDBPyConnection, dataset: str, *, orders: int = 10,
+                            seed: int = 0, measures: Sequence[str] = DEFAULT_MEASURES, k: int = 10,
+                            scope: Scope = "pooled") -> tuple[pl.DataFrame, ScopeInfo, int]:
+    """Rows of the pool_saturation table for `dataset`, the scope, and the number of holes."""
+    if orders < 1:
+        raise ValueError(f"pool_saturation needs at least one order, got {orders}")
+    require_rows(con, "candidate_pool", dataset, "pool_saturation")
+    with analysis_views(con, dataset, scope, asset="pool_saturation") as info:
+        holes = con.execute(read_sql("pool_saturation")).pl()
+        pooled_systems = sorted({s for systems in holes["systems"] for s in systems} | set(info.retrievers))
+        curves = saturation_curves(holes["systems"].to_list(), pooled_systems, orders, seed)
+        contributions = marginal_contributions(con, measures, k)
+    frame = pl.concat([curves, contributions.with_columns(pl.lit(None, pl.Int32).alias("orders"))],
+                      how="diagonal_relaxed")
+    frame = frame.with_columns(pl.lit(dataset).alias("dataset")).select(list(SATURATION_SCHEMA))
+    return frame.cast(SATURATION_SCHEMA), info, holes.height

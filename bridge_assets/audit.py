@@ -1,0 +1,313 @@
+"""`bridge audit`: the whole story of one (dataset, query, chunk) label.
+
+Query text and answers, the chunk; every system and rank that surfaced it (retrieval_run,
+candidate_pool); the filter votes; every debate turn; the human votes (annotator ids, with or
+without history, attention-check status); the final label and its source (bridge_qrels); the
+models and prompt hashes of every LLM call behind it (llm_calls, by call key); and the Dagster
+runs that materialized each stage for the dataset. A stage whose table does not exist yet is
+reported as not materialized; the story of an original gold pair simply has no labeling steps.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from datetime import UTC, datetime
+from typing import Any
+
+import dagster as dg
+import duckdb
+import typer
+
+from bridge_assets.labeling.prompts import Prompts
+from bridge_assets.llm.parsing import canonical_json
+from bridge_assets.store import table_exists
+
+# Assets whose latest materialization of the dataset's partition the story names.
+DATASET_ASSETS = ("corpus", "queries", "original_qrels", "candidate_pool", "filter_votes",
+                  "filtered_pool", "debate_labels", "debate_turns", "human_labels", "bridge_qrels",
+                  "retrieval_metrics", "report")
+# Which prompt template made the calls of each purpose.
+TEMPLATES = {"filter": "filter", "debate": "debate_turn", "adjudicator": "adjudicator",
+             "judge": "judge", "rag_answer": "rag_answer", "rag_judgment": "rag_judgment"}
+
+
+class AuditError(LookupError):
+    """The pair is unknown to the data lake."""
+
+
+def _records(con: duckdb.DuckDBPyConnection, sql: str, params: list) -> list[dict[str, Any]]:
+    cursor = con.execute(sql, params)
+    columns = [c[0] for c in cursor.description]
+    return [dict(zip(columns, row)) for row in cursor.fetchall()]
+
+
+class _Reader:
+    """Reads the pair's rows table by table, noting tables that do not exist."""
+
+    def __init__(self, con: duckdb.DuckDBPyConnection, dataset: str, query_id: str, doc_id: str):
+        self.con, self.params = con, [dataset, query_id, doc_id]
+        self.not_materialized: list[str] = []
+
+    def exists(self, table: str) -> bool:
+        if table_exists(self.con, table):
+            return True
+        if table not in self.not_materialized:
+            self.not_materialized.append(table)
+        return False
+
+    def pair_rows(self, table: str, columns: str = "*", order: str = "") -> list[dict] | None:
+        if not self.exists(table):
+            return None
+        return _records(self.con, f"select {columns} from {table} where dataset = ? and query_id = ? "
+                                  f"and doc_id = ? {('order by ' + order) if order else ''}", self.params)
+
+
+def _prompt_hash(request_json: str | None) -> str | None:
+    """sha256 (16 hex) of the exact rendered messages of a call."""
+    if not request_json:
+        return None
+    messages = json.loads(request_json).get("messages")
+    return hashlib.sha256(canonical_json(messages).encode()).hexdigest()[:16]
+
+
+def _llm_calls(reader: _Reader, keys: list[str]) -> list[dict] | None:
+    if not keys:
+        return []
+    if not reader.exists("llm_calls"):
+        return None
+    rows = _records(reader.con, """
+        select key, profile, backend, model, purpose, context as run_id, request_json, error,
+               tokens_in, tokens_out, latency_s, created_at
+        from llm_calls where key in (select unnest(?::varchar[]))
+        qualify row_number() over (partition by key order by (error is null) desc, created_at desc) = 1""",
+        [keys])
+    for row in rows:
+        row["prompt_hash"] = _prompt_hash(row.pop("request_json"))
+    order = {key: i for i, key in enumerate(keys)}  # the order of the story: filter, turns, adjudicator
+    return sorted(rows, key=lambda row: order[row["key"]])
+
+
+def _dagster_runs(instance: dg.DagsterInstance, dataset: str, retrievers: list[str]) -> list[dict]:
+    wanted = [(name, dataset) for name in DATASET_ASSETS]
+    wanted += [("retrieval_run", str(dg.MultiPartitionKey({"dataset": dataset, "retriever": r})))
+               for r in retrievers]
+    runs = []
+    for asset, partition in wanted:
+        records = instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=dg.AssetKey(asset), asset_partitions=[partition]), limit=1).records
+        if records:
+            runs.append({"asset": asset, "partition": partition, "run_id": records[0].run_id,
+                         "materialized_at": datetime.fromtimestamp(records[0].timestamp, UTC)
+                         .strftime("%Y-%m-%d %H:%M:%S UTC")})
+    return runs
+
+
+def audit_pair(con: duckdb.DuckDBPyConnection, dataset: str, query_id: str, doc_id: str, *,
+               instance: dg.DagsterInstance | None = None, prompts: Prompts | None = None) -> dict[str, Any]:
+    """The story of (dataset, query_id, doc_id) as one JSON-ready dict."""
+    reader = _Reader(con, dataset, query_id, doc_id)
+    story: dict[str, Any] = {"dataset": dataset, "query_id": query_id, "doc_id": doc_id}
+
+    query = _records(con, "select text, answers from queries where dataset = ? and query_id = ?",
+                     [dataset, query_id]) if reader.exists("queries") else []
+    chunk = _records(con, "select title, text from corpus where dataset = ? and doc_id = ?",
+                     [dataset, doc_id]) if reader.exists("corpus") else []
+    if not query and not chunk:
+        raise AuditError(f"dataset '{dataset}' knows neither query '{query_id}' nor document "
+                         f"'{doc_id}' (are the ingest assets materialized?)")
+    story["query"] = query[0] if query else None
+    story["chunk"] = chunk[0] if chunk else None
+
+    original = reader.pair_rows("original_qrels", "relevance")
+    story["original_judgment"] = original[0]["relevance"] if original else None
+    story["retrieval"] = reader.pair_rows("retrieval_run", "retriever, rank, score, config_hash", "rank, retriever")
+    pool = reader.pair_rows("candidate_pool", "systems, ranks, best_rank, n_systems, in_original_qrels")
+    story["candidate_pool"] = pool[0] if pool else None
+
+    filtered = reader.pair_rows("filtered_pool", "kept, votes_supported, votes_total")
+    votes = reader.pair_rows("filter_votes", "model, is_supported, pair_key, call_key, error", "model")
+    story["filter"] = {"outcome": filtered[0] if filtered else None, "votes": votes or []} \
+        if filtered is not None or votes is not None else None
+
+    labels = reader.pair_rows("debate_labels")
+    turns = reader.pair_rows("debate_turns", "round, agent, stance, model, reference, reason, response, "
+                                             "call_key, error", "round, agent")
+    story["debate"] = None
+    if labels:
+        label = {k: v for k, v in labels[0].items() if k not in ("dataset", "query_id", "doc_id")}
+        story["debate"] = {**label, "turns": turns or []}
+
+    human = reader.pair_rows("human_labels", "label, votes, votes_relevant, agreement")
+    human_votes = reader.pair_rows("human_votes", "vote_id, annotator_id, label, with_history, "
+                                                  "is_attention_check, expected_label, status, comment, "
+                                                  "created_at", "vote_id")
+    story["human"] = {"label": human[0] if human else None, "votes": human_votes or []}
+
+    final = reader.pair_rows("bridge_qrels", "relevance, source, provisional, pair_key, config_hash, "
+                                             "call_keys, vote_ids")
+    story["final"] = final[0] if final else None
+    if final is not None and not final:
+        escalated = story["debate"] and story["debate"]["outcome"] in ("escalated", "failed")
+        story["final_status"] = "open: escalated, waiting for human votes" if escalated else "unjudged"
+
+    keys = [v["call_key"] for v in story["filter"]["votes"] if v["call_key"]] if story["filter"] else []
+    if story["debate"]:
+        keys += [t["call_key"] for t in story["debate"]["turns"] if t["call_key"]]
+        if story["debate"].get("adjudicator_call_key"):
+            keys.append(story["debate"]["adjudicator_call_key"])
+    story["llm_calls"] = _llm_calls(reader, list(dict.fromkeys(keys)))
+    prompts = prompts or Prompts()
+    purposes = sorted({c["purpose"] for c in story["llm_calls"] or [] if c["purpose"] in TEMPLATES})
+    story["prompt_templates"] = {TEMPLATES[p]: prompts.hash(TEMPLATES[p]) for p in purposes}
+
+    retrievers = [r["retriever"] for r in story["retrieval"] or []]
+    story["dagster_runs"] = _dagster_runs(instance, dataset, retrievers) if instance is not None else None
+    story["not_materialized"] = reader.not_materialized
+    return story
+
+
+# --- text -----------------------------------------------------------------------------------------
+
+def _line(label: str, value: Any) -> str:
+    return f"  {label:<20}  {value}"
+
+
+def _missing(story: dict, *tables: str) -> str | None:
+    gone = [t for t in tables if t in story["not_materialized"]]
+    return f"  not materialized: {', '.join(gone)}" if gone else None
+
+
+def format_story(story: dict[str, Any]) -> str:
+    """The story as readable text, one section per stage."""
+    out: list[str] = [f"Audit of ({story['dataset']}, {story['query_id']}, {story['doc_id']})", ""]
+
+    def section(title: str, lines: list[str | None]) -> None:
+        out.append(title)
+        out.extend(line for line in lines if line is not None)
+        out.append("")
+
+    query, chunk = story["query"], story["chunk"]
+    section("Query", [_line("text", query["text"]), _line("answers", "; ".join(query["answers"] or []) or "(none)")]
+            if query else ["  unknown query"])
+    section("Chunk", [_line("title", chunk["title"]) if chunk["title"] else None, _line("text", chunk["text"])]
+            if chunk else ["  unknown document"])
+    original = story["original_judgment"]
+    section("Original qrels", [_missing(story, "original_qrels"),
+                               _line("judgment", f"relevance {original}" if original is not None
+                                     else "not judged by the benchmark")])
+
+    lines = [_missing(story, "retrieval_run", "candidate_pool")]
+    for run in story["retrieval"] or []:
+        lines.append(_line(run["retriever"], f"rank {run['rank']}  score {run['score']:.4f}  "
+                                             f"config {run['config_hash']}"))
+    if story["retrieval"] == []:
+        lines.append("  no system retrieved it")
+    if story["candidate_pool"]:
+        pool = story["candidate_pool"]
+        lines.append(_line("in the pool", f"{pool['n_systems']} system(s), best rank {pool['best_rank']}"))
+    section("Surfaced by", lines)
+
+    lines = [_missing(story, "filter_votes", "filtered_pool")]
+    if story["filter"]:
+        outcome = story["filter"]["outcome"]
+        if outcome:
+            lines.append(_line("outcome", f"{'kept' if outcome['kept'] else 'dropped'} "
+                                          f"({outcome['votes_supported']}/{outcome['votes_total']} supported)"))
+        for vote in story["filter"]["votes"]:
+            verdict = "failed: " + vote["error"] if vote["is_supported"] is None else \
+                ("supported" if vote["is_supported"] else "not supported")
+            lines.append(_line(vote["model"], f"{verdict}  call {vote['call_key']}"))
+        if not outcome and not story["filter"]["votes"]:
+            lines.append("  not filtered (judged by the original qrels, or not pooled)")
+    section("Filter", lines)
+
+    lines = [_missing(story, "debate_labels", "debate_turns")]
+    debate = story["debate"]
+    if debate:
+        lines.append(_line("outcome", f"{debate['outcome']}  label {debate['label']}  rounds "
+                                      f"{debate['rounds_used']}  config {debate['config_hash']}"))
+        lines.append(_line("pair key", debate["pair_key"]))
+        if debate.get("adjudicator_label") is not None:
+            lines.append(_line("adjudicator", f"label {debate['adjudicator_label']}  call "
+                                              f"{debate['adjudicator_call_key']}"))
+        for turn in debate["turns"]:
+            head = f"round {turn['round']} agent {turn['agent']} ({turn['stance']}, {turn['model']})"
+            if turn["error"]:
+                lines.append(f"  {head}: failed: {turn['error']}")
+                continue
+            lines.append(f"  {head}: {turn['response']}")
+            for quote in turn["reference"] or []:
+                lines.append(f"      quote: \"{quote}\"")
+            lines.append(f"      reason: {turn['reason']}")
+    elif "debate_labels" not in story["not_materialized"]:
+        lines.append("  not debated")
+    section("Debate", lines)
+
+    lines = [_missing(story, "human_labels", "human_votes")]
+    human = story["human"]
+    if human["label"]:
+        label = human["label"]
+        lines.append(_line("majority", f"label {label['label']}  ({label['votes_relevant']}/{label['votes']} "
+                                       f"relevant, agreement {label['agreement']:.2f})"))
+    for vote in human["votes"]:
+        kind = "attention check" if vote["is_attention_check"] else "vote"
+        lines.append(_line(f"#{vote['vote_id']} {vote['annotator_id']}",
+                           f"label {vote['label']}  {kind}  {'with' if vote['with_history'] else 'without'} "
+                           f"history  {vote['status']}  {vote['created_at']}"))
+    if not human["label"] and not human["votes"]:
+        lines.append("  no human votes")
+    section("Humans", lines)
+
+    lines = [_missing(story, "bridge_qrels")]
+    final = story["final"]
+    if final:
+        lines.append(_line("label", f"relevance {final['relevance']}  source {final['source']}"
+                                    f"{'  (provisional)' if final['provisional'] else ''}"))
+        if final["vote_ids"]:
+            lines.append(_line("votes", ", ".join(str(v) for v in final["vote_ids"])))
+        if final["call_keys"]:
+            lines.append(_line("calls", len(final["call_keys"])))
+    elif story.get("final_status"):
+        lines.append(_line("label", story["final_status"]))
+    section("Final label (bridge_qrels)", lines)
+
+    lines = [_missing(story, "llm_calls")]
+    for call in story["llm_calls"] or []:
+        lines.append(_line(call["purpose"] or "call", f"{call['profile']} ({call['model']})  prompt "
+                                                      f"{call['prompt_hash']}  run {call['run_id']}  "
+                                                      f"{'failed' if call['error'] else 'ok'}  key {call['key'][:16]}"))
+    for template, digest in story["prompt_templates"].items():
+        lines.append(_line(f"template {template}", f"{digest} (current)"))
+    if story["llm_calls"] == []:
+        lines.append("  no LLM call behind this label")
+    section("Models and prompts", lines)
+
+    runs = story["dagster_runs"]
+    section("Dagster runs", [_line(r["asset"] if r["partition"] == story["dataset"] else
+                                   f"{r['asset']} {r['partition'].split('|')[-1]}",
+                                   f"{r['run_id']}  {r['materialized_at']}")
+                             for r in runs] if runs else ["  no materialization recorded in the Dagster instance"])
+    return "\n".join(out).rstrip() + "\n"
+
+
+def audit_command(
+    dataset: str = typer.Option(..., "--dataset", "-d", help="Dataset of the pair."),
+    query: str = typer.Option(..., "--query", "-q", help="Query id."),
+    doc: str = typer.Option(..., "--doc", help="Document (chunk) id."),
+    as_json: bool = typer.Option(False, "--json", help="Print the story as JSON."),
+) -> None:
+    """The whole story of one label: texts, systems and ranks, filter votes, debate turns,
+    human votes, final label and source, models, prompt hashes and Dagster run ids."""
+    from bridge_assets import orchestration, store
+
+    if not store.duckdb_path().exists():
+        typer.secho(f"error: no data lake at {store.duckdb_path()}", fg="red", err=True)
+        raise typer.Exit(2)
+    try:
+        with store.connect() as con:
+            story = audit_pair(con, dataset, query, doc, instance=orchestration.instance())
+    except AuditError as exc:
+        typer.secho(f"error: {exc}", fg="red", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(json.dumps(story, indent=2, default=str) if as_json else format_story(story).rstrip("\n"))

@@ -1,0 +1,38 @@
+"""Dagster wiring of the `report` asset: <data lake>/reports/<dataset>/report.html (+ .md, PNGs)."""
+
+# No `from __future__ import annotations`: Dagster resolves dg.Config annotations at runtime.
+import dagster as dg
+from pydantic import Field
+
+from bridge_assets.analysis.views import dataset_snapshot
+from bridge_assets.partitions import dataset_partitions
+from bridge_assets.reports.build import REPORT_TABLES, build_report
+from bridge_assets.resources import DuckDBStore
+
+
+class ReportConfig(dg.Config):
+    k: int = Field(10, ge=1, description="Cutoff of the @k measures shown (as retrieval_metrics).")
+
+
+@dg.asset(partitions_def=dataset_partitions, group_name="reports", deps=list(REPORT_TABLES),
+          description="One HTML page (and its Markdown twin) per dataset with tables and PNG "
+                      "figures: refined qrels, holes per system, metrics before/after with rank "
+                      "changes, pool saturation, partial annotation, RAG alignment. Sections whose "
+                      "tables are not materialized say so.")
+def report(context: dg.AssetExecutionContext, config: ReportConfig, store: DuckDBStore) -> dg.MaterializeResult:
+    dataset = context.partition_key
+    out = store.path.parent / "reports" / dataset
+    con = dataset_snapshot(store.path, dataset, REPORT_TABLES)
+    try:
+        files = build_report(con, dataset, out, k=config.k)
+    finally:
+        con.close()
+    missing = sorted({name for section in files.sections for name in section.missing})
+    return dg.MaterializeResult(metadata={
+        "path": dg.MetadataValue.path(str(files.html)),
+        "url": dg.MetadataValue.url(files.html.as_uri()),
+        "markdown": dg.MetadataValue.path(str(files.markdown)),
+        "figures": len(files.figures),
+        "not_materialized": ", ".join(missing) or "none",
+        "report": dg.MetadataValue.md(files.markdown.read_text(encoding="utf-8")),
+    })

@@ -1,0 +1,275 @@
+"""The report of one dataset: one HTML page and its Markdown twin, PNG figures beside them.
+
+Sections: the refined qrels; holes per system; metrics before/after with rank changes and
+Kendall tau; pool saturation; the partial-annotation study; RAG alignment before/after.
+Each section reads its tables from the data lake; a table not materialized yet (the RAG
+assets are optional, for instance) leaves its section saying so instead of failing the report.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+import duckdb
+import jinja2
+import polars as pl
+
+from bridge_assets.analysis.retrieval import measure_label, measures_at
+from bridge_assets.reports import plots
+from bridge_assets.store import table_exists
+
+TEMPLATES = Path(__file__).parent / "templates"
+REPORT_TABLES = ("bridge_qrels", "retrieval_metrics", "ranking_shift", "pool_saturation",
+                 "partial_annotation_study", "rag_alignment")
+
+
+@dataclass
+class Table:
+    title: str
+    columns: list[str]
+    rows: list[list[str]]
+
+
+@dataclass
+class Section:
+    key: str
+    title: str
+    intro: str
+    tables: list[Table] = field(default_factory=list)
+    figures: list[tuple[str, str]] = field(default_factory=list)  # (caption, file name)
+    missing: list[str] = field(default_factory=list)  # tables not materialized for the dataset
+
+
+@dataclass(frozen=True)
+class ReportFiles:
+    html: Path
+    markdown: Path
+    figures: tuple[Path, ...]
+    sections: tuple[Section, ...]
+
+
+def _cell(value) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return str(value)
+
+
+def table(title: str, frame: pl.DataFrame, headers: dict[str, str] | None = None) -> Table:
+    """A frame as a report table; `headers` renames columns (and selects them, in order)."""
+    if headers:
+        frame = frame.select(list(headers))
+    return Table(title, [headers[c] if headers else c for c in frame.columns],
+                 [[_cell(v) for v in row] for row in frame.iter_rows()])
+
+
+def _rows(con: duckdb.DuckDBPyConnection, table_name: str, dataset: str) -> pl.DataFrame | None:
+    if not table_exists(con, table_name):
+        return None
+    frame = con.execute(f"select * from {table_name} where dataset = ?", [dataset]).pl()
+    return frame if frame.height else None
+
+
+# --- sections ------------------------------------------------------------------------------------
+
+def qrels_section(qrels: pl.DataFrame | None) -> Section:
+    section = Section("qrels", "Refined qrels", "Every judged pair once, with the source of its "
+                      "judgment (precedence original > human > debate > adjudicator > filter). "
+                      "Adjudicator labels are provisional until people confirm them.")
+    if qrels is None:
+        section.missing.append("bridge_qrels")
+        return section
+    counts = qrels.group_by("source").agg(
+        pl.len().alias("pairs"), (pl.col("relevance") > 0).sum().alias("relevant"),
+        pl.col("provisional").sum().alias("provisional")).sort("source")
+    total = pl.DataFrame({"source": ["all"], "pairs": [qrels.height],
+                          "relevant": [int((qrels["relevance"] > 0).sum())],
+                          "provisional": [int(qrels["provisional"].sum())]}).cast(counts.schema)
+    section.tables.append(table("Judgments by source", pl.concat([counts, total])))
+    return section
+
+
+def _means(metrics: pl.DataFrame) -> pl.DataFrame:
+    return metrics.filter(pl.col("query_id") == "all")
+
+
+def holes_section(metrics: pl.DataFrame | None, k: int, out: Path) -> Section:
+    names = measures_at(k)
+    section = Section("holes", f"Holes per system (Hole@{k})",
+                      f"Hole@{k}: the share of a system's top-{k} that are relevant chunks the "
+                      f"original qrels never judged (found by the pipeline). Judged@{k}: the share "
+                      f"of the top-{k} that the qrels judge at all.")
+    if metrics is None:
+        section.missing.append("retrieval_metrics")
+        return section
+    means = _means(metrics).filter(pl.col("measure").is_in([names["hole"], names["judged"]]))
+    wide = (means.with_columns((pl.col("measure") + ":" + pl.col("qrels_version")).alias("column"))
+            .pivot(on="column", index="retriever", values="value").sort("retriever"))
+    headers = {"retriever": "system", f"{names['hole']}:refined": f"Hole@{k}",
+               f"{names['judged']}:original": f"Judged@{k} original",
+               f"{names['judged']}:refined": f"Judged@{k} refined"}
+    wide = wide.with_columns([pl.lit(None, pl.Float64).alias(c) for c in headers if c not in wide.columns])
+    section.tables.append(table(f"Hole@{k} and Judged@{k}", wide, headers))
+    plots.bars(wide, "retriever", {f"{names['hole']}:refined": f"Hole@{k}"}, f"Hole@{k} per system",
+               f"Hole@{k}", out / "holes.png")
+    section.figures.append((f"Hole@{k} per system", "holes.png"))
+    return section
+
+
+def shift_section(shift: pl.DataFrame | None, k: int, out: Path) -> Section:
+    names = measures_at(k)
+    section = Section("shift", "Metrics before and after refinement",
+                      "Each system's score and place on the original and on the refined qrels; "
+                      "rank change > 0: the system moved up. Kendall tau (tau-a) and tau-b compare "
+                      "the two system rankings.")
+    if shift is None:
+        section.missing.append("ranking_shift")
+        return section
+    shown = [m for m in (names["ndcg"], names["hit"], names["recall"], names["mrr"], names["map"])
+             if m in set(shift["measure"])]
+    panels = []
+    for measure in shown:
+        rows = shift.filter(pl.col("measure") == measure).sort("rank_refined", "retriever")
+        section.tables.append(table(measure_label(measure), rows, {
+            "retriever": "system", "value_original": "original", "value_refined": "refined",
+            "value_change": "change", "rank_original": "rank original", "rank_refined": "rank refined",
+            "rank_change": "rank change"}))
+        if measure in (names["hit"], names["ndcg"], names["recall"]):
+            panels.append((measure_label(measure), rows.sort("retriever")))
+    taus = (shift.unique("measure", keep="first", maintain_order=True)
+            .with_columns(pl.col("measure").map_elements(measure_label, return_dtype=pl.Utf8)))
+    section.tables.insert(0, table("Agreement of the rankings", taus, {
+        "measure": "measure", "systems": "systems", "kendall_tau": "Kendall tau",
+        "kendall_tau_b": "Kendall tau-b", "kendall_tau_b_p_value": "tau-b p-value"}))
+    if panels:
+        plots.before_after(panels, out / "before_after.png")
+        section.figures.append(("Scores on the original and the refined qrels", "before_after.png"))
+    return section
+
+
+def saturation_section(saturation: pl.DataFrame | None, out: Path) -> Section:
+    section = Section("saturation", "Pool saturation",
+                      "Holes found |H(C_m)| and their growth rate GR(m) = (|H(C_m)| - |H(C_m-1)|) / "
+                      "|H(C_m-1)| as systems are added, mean and std over random orders; marginal "
+                      "contribution MC(r) = |Perf(r) on all labels - Perf(r) on the labels built "
+                      "without r's pool| (new judgments of pairs only r surfaced removed).")
+    if saturation is None:
+        section.missing.append("pool_saturation")
+        return section
+    found = saturation.filter(pl.col("statistic") == "holes_found").sort("systems_added")
+    growth = saturation.filter(pl.col("statistic") == "growth_rate").sort("systems_added")
+    curve = found.join(growth.select("systems_added", pl.col("value").alias("growth"),
+                                     pl.col("std").alias("growth_std")), on="systems_added", how="left")
+    section.tables.append(table("Growth", curve, {
+        "systems_added": "systems added (m)", "value": "holes found (mean)", "std": "std",
+        "growth": "GR(m) (mean)", "growth_std": "GR std"}))
+    shown = {"perf_all": "all labels", "perf_without": "without its pool", "marginal_contribution": "MC"}
+    contribution = (saturation.filter(pl.col("statistic").is_in(list(shown)))
+                    .sort("measure", pl.col("statistic").replace_strict(list(shown), list(range(len(shown)))))
+                    .with_columns((pl.col("measure").map_elements(measure_label, return_dtype=pl.Utf8) + " "
+                                   + pl.col("statistic").replace_strict(shown)).alias("column"))
+                    .pivot(on="column", index="retriever", values="value").sort("retriever"))
+    section.tables.append(table("Marginal contribution", contribution.rename({"retriever": "system"})))
+    if found.height:
+        plots.saturation(found, growth, out / "saturation.png")
+        section.figures.append(("Saturation curves", "saturation.png"))
+    return section
+
+
+def partial_section(study: pl.DataFrame | None, out: Path) -> Section:
+    section = Section("partial", "Partial annotation (D-MERIT)",
+                      "How much the system ranking under partial qrels agrees with the ranking "
+                      "under the full refined qrels: Kendall tau-b and error rate (share of system "
+                      "pairs ordered differently), mean and std over draws.")
+    if study is None:
+        section.missing.append("partial_annotation_study")
+        return section
+    overall = study.filter((pl.col("p_bucket") == "all") & pl.col("base_system").is_null())
+    wide = (overall.with_columns(pl.col("measure").map_elements(measure_label, return_dtype=pl.Utf8))
+            .pivot(on="statistic", index=["setting", "fraction", "measure", "samples"],
+                   values=["mean", "std"]).sort("setting", "fraction", "measure", nulls_last=False))
+    section.tables.append(table("Settings", wide, {
+        "setting": "setting", "fraction": "fraction", "measure": "measure", "samples": "draws",
+        "mean_kendall_tau_b": "tau-b (mean)", "std_kendall_tau_b": "tau-b std",
+        "mean_error_rate": "error rate (mean)", "std_error_rate": "error rate std"}))
+    buckets = study.filter((pl.col("setting") == "random_single") & (pl.col("p_bucket") != "all"))
+    if buckets.height:
+        by_bucket = (buckets.with_columns(pl.col("measure").map_elements(measure_label, return_dtype=pl.Utf8))
+                     .pivot(on="statistic", index=["measure", "p_bucket", "pairs"], values="mean")
+                     .sort("measure", "p_bucket"))
+        section.tables.append(table("Random single-relevant, by paired t-test p-value of the system pair",
+                                    by_bucket, {"measure": "measure", "p_bucket": "p-value bucket",
+                                                "pairs": "system pairs", "error_rate": "error rate",
+                                                "kendall_tau": "tau over the pairs"}))
+    taus = (overall.filter(pl.col("statistic") == "kendall_tau_b")
+            .with_columns(pl.col("measure").map_elements(measure_label, return_dtype=pl.Utf8)))
+    sweep = taus.filter(pl.col("setting") == "fraction")
+    if sweep.height:
+        plots.partial_curves(sweep, taus.filter(pl.col("setting") == "random_single"), out / "partial.png")
+        section.figures.append(("Ranking agreement against the fraction of known relevant items", "partial.png"))
+    return section
+
+
+def rag_section(alignment: pl.DataFrame | None, k: int, out: Path) -> Section:
+    section = Section("rag", "RAG alignment before and after",
+                      f"RAGAlign@{k}: share of queries where Hit@{k} of a system agrees with the "
+                      f"judged correctness of the answer generated from its top-{k}; point-biserial "
+                      f"correlation of that judgment with nDCG@{k}; Pearson correlation across systems.")
+    if alignment is None:
+        section.missing.append("rag_alignment")
+        return section
+    per_system = alignment.filter(pl.col("retriever") != "all")
+    wide = (per_system.with_columns((pl.col("statistic") + ":" + pl.col("qrels_version")).alias("column"))
+            .pivot(on="column", index="retriever", values="value").sort("retriever"))
+    headers = {"retriever": "system", f"rag_align_{k}:original": f"RAGAlign@{k} original",
+               f"rag_align_{k}:refined": f"RAGAlign@{k} refined",
+               f"point_biserial_ndcg_{k}:original": "point-biserial original",
+               f"point_biserial_ndcg_{k}:refined": "point-biserial refined",
+               "rag_accuracy:refined": "answers correct"}
+    wide = wide.with_columns([pl.lit(None, pl.Float64).alias(c) for c in headers if c not in wide.columns])
+    section.tables.append(table("Per system", wide, headers))
+    overall = alignment.filter(pl.col("retriever") == "all").sort("statistic", "qrels_version")
+    section.tables.append(table("All systems", overall, {
+        "statistic": "statistic", "qrels_version": "qrels", "value": "value", "p_value": "p-value",
+        "queries": "n"}))
+    plots.bars(wide, "retriever", {f"rag_align_{k}:original": "original qrels",
+                                   f"rag_align_{k}:refined": "refined qrels"},
+               f"RAGAlign@{k} per system", f"RAGAlign@{k}", out / "rag_alignment.png")
+    section.figures.append((f"RAGAlign@{k} on the original and the refined qrels", "rag_alignment.png"))
+    return section
+
+
+# --- the report -------------------------------------------------------------------------------
+
+def _environment() -> jinja2.Environment:
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
+                              autoescape=jinja2.select_autoescape(["html.j2"]), trim_blocks=True,
+                              lstrip_blocks=True)
+
+
+def build_report(con: duckdb.DuckDBPyConnection, dataset: str, out: Path, *, k: int = 10) -> ReportFiles:
+    """Write report.html, report.md and the figures of `dataset` into `out`."""
+    out.mkdir(parents=True, exist_ok=True)
+    for old in out.glob("*.png"):  # a figure whose table is gone must not linger
+        old.unlink()
+    tables = {name: _rows(con, name, dataset) for name in REPORT_TABLES}
+    sections = (
+        qrels_section(tables["bridge_qrels"]),
+        holes_section(tables["retrieval_metrics"], k, out),
+        shift_section(tables["ranking_shift"], k, out),
+        saturation_section(tables["pool_saturation"], out),
+        partial_section(tables["partial_annotation_study"], out),
+        rag_section(tables["rag_alignment"], k, out),
+    )
+    context = {"dataset": dataset, "sections": sections, "k": k,
+               "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}
+    environment = _environment()
+    html = out / "report.html"
+    markdown = out / "report.md"
+    html.write_text(environment.get_template("report.html.j2").render(**context), encoding="utf-8")
+    markdown.write_text(environment.get_template("report.md.j2").render(**context), encoding="utf-8")
+    figures = tuple(out / name for section in sections for _, name in section.figures)
+    return ReportFiles(html, markdown, figures, sections)

@@ -1,0 +1,93 @@
+"""The report's figures, drawn with matplotlib (Agg: no display needed) and saved as PNG."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt  # noqa: E402  (the backend is chosen before pyplot loads)
+import numpy as np  # noqa: E402
+import polars as pl  # noqa: E402
+
+DPI = 110
+
+
+def _save(figure, path: Path) -> Path:
+    figure.tight_layout()
+    figure.savefig(path, dpi=DPI)
+    plt.close(figure)
+    return path
+
+
+def bars(frame: pl.DataFrame, label: str, columns: dict[str, str], title: str, ylabel: str,
+         path: Path) -> Path:
+    """Grouped bars: one group per row (named by `label`), one bar per column (name -> legend)."""
+    names = frame[label].to_list()
+    x = np.arange(len(names))
+    width = 0.8 / max(len(columns), 1)
+    figure, axis = plt.subplots(figsize=(max(5.0, 0.9 * len(names) + 2), 3.6))
+    for i, (column, legend) in enumerate(columns.items()):
+        values = frame[column].fill_null(0.0).to_numpy()
+        axis.bar(x + (i - (len(columns) - 1) / 2) * width, values, width, label=legend)
+    axis.set_xticks(x, names, rotation=30, ha="right")
+    axis.set_ylabel(ylabel)
+    axis.set_title(title)
+    if len(columns) > 1:
+        axis.legend()
+    return _save(figure, path)
+
+
+def before_after(panels: list[tuple[str, pl.DataFrame]], path: Path) -> Path:
+    """One panel per measure: each system's score on the original and the refined qrels."""
+    figure, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
+    for axis, (title, frame) in zip(axes[0], panels):
+        names = frame["retriever"].to_list()
+        x = np.arange(len(names))
+        axis.bar(x - 0.2, frame["value_original"].to_numpy(), 0.4, label="original qrels")
+        axis.bar(x + 0.2, frame["value_refined"].to_numpy(), 0.4, label="refined qrels")
+        axis.set_xticks(x, names, rotation=30, ha="right")
+        axis.set_title(title)
+    axes[0][0].legend()
+    return _save(figure, path)
+
+
+def saturation(found: pl.DataFrame, growth: pl.DataFrame, path: Path) -> Path:
+    """Filled holes found and growth rate GR(m) as systems are added (mean +- std)."""
+    figure, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
+    m, mean, std = (found[c].to_numpy() for c in ("systems_added", "value", "std"))
+    left.errorbar(m, mean, yerr=std, marker="o", capsize=3)
+    left.set_xlabel("systems added (m)")
+    left.set_ylabel("|H(C_m)|: holes found")
+    left.set_title("Holes found as systems are added")
+    defined = growth.filter(pl.col("value").is_not_null())
+    if defined.height:
+        right.errorbar(defined["systems_added"].to_numpy(), defined["value"].to_numpy(),
+                       yerr=defined["std"].fill_null(0.0).to_numpy(), marker="o", capsize=3, color="C1")
+    right.set_xlabel("systems added (m)")
+    right.set_ylabel("GR(m)")
+    right.set_title("Growth rate of found holes")
+    for axis in (left, right):
+        axis.xaxis.get_major_locator().set_params(integer=True)
+    return _save(figure, path)
+
+
+def partial_curves(sweep: pl.DataFrame, random_single: pl.DataFrame, path: Path) -> Path:
+    """Kendall tau-b against the fraction of known relevant items, one line per measure, with
+    random single-relevant annotation (D-MERIT's baseline) as a dashed level of the same colour."""
+    figure, axis = plt.subplots(figsize=(6.4, 4.0))
+    for i, ((measure,), group) in enumerate(sweep.sort("fraction").group_by(["measure"], maintain_order=True)):
+        axis.errorbar(group["fraction"].to_numpy(), group["mean"].fill_null(np.nan).to_numpy(),
+                      yerr=group["std"].fill_null(0.0).to_numpy(), marker="o", capsize=3,
+                      label=f"{measure}: fraction known", color=f"C{i}")
+        level = random_single.filter(pl.col("measure") == measure)["mean"]
+        if level.len() and level[0] is not None:
+            axis.axhline(level[0], linestyle="--", linewidth=0.9, color=f"C{i}", alpha=0.7,
+                         label=f"{measure}: one random relevant")
+    axis.set_xlabel("fraction of known relevant items")
+    axis.set_ylabel("Kendall tau-b vs full qrels")
+    axis.set_title("Partial annotation: ranking agreement")
+    axis.legend(fontsize=7)
+    return _save(figure, path)

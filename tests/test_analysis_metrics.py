@@ -1,0 +1,118 @@
+"""retrieval_metrics (original vs refined qrels, Hole@k) and ranking_shift (ranks, Kendall tau)
+on the small labeled lake of test_qrels_bridge, values worked out by hand."""
+
+from __future__ import annotations
+
+import math
+
+import dagster as dg
+import numpy as np
+import pytest
+from scipy import stats
+
+from bridge_assets.analysis import assets as analysis_assets
+from bridge_assets.analysis.retrieval import measure_label
+from bridge_assets.analysis.shift import kendall_tau_a, kendall_tau_b
+from bridge_assets.qrels import assets as qrels_assets
+from bridge_assets.resources import DuckDBStore
+from test_qrels_bridge import DATASET, labeled_lake, read  # noqa: F401  (fixture)
+
+NDCG_SECOND = 1 / math.log2(3)  # a relevant document at rank 2
+
+
+def materialize(lake, *assets, run_config=None) -> dg.ExecuteInProcessResult:
+    result = dg.materialize([qrels_assets.bridge_qrels, *assets], partition_key=DATASET,
+                            resources={"store": DuckDBStore(data_lake=str(lake))}, run_config=run_config)
+    assert result.success
+    return result
+
+
+def means(lake, version: str) -> dict[tuple[str, str], float]:
+    frame = read(lake, f"select retriever, measure, value from retrieval_metrics "
+                       f"where qrels_version = '{version}' and query_id = 'all'")
+    return {(r, m): v for r, m, v in frame.rows()}
+
+
+def test_measure_labels_use_the_papers_names():
+    assert [measure_label(m) for m in ("success_10", "ndcg_cut_10", "recip_rank_cut_5", "map", "hole_10")] == \
+        ["Hit@10", "nDCG@10", "MRR@5", "MAP", "Hole@10"]
+
+
+def test_retrieval_metrics_on_original_and_refined_qrels(labeled_lake):
+    result = materialize(labeled_lake, analysis_assets.retrieval_metrics)
+    metadata = result.asset_materializations_for_node("retrieval_metrics")[0].metadata
+    assert metadata["scope"].value == "pooled" and metadata["queries"].value == 4
+    assert metadata["system_names"].value == "bm25, dense, splade"
+    assert "Hole@10 refined" in metadata["summary"].value
+
+    frame = read(labeled_lake, "select * from retrieval_metrics")
+    assert set(frame.columns) == {"dataset", "retriever", "qrels_version", "query_id", "measure", "value"}
+    measures = set(frame["measure"])
+    assert {"success_10", "recall_10", "P_10", "recip_rank_cut_10", "ndcg_cut_10", "map", "judged_10",
+            "hole_10"} <= measures
+    original, refined = means(labeled_lake, "original"), means(labeled_lake, "refined")
+    # every system retrieves each query's one original gold document
+    assert {s: original[(s, "recall_10")] for s in ("bm25", "dense", "splade")} == \
+        {"bm25": 1.0, "dense": 1.0, "splade": 1.0}
+    # refined: q1 {d1,d5}, q2 {d2}, q3 {d3,d7}, q4 {d4,d8}
+    assert refined[("bm25", "recall_10")] == pytest.approx((1 + 1 + 0.5 + 1) / 4)
+    assert refined[("dense", "recall_10")] == pytest.approx((1 + 1 + 1 + 0.5) / 4)
+    assert refined[("splade", "recall_10")] == pytest.approx((0.5 + 1 + 0.5 + 0.5) / 4)
+    # Hole@10: newly found relevant chunks in the top-10 (bm25: d5 for q1, d8 for q4)
+    assert refined[("bm25", "hole_10")] == pytest.approx((0.1 + 0 + 0 + 0.1) / 4)
+    assert refined[("dense", "hole_10")] == pytest.approx((0.1 + 0 + 0.1 + 0) / 4)
+    assert refined[("splade", "hole_10")] == 0.0
+    assert all(original[(s, "hole_10")] == 0.0 for s in ("bm25", "dense", "splade"))
+    # nDCG@10, bm25 q4: d8 (new) at 1, d4 at 2 -> perfect on refined; d4 at 2 alone on original
+    per_query = read(labeled_lake, "select qrels_version, value from retrieval_metrics where retriever = 'bm25' "
+                                   "and query_id = 'q4' and measure = 'ndcg_cut_10'")
+    assert dict(per_query.rows()) == pytest.approx({"original": NDCG_SECOND, "refined": 1.0})
+    # Judged@10 grows: bm25 q1 top-5 d1 d5 d9 d12 d6 -> original judges d1, d9; refined all but d6
+    judged = read(labeled_lake, "select qrels_version, value from retrieval_metrics where retriever = 'bm25' "
+                                "and query_id = 'q1' and measure = 'judged_10'")
+    assert dict(judged.rows()) == pytest.approx({"original": 0.2, "refined": 0.4})
+
+
+def test_scope_all_takes_every_query_and_rematerializing_replaces_the_partition(labeled_lake):
+    config = {"ops": {"retrieval_metrics": {"config": {"scope": "all", "k": 5}}}}
+    materialize(labeled_lake, analysis_assets.retrieval_metrics, run_config=config)
+    materialize(labeled_lake, analysis_assets.retrieval_metrics, run_config=config)
+    frame = read(labeled_lake, "select * from retrieval_metrics")
+    assert "hole_5" in set(frame["measure"]) and "hole_10" not in set(frame["measure"])
+    assert frame.filter(frame["query_id"] == "all").height == 3 * 2 * frame["measure"].n_unique()
+
+
+def test_kendall_tau_matches_scipy():
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        x, y = rng.normal(size=8), rng.normal(size=8)
+        assert kendall_tau_a(x, y) == pytest.approx(stats.kendalltau(x, y).statistic)  # no ties: a == b
+        tau_b, p = kendall_tau_b(x, y)
+        assert (tau_b, p) == pytest.approx(tuple(stats.kendalltau(x, y, variant="b")))
+    # with ties tau-a and tau-b differ: concordant 2, discordant 0, one tie, of 3 pairs
+    assert kendall_tau_a([1, 1, 2], [1, 2, 3]) == pytest.approx(2 / 3)
+    assert kendall_tau_b([1, 1, 2], [1, 2, 3])[0] == pytest.approx(stats.kendalltau([1, 1, 2], [1, 2, 3]).statistic)
+    assert kendall_tau_b([1, 1, 2], [1, 2, 3])[0] == pytest.approx(2 / math.sqrt(2 * 3))
+
+
+def test_ranking_shift_places_and_tau(labeled_lake):
+    result = materialize(labeled_lake, analysis_assets.retrieval_metrics, analysis_assets.ranking_shift)
+    shift = read(labeled_lake, "select * from ranking_shift where measure = 'recall_10' order by retriever")
+    rows = {r["retriever"]: r for r in shift.iter_rows(named=True)}
+    # original recall ties all three (1.0); refined: bm25 = dense = 0.875 > splade = 0.625
+    assert [rows[s]["rank_original"] for s in ("bm25", "dense", "splade")] == [1, 1, 1]
+    assert [rows[s]["rank_refined"] for s in ("bm25", "dense", "splade")] == [1, 1, 3]
+    assert [rows[s]["rank_change"] for s in ("bm25", "dense", "splade")] == [0, 0, -2]
+    assert rows["splade"]["value_change"] == pytest.approx(-0.375)
+    # tau with a constant side: tau-a 0 (no pair ordered), tau-b undefined
+    assert rows["bm25"]["kendall_tau"] == 0.0 and rows["bm25"]["kendall_tau_b"] is None
+    ndcg = read(labeled_lake, "select retriever, value_original, value_refined, kendall_tau, kendall_tau_b, "
+                              "kendall_tau_b_p_value from ranking_shift where measure = 'ndcg_cut_10' "
+                              "order by retriever")
+    before, after = ndcg["value_original"].to_list(), ndcg["value_refined"].to_list()
+    expected = stats.kendalltau(before, after, variant="b")
+    assert ndcg["kendall_tau_b"][0] == pytest.approx(expected.statistic)
+    assert ndcg["kendall_tau_b_p_value"][0] == pytest.approx(expected.pvalue)
+    assert ndcg["kendall_tau"][0] == pytest.approx(kendall_tau_a(before, after))
+    metadata = result.asset_materializations_for_node("ranking_shift")[0].metadata
+    assert metadata["systems"].value == 3 and metadata["moved_systems"].value >= 1

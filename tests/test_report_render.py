@@ -1,0 +1,108 @@
+"""The report asset: HTML + Markdown + PNG figures from the analysis tables of the labeled lake
+of test_qrels_bridge, checked as files and in a real headless chromium (Playwright driving
+Debian's chromium; never `playwright install`)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import dagster as dg
+import polars as pl
+import pytest
+
+from bridge_assets import store
+from bridge_assets.analysis import assets as analysis_assets
+from bridge_assets.qrels import assets as qrels_assets
+from bridge_assets.reports import assets as report_assets
+from bridge_assets.resources import DuckDBStore
+from test_qrels_bridge import DATASET, labeled_lake  # noqa: F401  (fixture)
+
+CHROMIUM = Path(os.environ.get("BRIDGE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+ANALYSES = [qrels_assets.bridge_qrels, analysis_assets.retrieval_metrics, analysis_assets.ranking_shift,
+            analysis_assets.pool_saturation, analysis_assets.partial_annotation_study,
+            analysis_assets.rag_alignment, report_assets.report]
+CONFIG = {"ops": {"partial_annotation_study": {"config": {"samples": 100, "fractions": [0.5, 1.0],
+                                                          "sweep_samples": 3}}}}
+FIGURES = {"holes.png", "before_after.png", "saturation.png", "partial.png", "rag_alignment.png"}
+
+
+def write_judgments(lake) -> None:
+    store.write_partitions({"rag_judgments": pl.DataFrame({
+        "dataset": DATASET, "retriever": ["bm25", "bm25", "dense", "dense", "splade", "splade"],
+        "query_id": ["q1", "q3", "q1", "q3", "q1", "q3"], "judgment": [True, False, True, True, False, False],
+        "decided_by": "llm", "model": "m", "prompt_hash": "h", "call_key": "k", "error": None})},
+        {"dataset": DATASET}, lake / "bridge.duckdb")
+
+
+@pytest.fixture
+def report_lake(labeled_lake):
+    write_judgments(labeled_lake)
+    result = dg.materialize(ANALYSES, partition_key=DATASET, run_config=CONFIG,
+                            resources={"store": DuckDBStore(data_lake=str(labeled_lake))})
+    assert result.success
+    return labeled_lake, result.asset_materializations_for_node("report")[0].metadata
+
+
+def test_report_files_hold_every_section_table_and_figure(report_lake):
+    lake, metadata = report_lake
+    folder = lake / "reports" / DATASET
+    html, markdown = folder / "report.html", folder / "report.md"
+    assert metadata["path"].value == str(html) and metadata["url"].value == html.as_uri()
+    assert metadata["not_materialized"].value == "none" and metadata["figures"].value == len(FIGURES)
+    assert {p.name for p in folder.glob("*.png")} == FIGURES
+    assert all((folder / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for name in FIGURES)
+    page = html.read_text()
+    for caption in ("Judgments by source", "Hole@10 and Judged@10", "Agreement of the rankings", "nDCG@10",
+                    "Growth", "Marginal contribution", "Settings", "Per system", "All systems"):
+        assert f"<caption>{caption}</caption>" in page
+    assert page.count('<table class="report-table"') >= 10
+    assert "Not materialized" not in page
+    text = markdown.read_text()
+    assert "## Holes per system (Hole@10)" in text and "![Hole@10 per system](holes.png)" in text
+    # the markdown holes table: bm25 and dense 0.0500, splade 0
+    holes = text.split("**Hole@10 and Judged@10**", 1)[1].split("\n\n", 2)[1].splitlines()
+    assert holes[0] == "| system | Hole@10 | Judged@10 original | Judged@10 refined |"
+    assert holes[1] == "| --- | --- | --- | --- |"
+    assert holes[2].startswith("| bm25 | 0.0500 |") and holes[4].startswith("| splade | 0.0000 |")
+    assert "| original | 5 | 4 | 0 |" in text  # pairs, relevant, provisional of the original source
+    assert metadata["report"].value == text
+
+
+def test_report_says_which_sections_wait_for_their_tables(labeled_lake):
+    result = dg.materialize([qrels_assets.bridge_qrels, report_assets.report], partition_key=DATASET,
+                            resources={"store": DuckDBStore(data_lake=str(labeled_lake))})
+    assert result.success
+    metadata = result.asset_materializations_for_node("report")[0].metadata
+    assert metadata["not_materialized"].value == ("partial_annotation_study, pool_saturation, rag_alignment, "
+                                                  "ranking_shift, retrieval_metrics")
+    page = (labeled_lake / "reports" / DATASET / "report.html").read_text()
+    assert page.count('class="missing"') == 5 and "<caption>Judgments by source</caption>" in page
+    assert not list((labeled_lake / "reports" / DATASET).glob("*.png"))
+
+
+def test_report_renders_in_headless_chromium(report_lake):
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is absent: `make browser` installs Debian's chromium")
+    playwright = pytest.importorskip("playwright.sync_api")
+    lake, metadata = report_lake
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            page.goto(metadata["url"].value)
+            assert page.title() == f"BRIDGE report: {DATASET}"
+            captions = page.locator("table.report-table caption").all_inner_texts()
+            assert {"Judgments by source", "Hole@10 and Judged@10", "Marginal contribution", "Per system"} <= set(captions)
+            holes = page.locator("section#holes table.report-table tbody tr")
+            assert holes.count() == 3 and holes.first.locator("td").first.inner_text() == "bm25"
+            images = page.locator("img")
+            assert images.count() == len(FIGURES)
+            widths = page.eval_on_selector_all("img", "imgs => imgs.map(i => i.complete ? i.naturalWidth : 0)")
+            assert all(width > 100 for width in widths), widths  # every figure loaded
+            assert page.locator("nav a").count() == 6
+        finally:
+            browser.close()
