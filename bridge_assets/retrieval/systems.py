@@ -1,0 +1,202 @@
+"""Run any registered system on a dataset: `run_retriever(...)` -> top-k run frame.
+
+Plain functions, no Dagster: the `retrieval_run` asset, the CLI, the benchmark script and the
+tests all call `run_retriever`. Systems compose: a re-ranker runs its first stage to the
+re-rank depth, a fusion runs its inputs, a rewrite runs its first stage on rewritten queries.
+Indexes and embeddings come from the per-(dataset, encoder) cache (see cache.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from bridge_assets.retrieval import cache, dense, encoders, lucene, splade
+from bridge_assets.retrieval.errors import RetrievalError
+from bridge_assets.retrieval.registry import RetrieverRegistry, SystemSpec, load_registry
+from bridge_assets.retrieval.runs import document_texts, scored, top_k
+from bridge_assets.retrieval.weights import resolve_model
+
+log = logging.getLogger(__name__)
+
+LUCENE_FAMILY = "bm25-lucene"
+
+
+@dataclass
+class RunContext:
+    """What every system of one run shares: the dataset's corpus, the registry, the caches."""
+
+    dataset: str
+    corpus: pl.DataFrame
+    registry: RetrieverRegistry
+    lake: Path | None = None                                   # None: the data lake
+    progress: Callable[[str], None] = log.info
+    llm_client: Callable[[str], Any] | None = None              # profile -> LLMClient
+    llm_context: str | None = None                              # recorded with new LLM calls
+    metadata: dict[str, Any] = field(default_factory=dict)      # indexes built/reused, LLM counts
+
+    @cached_property
+    def corpus_hash(self) -> str:
+        return cache.corpus_fingerprint(self.corpus)
+
+    @cached_property
+    def doc_texts(self) -> dict[str, str]:
+        return dict(zip(self.corpus["doc_id"].to_list(), document_texts(self.corpus)))
+
+    def client(self, profile: str):
+        if self.llm_client is not None:
+            return self.llm_client(profile)
+        from bridge_assets.llm.client import LLMClient
+
+        return LLMClient(profile)
+
+    def note_artifact(self, family: str, folder: Path, built: bool) -> None:
+        meta = cache.read_meta(folder)
+        self.metadata.setdefault("indexes", {})[family] = {
+            "path": str(folder), "built_now": built, "build_seconds": meta.get("build_seconds")}
+
+
+def _bm25(ctx: RunContext, spec: SystemSpec, queries: pl.DataFrame, k: int) -> pl.DataFrame:
+    key = cache.artifact_key(ctx.corpus_hash, {"indexer": "pyserini SimpleIndexer", "docvectors": True})
+    folder, built = cache.ensure_built(cache.artifact_dir(ctx.dataset, LUCENE_FAMILY, key, ctx.lake),
+                                       lambda tmp: lucene.build_index(ctx.corpus, tmp))
+    ctx.note_artifact(LUCENE_FAMILY, folder, built)
+    return top_k(lucene.search(folder, queries, k, spec.params()), k)
+
+
+def _model_key(ctx: RunContext, model: str, system: str) -> tuple[str, Path]:
+    """The cache folder of `model`'s document representation of this corpus."""
+    spec = ctx.registry.model(model)
+    resolved = resolve_model(spec, system)
+    config = {"model": spec.model_dump(mode="json"), "backend": resolved.backend, "source": resolved.source}
+    key = cache.artifact_key(ctx.corpus_hash, config)
+    return key, cache.artifact_dir(ctx.dataset, model, key, ctx.lake)
+
+
+def embeddings(ctx: RunContext, model: str, system: str) -> tuple[dense.Embeddings, Any]:
+    """The corpus's cached embeddings under `model` (built now if absent) and the encoder."""
+    encoder = encoders.dense_encoder(ctx.registry, model, system)
+    _, folder = _model_key(ctx, model, system)
+    folder, built = cache.ensure_built(folder, lambda tmp: dense.encode_corpus(
+        encoder, ctx.corpus, tmp, ctx.registry.defaults.batch_size, ctx.progress))
+    ctx.note_artifact(model, folder, built)
+    return dense.load_embeddings(folder, encoder.similarity), encoder
+
+
+def _dense(ctx: RunContext, spec: SystemSpec, queries: pl.DataFrame, k: int) -> pl.DataFrame:
+    embedded, encoder = embeddings(ctx, spec.model, spec.name)
+    vectors = encoder.encode_queries(queries["text"].to_list(), ctx.registry.defaults.batch_size)
+    indices, scores = dense.search(embedded, vectors, k, spec.params())
+    return top_k(scored(queries["query_id"].to_list(), embedded.doc_ids, indices, scores), k)
+
+
+def _splade(ctx: RunContext, spec: SystemSpec, queries: pl.DataFrame, k: int) -> pl.DataFrame:
+    encoder = encoders.splade_encoder(ctx.registry, spec.model, spec.name)
+    _, folder = _model_key(ctx, spec.model, spec.name)
+    batch = min(ctx.registry.defaults.batch_size, 8)  # logits are (batch, tokens, vocabulary) floats
+    folder, built = cache.ensure_built(folder, lambda tmp: splade.encode_corpus(
+        encoder, ctx.corpus, tmp, batch, ctx.progress))
+    ctx.note_artifact(spec.model, folder, built)
+    doc_ids, documents = splade.load_documents(folder)
+    indices, scores = splade.search(documents, encoder.encode(queries["text"].to_list(), batch), k)
+    return top_k(scored(queries["query_id"].to_list(), doc_ids, indices, scores), k)
+
+
+def reciprocal_rank_fusion(runs: list[pl.DataFrame], rrf_k: int) -> pl.DataFrame:
+    """score(q, d) = sum over runs of 1 / (rrf_k + rank of d for q)."""
+    return (pl.concat([r.select("query_id", "doc_id", "rank") for r in runs])
+            .group_by("query_id", "doc_id")
+            .agg(score=(1.0 / (rrf_k + pl.col("rank"))).sum()))
+
+
+def _fusion(ctx: RunContext, spec: SystemSpec, queries: pl.DataFrame, k: int) -> pl.DataFrame:
+    params = spec.params()
+    runs = [retrieve(ctx, name, queries, params.depth) for name in spec.inputs]
+    return top_k(reciprocal_rank_fusion(runs, params.rrf_k), k)
+
+
+def _rerank(ctx: RunContext, spec: SystemSpec, queries: pl.DataFrame, k: int) -> pl.DataFrame:
+    params = spec.params()
+    depth = params.depth or ctx.registry.defaults.rerank_depth
+    first = retrieve(ctx, spec.first_stage, queries, depth)
+    query_texts = dict(zip(queries["query_id"].to_list(), queries["text"].to_list()))
+    if spec.llm:
+        from bridge_assets.retrieval.llm_systems import llm_rerank
+
+        rescored, counts = llm_rerank(ctx.client(spec.llm.profile_name()), ctx.registry.prompt("rerank"),
+                                      first, query_texts, ctx.doc_texts, context=ctx.llm_context,
+                                      progress=ctx.progress)
+        ctx.metadata.update(counts)
+        return top_k(rescored, k)
+    model = ctx.registry.model(spec.model)
+    if model.backend in ("cross_encoder", "monot5"):
+        scorer = encoders.scorer(ctx.registry, spec.model, spec.name)
+        pairs = [(query_texts[q], ctx.doc_texts[d]) for q, d in first.select("query_id", "doc_id").iter_rows()]
+        scores = scorer.score(pairs, params.batch_size)
+    else:  # a bi-encoder re-scores with the cached document embeddings
+        embedded, encoder = embeddings(ctx, spec.model, spec.name)
+        vectors = encoder.encode_queries(queries["text"].to_list(), ctx.registry.defaults.batch_size)
+        row_of = {q: i for i, q in enumerate(queries["query_id"].to_list())}
+        docs = np.asarray(embedded.matrix)[embedded.positions(first["doc_id"].to_list())]
+        qs = vectors[[row_of[q] for q in first["query_id"].to_list()]]
+        scores = np.einsum("nd,nd->n", qs, docs)
+    return top_k(first.with_columns(score=pl.Series(scores, dtype=pl.Float64)), k)
+
+
+def _rewrite(ctx: RunContext, spec: SystemSpec, queries: pl.DataFrame, k: int) -> pl.DataFrame:
+    from bridge_assets.retrieval.llm_systems import rewrite_queries
+
+    params = spec.params()
+    rewritten, counts = rewrite_queries(ctx.client(spec.llm.profile_name()), ctx.registry.prompt(params.method),
+                                        queries, params, context=ctx.llm_context, progress=ctx.progress)
+    ctx.metadata.update(counts)
+    return retrieve(ctx, spec.first_stage, rewritten, k)
+
+
+KINDS = {"bm25": _bm25, "dense": _dense, "splade": _splade, "fusion": _fusion, "rerank": _rerank,
+         "rewrite": _rewrite}
+
+
+def retrieve(ctx: RunContext, system: str, queries: pl.DataFrame, k: int) -> pl.DataFrame:
+    """Top-k of `system` for each query (query_id, text): (query_id, doc_id, rank, score)."""
+    spec = ctx.registry.system(system)
+    started = time.perf_counter()
+    run = KINDS[spec.kind](ctx, spec, queries, k)
+    ctx.progress(f"{system}: {queries.height} queries, top-{k}, {time.perf_counter() - started:.1f}s")
+    return run
+
+
+@dataclass
+class RunResult:
+    run: pl.DataFrame            # query_id, doc_id, rank, score
+    config_hash: str
+    metadata: dict[str, Any]
+
+
+def run_retriever(dataset: str, system: str, corpus: pl.DataFrame, queries: pl.DataFrame, *,
+                  k: int | None = None, registry: RetrieverRegistry | None = None, lake: Path | None = None,
+                  llm_client: Callable[[str], Any] | None = None, llm_context: str | None = None,
+                  progress: Callable[[str], None] = log.info) -> RunResult:
+    """Run `system` on `dataset`'s queries over its corpus; the top-k per query and provenance.
+
+    corpus: doc_id, title, text; queries: query_id, text. k defaults to the registry's.
+    """
+    registry = registry or load_registry()
+    k = k or registry.defaults.k
+    if corpus.is_empty():
+        raise RetrievalError(f"{dataset}: the corpus is empty; materialize `corpus` first")
+    ctx = RunContext(dataset, corpus, registry, lake, progress, llm_client, llm_context)
+    started = time.perf_counter()
+    run = retrieve(ctx, system, queries.select("query_id", "text"), k)
+    seconds = time.perf_counter() - started
+    ctx.metadata.update({"queries": queries.height, "rows": run.height, "k": k, "seconds": round(seconds, 3),
+                         "queries_per_second": round(queries.height / max(seconds, 1e-9), 2)})
+    return RunResult(run, registry.config_hash(system, k), ctx.metadata)

@@ -1,0 +1,151 @@
+"""The retriever registry: the declared systems, validation, config hashes, `retrievers add`."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from bridge_assets.paths import RESOURCES_DIR
+from bridge_assets.retrieval.cli import app
+from bridge_assets.retrieval.errors import ModelUnavailableError, RegistryError
+from bridge_assets.retrieval.registry import append_system, load_registry
+from bridge_assets.retrieval.weights import availability
+
+PAPER_NAMES = {
+    "BM25", "SPLADE", "Contriever", "DPR", "Dim-Reduction", "SBERT", "BPR", "Faiss", "ANCE",
+    "TCT-ColBERT", "Aggretriever", "Arctic", "HyDE", "Query2doc", "MuGI",
+    *(f"{first} + {ranker}" for first in ("BM25", "ANCE")
+      for ranker in ("TinyBERT", "NBoost", "MiniLM", "ELECTRA", "MonoT5")),
+}
+
+
+@pytest.fixture
+def registry_file(tmp_path, monkeypatch) -> Path:
+    """A copy of the project's registry that tests may edit; BRIDGE_RETRIEVERS points at it."""
+    path = tmp_path / "retrievers.yaml"
+    shutil.copy(RESOURCES_DIR / "retrievers.yaml", path)
+    monkeypatch.setenv("BRIDGE_RETRIEVERS", str(path))
+    return path
+
+
+def test_paper_profile_declares_the_25_systems_of_the_paper():
+    registry = load_registry()
+    paper = registry.profile_systems("paper")
+    assert len(paper) == 25
+    assert {registry.system(name).paper_name for name in paper} == PAPER_NAMES
+    reranked = [registry.system(n) for n in paper if registry.system(n).kind == "rerank"]
+    assert sorted({s.first_stage for s in reranked}) == ["ance", "bm25"]
+
+
+def test_offline_profile_has_at_least_ten_distinct_systems_that_load_here():
+    registry = load_registry()
+    offline = registry.profile_systems("offline")
+    assert len(offline) >= 10
+    assert len({registry.config_hash(name) for name in offline}) == len(offline)
+    unavailable = {name: why for name in offline for ok, why in [availability(registry, name)] if not ok}
+    assert unavailable == {}
+    kinds = {registry.system(name).kind for name in offline}
+    assert kinds == {"bm25", "splade", "dense", "fusion", "rerank", "rewrite"}
+    fast = registry.profile_systems("offline_fast")
+    assert len(fast) >= 10 and not any(registry.system(n).llm for n in fast)
+
+
+def test_config_hash_follows_parameters_and_upstream_systems(registry_file):
+    before = load_registry(registry_file)
+    text = registry_file.read_text().replace("parameters: {k1: 0.9, b: 0.4}\n  bm25_rm3",
+                                             "parameters: {k1: 1.2, b: 0.75}\n  bm25_rm3")
+    registry_file.write_text(text)
+    after = load_registry(registry_file)
+    assert before.config_hash("bm25") != after.config_hash("bm25")
+    assert before.config_hash("rrf_bm25_e5") != after.config_hash("rrf_bm25_e5")  # bm25 is an input
+    assert before.config_hash("minilm") == after.config_hash("minilm")
+    assert before.config_hash("bm25", 10) != before.config_hash("bm25", 20)
+
+
+@pytest.mark.parametrize("entry, message", [
+    ("  broken:\n    kind: dense\n    model: all-minilm-l6-v2\n    parameters: {indx: flat}\n", "indx"),
+    ("  broken:\n    kind: dense\n    model: no-such-model\n", "unknown model 'no-such-model'"),
+    ("  broken:\n    kind: rerank\n    first_stage: nothing\n    model: all-minilm-l6-v2\n",
+     "unknown system 'nothing'"),
+    ("  broken:\n    kind: splade\n    model: all-minilm-l6-v2\n", "backend sentence_transformers"),
+    ("  broken:\n    kind: fusion\n    inputs: [bm25, loop]\n  loop:\n    kind: fusion\n"
+     "    inputs: [bm25, broken]\n", "cycle"),
+])
+def test_invalid_entries_fail_naming_file_and_entry(registry_file, entry, message):
+    registry_file.write_text(registry_file.read_text() + entry)
+    with pytest.raises(RegistryError) as error:
+        load_registry(registry_file)
+    assert str(registry_file) in str(error.value) and message in str(error.value)
+
+
+def test_append_system_keeps_the_file_and_restores_it_on_error(registry_file):
+    original = registry_file.read_text()
+    registry = append_system("minilm_hnsw", {"kind": "dense", "model": "all-minilm-l6-v2",
+                                             "profiles": ["offline"], "parameters": {"index": "hnsw", "m": 16}},
+                             registry_file)
+    assert "minilm_hnsw" in registry.profile_systems("offline")
+    assert registry_file.read_text().startswith(original)  # comments and layout untouched
+    grown = registry_file.read_text()
+    with pytest.raises(RegistryError):
+        append_system("bad", {"kind": "dense", "model": "nope"}, registry_file)
+    assert registry_file.read_text() == grown
+    with pytest.raises(RegistryError, match="already exists"):
+        append_system("minilm_hnsw", {"kind": "bm25"}, registry_file)
+
+
+def test_cli_add_appends_an_entry_with_parameters(registry_file):
+    result = CliRunner().invoke(app, ["add", "bm25_strict", "--kind", "bm25", "--param", "k1=1.2",
+                                      "--param", "b=0.75", "--param", "rm3.fb_docs=5", "--profile", "offline"])
+    assert result.exit_code == 0, result.output
+    spec = load_registry(registry_file).system("bm25_strict")
+    assert spec.params().k1 == 1.2 and spec.params().b == 0.75 and spec.params().rm3.fb_docs == 5
+    assert spec.profiles == ("offline",)
+    bad = CliRunner().invoke(app, ["add", "x", "--kind", "dense", "--model", "missing-model"])
+    assert bad.exit_code == 2 and "unknown model 'missing-model'" in bad.output
+
+
+def test_cli_list_shows_each_system_and_whether_it_loads(registry_file):
+    result = CliRunner().invoke(app, ["list", "--profile", "paper"])
+    assert result.exit_code == 0, result.output
+    assert "contriever" in result.output and "NO" in result.output  # no HF cache, no network here
+    assert "/25 systems can load here" in result.output
+
+
+def test_a_model_that_cannot_load_fails_naming_it_and_how_to_provide_it(registry_file, monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    registry_file.write_text(registry_file.read_text().replace(
+        "models:\n", "models:\n  ghost-encoder:\n    backend: sentence_transformers\n    sources:\n"
+        "      - {package: not_an_installed_package, subdir: model, pip: \"ghost-encoder==1.0\"}\n"
+        "      - {hf: example-org/ghost-encoder}\n", 1) + "  ghost:\n    kind: dense\n    model: ghost-encoder\n")
+    import polars as pl
+
+    from bridge_assets.retrieval.systems import run_retriever
+
+    corpus = pl.DataFrame({"doc_id": ["d1"], "title": [""], "text": ["some text"]})
+    queries = pl.DataFrame({"query_id": ["q1"], "text": ["text"]})
+    with pytest.raises(ModelUnavailableError) as error:
+        run_retriever("demo", "ghost", corpus, queries, registry=load_registry(registry_file), lake=tmp_path)
+    message = str(error.value)
+    for expected in ("model 'ghost-encoder'", "retriever 'ghost'", "pip install ghost-encoder==1.0",
+                     "huggingface-cli download example-org/ghost-encoder", "{path: /folder/with/the/model}"):
+        assert expected in message
+
+
+def test_a_model_folder_that_does_not_load_fails_naming_the_model(registry_file, tmp_path):
+    not_a_model = tmp_path / "not_a_model"
+    not_a_model.mkdir()
+    (not_a_model / "README").write_text("no weights here")
+    registry_file.write_text(registry_file.read_text().replace(
+        "models:\n", f"models:\n  broken-encoder:\n    backend: sentence_transformers\n    sources:\n"
+        f"      - {{path: {not_a_model}}}\n", 1) + "  broken:\n    kind: dense\n    model: broken-encoder\n")
+    import polars as pl
+
+    from bridge_assets.retrieval.systems import run_retriever
+
+    corpus = pl.DataFrame({"doc_id": ["d1"], "title": [""], "text": ["some text"]})
+    queries = pl.DataFrame({"query_id": ["q1"], "text": ["text"]})
+    with pytest.raises(ModelUnavailableError, match="model 'broken-encoder' failed to load from path"):
+        run_retriever("demo", "broken", corpus, queries, registry=load_registry(registry_file), lake=tmp_path)

@@ -1,0 +1,159 @@
+"""Real systems on the demo dataset (a slice of it where encoders are slow on CPU)."""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+import pytest
+
+from bridge_assets.ingest.loaders import load_dataset
+from bridge_assets.ingest.registry import get_dataset
+from bridge_assets.retrieval.registry import load_registry
+from bridge_assets.retrieval.runs import rank_problems
+from bridge_assets.retrieval.systems import run_retriever
+
+SLICE = 40  # documents: enough to rank, small enough to encode on two CPU cores in seconds
+
+
+@pytest.fixture(scope="module")
+def demo():
+    tables = load_dataset(get_dataset("demo"))
+    return tables.corpus, tables.queries
+
+
+@pytest.fixture(scope="module")
+def demo_slice(demo):
+    """The judged documents of the demo queries plus the first others, up to SLICE documents."""
+    corpus, queries = demo
+    judged = load_dataset(get_dataset("demo")).qrels["doc_id"].unique().to_list()
+    others = corpus.filter(~pl.col("doc_id").is_in(judged)).head(SLICE - len(judged))["doc_id"].to_list()
+    return corpus.filter(pl.col("doc_id").is_in(judged + others)), queries
+
+
+@pytest.fixture(scope="module")
+def lake(tmp_path_factory):
+    return tmp_path_factory.mktemp("lake")
+
+
+@pytest.fixture(scope="module")
+def registry():
+    return load_registry()
+
+
+def test_bm25_index_is_built_once_and_reused(demo, lake, registry):
+    corpus, queries = demo
+    first = run_retriever("demo", "bm25", corpus, queries, registry=registry, lake=lake)
+    again = run_retriever("demo", "bm25", corpus, queries, registry=registry, lake=lake)
+    assert first.metadata["indexes"]["bm25-lucene"]["built_now"] is True
+    assert again.metadata["indexes"]["bm25-lucene"]["built_now"] is False
+    assert first.run.equals(again.run)
+    assert first.run.height == 10 * queries.height and rank_problems(first.run, 10) == []
+    # the judged passage of most demo questions is in BM25's top-10
+    qrels = load_dataset(get_dataset("demo")).qrels
+    hits = first.run.join(qrels, on=["query_id", "doc_id"])["query_id"].n_unique()
+    assert hits >= queries.height // 2
+
+
+def test_changed_corpus_gets_a_new_index(demo, lake, registry):
+    corpus, queries = demo
+    base = run_retriever("demo", "bm25", corpus, queries, registry=registry, lake=lake)
+    smaller = run_retriever("demo", "bm25", corpus.head(100), queries, registry=registry, lake=lake)
+    assert smaller.metadata["indexes"]["bm25-lucene"]["built_now"] is True
+    assert smaller.metadata["indexes"]["bm25-lucene"]["path"] != base.metadata["indexes"]["bm25-lucene"]["path"]
+    assert set(smaller.run["doc_id"]) <= set(corpus.head(100)["doc_id"])
+
+
+def test_dense_run_equals_brute_force_cosine_in_numpy(demo_slice, lake, registry):
+    from sentence_transformers import SentenceTransformer
+
+    from bridge_assets.retrieval.weights import resolve_model
+
+    corpus, queries = demo_slice
+    run = run_retriever("demo", "minilm", corpus, queries, k=5, registry=registry, lake=lake).run
+    model = SentenceTransformer(resolve_model(registry.model("all-minilm-l6-v2")).location, device="cpu")
+    texts = [f"{t} {x}".strip() for t, x in corpus.select("title", "text").iter_rows()]
+    docs = model.encode(texts, convert_to_numpy=True)
+    qs = model.encode(queries["text"].to_list(), convert_to_numpy=True)
+    cosine = (qs / np.linalg.norm(qs, axis=1, keepdims=True)) @ (docs / np.linalg.norm(docs, axis=1, keepdims=True)).T
+    doc_ids = corpus["doc_id"].to_numpy()
+    for i, qid in enumerate(queries["query_id"].to_list()):
+        expected = np.argsort(-cosine[i], kind="stable")[:5]
+        got = run.filter(pl.col("query_id") == qid).sort("rank")
+        assert got["doc_id"].to_list() == doc_ids[expected].tolist()
+        np.testing.assert_allclose(got["score"].to_numpy(), cosine[i, expected], atol=1e-5)
+
+
+@pytest.mark.parametrize("depth", [10, 20])
+def test_reranker_only_reorders_its_first_stage(demo_slice, lake, registry, depth):
+    corpus, queries = demo_slice
+    spec = registry.system("minilm_rerank_bm25")
+    local = registry.model_copy(update={"systems": {**registry.systems, "minilm_rerank_bm25": spec.model_copy(
+        update={"parameters": {"depth": depth}})}})
+    first = run_retriever("demo", "bm25", corpus, queries, k=depth, registry=local, lake=lake).run
+    reranked = run_retriever("demo", "minilm_rerank_bm25", corpus, queries, k=10, registry=local, lake=lake).run
+    assert rank_problems(reranked, 10) == []
+    for qid in queries["query_id"].to_list():
+        pool = set(first.filter(pl.col("query_id") == qid)["doc_id"])
+        got = set(reranked.filter(pl.col("query_id") == qid)["doc_id"])
+        assert got <= pool
+        if depth == 10:
+            assert got == pool
+    assert not reranked.select("query_id", "doc_id", "rank").equals(
+        first.filter(pl.col("rank") <= 10).select("query_id", "doc_id", "rank"))  # it did reorder
+
+
+def test_every_fast_offline_system_ranks_1_to_k_on_the_demo_slice(demo_slice, lake, registry):
+    corpus, queries = demo_slice
+    for name in registry.profile_systems("offline_fast"):
+        result = run_retriever("demo", name, corpus, queries, k=7, registry=registry, lake=lake)
+        assert rank_problems(result.run, 7) == [], name
+        assert result.run["query_id"].n_unique() == queries.height, name
+        assert set(result.run["doc_id"]) <= set(corpus["doc_id"]), name
+        assert result.run.group_by("query_id").len()["len"].max() == 7, name
+
+
+@pytest.mark.slow  # encodes the whole demo corpus: IVF-PQ needs >= 256 documents to train
+def test_approximate_indexes_agree_with_exact_search(demo, lake, registry):
+    corpus, queries = demo
+    exact = run_retriever("demo", "minilm", corpus, queries, registry=registry, lake=lake).run
+    for index, params in [("hnsw", {"index": "hnsw", "m": 16}), ("ivfpq", {"index": "ivfpq", "m": 16, "nprobe": 64}),
+                          ("binary", {"index": "binary", "candidates": 100})]:
+        spec = registry.system("minilm").model_copy(update={"name": f"minilm_{index}", "parameters": params})
+        local = registry.model_copy(update={"systems": {**registry.systems, spec.name: spec}})
+        approx = run_retriever("demo", spec.name, corpus, queries, registry=local, lake=lake).run
+        assert rank_problems(approx, 10) == []
+        overlap = exact.join(approx, on=["query_id", "doc_id"]).height / exact.height
+        assert overlap >= {"hnsw": 0.95, "ivfpq": 0.5, "binary": 0.5}[index], (index, overlap)
+
+
+@pytest.mark.parametrize("labels", [1, 2])
+def test_cross_encoder_reranker_loads_from_a_local_folder_and_only_reorders(tmp_path, demo, lake, registry,
+                                                                             labels):
+    """The paper's cross-encoders have no offline weights; a tiny untrained BERT classifier
+    saved to a folder exercises the same loading and scoring path (1 label: a score; 2
+    labels: P(relevant) from the softmax)."""
+    from transformers import AutoTokenizer, BertConfig, BertForSequenceClassification
+
+    from bridge_assets.retrieval.registry import ModelSource, ModelSpec, SystemSpec
+    from bridge_assets.retrieval.weights import resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(registry.model("all-minilm-l6-v2")).location)
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=tokenizer.vocab_size, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+        intermediate_size=64, num_labels=labels))
+    folder = tmp_path / f"tiny-ce-{labels}"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    name = f"tiny-ce-{labels}"
+    local = registry.model_copy(update={
+        "models": {**registry.models, name: ModelSpec(name=name, backend="cross_encoder", max_length=128,
+                                                      sources=(ModelSource(path=str(folder)),))},
+        "systems": {**registry.systems, "tiny_ce_bm25": SystemSpec(
+            name="tiny_ce_bm25", kind="rerank", first_stage="bm25", model=name, parameters={"depth": 10})}})
+    corpus, queries = demo
+    first = run_retriever("demo", "bm25", corpus, queries, registry=local, lake=lake).run
+    reranked = run_retriever("demo", "tiny_ce_bm25", corpus, queries, registry=local, lake=lake).run
+    assert rank_problems(reranked, 10) == []
+    assert sorted(reranked.select("query_id", "doc_id").rows()) == sorted(first.select("query_id", "doc_id").rows())
+    if labels == 2:
+        assert reranked["score"].is_between(0, 1).all()
