@@ -7,9 +7,12 @@ import time
 
 import typer
 
+from bridge_assets.audit import audit_command
 from bridge_assets.human.cli import app as annotate_app
 from bridge_assets.llm.cli import models_app
 from bridge_assets.metrics.cli import eval_command
+from bridge_assets.qrels.cli import app as qrels_app
+from bridge_assets.retrieval.cli import app as retrievers_app
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -21,6 +24,9 @@ app.add_typer(datasets_app, name="datasets")
 app.add_typer(annotate_app, name="annotate")
 app.add_typer(models_app, name="models")
 app.command("eval")(eval_command)
+app.add_typer(qrels_app, name="qrels")
+app.command("audit")(audit_command)
+app.add_typer(retrievers_app, name="retrievers")
 
 
 def _fail(message: str) -> None:
@@ -49,11 +55,37 @@ def datasets_list() -> None:
         typer.echo(f"{name:<16}{spec.kind:<16}{cells[0]:>10}{cells[1]:>9}{cells[2]:>8}  {spec.source}")
 
 
-def _materialize(assets: list[str], dataset: str | None) -> None:
+# The main job's own defaults: the LLM adjudicator stands in for the humans (its labels are
+# marked provisional) and human_labels takes whatever votes exist, so a run always completes.
+MAIN_JOB_CONFIG = {"debate_labels": {"adjudicate": True}, "human_labels": {"allow_partial": True}}
+
+
+def _merge(*configs: dict[str, dict]) -> dict[str, dict]:
+    merged: dict[str, dict] = {}
+    for config in configs:
+        for asset, fields in config.items():
+            merged.setdefault(asset, {}).update(fields)
+    return merged
+
+
+def _materialize(assets: list[str], dataset: str | None, defaults: dict[str, dict] | None = None,
+                 overrides: dict[str, dict] | None = None) -> None:
+    """Run `assets` with config: `defaults` < the dataset's `pipeline:` entry < `overrides`."""
     from bridge_assets import orchestration
     from bridge_assets.definitions import defs
+    from bridge_assets.ingest.errors import DatasetError
+    from bridge_assets.ingest.registry import get_dataset
+    from bridge_assets.resources import DuckDBStore
+    from bridge_assets.retrieval.sensors import sync_partitions
 
     inst = orchestration.instance()
+    try:
+        dataset_config = get_dataset(dataset).pipeline if dataset else {}
+    except DatasetError as exc:
+        _fail(str(exc))
+    sync = sync_partitions(inst, DuckDBStore())  # what the registry sensor does when a daemon runs
+    if sync.add or sync.delete:
+        typer.secho(f"retrievers: added {sync.add or 'none'}, retired {sync.delete or 'none'}", err=True)
     try:
         steps = orchestration.plan(defs, assets, dataset, inst)
     except ValueError as exc:
@@ -69,7 +101,8 @@ def _materialize(assets: list[str], dataset: str | None) -> None:
                     fg="cyan", err=True)
 
     try:
-        orchestration.execute(defs, steps, inst, on_step=progress)
+        orchestration.execute(defs, steps, inst, _merge(defaults or {}, dataset_config, overrides or {}),
+                              on_step=progress)
     except Exception as exc:  # Dagster wraps the asset's own error: show the user the root cause
         cause = exc
         while getattr(cause, "__cause__", None) is not None:
@@ -87,20 +120,24 @@ def materialize(
 
 
 @app.command()
-def run(dataset: str = typer.Option("demo", "--dataset", "-d", help="Dataset to run the main job on.")) -> None:
+def run(
+    dataset: str = typer.Option("demo", "--dataset", "-d", help="Dataset to run the main job on."),
+    sample: int = typer.Option(0, "--sample", "-n", min=0,
+                               help="Label only a stable sample of this many queries (0: the "
+                                    "dataset's pipeline setting, else every query)."),
+) -> None:
     """The main job: the whole pipeline for one dataset, then a short summary."""
     from bridge_assets import store
-
     from bridge_assets.definitions import defs, main_selection
+    from bridge_assets.summary import run_summary
 
-    started = time.monotonic()
+    started = time.time()
     graph = defs.resolve_asset_graph()
-    _materialize([key.to_user_string() for key in main_selection.resolve(graph)], dataset)
+    sample_config = {"candidate_pool": {"query_limit": sample}} if sample else {}
+    _materialize([key.to_user_string() for key in main_selection.resolve(graph)], dataset,
+                 defaults=MAIN_JOB_CONFIG, overrides=sample_config)
     with store.connect() as con:
-        counts = [con.execute(f"select count(*) from {t} where dataset = ?", [dataset]).fetchone()[0]
-                  for t in ("corpus", "queries", "original_qrels")]
-    typer.echo(f"{dataset}: {counts[0]} documents, {counts[1]} queries, {counts[2]} qrels "
-               f"({time.monotonic() - started:.0f}s) -> {store.duckdb_path()}")
+        typer.echo(run_summary(con, dataset, started))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import dagster as dg
 
@@ -86,16 +87,32 @@ def plan(defs: dg.Definitions, names: Iterable[str], dataset: str | None,
     return steps
 
 
+def run_config(defs: dg.Definitions, keys: Iterable[dg.AssetKey],
+               asset_config: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Dagster run config giving each selected asset its entry of `asset_config` (keyed by
+    asset name, e.g. {"candidate_pool": {"depth": 3}}); a multi-asset's entries are merged."""
+    graph = defs.resolve_asset_graph()
+    ops: dict[str, dict[str, Any]] = {}
+    for key in keys:
+        config = asset_config.get(key.to_user_string())
+        if config:
+            op_name = graph.get(key).assets_def.op.name
+            ops.setdefault(op_name, {"config": {}})["config"].update(config)
+    return {**LOG_CONFIG, "ops": ops} if ops else dict(LOG_CONFIG)
+
+
 def execute(defs: dg.Definitions, steps: list[Step], inst: dg.DagsterInstance,
+            asset_config: dict[str, dict[str, Any]] | None = None,
             on_step: Callable[[Step, str | None], None] | None = None) -> list[dg.ExecuteInProcessResult]:
     job = defs.resolve_implicit_global_asset_job_def()
     results = []
     for step in steps:
+        config = run_config(defs, step.keys, asset_config or {})
         for partition_key in step.partition_keys:
             if on_step:
                 on_step(step, partition_key)
             result = job.execute_in_process(instance=inst, asset_selection=step.keys,
-                                            partition_key=partition_key, run_config=LOG_CONFIG,
+                                            partition_key=partition_key, run_config=config,
                                             raise_on_error=True)
             results.append(result)
     return results

@@ -39,6 +39,9 @@ class DatasetSpec(BaseModel):
     url: str | None = None           # beir_url: a BEIR zip
     id: str | None = None            # huggingface dataset id, or ir_datasets id
     options: dict[str, Any] = Field(default_factory=dict)
+    # Per-asset configuration the main job uses for this dataset, e.g.
+    # {"candidate_pool": {"depth": 3}}: the fields of each asset's Config class.
+    pipeline: dict[str, dict[str, Any]] = Field(default_factory=dict)
 
     def resolve(self, value: str | None, field: str) -> Path:
         if not value:
