@@ -8,6 +8,7 @@ import time
 import typer
 
 from bridge_assets.audit import audit_command
+from bridge_assets.evaluation.cli import label_eval_command
 from bridge_assets.human.cli import app as annotate_app
 from bridge_assets.llm.cli import models_app
 from bridge_assets.metrics.cli import eval_command
@@ -27,6 +28,7 @@ app.command("eval")(eval_command)
 app.add_typer(qrels_app, name="qrels")
 app.command("audit")(audit_command)
 app.add_typer(retrievers_app, name="retrievers")
+app.command("label-eval")(label_eval_command)
 
 
 def _fail(message: str) -> None:

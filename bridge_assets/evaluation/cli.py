@@ -1,0 +1,84 @@
+"""`bridge label-eval`: evaluate one labeling method on a gold-set file and print its figures.
+
+Register on the `bridge` app as `app.command("label-eval")(label_eval_command)`. Every model
+call goes through the data lake's LLM call ledger, so a repeated command is answered from it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from bridge_assets.evaluation.goldsets import GoldSetError, MethodKind, MethodSpec, read_goldset, stratified_head
+
+
+def _fail(message: str) -> None:
+    typer.secho(f"error: {message}", fg="red", err=True)
+    raise typer.Exit(2)
+
+
+def label_eval_command(
+    gold: Path = typer.Option(..., "--gold", help="Gold-set JSONL: id, query, answers, chunk, label (0/1)."),
+    method: str = typer.Option(..., "--method", help="filter | judge | lara | dream | diras | utilsel | utilrank"),
+    profile: list[str] = typer.Option(None, "--profile", help="LLM profile(s) of models.yaml; dream takes "
+                                      "one for all agents or one per agent. Default: the role's."),
+    rounds: int = typer.Option(2, "--rounds", min=1, help="dream: maximum rounds before escalation."),
+    agents: int = typer.Option(2, "--agents", min=2, help="dream: agents, half per opening stance."),
+    stance_order: str = typer.Option("relevant_first", "--stance-order",
+                                     help="dream: relevant_first | irrelevant_first (agent A's stance)."),
+    resolve: str = typer.Option("gold", "--resolve", help="Who labels escalated pairs: gold | adjudicator (dream)."),
+    adjudicator: str = typer.Option("", "--adjudicator", help="dream: adjudicator profile (default: the role's)."),
+    temperature: float = typer.Option(0.0, "--temperature", min=0.0),
+    escalation_ratio: float = typer.Option(0.035, "--escalation-ratio", min=0.0, max=1.0,
+                                           help="lara: share of pairs escalated to humans."),
+    top_percent: float = typer.Option(0.2, "--top-percent", min=0.01, max=1.0,
+                                      help="utilrank: top share of a query's candidates counted useful."),
+    max_tokens: int = typer.Option(128, "--max-tokens", min=16, help="judge/dream reply budget."),
+    limit: int = typer.Option(None, "--limit", min=1, help="Only the first N triplets, classes alternating."),
+    threads: int = typer.Option(None, "--threads", min=1, help="llama.cpp CPU threads for this run "
+                                "(not part of the cache key; 1 is fastest on a busy CPU)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
+) -> None:
+    """Label a gold set with one method; print recalls, bAcc, escalation ratio and cost."""
+    from bridge_assets.evaluation.runner import format_stability, format_table, run_method, summary_json
+    from bridge_assets.llm import LLMClient, get_profile
+    from bridge_assets.llm.profiles import ModelConfigError, role_profiles
+
+    kinds = MethodKind.__args__
+    if method not in kinds:
+        _fail(f"unknown method '{method}' (methods: {', '.join(kinds)})")
+    try:
+        spec = MethodSpec(name=method, method=method, models=tuple(profile or ()), rounds=rounds,
+                          agents=agents, stance_order=stance_order, resolve=resolve,
+                          adjudicator=adjudicator, temperature=temperature,
+                          escalation_ratio=escalation_ratio, top_percent=top_percent,
+                          max_tokens=max_tokens)
+        triplets = stratified_head(read_goldset(gold), limit)
+    except (GoldSetError, ValueError) as exc:
+        _fail(str(exc))
+    clients: dict[str, LLMClient] = {}
+
+    def generate(name, requests):
+        if name not in clients:
+            chosen = get_profile(name)
+            if threads is not None and chosen.backend == "llama_cpp":
+                chosen = chosen.model_copy(update={"threads": threads})
+            clients[name] = LLMClient(chosen)
+        return clients[name].generate(requests, context=f"label-eval:{gold.name}:{method}")
+
+    try:
+        result = run_method(spec, triplets, generate, profiles_for=role_profiles)
+    except (ModelConfigError, ValueError) as exc:
+        _fail(str(exc))
+    finally:
+        for client in clients.values():
+            client.close()
+    if as_json:
+        typer.echo(summary_json(result))
+        return
+    typer.echo(f"{gold}  ({len(triplets)} triplets, method {method}, models {', '.join(result.models)})")
+    typer.echo(format_table([result.summary()]))
+    if result.stability:
+        typer.echo(format_stability(result))
+

@@ -1,0 +1,206 @@
+"""Gold sets (labelled triplets) and the labeler-evaluation registry, `resources/goldsets.yaml`.
+
+A gold set is JSONL, one triplet a line:
+    {"id": "...", "query": "...", "answers": ["..."], "chunk": "...", "label": 0|1,
+     "domain": "..." (optional), "definition": "..." (optional: a per-query relevance
+     definition, used by the DIRAS-style scorer)}
+The registry names the gold sets and the labeling methods to evaluate on each of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field
+
+from bridge_assets.labeling.pairs import Pair
+from bridge_assets.paths import PROJECT_ROOT, RESOURCES_DIR
+
+# `BRIDGE_GOLDSETS` points at another registry file (tests, or a user's own gold sets).
+REGISTRY_PATH = Path(os.environ.get("BRIDGE_GOLDSETS", RESOURCES_DIR / "goldsets.yaml")).resolve()
+
+MethodKind = Literal["filter", "judge", "lara", "dream", "diras", "utilsel", "utilrank"]
+
+
+class GoldSetError(ValueError):
+    """Bad gold-set input or registry entry; the message names the file, line and field."""
+
+    def __init__(self, problem: str, file: Path | str, line: int | None = None, field: str | None = None):
+        where = [str(file)] + ([f"line {line}"] if line is not None else []) \
+            + ([f'field "{field}"'] if field else [])
+        super().__init__(f"{', '.join(where)}: {problem}")
+
+
+@dataclass(frozen=True)
+class GoldTriplet:
+    id: str
+    query: str
+    answers: tuple[str, ...]
+    chunk: str
+    label: int
+    domain: str | None = None
+    definition: str | None = None
+
+    def pair(self) -> Pair:
+        """The triplet as the labelers see it; its id names both query and chunk."""
+        return Pair(self.id, self.id, self.query, self.answers, self.chunk)
+
+
+def _string(record: dict, field: str, path: Path, line: int, *, required: bool = True) -> str | None:
+    value = record.get(field)
+    if value is None and not required:
+        return None
+    if not isinstance(value, str) or not value.strip():
+        raise GoldSetError("expected a non-empty string", path, line, field)
+    return value
+
+
+def read_goldset(path: Path) -> list[GoldTriplet]:
+    """Every triplet of a gold-set JSONL file, validated (ids unique, labels 0/1)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise GoldSetError("gold set file not found", path) from None
+    triplets, seen = [], {}
+    for line, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            record = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise GoldSetError(f"not valid JSON ({exc.msg})", path, line) from None
+        if not isinstance(record, dict):
+            raise GoldSetError("expected a JSON object", path, line)
+        unknown = set(record) - {"id", "query", "answers", "chunk", "label", "domain", "definition"}
+        if unknown:
+            raise GoldSetError(f"unknown field(s) {sorted(unknown)}", path, line)
+        triplet_id = _string(record, "id", path, line)
+        if triplet_id in seen:
+            raise GoldSetError(f"duplicate id {triplet_id!r} (first on line {seen[triplet_id]})",
+                               path, line, "id")
+        seen[triplet_id] = line
+        answers = record.get("answers", [])
+        if not isinstance(answers, list) or not all(isinstance(a, str) and a.strip() for a in answers):
+            raise GoldSetError("expected a list of non-empty strings", path, line, "answers")
+        label = record.get("label")
+        if label not in (0, 1) or isinstance(label, bool):
+            raise GoldSetError(f"expected 0 or 1, got {label!r}", path, line, "label")
+        triplets.append(GoldTriplet(
+            triplet_id, _string(record, "query", path, line), tuple(answers),
+            _string(record, "chunk", path, line), label,
+            _string(record, "domain", path, line, required=False),
+            _string(record, "definition", path, line, required=False)))
+    if not triplets:
+        raise GoldSetError("the gold set holds no triplet", path)
+    return triplets
+
+
+def stratified_head(triplets: Sequence[GoldTriplet], limit: int | None) -> list[GoldTriplet]:
+    """The first `limit` triplets taking relevant and irrelevant ones in turn (file order
+    within each class), so that a small limit still has both classes; None = all."""
+    if limit is None or limit >= len(triplets):
+        return list(triplets)
+    if limit < 1:
+        raise ValueError(f"limit must be at least 1, got {limit}")
+    queues = [[t for t in triplets if t.label == 1], [t for t in triplets if t.label == 0]]
+    chosen: set[str] = set()
+    turn = 0
+    while len(chosen) < limit:
+        queue = queues[turn % 2] or queues[(turn + 1) % 2]
+        chosen.add(queue.pop(0).id)
+        turn += 1
+    return [t for t in triplets if t.id in chosen]
+
+
+class GoldSetSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    path: str  # relative to the project root
+    description: str = ""
+
+    @property
+    def file(self) -> Path:
+        path = Path(self.path)
+        return path if path.is_absolute() else (PROJECT_ROOT / path).resolve()
+
+
+class MethodSpec(BaseModel):
+    """One labeling method with its knobs. Unused knobs are ignored by the other methods."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str
+    method: MethodKind
+    # Model profiles (models.yaml). Empty: the first `filter` profile for filter, the `debate`
+    # role for dream, the `judge` role for the others. DREAM takes one for all agents or one
+    # per agent; the others take one.
+    models: tuple[str, ...] = ()
+    max_tokens: int = Field(128, ge=16, description="judge/dream replies (quotes+reason+answer)")
+    temperature: float = Field(0.0, ge=0.0)
+    # dream
+    rounds: int = Field(2, ge=1)
+    agents: int = Field(2, ge=2)
+    stance_order: Literal["relevant_first", "irrelevant_first"] = "relevant_first"
+    resolve: Literal["gold", "adjudicator"] = "gold"  # who labels escalated pairs
+    adjudicator: str = ""  # profile; empty: the `adjudicator` role
+    # lara
+    escalation_ratio: float = Field(0.035, ge=0.0, le=1.0)
+    # diras
+    use_definitions: bool = True  # the gold set's per-query `definition`, where present
+    # utilrank
+    top_percent: float = Field(0.2, gt=0.0, le=1.0)
+
+
+class EvaluationRegistry(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    goldsets: dict[str, GoldSetSpec]
+    methods: dict[str, MethodSpec]
+
+    def goldset(self, name: str) -> GoldSetSpec:
+        try:
+            return self.goldsets[name]
+        except KeyError:
+            raise GoldSetError(f"unknown gold set '{name}' (known: {', '.join(self.goldsets)})",
+                               REGISTRY_PATH) from None
+
+    def select_methods(self, names: Sequence[str]) -> list[MethodSpec]:
+        """The named methods in the given order; every method when `names` is empty."""
+        unknown = [n for n in names if n not in self.methods]
+        if unknown:
+            raise GoldSetError(f"unknown method(s) {unknown} (known: {', '.join(self.methods)})",
+                               REGISTRY_PATH, field="methods")
+        return [self.methods[n] for n in names] if names else list(self.methods.values())
+
+
+def load_registry(path: Path = REGISTRY_PATH) -> EvaluationRegistry:
+    """Parse goldsets.yaml; a malformed entry fails naming the file and the entry."""
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except FileNotFoundError:
+        raise GoldSetError("gold-set registry not found", path) from None
+    except yaml.YAMLError as exc:
+        raise GoldSetError(f"not valid YAML: {exc}", path) from None
+    parsed = {}
+    for section, model in (("goldsets", GoldSetSpec), ("methods", MethodSpec)):
+        parsed[section] = {}
+        for name, body in (raw.get(section) or {}).items():
+            try:
+                parsed[section][name] = model(name=name, **(body or {}))
+            except Exception as exc:  # pydantic's message names the offending field
+                raise GoldSetError(f"invalid {section} entry '{name}': {exc}", path, field=name) from None
+    return EvaluationRegistry(**parsed)
+
+
+@lru_cache(maxsize=1)
+def goldset_names() -> list[str]:
+    """The registered gold sets: the partitions of the labeler_eval assets."""
+    return list(load_registry().goldsets)

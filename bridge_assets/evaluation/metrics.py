@@ -1,0 +1,153 @@
+"""Metrics of a labeler against gold labels: class recalls, balanced accuracy, escalation,
+and the calibration of a relevance score (ECE, Brier, AUROC).
+
+Conventions (the DREAM paper's): label 1 = relevant, 0 = not relevant. A labeler may leave a
+case to humans (escalated; a failed call is escalated too). bAcc is the mean of the two class
+recalls; "bAcc" alone is over the cases the labeler decided, "resolved bAcc" over every case
+once the escalated ones got the resolver's label (gold labels standing in for humans, or an
+LLM adjudicator). A case that still has no label after resolution counts as an error.
+A figure that is undefined on the data (a recall with no case of its class, AUROC with one
+class) is None, never a made-up number.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+
+import numpy as np
+from sklearn.metrics import brier_score_loss, cohen_kappa_score, roc_auc_score
+
+ECE_BINS = 10  # equal-width bins over [0, 1], the last one closed
+
+
+def class_recalls(gold: Sequence[int], predicted: Sequence[int]) -> tuple[float | None, float | None]:
+    """(recall of the relevant class, recall of the irrelevant class); None for a class with
+    no gold case."""
+    if len(gold) != len(predicted):
+        raise ValueError(f"{len(gold)} gold labels but {len(predicted)} predictions")
+
+    def recall(cls: int) -> float | None:
+        hits = [p == cls for g, p in zip(gold, predicted) if g == cls]
+        return sum(hits) / len(hits) if hits else None
+
+    return recall(1), recall(0)
+
+
+def balanced_accuracy(gold: Sequence[int], predicted: Sequence[int]) -> float | None:
+    """Mean of the two class recalls; None unless both classes occur in `gold`."""
+    relevant, irrelevant = class_recalls(gold, predicted)
+    if relevant is None or irrelevant is None:
+        return None
+    return (relevant + irrelevant) / 2
+
+
+def escalation_count(n: int, ratio: float) -> int:
+    """How many of `n` cases an escalation ratio sends to humans: the fewest whose share
+    reaches `ratio` (3.5% of 48 -> 2 cases, 4.2%)."""
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"escalation ratio must be within [0, 1], got {ratio}")
+    return min(n, math.ceil(ratio * n - 1e-9))
+
+
+def escalate_least_confident(confidence: Sequence[float], ratio: float) -> list[bool]:
+    """Mark the `escalation_count` least confident cases (ties: the earlier case first)."""
+    order = sorted(range(len(confidence)), key=lambda i: (confidence[i], i))
+    chosen = set(order[:escalation_count(len(confidence), ratio)])
+    return [i in chosen for i in range(len(confidence))]
+
+
+@dataclass(frozen=True)
+class LabelerMetrics:
+    """One labeler's figures on one gold set (the columns of the paper's Table 1)."""
+
+    n: int
+    escalated: int
+    escalation_ratio: float
+    recall_relevant: float | None    # on the cases the labeler decided
+    recall_irrelevant: float | None
+    bacc: float | None
+    bacc_resolved: float | None      # every case, escalations resolved
+    unresolved: int                  # escalated cases the resolver gave no label
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def labeler_metrics(gold: Sequence[int], labels: Sequence[int | None], escalated: Sequence[bool],
+                    resolved: Sequence[int | None]) -> LabelerMetrics:
+    """`labels[i]`: the labeler's label (ignored where escalated); `resolved[i]`: the label an
+    escalated case finally got (None: unresolved, counted as an error)."""
+    n = len(gold)
+    if not len(labels) == len(escalated) == len(resolved) == n:
+        raise ValueError("gold, labels, escalated and resolved must have the same length")
+    for i in range(n):
+        if not escalated[i] and labels[i] is None:
+            raise ValueError(f"case {i} is neither labelled nor escalated")
+    decided = [i for i in range(n) if not escalated[i]]
+    recall_relevant, recall_irrelevant = class_recalls([gold[i] for i in decided],
+                                                       [labels[i] for i in decided])
+    final = [labels[i] if not escalated[i] else
+             (resolved[i] if resolved[i] is not None else 1 - gold[i]) for i in range(n)]
+    n_escalated = sum(bool(e) for e in escalated)
+    return LabelerMetrics(
+        n=n, escalated=n_escalated, escalation_ratio=n_escalated / n if n else 0.0,
+        recall_relevant=recall_relevant, recall_irrelevant=recall_irrelevant,
+        bacc=balanced_accuracy([gold[i] for i in decided], [labels[i] for i in decided]),
+        bacc_resolved=balanced_accuracy(gold, final),
+        unresolved=sum(1 for i in range(n) if escalated[i] and resolved[i] is None))
+
+
+def expected_calibration_error(gold: Sequence[int], probability: Sequence[float],
+                               bins: int = ECE_BINS) -> float:
+    """ECE of P(relevant): sum over equal-width bins of (share of cases in the bin) x
+    |share of relevant cases in it - mean predicted probability in it|. Bin b holds
+    probabilities in [b/bins, (b+1)/bins), the last bin also 1.0."""
+    if len(gold) != len(probability) or not gold:
+        raise ValueError("ECE needs as many probabilities as gold labels, and at least one")
+    p = np.asarray(probability, dtype=float)
+    y = np.asarray(gold, dtype=float)
+    index = np.minimum((p * bins).astype(int), bins - 1)
+    ece = 0.0
+    for b in range(bins):
+        members = index == b
+        if members.any():
+            ece += members.mean() * abs(y[members].mean() - p[members].mean())
+    return float(ece)
+
+
+def brier_score(gold: Sequence[int], probability: Sequence[float]) -> float:
+    """Mean squared difference between P(relevant) and the 0/1 gold label."""
+    return float(brier_score_loss(list(gold), list(probability), pos_label=1))
+
+
+def auroc(gold: Sequence[int], score: Sequence[float]) -> float | None:
+    """Area under the ROC curve of the score; None when `gold` has only one class."""
+    if len(set(gold)) < 2:
+        return None
+    return float(roc_auc_score(list(gold), list(score)))
+
+
+def calibration_metrics(gold: Sequence[int], probability: Sequence[float | None]) -> dict:
+    """ECE (10 equal-width bins), Brier and AUROC over the cases that have a probability."""
+    scored = [(g, p) for g, p in zip(gold, probability) if p is not None]
+    if not scored:
+        return {"ece": None, "brier": None, "auroc": None, "scored": 0}
+    ys, ps = [g for g, _ in scored], [p for _, p in scored]
+    return {"ece": expected_calibration_error(ys, ps), "brier": brier_score(ys, ps),
+            "auroc": auroc(ys, ps), "scored": len(scored)}
+
+
+def agreement(a: Sequence[int], b: Sequence[int]) -> dict:
+    """How two binary labelings of the same cases agree: raw share and Cohen's kappa
+    (None when kappa is undefined, i.e. both labelings use one single label)."""
+    if len(a) != len(b):
+        raise ValueError(f"{len(a)} labels against {len(b)}")
+    if not a:
+        return {"agreement": None, "kappa": None, "compared": 0}
+    share = sum(x == y for x, y in zip(a, b)) / len(a)
+    kappa = None if len(set(a) | set(b)) < 2 else float(cohen_kappa_score(list(a), list(b)))
+    if kappa is not None and math.isnan(kappa):
+        kappa = None
+    return {"agreement": share, "kappa": kappa, "compared": len(a)}

@@ -1,0 +1,76 @@
+"""The pointwise relevance scorer shared by the DIRAS-style and LARA methods: one short call
+per triplet, whose yes/no guess is read together with its token log-probabilities.
+
+The score is P(yes) normalised over the yes-like and no-like alternatives at the answer token
+(bridge_assets.llm.scores). A call that fails, or whose reply carries no yes/no token with
+log-probabilities, gives a score with `error` set: the methods escalate it, never guess it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from bridge_assets.evaluation.goldsets import GoldTriplet
+from bridge_assets.labeling.calls import Generate, parse_reply
+from bridge_assets.labeling.prompts import Prompts
+from bridge_assets.llm.scores import yes_probability
+from bridge_assets.llm.types import LLMRequest
+
+SCORE_TEMPLATE = "diras_score"
+SCORE_SCHEMA = {
+    "type": "object",
+    "properties": {"response": {"type": "string", "enum": ["yes", "no"]}},
+    "required": ["response"],
+    "additionalProperties": False,
+}
+SCORE_MAX_TOKENS = 10   # {"response": "yes"} is six tokens
+TOP_LOGPROBS = 10
+
+
+class ScoreReply(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    response: Literal["yes", "no"]
+
+    @field_validator("response", mode="before")
+    @classmethod
+    def _normalise(cls, value: object) -> object:
+        return value.strip().lower() if isinstance(value, str) else value
+
+
+@dataclass(frozen=True)
+class PointwiseScore:
+    guess: int | None      # 1 = the model answered yes
+    p_yes: float | None    # P(yes) over yes/no at the answer token
+    call_key: str
+    error: str | None
+
+
+def score_request(triplet: GoldTriplet, prompts: Prompts, *, definition: bool,
+                  temperature: float = 0.0) -> LLMRequest:
+    messages = prompts.messages(SCORE_TEMPLATE, query=triplet.query, answers=triplet.answers,
+                                chunk=triplet.chunk,
+                                definition=triplet.definition if definition else None)
+    return LLMRequest(messages=messages, json_schema=SCORE_SCHEMA, max_tokens=SCORE_MAX_TOKENS,
+                      temperature=temperature, top_logprobs=TOP_LOGPROBS, purpose="relevance_score")
+
+
+def score_triplets(triplets: Sequence[GoldTriplet], model: str, generate: Generate, *,
+                   prompts: Prompts | None = None, definitions: bool = False,
+                   temperature: float = 0.0) -> list[PointwiseScore]:
+    """One batched call to `model`; a score per triplet, in order."""
+    prompts = prompts or Prompts()
+    requests = [score_request(t, prompts, definition=definitions, temperature=temperature)
+                for t in triplets]
+    scores = []
+    for result in generate(model, requests) if requests else []:
+        reply, error = parse_reply(result, ScoreReply)
+        p_yes = yes_probability(result.logprobs) if reply else None
+        if reply and p_yes is None:
+            error = "the reply's log-probabilities hold no yes/no token"
+        scores.append(PointwiseScore(int(reply.response == "yes") if reply and p_yes is not None else None,
+                                     p_yes, result.key, error))
+    return scores

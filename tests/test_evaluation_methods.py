@@ -1,0 +1,279 @@
+"""Every labeling method of the evaluation on a small gold set, driven by a scripted model.
+
+The scripted model lives only in these tests: it reads each request's prompt and answers the
+way the test dictates (an oracle that sees the word RELEVANT in a chunk, with a stubborn
+agent A in round 1 of a debate), so every figure the runner reports can be checked by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+
+import pytest
+
+from bridge_assets.evaluation.goldsets import GoldTriplet, MethodSpec
+from bridge_assets.evaluation.runner import (CostMeter, format_stability, format_table, result_frames,
+                                             run_method, summary_json)
+from bridge_assets.evaluation.utility import group_by_query, useful_from_reply, RankingReply
+from bridge_assets.llm.ledger import call_key
+from bridge_assets.llm.types import LLMResult, TokenLogprob
+
+# "You are agent B; your opening stance was that the chunk is irrelevant." (debate_turn.j2)
+AGENT = re.compile(r"You are agent (\w+)\b[^\n]*? the chunk is (\w+)")
+ROUND = re.compile(r"This is round (\d+)")
+CHUNK = re.compile(r"Chunk:\n<<<\n(.*?)\n>>>", re.S)
+PASSAGE = re.compile(r"\[(\d+)\]\n<<<\n(.*?)\n>>>", re.S)
+
+
+def triplets() -> list[GoldTriplet]:
+    """Two queries, each with a relevant chunk (marked RELEVANT) and an irrelevant one."""
+    return [
+        GoldTriplet("a1", "query a", ("answer a",), "RELEVANT chunk a1", 1, "x"),
+        GoldTriplet("a2", "query a", ("answer a",), "other chunk a2", 0, "x"),
+        GoldTriplet("b1", "query b", ("answer b",), "RELEVANT chunk b1", 1, "y"),
+        GoldTriplet("b2", "query b", ("answer b",), "other chunk b2", 0, "y"),
+    ]
+
+
+def profiles_for(role: str) -> list[str]:
+    return {"judge": ["judge-model"], "debate": ["debate-model"], "filter": ["filter-model"],
+            "adjudicator": ["adjudicator-model"]}[role]
+
+
+def score_logprobs(p_yes: float) -> list[TokenLogprob]:
+    word = "yes" if p_yes >= 0.5 else "no"
+    top = {"yes": math.log(p_yes), "no": math.log(1 - p_yes)}
+    return [TokenLogprob(token='{"', logprob=0.0), TokenLogprob(token=word, logprob=top[word], top=top)]
+
+
+class OracleModel:
+    """Answers by the RELEVANT marker; agents opening with "relevant" say yes in round 1.
+
+    `is_relevant(chunk)` is the oracle; `key(profile, request)` the result's cache key;
+    `p_yes` maps a chunk to the P(yes) of the pointwise scorer (default .8 / .3);
+    `fail` holds chunks (or queries, for utility labels) whose call fails."""
+
+    def __init__(self, p_yes=None, fail=(), ranking_reversed=False,
+                 is_relevant=lambda chunk: "RELEVANT" in chunk,
+                 key=lambda profile, request: f"{profile}:{call_key('scripted', profile, request)}"):
+        self.p_yes = p_yes or {}
+        self.is_relevant = is_relevant
+        self.key = key
+        self.fail = set(fail)
+        self.ranking_reversed = ranking_reversed
+        self.calls: list[tuple[str, str]] = []  # (profile, purpose)
+        self.stances: set[tuple[str, str]] = set()  # (agent, opening stance) seen in debate prompts
+
+    def reply(self, profile, request) -> LLMResult:
+        system, user = (text for _, text in request.messages)
+        key = self.key(profile, request)
+        self.calls.append((profile, request.purpose))
+        if request.purpose in ("utilsel", "utilrank"):
+            passages = {int(n): text for n, text in PASSAGE.findall(user)}
+            if any(text in self.fail for text in passages.values()):
+                return LLMResult(key=key, error="scripted failure")
+            useful = [n for n, text in passages.items() if self.is_relevant(text)]
+            if request.purpose == "utilsel":
+                return LLMResult(key=key, text=json.dumps({"selected": useful}))
+            ranking = useful + [n for n in passages if n not in useful]
+            return LLMResult(key=key, text=json.dumps({"ranking": ranking[::-1] if self.ranking_reversed else ranking}))
+        chunk = CHUNK.search(user).group(1)
+        if chunk in self.fail:
+            return LLMResult(key=key, error="scripted failure")
+        relevant = self.is_relevant(chunk)
+        if request.purpose == "filter":
+            return LLMResult(key=key, text=json.dumps({"is_supported": relevant}))
+        if request.purpose == "relevance_score":
+            p = self.p_yes.get(chunk, 0.8 if relevant else 0.3)
+            return LLMResult(key=key, text=json.dumps({"response": "yes" if p >= 0.5 else "no"}),
+                             logprobs=score_logprobs(p), tokens_in=10, tokens_out=6, latency_s=0.5)
+        if request.purpose == "adjudicator":
+            return LLMResult(key=key, text=json.dumps({"reason": "r", "response": "yes" if relevant else "no"}))
+        agent = AGENT.search(user)
+        if agent is not None:
+            self.stances.add(agent.groups())
+        stubborn = agent is not None and agent.group(2) == "relevant" and ROUND.search(user).group(1) == "1"
+        answer = "yes" if relevant or stubborn else "no"
+        return LLMResult(key=key, text=json.dumps({"reference": [], "reason": "r", "response": answer}),
+                         tokens_in=100, tokens_out=20, latency_s=1.0)
+
+    def __call__(self, profile, requests):
+        return [self.reply(profile, r) for r in requests]
+
+
+def run(method: str, model=None, **knobs):
+    spec = MethodSpec(name=f"{method}-test", method=method, **knobs)
+    return run_method(spec, triplets(), model or OracleModel(), profiles_for=profiles_for)
+
+
+def test_judge_labels_every_pair_with_one_call_each_and_escalates_nothing():
+    model = OracleModel()
+    result = run("judge", model)
+    m = result.metrics
+    assert (m.bacc, m.recall_relevant, m.recall_irrelevant, m.escalation_ratio) == (1.0, 1.0, 1.0, 0.0)
+    assert model.calls == [("judge-model", "judge")] * 4
+    assert result.cost.calls == 4 and result.cost.tokens_in == 400 and result.cost.model_seconds == 4.0
+    assert result.models == ["judge-model"] and result.stability == []
+
+
+def test_a_failed_judge_call_is_escalated_and_resolved_by_gold():
+    result = run("judge", OracleModel(fail={"other chunk a2"}), models=("m",))
+    m = result.metrics
+    assert (m.escalated, m.recall_irrelevant, m.bacc_resolved) == (1, 1.0, 1.0)
+    item = next(i for i in result.items if i.id == "a2")
+    assert (item.label, item.escalated, item.resolved, item.detail) == (None, True, 0, "failed@1")
+
+
+def test_filter_method_uses_the_pipeline_filter_prompt():
+    model = OracleModel()
+    result = run("filter", model)
+    assert result.metrics.bacc == 1.0 and model.calls == [("filter-model", "filter")] * 4
+
+
+def test_dream_reaches_consensus_in_round_two_on_the_stubborn_pairs_and_tracks_stability():
+    model = OracleModel()
+    result = run("dream", model, rounds=2)
+    m = result.metrics
+    assert (m.bacc, m.escalation_ratio) == (1.0, 0.0)
+    assert [i.detail for i in result.items] == ["consensus@1", "consensus@2", "consensus@1", "consensus@2"]
+    # round 1: 4 pairs x 2 agents; round 2: the 2 irrelevant pairs x 2 agents
+    assert len(model.calls) == 12 and result.cost.calls == 12
+    assert result.extra["consensus_by_round"] == {1: 2, 2: 4}
+    assert result.stability == [
+        # round 1: B (irrelevant stance) says yes on the 2 relevant pairs
+        {"round": 1, "debating": 4, "agreed": 2, "agreed_accuracy": 1.0, "consensus_share_cumulative": 0.5,
+         "answer_changes": 0, "against_opening_stance": 2, "failed": 0},
+        # round 2: A changes yes -> no on the 2 irrelevant pairs, against its opening stance
+        {"round": 2, "debating": 2, "agreed": 2, "agreed_accuracy": 1.0, "consensus_share_cumulative": 1.0,
+         "answer_changes": 2, "against_opening_stance": 2, "failed": 0}]
+    assert "consensus" not in format_stability(result) and "round" in format_stability(result)
+
+
+def test_dream_with_one_round_escalates_the_disagreements():
+    result = run("dream", rounds=1)
+    m = result.metrics
+    assert (m.escalated, m.escalation_ratio, m.bacc, m.bacc_resolved) == (2, 0.5, None, 1.0)
+    assert (m.recall_relevant, m.recall_irrelevant) == (1.0, None)
+
+
+def test_dream_escalations_can_go_to_the_adjudicator():
+    model = OracleModel()
+    result = run("dream", model, rounds=1, resolve="adjudicator")
+    assert ("adjudicator-model", "adjudicator") in model.calls
+    assert result.models == ["debate-model", "adjudicator:adjudicator-model"]
+    assert result.metrics.bacc_resolved == 1.0 and result.metrics.unresolved == 0
+    assert [i.resolved for i in result.items if i.escalated] == [0, 0]
+
+
+def test_dream_knobs_reach_the_debate():
+    model = OracleModel()
+    result = run("dream", model, models=("m1", "m2", "m1", "m2"), agents=4, rounds=1,
+                 stance_order="irrelevant_first")
+    assert {profile for profile, _ in model.calls} == {"m1", "m2"} and len(model.calls) == 16
+    assert model.stances == {("A", "irrelevant"), ("B", "relevant"), ("C", "irrelevant"), ("D", "relevant")}
+    assert result.metrics.escalation_ratio == 0.5  # the stubborn "relevant" agents disagree on 2 pairs
+
+
+def test_only_dream_escalations_go_to_the_adjudicator():
+    with pytest.raises(ValueError, match="only dream escalations"):
+        run("judge", resolve="adjudicator")
+
+
+def test_lara_escalates_at_the_ratio_and_reports_the_raw_scores_calibration():
+    # the model is over-confident on the irrelevant chunk of query b
+    model = OracleModel(p_yes={"other chunk b2": 0.6})
+    result = run("lara", model, escalation_ratio=0.25)
+    m = result.metrics
+    # budget 1: the score closest to .5 (.6, chunk b2) goes to humans; the rest is right
+    assert (m.escalated, m.escalation_ratio, m.bacc, m.bacc_resolved) == (1, 0.25, 1.0, 1.0)
+    assert [i.id for i in result.items if i.escalated] == ["b2"]
+    assert result.extra["auroc"] == 1.0 and result.extra["scored"] == 4
+    # raw scores .8, .3, .8, .6: ECE = (.2 + .3 + .2 + .6) / 4 over bins 3, 6, 8
+    assert result.extra["ece"] == pytest.approx(0.325)
+    assert model.calls == [("judge-model", "relevance_score")] * 4
+
+
+def test_diras_labels_with_its_guess_and_reports_calibration():
+    model = OracleModel(p_yes={"other chunk b2": 0.6})
+    result = run("diras", model)
+    m = result.metrics
+    assert (m.recall_relevant, m.recall_irrelevant, m.escalation_ratio) == (1.0, 0.5, 0.0)
+    assert result.extra["brier"] == pytest.approx((0.04 + 0.09 + 0.04 + 0.36) / 4)
+    assert [i.score for i in result.items] == pytest.approx([0.8, 0.3, 0.8, 0.6])
+
+
+def test_diras_shows_the_per_query_definition_only_when_asked():
+    seen = []
+
+    def model(profile, requests):
+        seen.extend(user for request in requests for role, user in request.messages if role == "user")
+        return OracleModel()(profile, requests)
+
+    with_definition = [GoldTriplet("a1", "q", (), "RELEVANT c", 1, definition="only exact dates count")]
+    spec = MethodSpec(name="d", method="diras", models=("m",))
+    run_method(spec, with_definition, model, profiles_for=profiles_for)
+    run_method(spec.model_copy(update={"use_definitions": False}), with_definition, model,
+               profiles_for=profiles_for)
+    assert "only exact dates count" in seen[0] and "only exact dates count" not in seen[1]
+
+
+def test_utilsel_and_utilrank_are_compared_with_the_relevance_labels():
+    for method in ("utilsel", "utilrank"):
+        result = run(method)
+        assert result.extra["agreement"] == 1.0 and result.extra["kappa"] == 1.0, method
+        assert result.cost.calls == 2  # one listwise call per query
+    reversed_rank = run("utilrank", OracleModel(ranking_reversed=True))
+    assert reversed_rank.extra["agreement"] == 0.0 and reversed_rank.extra["kappa"] == -1.0
+
+
+def test_a_failed_utility_reply_leaves_the_query_unlabelled():
+    result = run("utilsel", OracleModel(fail={"other chunk b2"}))
+    assert [i.escalated for i in result.items] == [False, False, True, True]
+    assert result.items[2].detail == "scripted failure"
+    assert result.extra["compared"] == 2
+
+
+def test_utility_candidates_are_grouped_by_query_in_a_content_hashed_order():
+    groups = group_by_query(triplets())
+    assert [g.query for g in groups] == ["query a", "query b"]
+    assert {t.id for t in groups[0].triplets} == {"a1", "a2"}
+    assert group_by_query(list(reversed(triplets())))[1].triplets == groups[0].triplets
+
+
+def test_utilrank_takes_the_top_percent_and_at_least_one():
+    assert useful_from_reply("utilrank", RankingReply(ranking=[3, 1, 2, 4, 5]), 5, 0.2) == ({3}, None)
+    assert useful_from_reply("utilrank", RankingReply(ranking=[3, 1, 2, 4, 5]), 5, 0.5) == ({3, 1, 2}, None)
+    assert useful_from_reply("utilrank", RankingReply(ranking=[2, 1]), 2, 0.01) == ({2}, None)
+    useful, error = useful_from_reply("utilrank", RankingReply(ranking=[2, 2]), 2, 0.2)
+    assert useful is None and "distinct" in error
+    useful, error = useful_from_reply("utilrank", RankingReply(ranking=[1]), 2, 0.2)
+    assert useful is None and "each of the 2 passages" in error
+
+
+def test_the_cost_meter_counts_cached_calls_in_calls_but_not_in_new_calls():
+    def cached(profile, requests):
+        return [LLMResult(key="k1", text="{}", tokens_in=5, cached=True),
+                LLMResult(key="k2", text="{}", tokens_in=7)]
+
+    meter = CostMeter(cached)
+    meter("m", ["r1", "r2"])
+    meter("m", ["r1", "r2"])  # the same keys again: still two distinct calls
+    cost = meter.cost(1.5)
+    assert (cost.calls, cost.new_calls, cost.tokens_in, cost.wall_seconds) == (2, 1, 12, 1.5)
+
+
+def test_result_tables_and_printed_figures():
+    result = run("dream", rounds=2)
+    frames = result_frames(result, "gs")
+    assert frames["labeler_eval_results"].row(0, named=True)["goldset"] == "gs"
+    assert frames["labeler_eval_items"].height == 4 and frames["consensus_stability"].height == 2
+    judge_frames = result_frames(run("judge"), "gs")
+    assert judge_frames["consensus_stability"].height == 0
+    assert judge_frames["consensus_stability"].schema == frames["consensus_stability"].schema
+    table = format_table([result.summary()])
+    assert "dream-test" in table and "100.0" in table
+    payload = json.loads(summary_json(result))
+    assert list(payload)[:6] == ["bacc", "recall_relevant", "recall_irrelevant", "escalation_ratio", "n", "calls"]
+    assert payload["config"]["rounds"] == 2 and len(payload["stability"]) == 2

@@ -1,0 +1,70 @@
+"""`bridge label-eval` with the real offline model (Qwen2.5-Coder-0.5B, in-process llama.cpp)
+on a tiny subset of the shipped gold set. Few, short calls: this machine has two shared cores."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from bridge_assets.evaluation.cli import label_eval_command
+from bridge_assets.llm import get_profile, weights
+from bridge_assets.llm.ledger import read_calls
+from conftest import PROJECT_ROOT
+
+pytest.importorskip("llama_cpp")
+
+GOLD = PROJECT_ROOT / "resources" / "goldsets" / "nq_scifact_mini" / "goldset.jsonl"
+
+
+@pytest.fixture
+def lake(data_lake, monkeypatch):
+    # The joined weights are shared by every test: the project's models folder.
+    monkeypatch.setenv("BRIDGE_MODELS_DIR", str(PROJECT_ROOT / "data_lake" / "models"))
+    weights.provision(get_profile("qwen-0.5b"))
+    return data_lake
+
+
+def label_eval(*args: str) -> dict:
+    app = typer.Typer()
+    app.command()(label_eval_command)
+    outcome = CliRunner().invoke(app, ["--gold", str(GOLD), "--profile", "qwen-0.5b", "--threads", "1",
+                                       "--json", *args])
+    assert outcome.exit_code == 0, outcome.output
+    return json.loads(outcome.output)
+
+
+def test_label_eval_lara_with_the_real_model_and_again_from_the_cache(lake):
+    first = label_eval("--method", "lara", "--limit", "4", "--escalation-ratio", "0.25")
+    assert (first["n"], first["calls"], first["failures"]) == (4, 4, 0)
+    assert first["escalation_ratio"] == 0.25 and first["new_calls"] == 4
+    assert first["tokens_in"] > 4 * 300 and first["model_seconds"] > 0
+    for key in ("bacc", "recall_relevant", "recall_irrelevant"):
+        assert first[key] is None or 0.0 <= first[key] <= 1.0
+    assert 0.0 <= first["ece"] <= 1.0 and 0.0 <= first["brier"] <= 1.0
+    calls = read_calls(lake / "bridge.duckdb")
+    assert calls.height == 4 and set(calls["purpose"]) == {"relevance_score"}
+    assert calls["logprobs_json"].is_not_null().all()
+
+    again = label_eval("--method", "lara", "--limit", "4", "--escalation-ratio", "0.25")
+    assert again["new_calls"] == 0
+    same = {k: v for k, v in first.items() if k not in ("new_calls", "wall_seconds")}
+    assert {k: v for k, v in again.items() if k not in ("new_calls", "wall_seconds")} == same
+
+
+@pytest.mark.slow
+def test_label_eval_judge_and_dream_with_the_real_model(lake):
+    judge = label_eval("--method", "judge", "--limit", "2", "--max-tokens", "96")
+    assert judge["n"] == 2 and judge["calls"] == 2 and judge["escalation_ratio"] <= 0.5
+    dream = label_eval("--method", "dream", "--limit", "2", "--rounds", "1", "--max-tokens", "96")
+    assert dream["calls"] == 4 and len(dream["stability"]) == 1
+    assert dream["stability"][0]["debating"] == 2
+
+
+def test_label_eval_rejects_an_unknown_method():
+    app = typer.Typer()
+    app.command()(label_eval_command)
+    outcome = CliRunner().invoke(app, ["--gold", str(GOLD), "--method", "vote"])
+    assert outcome.exit_code == 2 and "unknown method 'vote'" in outcome.output
