@@ -1,13 +1,16 @@
-"""Run frames, TREC files, fusion and query expansion: the model-free parts of retrieval."""
+"""Run frames, TREC files, fusion, query expansion, resumable encoding: the model-free parts."""
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 import pytest
+from scipy import sparse
 
+from bridge_assets.retrieval import cache, dense, splade
 from bridge_assets.retrieval.llm_systems import expanded_query
 from bridge_assets.retrieval.registry import RewriteParams
-from bridge_assets.retrieval.runs import rank_problems, read_trec, top_k, write_trec
+from bridge_assets.retrieval.runs import document_texts, rank_problems, read_trec, top_k, write_trec
 from bridge_assets.retrieval.systems import reciprocal_rank_fusion
 
 
@@ -61,3 +64,46 @@ def test_query_expansion_of_each_method():
     mugi = expanded_query("mugi", query, passages * 2, RewriteParams(method="mugi", passages=2, beta=2))
     assert mugi.count(query) == round(40 / (3 * 2))  # |passages| / (|query| * beta) repeats
     assert expanded_query("mugi", query, [], RewriteParams(method="mugi")) == query  # nothing generated
+
+
+class _CountingEncoder:
+    """Deterministic vectors from the text; fails on call `fail_on` (to interrupt a build)."""
+
+    similarity = "cosine"
+
+    def __init__(self, fail_on: int | None = None):
+        self.calls, self.fail_on, self.encoded = 0, fail_on, []
+
+    def encode_documents(self, texts, batch_size):
+        self.calls += 1
+        if self.calls == self.fail_on:
+            raise KeyboardInterrupt("interrupted")
+        self.encoded.extend(texts)
+        return np.array([[len(t), sum(map(ord, t)) % 97, 1.0, 0.5] for t in texts], dtype=np.float32)
+
+    def encode(self, texts, batch_size):  # the SPLADE encoder's interface
+        return sparse.csr_matrix(self.encode_documents(texts, batch_size))
+
+
+@pytest.mark.parametrize("module, output", [(dense, "embeddings.npy"), (splade, "documents.npz")])
+def test_an_interrupted_encoding_resumes_where_it_stopped(tmp_path, monkeypatch, module, output):
+    monkeypatch.setattr(module, "ENCODE_CHUNK", 4)
+    corpus = pl.DataFrame({"doc_id": [f"d{i:02d}" for i in range(10)], "title": ["t"] * 10,
+                           "text": [f"document number {i}" for i in range(10)]})
+    folder = tmp_path / "artifact"
+    interrupted = _CountingEncoder(fail_on=3)
+    with pytest.raises(KeyboardInterrupt):
+        cache.ensure_built(folder, lambda tmp: module.encode_corpus(interrupted, corpus, tmp, 2), resumable=True)
+    assert not cache.is_built(folder) and len(interrupted.encoded) == 8
+    resumed = _CountingEncoder()
+    folder, built = cache.ensure_built(folder, lambda tmp: module.encode_corpus(resumed, corpus, tmp, 2),
+                                       resumable=True)
+    assert built and resumed.encoded == ["t document number 8", "t document number 9"]  # only the rest
+    full = _CountingEncoder()
+    expected = full.encode_documents(document_texts(corpus), 2)
+    if module is dense:
+        got = dense.load_embeddings(folder, "cosine").matrix
+    else:
+        got = splade.load_documents(folder)[1].toarray()
+    np.testing.assert_array_equal(got, expected)
+    assert sorted(p.name for p in folder.iterdir()) == sorted(["doc_ids.parquet", output, "meta.json"])

@@ -4,7 +4,9 @@ An artifact lives in `<data lake>/indexes/<dataset>/<family>/<key>/`, where `key
 corpus content and the encoder's configuration: a changed corpus or encoder gets a new folder,
 an unchanged one is found again. Builds run in a temporary folder renamed into place when
 complete, under a file lock, so parallel runs (Dagster's multiprocess executor) never read a
-half-built index nor build the same one twice.
+half-built index nor build the same one twice. A resumable build (document encoding, which
+takes an hour on a large corpus on CPU) keeps its temporary folder when interrupted and
+continues from there next time.
 """
 
 from __future__ import annotations
@@ -54,11 +56,14 @@ def is_built(folder: Path) -> bool:
     return (folder / META_FILE).exists()
 
 
-def ensure_built(folder: Path, build: Callable[[Path], dict[str, Any]]) -> tuple[Path, bool]:
+def ensure_built(folder: Path, build: Callable[[Path], dict[str, Any]],
+                 resumable: bool = False) -> tuple[Path, bool]:
     """The built artifact in `folder`, building it with `build(tmp_folder)` when absent.
 
     `build` writes its files into the folder it is given and returns metadata, saved as
-    meta.json. Returns (folder, built_now).
+    meta.json. With `resumable`, the folder may hold an interrupted build's files, which
+    `build` continues from (and they are kept when this build is interrupted too).
+    Returns (folder, built_now).
     """
     if is_built(folder):
         return folder, False
@@ -67,13 +72,15 @@ def ensure_built(folder: Path, build: Callable[[Path], dict[str, Any]]) -> tuple
         if is_built(folder):  # another process built it while we waited
             return folder, False
         staging = folder.with_name(folder.name + ".building")
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir()
+        if not resumable:
+            shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(exist_ok=True)
         started = time.perf_counter()
         try:
             meta = build(staging)
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
+            if not resumable:
+                shutil.rmtree(staging, ignore_errors=True)
             raise
         meta = {**meta, "build_seconds": round(time.perf_counter() - started, 3)}
         (staging / META_FILE).write_text(json.dumps(meta, indent=2, sort_keys=True))

@@ -8,6 +8,7 @@ Every system on the same encoder reads them: exact search, PCA-reduced search
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -28,6 +29,7 @@ from bridge_assets.retrieval.runs import document_texts
 log = logging.getLogger(__name__)
 
 ENCODE_CHUNK = 256  # documents per encode call; one chunk is the most held in memory at once
+PROGRESS_FILE = "progress.json"  # rows written so far, while an encoding is under way
 
 
 @dataclass
@@ -44,26 +46,46 @@ class Embeddings:
 
 def encode_corpus(encoder: DenseEncoder, corpus: pl.DataFrame, folder: Path, batch_size: int,
                   progress: Callable[[str], None] = log.info) -> dict:
-    """Write the corpus's embeddings to folder/embeddings.npy and its ids to doc_ids.parquet."""
+    """Write the corpus's embeddings to folder/embeddings.npy and its ids to doc_ids.parquet.
+
+    Resumable: after each chunk, progress.json records how many rows are written, and a
+    folder left by an interrupted encoding of the same corpus continues from there.
+    """
     texts = document_texts(corpus)
     corpus.select("doc_id").write_parquet(folder / "doc_ids.parquet")
-    started = time.perf_counter()
-    matrix = None
-    for start in range(0, len(texts), ENCODE_CHUNK):
+    done, matrix = _resume(folder, len(texts))
+    if done:
+        progress(f"resuming an interrupted encoding at {done}/{len(texts)} documents")
+    started, first = time.perf_counter(), done
+    for start in range(done, len(texts), ENCODE_CHUNK):
         chunk = encoder.encode_documents(texts[start:start + ENCODE_CHUNK], batch_size)
         if matrix is None:
             matrix = np.lib.format.open_memmap(folder / "embeddings.npy", mode="w+", dtype=np.float32,
                                                shape=(len(texts), chunk.shape[1]))
         matrix[start:start + len(chunk)] = chunk
+        matrix.flush()
         done = start + len(chunk)
-        rate = done / max(time.perf_counter() - started, 1e-9)
+        (folder / PROGRESS_FILE).write_text(json.dumps({"rows": len(texts), "done": done}))
+        rate = (done - first) / max(time.perf_counter() - started, 1e-9)
         progress(f"encoded {done}/{len(texts)} documents ({rate:.1f}/s, "
                  f"~{(len(texts) - done) / rate:.0f}s left)")
     if matrix is None:
         raise RetrievalError("cannot embed an empty corpus")
-    matrix.flush()
+    (folder / PROGRESS_FILE).unlink()
     return {"documents": len(texts), "dim": int(matrix.shape[1]),
-            "docs_per_second": round(len(texts) / (time.perf_counter() - started), 2)}
+            "docs_per_second": round((done - first) / max(time.perf_counter() - started, 1e-9), 2)}
+
+
+def _resume(folder: Path, rows: int) -> tuple[int, np.ndarray | None]:
+    """(rows already encoded, the open matrix) from an interrupted encoding, else (0, None)."""
+    progress_file, matrix_file = folder / PROGRESS_FILE, folder / "embeddings.npy"
+    if not (progress_file.exists() and matrix_file.exists()):
+        return 0, None
+    state = json.loads(progress_file.read_text())
+    matrix = np.load(matrix_file, mmap_mode="r+")
+    if state.get("rows") != rows or matrix.shape[0] != rows:
+        return 0, None
+    return int(state["done"]), matrix
 
 
 def load_embeddings(folder: Path, similarity: str) -> Embeddings:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,18 +23,30 @@ QUERY_BLOCK = 256  # queries scored at once: the dense (documents x block) score
 
 def encode_corpus(encoder: SpladeEncoder, corpus: pl.DataFrame, folder: Path, batch_size: int,
                   progress: Callable[[str], None] = log.info) -> dict:
+    """Write the corpus's SPLADE vectors to folder/documents.npz (rows in corpus order).
+
+    Resumable: each chunk is saved as parts/<first row>.npz as soon as it is encoded, and an
+    interrupted encoding of the same corpus continues after its last saved chunk.
+    """
     texts = document_texts(corpus)
     corpus.select("doc_id").write_parquet(folder / "doc_ids.parquet")
+    parts_dir = folder / "parts"
+    parts_dir.mkdir(exist_ok=True)
+    parts = [sparse.load_npz(p) for p in sorted(parts_dir.glob("*.npz"))]
+    done = first = sum(p.shape[0] for p in parts)
+    if done:
+        progress(f"splade: resuming an interrupted encoding at {done}/{len(texts)} documents")
     started = time.perf_counter()
-    parts = []
-    for start in range(0, len(texts), ENCODE_CHUNK):
+    for start in range(done, len(texts), ENCODE_CHUNK):
         parts.append(encoder.encode(texts[start:start + ENCODE_CHUNK], batch_size))
+        sparse.save_npz(parts_dir / f"{start:010d}.npz", parts[-1])
         done = start + parts[-1].shape[0]
-        rate = done / max(time.perf_counter() - started, 1e-9)
+        rate = (done - first) / max(time.perf_counter() - started, 1e-9)
         progress(f"splade: encoded {done}/{len(texts)} documents ({rate:.1f}/s, "
                  f"~{(len(texts) - done) / rate:.0f}s left)")
     matrix = sparse.vstack(parts).tocsr()
     sparse.save_npz(folder / "documents.npz", matrix)
+    shutil.rmtree(parts_dir)
     return {"documents": matrix.shape[0], "vocabulary": matrix.shape[1],
             "mean_terms_per_document": round(matrix.nnz / max(matrix.shape[0], 1), 1)}
 

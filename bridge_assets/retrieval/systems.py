@@ -86,7 +86,7 @@ def embeddings(ctx: RunContext, model: str, system: str) -> tuple[dense.Embeddin
     encoder = encoders.dense_encoder(ctx.registry, model, system)
     _, folder = _model_key(ctx, model, system)
     folder, built = cache.ensure_built(folder, lambda tmp: dense.encode_corpus(
-        encoder, ctx.corpus, tmp, ctx.registry.defaults.batch_size, ctx.progress))
+        encoder, ctx.corpus, tmp, ctx.registry.defaults.batch_size, ctx.progress), resumable=True)
     ctx.note_artifact(model, folder, built)
     return dense.load_embeddings(folder, encoder.similarity), encoder
 
@@ -103,7 +103,7 @@ def _splade(ctx: RunContext, spec: SystemSpec, queries: pl.DataFrame, k: int) ->
     _, folder = _model_key(ctx, spec.model, spec.name)
     batch = min(ctx.registry.defaults.batch_size, 8)  # logits are (batch, tokens, vocabulary) floats
     folder, built = cache.ensure_built(folder, lambda tmp: splade.encode_corpus(
-        encoder, ctx.corpus, tmp, batch, ctx.progress))
+        encoder, ctx.corpus, tmp, batch, ctx.progress), resumable=True)
     ctx.note_artifact(spec.model, folder, built)
     doc_ids, documents = splade.load_documents(folder)
     indices, scores = splade.search(documents, encoder.encode(queries["text"].to_list(), batch), k)
