@@ -62,7 +62,8 @@ def test_real_pipeline_reruns_for_free_and_pays_only_for_a_new_pair(demo_lake):
     resources = {"store": DuckDBStore(data_lake=str(demo_lake)),
                  "llm": LLMResource(data_lake=str(demo_lake))}
     run_config = {"ops": {"candidate_pool": {"config": {"depth": 1}},
-                          "debate": {"config": {"max_tokens": 96}}}}
+                          "filter_pool": {"config": {"models": [PROFILE]}},
+                          "debate": {"config": {"models": [PROFILE], "max_tokens": 96}}}}
     checks = [labeling_checks.candidate_pool_is_valid, labeling_checks.debate_labels_are_valid,
               labeling_checks.escalated_pairs_have_full_history]
     assets = [labeling_assets.candidate_pool, labeling_assets.filter_pool, labeling_assets.debate]
