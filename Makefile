@@ -8,6 +8,7 @@ BIN := $(VENV)/bin
 LLAMA_CMAKE_ARGS := -DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_AVX512=OFF -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF
 STAMP := $(VENV)/.bridge-installed
 DATASET ?= demo
+SAMPLE ?=
 PYTEST_ARGS ?=
 
 export HF_HUB_OFFLINE := 1
@@ -32,7 +33,7 @@ browser:
 	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
 
 run: setup
-	$(BIN)/bridge run --dataset $(DATASET)
+	$(BIN)/bridge run --dataset $(DATASET) $(if $(SAMPLE),--sample $(SAMPLE))
 
 test: setup browser
 	$(BIN)/python -m pytest $(PYTEST_ARGS)

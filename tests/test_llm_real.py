@@ -66,6 +66,36 @@ def test_in_process_llama_cpp_json_schema_and_p_yes(small_model):
     assert read_calls().height == 2  # the second run made no model call
 
 
+def test_greedy_log_probs_equal_llama_cpps_own_without_logits_all(small_model):
+    """The fast path (last position's logits only) gives llama.cpp's own tokens and top-k
+    log-probabilities (which need logits_all there)."""
+    from bridge_assets.llm.backends import LlamaCppBackend, _greedy_with_logprobs, chat_messages
+
+    backend = LlamaCppBackend(get_profile("qwen-0.5b"))
+    client = LLMClient("qwen-0.5b")
+    questions = ["Is Paris the capital of France?", "Is Lyon the capital of France?"]
+    for question in questions:
+        request = client.request([("system", "Answer with one word: yes or no, then say why."),
+                                  ("user", question)], max_tokens=4, top_logprobs=5)
+        # from an empty KV cache on both sides: a reused prefix (either implementation) moves
+        # the low digits (measured here: up to 0.04 on the runner-up log-probs)
+        fast_model, reference_model = backend._model(logits_all=False), backend._model(logits_all=True)
+        fast_model.reset()
+        reference_model.reset()
+        fast_text, fast, tokens_in, tokens_out = _greedy_with_logprobs(fast_model, request)
+        reference = reference_model.create_chat_completion(
+            messages=chat_messages(request),
+            max_tokens=4, temperature=0.0, logprobs=True, top_logprobs=5, repeat_penalty=1.0)
+        choice = reference["choices"][0]
+        assert fast_text == choice["message"]["content"]
+        assert tokens_in == reference["usage"]["prompt_tokens"] and tokens_out == len(fast)
+        for ours, theirs in zip(fast, choice["logprobs"]["content"], strict=True):
+            assert ours.token == theirs["token"]
+            assert ours.logprob == pytest.approx(theirs["logprob"], abs=1e-3)
+            expected = {alt["token"]: float(alt["logprob"]) for alt in theirs["top_logprobs"]}
+            assert ours.top == pytest.approx(expected, abs=1e-3)
+
+
 @pytest.fixture
 def llama_server(small_model):
     """llama-cpp-python's OpenAI-compatible server on the offline model, stopped afterwards."""

@@ -73,8 +73,10 @@ atexit.register(_close_llama_models)  # llama.cpp prints a harmless but noisy er
 def _llama(path: str, n_ctx: int, threads: int, logits_all: bool):
     """One loaded model per (file, context, logits mode) per process, loaded on first use.
 
-    Log-probabilities need llama.cpp's `logits_all`, which makes every prompt token pay for
-    the vocabulary projection, so only requests that ask for them use that instance.
+    llama-cpp-python returns log-probabilities only with `logits_all`, which makes every prompt
+    token pay for the vocabulary projection and keeps an n_ctx x vocabulary score array (2.5 GB
+    for Qwen at 4,096 tokens), so only sampled log-prob requests use that instance; greedy ones
+    take `_greedy_with_logprobs` on the ordinary one.
     """
     key = (path, n_ctx, threads, logits_all)
     if key not in _LLAMA_MODELS:
@@ -83,6 +85,63 @@ def _llama(path: str, n_ctx: int, threads: int, logits_all: bool):
         _LLAMA_MODELS[key] = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads,
                                    n_threads_batch=threads, logits_all=logits_all, verbose=False)
     return _LLAMA_MODELS[key]
+
+
+def _prompt_tokens(model, request: LLMRequest) -> list[int]:
+    """The tokens `create_chat_completion` would feed: the GGUF's own chat template."""
+    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+
+    eos, bos = model.token_eos(), model.token_bos()
+    formatter = Jinja2ChatFormatter(
+        template=model.metadata["tokenizer.chat_template"],
+        eos_token=model._model.token_get_text(eos) if eos != -1 else "",
+        bos_token=model._model.token_get_text(bos) if bos != -1 else "", stop_token_ids=[eos])
+    prompt = formatter(messages=chat_messages(request))
+    return model.tokenize(prompt.prompt.encode("utf-8"), add_bos=not prompt.added_special, special=True)
+
+
+def _greedy_with_logprobs(model, request: LLMRequest) -> tuple[str, list[TokenLogprob], int, int]:
+    """Greedy decoding that reads the log-probabilities from the last position's logits only.
+
+    Same tokens as llama.cpp's greedy sampler (argmax) and the same top-k log-softmax values,
+    without `logits_all`; the KV cache of the prefix shared with the previous prompt is reused,
+    as llama-cpp-python's own generate() does. Returns text, log-probs, tokens in and out.
+    """
+    import llama_cpp
+    import numpy as np
+
+    tokens = _prompt_tokens(model, request)
+    if len(tokens) + request.max_tokens > model.n_ctx():
+        raise ValueError(f"Requested tokens ({len(tokens) + request.max_tokens}) exceed context "
+                         f"window of {model.n_ctx()}")
+    vocab = llama_cpp.llama_model_get_vocab(model.model)
+    n_vocab = model.n_vocab()
+    keep = min(model.longest_token_prefix(model._input_ids.tolist(), tokens), len(tokens) - 1)
+    model.n_tokens = keep
+    model.eval(tokens[keep:])
+    generated: list[int] = []
+    logprobs: list[TokenLogprob] = []
+    text = ""
+    for _ in range(request.max_tokens):
+        logits = np.ctypeslib.as_array(model._ctx.get_logits_ith(-1), shape=(n_vocab,)).astype(np.float64)
+        log_softmax = logits - (logits.max() + np.log(np.exp(logits - logits.max()).sum()))
+        token = int(log_softmax.argmax())
+        if llama_cpp.llama_vocab_is_eog(vocab, token):
+            break
+        top = np.argpartition(-log_softmax, request.top_logprobs)[:request.top_logprobs]
+        top = top[np.argsort(-log_softmax[top])]
+        piece = model.detokenize([token], special=False).decode("utf-8", errors="ignore")
+        logprobs.append(TokenLogprob(
+            token=piece, logprob=float(log_softmax[token]),
+            top={model.detokenize([int(t)], special=False).decode("utf-8", errors="ignore"):
+                 float(log_softmax[t]) for t in top}))
+        generated.append(token)
+        text = model.detokenize(generated, special=False).decode("utf-8", errors="ignore")
+        if any(stop in text for stop in request.stop):
+            text = text[:min(text.index(stop) for stop in request.stop if stop in text)]
+            break
+        model.eval([token])
+    return text, logprobs, len(tokens), len(generated)
 
 
 class LlamaCppBackend:
@@ -107,6 +166,8 @@ class LlamaCppBackend:
 
     def _one(self, request: LLMRequest) -> LLMResult:
         key = call_key(self.name, self.model_id, request)
+        if request.top_logprobs is not None and request.temperature == 0 and request.json_schema is None:
+            return self._greedy_logprobs(key, request)
         model = self._model(logits_all=request.top_logprobs is not None)
         kwargs: dict[str, Any] = dict(
             messages=chat_messages(request), max_tokens=request.max_tokens,
@@ -131,6 +192,17 @@ class LlamaCppBackend:
             if request.top_logprobs is not None else None,
             tokens_in=usage.get("prompt_tokens", 0), tokens_out=usage.get("completion_tokens", 0),
             latency_s=time.perf_counter() - started)
+
+    def _greedy_logprobs(self, key: str, request: LLMRequest) -> LLMResult:
+        model = self._model(logits_all=False)
+        started = time.perf_counter()
+        try:
+            with _LLAMA_LOCK:
+                text, logprobs, tokens_in, tokens_out = _greedy_with_logprobs(model, request)
+        except ValueError as exc:
+            return LLMResult(key=key, error=f"llama.cpp: {exc}", latency_s=time.perf_counter() - started)
+        return LLMResult(key=key, text=text, logprobs=logprobs, tokens_in=tokens_in,
+                         tokens_out=tokens_out, latency_s=time.perf_counter() - started)
 
     def close(self) -> None:
         """Models stay loaded for the process (loading is the slow part); closed at exit."""
