@@ -12,7 +12,6 @@ answered call.
 # No `from __future__ import annotations`: Dagster resolves dg.Config annotations at runtime.
 import hashlib
 import time
-from collections.abc import Sequence
 from typing import Any, Literal
 
 import dagster as dg
@@ -21,7 +20,7 @@ from pydantic import Field
 
 from bridge_assets.labeling import pooling
 from bridge_assets.labeling.adjudicator import ADJUDICATOR_TEMPLATE, adjudicate, adjudicator_schema
-from bridge_assets.labeling.calls import Generate, MeteredGenerate
+from bridge_assets.labeling.calls import MeteredGenerate
 from bridge_assets.labeling.debate import (debate_agents, debate_config_hash, labels_frame,
                                            run_debate, turns_frame)
 from bridge_assets.labeling.filter import filtered_pool as summarize_votes
@@ -29,7 +28,6 @@ from bridge_assets.labeling.filter import run_filter, votes_frame
 from bridge_assets.labeling.pairs import load_pairs
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.llm.resource import LLMResource
-from bridge_assets.llm.types import LLMRequest, LLMResult
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.store import table_exists
@@ -63,13 +61,6 @@ class DebateConfig(dg.Config):
     adjudicate: bool = Field(False, description="Let an LLM adjudicator decide escalated and "
                              "failed pairs (stored as adjudicator_label, apart from consensus).")
     adjudicator_model: str = Field("", description="Empty: the LLM resource's `adjudicator` role.")
-
-
-def ledger_generate(llm: LLMResource, run_id: str) -> Generate:
-    """`generate(profile, requests)` through the resource's cached clients, tagged with the run."""
-    def generate(profile: str, requests: Sequence[LLMRequest]) -> list[LLMResult]:
-        return llm.client(profile).generate(requests, context=run_id)
-    return generate
 
 
 def _previous_keys(store: DuckDBStore, table: str, columns: str, dataset: str) -> set[tuple]:
@@ -136,7 +127,7 @@ def filter_pool(context: dg.AssetExecutionContext, config: FilterConfig, store: 
                                          f"where dataset = $dataset {judged}")
     before = _previous_keys(store, "filter_votes", "pair_key", dataset)
     models = config.models or llm.profiles_for("filter")
-    generate = MeteredGenerate(ledger_generate(llm, context.run_id))
+    generate = MeteredGenerate(llm.generate_fn(context.run_id, context.log.info))
     votes = votes_frame(run_filter(pairs, models, generate, max_tokens=config.max_tokens), dataset)
     pool = summarize_votes(votes)
     store.write_partitions({"filter_votes": votes, "filtered_pool": pool}, dataset=dataset)
@@ -189,7 +180,7 @@ def debate(context: dg.AssetExecutionContext, config: DebateConfig, store: DuckD
                                      max_tokens=config.max_tokens, prompts=prompts,
                                      model_ids=model_ids, adjudicator=adjudicator)
     before = _previous_keys(store, "debate_labels", "pair_key, config_hash", dataset)
-    generate = MeteredGenerate(ledger_generate(llm, context.run_id))
+    generate = MeteredGenerate(llm.generate_fn(context.run_id, context.log.info))
     outcome = run_debate(pairs, agents, generate, rounds=config.rounds,
                          temperature=config.temperature, max_tokens=config.max_tokens,
                          prompts=prompts)

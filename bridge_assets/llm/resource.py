@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import dagster as dg
@@ -9,6 +10,7 @@ from pydantic import PrivateAttr
 
 from bridge_assets.llm.client import ClientStats, LLMClient
 from bridge_assets.llm.profiles import ROLES, load_models_config
+from bridge_assets.llm.types import LLMRequest, LLMResult
 from bridge_assets.paths import data_lake_dir
 
 
@@ -47,6 +49,24 @@ class LLMResource(dg.ConfigurableResource):
         if profile not in self._clients:
             self._clients[profile] = LLMClient(profile, db_path=self.db_path)
         return self._clients[profile]
+
+    def generate_fn(self, run_id: str, log: Callable[[str], None] | None = None
+                    ) -> Callable[[str, Sequence[LLMRequest]], list[LLMResult]]:
+        """`generate(profile, requests)` through this run's clients, each call tagged with the
+        run id in the ledger. A long batch on the in-process CPU backend is answered in chunks
+        so that `log` shows progress; servers (HTTP, vLLM) get the whole batch at once."""
+        def generate(profile: str, requests: Sequence[LLMRequest]) -> list[LLMResult]:
+            client = self.client(profile)
+            chunk = 16 if client.profile.backend == "llama_cpp" else max(len(requests), 1)
+            results: list[LLMResult] = []
+            for start in range(0, len(requests), chunk):
+                results.extend(client.generate(requests[start:start + chunk], context=run_id))
+                if log and len(requests) > chunk:
+                    purposes = "/".join(sorted({r.purpose for r in requests[:chunk]}))
+                    log(f"{purposes}: {len(results)}/{len(requests)} LLM requests answered by "
+                        f"{profile} ({sum(r.cached for r in results)} from the ledger)")
+            return results
+        return generate
 
     def clients_for(self, role: str) -> list[LLMClient]:
         return [self.client(name) for name in self.profiles_for(role)]
