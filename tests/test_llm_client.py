@@ -254,6 +254,13 @@ def test_malformed_json_forever_is_retried_then_recorded_as_failed(data_lake):
     assert calls["attempts"].to_list() == [3] and calls["error"].to_list() == [result.error]
     assert calls["raw_reply"].to_list() == ['{"response": "yes"']
     assert client.stats.failures == 1 and client.stats.calls == 3
+    # the model's final answer: the next run reads it (still a failure) instead of asking again
+    with ScriptedServer(always((200, completion('{"response": "yes"}'), 0))) as server:
+        again = LLMClient(http_profile(server.url, parse_retries=2))
+        [cached] = again.generate([ask(again, "truncated")])
+        assert server.hits == 0 and again.stats.calls == 0
+    assert cached.cached and not cached.ok and cached.error == result.error and cached.parsed is None
+    assert read_calls().height == 1
 
 
 def test_neither_yes_nor_no_is_an_error_never_a_label(data_lake):

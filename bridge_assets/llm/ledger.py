@@ -2,7 +2,8 @@
 
 The ledger is also the cache. A call's key hashes everything that determines its reply
 (backend, model, rendered messages, JSON schema, sampling parameters, top_logprobs); a key
-with a successful row is never sent again. The table is append-only: a failed call stays
+with a reply is never sent again, even a reply that failed strict parsing (it stays a failure,
+never a label); a call that got no reply (timeout, HTTP error) is. The table is append-only: a failed call stays
 recorded beside the later success, so the history of every key can be audited.
 Connections are short (one per lookup, one per batch write) and never held during model calls:
 DuckDB allows one writing process per file.
@@ -71,22 +72,27 @@ class CallRecord:
 
 
 def lookup(keys: Sequence[str], path: Path | None = None) -> dict[str, LLMResult]:
-    """The latest successful result of each key that has one (cached=True)."""
+    """The recorded answer of each key that has one (cached=True): its latest success, else
+    its latest reply that failed strict parsing (the model's answer, final: re-asking the same
+    request would repeat it; the result keeps its `error`). Calls that got no reply (timeouts,
+    HTTP errors, a prompt over the context) are not answers: they are asked again."""
     if not keys:
         return {}
     with store.connect(path) as con:
         if not store.table_exists(con, TABLE):
             return {}
         rows = con.execute(
-            f"""select key, raw_reply, parsed_json, logprobs_json, tokens_in, tokens_out, latency_s
+            f"""select key, raw_reply, parsed_json, logprobs_json, tokens_in, tokens_out, latency_s, error
                 from {TABLE}
-                where error is null and key in (select unnest(?::VARCHAR[]))
-                qualify row_number() over (partition by key order by created_at desc) = 1""",
+                where (error is null or coalesce(raw_reply, '') <> '')
+                  and key in (select unnest(?::VARCHAR[]))
+                qualify row_number() over (partition by key
+                                           order by error is null desc, created_at desc) = 1""",
             [list(set(keys))]).fetchall()
     found = {}
-    for key, raw, parsed, logprobs, tokens_in, tokens_out, latency in rows:
+    for key, raw, parsed, logprobs, tokens_in, tokens_out, latency, error in rows:
         found[key] = LLMResult(
-            key=key, text=raw or "",
+            key=key, text=raw or "", error=error,
             parsed=json.loads(parsed) if parsed is not None else None,
             logprobs=[TokenLogprob(**t) for t in json.loads(logprobs)] if logprobs is not None else None,
             tokens_in=tokens_in or 0, tokens_out=tokens_out or 0, latency_s=latency or 0.0,
