@@ -69,6 +69,10 @@ def main() -> None:
             page = browser.new_page(viewport={"width": args.width, "height": args.height})
             page.goto(url + args.page, wait_until="networkidle", timeout=120_000)
             time.sleep(args.settle)
+            skip = page.get_by_role("button", name="Skip")  # the first-visit newsletter dialog
+            if skip.count():
+                skip.first.click()
+                time.sleep(1)
             args.output.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(args.output))
             browser.close()
