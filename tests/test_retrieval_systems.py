@@ -157,3 +157,32 @@ def test_cross_encoder_reranker_loads_from_a_local_folder_and_only_reorders(tmp_
     assert sorted(reranked.select("query_id", "doc_id").rows()) == sorted(first.select("query_id", "doc_id").rows())
     if labels == 2:
         assert reranked["score"].is_between(0, 1).all()
+
+
+def test_pca_reduction_survives_the_in_process_jvm(tmp_path):
+    """BM25 starts pyserini's JVM in the process; a PCA-reduced dense search afterwards (a few
+    thousand rows, as on nq_open_mini) used to kill the process with SIGSEGV inside scipy's
+    multi-threaded OpenBLAS. In a subprocess, so a crash fails this test instead of pytest."""
+    import subprocess
+    import sys
+    import textwrap
+
+    from conftest import PROJECT_ROOT
+
+    script = textwrap.dedent("""
+        import numpy as np
+        from bridge_assets.retrieval.dense import Embeddings, search
+        from bridge_assets.retrieval.lucene import start_jvm
+        from bridge_assets.retrieval.registry import DenseParams
+        start_jvm()
+        rng = np.random.default_rng(0)
+        matrix = rng.random((2600, 384), dtype=np.float32)
+        embeddings = Embeddings(folder=None, doc_ids=np.arange(2600).astype(str), matrix=matrix,
+                                similarity="cosine")
+        positions, scores = search(embeddings, matrix[:5], 10, DenseParams(index="flat", pca_dim=128))
+        assert (positions[:, 0] == np.arange(5)).all(), positions[:, 0]
+        print("ok")
+    """)
+    done = subprocess.run([sys.executable, "-c", script], cwd=PROJECT_ROOT, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), (done.returncode, done.stderr[-2000:])

@@ -169,12 +169,17 @@ def search(embeddings: Embeddings, queries: np.ndarray, k: int,
     k = min(k, len(embeddings.matrix))
     if params.pca_dim:
         from sklearn.decomposition import PCA
+        from threadpoolctl import threadpool_limits
 
         if params.index != "flat":
             raise RetrievalError("pca_dim is supported with index: flat")
         matrix = np.asarray(embeddings.matrix)
-        pca = PCA(n_components=min(params.pca_dim, *matrix.shape), random_state=0).fit(matrix)
-        docs, queries = pca.transform(matrix).astype(np.float32), pca.transform(queries).astype(np.float32)
+        # One BLAS thread: with pyserini's JVM in the process (BM25 ran before), scipy's
+        # multi-threaded OpenBLAS inside PCA crashes the process (SIGSEGV) on a few thousand
+        # rows; a single thread is as fast at this size.
+        with threadpool_limits(limits=1):
+            pca = PCA(n_components=min(params.pca_dim, *matrix.shape), random_state=0).fit(matrix)
+            docs, queries = pca.transform(matrix).astype(np.float32), pca.transform(queries).astype(np.float32)
         if embeddings.similarity == "cosine":
             docs, queries = _normalise(docs), _normalise(queries)
         index = faiss.IndexFlatIP(docs.shape[1])
