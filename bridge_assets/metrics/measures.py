@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 import duckdb
@@ -86,6 +86,7 @@ class MeasureSelection:
     family_of: dict[str, MeasureFamily]
     cutoffs: tuple[int, ...]
     levels: tuple[float, ...]
+    param_of: dict[str, float] = field(default_factory=dict)  # P_10 -> 10, iprec_at_recall_0.10 -> 0.1
 
     def uses(self, family: str) -> bool:
         return any(f.name == family for f in self.family_of.values())
@@ -146,6 +147,7 @@ def resolve_measures(specs: Iterable[str], cutoffs: Sequence[int] | None = None)
             wanted.setdefault(family.name, set()).update(params)
     names: list[str] = []
     family_of: dict[str, MeasureFamily] = {}
+    param_of: dict[str, float] = {}
     needed_cutoffs: set[int] = set()
     needed_levels: set[float] = set()
     for family in FAMILIES.values():
@@ -160,6 +162,7 @@ def resolve_measures(specs: Iterable[str], cutoffs: Sequence[int] | None = None)
             name = _param_name(family, value)
             names.append(name)
             family_of[name] = family
+            param_of[name] = value
         if family.params == "cutoff":
             needed_cutoffs.update(int(v) for v in params)
         else:
@@ -167,7 +170,7 @@ def resolve_measures(specs: Iterable[str], cutoffs: Sequence[int] | None = None)
     if not names:
         raise MeasureError("no measure requested")
     return MeasureSelection(tuple(names), family_of, tuple(sorted(needed_cutoffs)),
-                            tuple(sorted(needed_levels)))
+                            tuple(sorted(needed_levels)), param_of)
 
 
 # --- mapping the caller's tables onto the views the SQL reads --------------------------------
@@ -251,6 +254,35 @@ def _check_judgments(con: duckdb.DuckDBPyConnection, qrels: str, original_qrels:
             raise ValueError(f"'{relation}': a judgment has no relevance value")
 
 
+KEYS = ["dataset", "retriever", "query_id"]
+
+
+def _long_frame(wide: pl.DataFrame, selection: MeasureSelection) -> pl.DataFrame:
+    """The SQL's wide rows (a column per family; a row per ranking, and per ranking and cutoff
+    or recall level) as one row per requested value, under trec_eval's names (P at depth 10 ->
+    P_10). Vectorised: one filter and select per requested name, not per row."""
+    whole = wide.filter(pl.col("depth").is_null() & pl.col("level").is_null())
+    at_depth = wide.filter(pl.col("depth").is_not_null()).partition_by("depth", as_dict=True)
+    at_level = wide.filter(pl.col("level").is_not_null()).partition_by("level", as_dict=True)
+    parts = []
+    for name in selection.names:
+        family = selection.family_of[name]
+        if name == "runid":
+            continue
+        if family.params == "cutoff":
+            rows = at_depth.get((int(selection.param_of[name]),))
+        elif family.params == "level":
+            rows = at_level.get((selection.param_of[name],))
+        else:
+            rows = whole
+        if rows is not None:
+            parts.append(rows.select(*KEYS, pl.lit(name).alias("measure"),
+                                     pl.col(family.name).cast(pl.Float64).alias("value"))
+                         .drop_nulls("value"))
+    schema = {**dict.fromkeys(KEYS, pl.String), "measure": pl.String, "value": pl.Float64}
+    return pl.concat(parts) if parts else pl.DataFrame(schema=schema)
+
+
 def compute_measures(con: duckdb.DuckDBPyConnection, selection: MeasureSelection, *,
                      run: str = "retrieval_run", qrels: str = "original_qrels",
                      original_qrels: str | None = None, relevance_level: int = 1,
@@ -276,18 +308,18 @@ def compute_measures(con: duckdb.DuckDBPyConnection, selection: MeasureSelection
     with _metric_views(con, run, qrels, original_qrels):
         _check_judgments(con, qrels, original_qrels)
         try:
-            result = con.execute(read_sql("retrieval_metrics"), {
+            wide = con.execute(read_sql("retrieval_metrics"), {
                 "relevance_level": relevance_level,
                 "max_docs": max_docs or NO_LIMIT,
                 "complete": complete,
                 "cutoffs": list(selection.cutoffs),
                 "recall_levels": list(selection.levels),
-                "measures": [n for n in selection.names if n != "runid"],
+                "families": sorted({f.name for f in selection.family_of.values()}),
                 "per_query": per_query,
             }).pl()
         except duckdb.InvalidInputException as exc:  # the SQL's own refusal of a bad ranking
             raise ValueError(f"'{run}': {str(exc).partition('Error: ')[2] or exc}") from None
-        return result
+        return _long_frame(wide, selection)
 
 
 def compute_retrieval_metrics(con: duckdb.DuckDBPyConnection, *, run: str = "retrieval_run",
