@@ -117,13 +117,13 @@ def main() -> None:
         else:
             results.append(json.loads(child.stdout.strip().splitlines()[-1]))
         print(f"# {system} done in {time.perf_counter() - started:.0f}s: {results[-1]}", flush=True)
-    print(f"\n{'system':<20}{'kind':<8}{'queries':>8}{'build s':>22}{'queries/s':>11}{'peak MB':>9}  note")
+    print(f"\n{'system':<20}{'kind':<8}{'queries':>8}  {'build s':<38}{'queries/s':>10}{'peak MB':>9}  note")
     for r in results:
         if "error" in r:
-            print(f"{r['system']:<20}{'':<8}{'':>8}{'':>22}{'':>11}{'':>9}  FAILED: {r['error']}")
+            print(f"{r['system']:<20}{'':<8}{'':>8}  {'':<38}{'':>10}{'':>9}  FAILED: {r['error']}")
             continue
         build = ", ".join(f"{s:.1f} ({f})" for f, s in r["built"].items()) or "reused"
-        print(f"{r['system']:<20}{r['kind']:<8}{r['queries']:>8}{build:>22}{r['queries_per_second']:>11}"
+        print(f"{r['system']:<20}{r['kind']:<8}{r['queries']:>8}  {build:<38}{r['queries_per_second']:>10}"
               f"{r['peak_rss_mb']:>9}  {r['note']}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))
