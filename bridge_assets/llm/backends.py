@@ -87,16 +87,20 @@ def _llama(path: str, n_ctx: int, threads: int, logits_all: bool):
     return _LLAMA_MODELS[key]
 
 
+_CHAT_FORMATTERS: dict[int, Any] = {}  # id(Llama) -> its compiled chat template
+
+
 def _prompt_tokens(model, request: LLMRequest) -> list[int]:
     """The tokens `create_chat_completion` would feed: the GGUF's own chat template."""
-    from llama_cpp.llama_chat_format import Jinja2ChatFormatter
+    if id(model) not in _CHAT_FORMATTERS:
+        from llama_cpp.llama_chat_format import Jinja2ChatFormatter
 
-    eos, bos = model.token_eos(), model.token_bos()
-    formatter = Jinja2ChatFormatter(
-        template=model.metadata["tokenizer.chat_template"],
-        eos_token=model._model.token_get_text(eos) if eos != -1 else "",
-        bos_token=model._model.token_get_text(bos) if bos != -1 else "", stop_token_ids=[eos])
-    prompt = formatter(messages=chat_messages(request))
+        eos, bos = model.token_eos(), model.token_bos()
+        _CHAT_FORMATTERS[id(model)] = Jinja2ChatFormatter(
+            template=model.metadata["tokenizer.chat_template"],
+            eos_token=model._model.token_get_text(eos) if eos != -1 else "",
+            bos_token=model._model.token_get_text(bos) if bos != -1 else "", stop_token_ids=[eos])
+    prompt = _CHAT_FORMATTERS[id(model)](messages=chat_messages(request))
     return model.tokenize(prompt.prompt.encode("utf-8"), add_bos=not prompt.added_special, special=True)
 
 
