@@ -14,24 +14,14 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
-
-import httpx
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT_ROOT))
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def main() -> None:
@@ -46,24 +36,11 @@ def main() -> None:
     from playwright.sync_api import sync_playwright
 
     from bridge_assets.orchestration import instance
+    from bridge_assets.webserver import dagster_webserver
 
     instance()  # sets DAGSTER_HOME to the data lake's instance when unset
     chromium = os.environ.get("BRIDGE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-    port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "dagster_webserver", "-w", "workspace.yaml", "-h", "127.0.0.1", "-p", str(port)],
-        cwd=PROJECT_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/server_info", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(1)
-        else:
-            sys.exit("the Dagster webserver did not start within 180 s")
+    with dagster_webserver() as url:
         with sync_playwright() as playwright:
             browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
             page = browser.new_page(viewport={"width": args.width, "height": args.height})
@@ -76,10 +53,7 @@ def main() -> None:
             args.output.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(args.output))
             browser.close()
-        print(f"{url}{args.page} -> {args.output}")
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
+    print(f"{url}{args.page} -> {args.output}")
 
 
 if __name__ == "__main__":

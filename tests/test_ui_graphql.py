@@ -4,16 +4,13 @@ GraphQL API (what the UI's Materialize button sends), and the run succeeds."""
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
 import time
 
 import duckdb
 import httpx
 import pytest
 
-from conftest import PROJECT_ROOT
+from bridge_assets.webserver import dagster_webserver
 
 LAUNCH = """
 mutation Launch($params: ExecutionParams!) {
@@ -30,12 +27,6 @@ REPOSITORIES = "{ repositoriesOrError { ... on RepositoryConnection { nodes { na
 ASSET_NODES = "{ assetNodes { assetKey { path } groupName } }"
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture
 def webserver(tmp_path, data_lake):
     home = tmp_path / "dagster_home"
@@ -45,29 +36,8 @@ def webserver(tmp_path, data_lake):
     (home / "dagster.yaml").write_text(
         "telemetry:\n  enabled: false\nrun_coordinator:\n"
         "  module: dagster._core.run_coordinator\n  class: DefaultRunCoordinator\n")
-    port = free_port()
-    env = {**os.environ, "DAGSTER_HOME": str(home)}
-    server = subprocess.Popen(
-        [sys.executable, "-m", "dagster_webserver", "-w", "workspace.yaml", "-h", "127.0.0.1",
-         "-p", str(port)], cwd=PROJECT_ROOT, env=env, stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{url}/server_info", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert server.poll() is None, "the webserver exited"
-            time.sleep(1)
-        else:
-            pytest.fail("the webserver did not come up within 180 s")
+    with dagster_webserver({**os.environ, "DAGSTER_HOME": str(home)}) as url:
         yield url
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 def graphql(url: str, query: str, variables: dict | None = None) -> dict:
