@@ -150,3 +150,258 @@ def test_remote_sources_fail_fast_when_unreachable(spec, data_lake, monkeypatch)
     with pytest.raises(SourceUnreachable, match="unreachable"):
         load_dataset(spec)
     assert time.monotonic() - started < 30
+
+
+# --- damage on ingest: quotes, encodings, sizes, numbers ------------------------------------
+
+def test_tsv_quotes_are_text_and_never_merge_lines(tmp_path):
+    passages = ['"Quoted at the start, and the quote never closes', 'He said "hi" mid-text',
+                'plain', '"fully quoted"', 'ends with a quote"']
+    (tmp_path / "docs.tsv").write_text("".join(f"d{i}\t{p}\n" for i, p in enumerate(passages)))
+    (tmp_path / "topics.tsv").write_text('1\t"what did he say?\n')
+    (tmp_path / "qrels.txt").write_text("1 0 d1 1\n")
+    tables = load_trec(tmp_path / "docs.tsv", tmp_path / "topics.tsv", tmp_path / "qrels.txt", None)
+    assert tables.corpus["text"].to_list() == passages
+    assert tables.queries["text"].to_list() == ['"what did he say?']
+
+
+def test_tsv_field_over_csv_field_size_limit_loads(tmp_path):
+    text = "word " * 60_000  # 300,000 characters, over csv's 131,072 limit
+    (tmp_path / "docs.tsv").write_text(f"d1\t{text}\n")
+    (tmp_path / "topics.tsv").write_text("1\tq\n")
+    (tmp_path / "qrels.txt").write_text("1 0 d1 1\n")
+    tables = load_trec(tmp_path / "docs.tsv", tmp_path / "topics.tsv", tmp_path / "qrels.txt", None)
+    assert tables.corpus["text"].to_list() == [text.strip()]
+
+
+@pytest.mark.parametrize("ending", ["\r\n", "\r"])
+def test_windows_and_old_mac_line_endings(tmp_path, ending):
+    (tmp_path / "docs.tsv").write_bytes(f"\ufeffd1\tone{ending}d2\ttwo{ending}".encode())
+    (tmp_path / "topics.tsv").write_bytes(f"1\tq{ending}".encode())
+    (tmp_path / "qrels.txt").write_bytes(f"1 0 d1 1{ending}1 0 d2 0{ending}".encode())
+    tables = load_trec(tmp_path / "docs.tsv", tmp_path / "topics.tsv", tmp_path / "qrels.txt", None)
+    # the byte order mark is not part of the first id
+    assert tables.corpus["doc_id"].to_list() == ["d1", "d2"]
+    assert tables.corpus["text"].to_list() == ["one", "two"]
+
+
+def _jsonl(*records) -> list[bytes]:
+    return [json.dumps(r).encode() for r in records]
+
+
+def _beir_files():
+    return {
+        "corpus.jsonl": _jsonl({"_id": "d1", "text": "one"}, {"_id": "d2", "text": "two"}),
+        "queries.jsonl": _jsonl({"_id": "q1", "text": "first?"}, {"_id": "q2", "text": "second?"}),
+        "answers.jsonl": _jsonl({"query_id": "q1", "answers": ["one"]},
+                                {"query_id": "q2", "answers": ["two"]}),
+        "qrels/test.tsv": [b"query-id\tcorpus-id\tscore", b"q1\td1\t1", b"q2\td2\t1"],
+    }
+
+
+def _trec_files(topics: str):
+    top = [b"<top>", b"<num> Number: 1", b"<title> first", b"</top>",
+           b"<top>", b"<num> Number: 2", b"<title> second", b"</top>"]
+    return {"docs.tsv": [b"d1\tone", b"d2\ttwo"],
+            "topics.txt": top if topics == "top" else [b"1\tfirst", b"2\tsecond"],
+            "qrels.txt": [b"1 0 d1 1", b"2 0 d2 1"]}
+
+
+# Every reader of every local kind: (kind, the file whose line 2 is damaged).
+READERS = [("beir", f) for f in _beir_files()] + [
+    ("trec_tsv", "docs.tsv"), ("trec_tsv", "topics.txt"), ("trec_tsv", "qrels.txt"),
+    ("trec_top", "topics.txt"), ("nq_open", "nq.jsonl.gz"),
+    ("bridge_release", "bridge.jsonl"), ("bridge_release", "corpus.jsonl"),
+]
+
+
+def files_of(kind: str) -> dict[str, list[bytes]]:
+    """The lines of each file of a small valid dataset of `kind` (a READERS kind)."""
+    if kind == "beir":
+        return _beir_files()
+    if kind.startswith("trec"):
+        return _trec_files(kind.removeprefix("trec_"))
+    if kind == "nq_open":
+        return {"nq.jsonl.gz": _jsonl(
+            {"question": "q1?", "answers": ["one"], "ctxs": [{"title": "t", "text": "one", "isgold": True}]},
+            {"question": "q2?", "answers": ["two"], "ctxs": [{"title": "t", "text": "two", "isgold": True}]})}
+    return {"bridge.jsonl": _jsonl({"q_id": "1", "query": "q1?", "doc_id": ["c1"], "answers": ["x"]},
+                                   {"q_id": "2", "query": "q2?", "doc_id": ["c2"], "answers": ["y"]}),
+            "corpus.jsonl": _jsonl({"_id": "c1", "text": "x"}, {"_id": "c2", "text": "y"})}
+
+
+def valid_line2(kind: str, damaged: str) -> bytes:
+    return files_of(kind)[damaged][1]
+
+
+def write_kind(folder, kind: str, damaged: str, line2: bytes) -> DatasetSpec:
+    """A valid dataset of `kind` in `folder`, but line 2 of file `damaged` becomes `line2`."""
+    files = files_of(kind)
+    files[damaged][1] = line2
+    for name, lines in files.items():
+        path = folder / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        content = b"".join(line + b"\n" for line in lines)
+        path.write_bytes(gzip.compress(content) if name.endswith(".gz") else content)
+    if kind.startswith("trec"):
+        return DatasetSpec(name="mine", kind="trec", corpus=str(folder / "docs.tsv"),
+                           topics=str(folder / "topics.txt"), qrels=str(folder / "qrels.txt"))
+    if kind == "bridge_release":
+        return DatasetSpec(name="mine", kind=kind, queries=str(folder / "bridge.jsonl"),
+                           corpus=str(folder / "corpus.jsonl"))
+    path = folder if kind == "beir" else folder / "nq.jsonl.gz"
+    return DatasetSpec(name="mine", kind=kind, path=str(path))
+
+
+@pytest.mark.parametrize("kind, damaged", READERS)
+def test_every_reader_loads_its_valid_file(tmp_path, kind, damaged):
+    tables = load_dataset(write_kind(tmp_path, kind, damaged, valid_line2(kind, damaged)))
+    assert tables.queries.height == 2 and tables.qrels.height == 2
+
+
+@pytest.mark.parametrize("kind, damaged", READERS)
+def test_a_byte_that_is_not_utf8_names_file_and_line(tmp_path, kind, damaged):
+    line = valid_line2(kind, damaged)
+    spec = write_kind(tmp_path, kind, damaged, line + b" caf\xe9")
+    with pytest.raises(DatasetError) as error:
+        load_dataset(spec)
+    assert f"{tmp_path / damaged}, line 2: not UTF-8 text (byte 0xe9 at byte {len(line) + 5} " \
+        in str(error.value)
+
+
+@pytest.mark.parametrize("kind, damaged", READERS)
+def test_a_line_over_the_cap_names_file_and_line(tmp_path, kind, damaged, monkeypatch):
+    monkeypatch.setenv("BRIDGE_MAX_LINE_BYTES", "100")
+    spec = write_kind(tmp_path, kind, damaged, valid_line2(kind, damaged) + b" " * 101)
+    with pytest.raises(DatasetError, match=r"line 2: line longer than 100 bytes") as error:
+        load_dataset(spec)
+    assert str(tmp_path / damaged) in str(error.value)
+
+
+def test_the_dataset_entry_overrides_the_environment_cap(tmp_path, monkeypatch):
+    monkeypatch.setenv("BRIDGE_MAX_TEXT_CHARS", "1")
+    spec = write_kind(tmp_path, "beir", "corpus.jsonl", b'{"_id": "d2", "text": "' + b"x" * 30 + b'"}')
+    with pytest.raises(DatasetError, match="over the cap of 1 "):
+        load_dataset(spec)
+    capped = spec.model_copy(update={"max_text_chars": 20})
+    with pytest.raises(DatasetError) as error:
+        load_dataset(capped)
+    assert f'{tmp_path / "corpus.jsonl"}, line 2, field "text": text of 30 characters is over ' \
+        'the cap of 20' in str(error.value)
+    assert load_dataset(spec.model_copy(update={"max_text_chars": 30})).corpus.height == 2
+
+
+@pytest.mark.parametrize("kind, damaged, field", [
+    ("trec_top", "topics.txt", "title"), ("nq_open", "nq.jsonl.gz", "ctxs.text"),
+    ("bridge_release", "bridge.jsonl", "query"), ("trec_tsv", "docs.tsv", "text")])
+def test_a_text_over_the_cap_names_file_line_and_field(tmp_path, kind, damaged, field):
+    long = "y" * 50
+    line2 = {"topics.txt": f"<num> Number: 1 <title> {long}", "docs.tsv": f"d2\t{long}",
+             "bridge.jsonl": json.dumps({"q_id": "2", "query": long, "doc_id": ["c2"]}),
+             "nq.jsonl.gz": json.dumps({"question": "q2?", "answers": ["a"], "ctxs": [{"text": long}]}),
+             }[damaged].encode()
+    spec = write_kind(tmp_path, kind, damaged, line2).model_copy(update={"max_text_chars": 49})
+    with pytest.raises(DatasetError, match=f'line [12], field "{field}": text of 50 characters'):
+        load_dataset(spec)
+
+
+def test_registry_entry_takes_the_caps(tmp_path):
+    registry = tmp_path / "datasets.yaml"
+    registry.write_text("datasets:\n  mine:\n    kind: beir\n    path: x\n    max_line_bytes: 1000\n"
+                        "    max_text_chars: 500\n")
+    spec = load_registry(registry)["mine"]
+    assert (spec.max_line_bytes, spec.max_text_chars) == (1000, 500)
+    registry.write_text("datasets:\n  mine:\n    kind: beir\n    path: x\n    max_text_chars: 0\n")
+    with pytest.raises(DatasetError, match="(?s)invalid entry 'mine'.*max_text_chars"):
+        load_registry(registry)
+
+
+def test_a_bad_cap_in_the_environment_is_named(tmp_path, monkeypatch):
+    monkeypatch.setenv("BRIDGE_MAX_LINE_BYTES", "8MB")
+    with pytest.raises(DatasetError, match="BRIDGE_MAX_LINE_BYTES='8MB' is not a positive whole number"):
+        load_beir_folder(write_beir(tmp_path / "b"))
+
+
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan", "1e999", "3000000000", "1.5", "-"])
+@pytest.mark.parametrize("kind, damaged, field", [("trec_tsv", "qrels.txt", "rel"),
+                                                  ("beir", "qrels/test.tsv", "score")])
+def test_a_relevance_that_is_not_a_32_bit_whole_number_names_file_line_and_field(
+        tmp_path, kind, damaged, field, value):
+    sep = " " if kind.startswith("trec") else "\t"
+    line2 = valid_line2(kind, damaged).rsplit(sep.encode(), 1)[0] + f"{sep}{value}".encode()
+    with pytest.raises(DatasetError) as error:
+        load_dataset(write_kind(tmp_path, kind, damaged, line2))
+    assert f'{tmp_path / damaged}, line 2, field "{field}": relevance "{value}" is not a' \
+        in str(error.value)
+
+
+def test_whole_relevance_written_as_float_or_negative_loads(tmp_path):
+    (tmp_path / "docs.tsv").write_text("d1\tone\nd2\ttwo\n")
+    (tmp_path / "topics.tsv").write_text("1\tq\n")
+    (tmp_path / "qrels.txt").write_text("1 0 d1 2.0\n1 0 d2 -1\n")
+    tables = load_trec(tmp_path / "docs.tsv", tmp_path / "topics.tsv", tmp_path / "qrels.txt", None)
+    assert tables.qrels["relevance"].to_list() == [2, -1]
+
+
+@pytest.mark.parametrize("line2, problem", [
+    (b'{"_id": "d2", "text": "\\ud800"}', "lone UTF-16 surrogate"),
+    (b'{"_id": "d2", "text": "x", "n": ' + b"9" * 5000 + b"}", "malformed JSON"),
+    (b"[" * 100_000 + b"]" * 100_000, "malformed JSON"),
+])
+def test_json_that_python_parses_but_is_not_data_names_file_and_line(tmp_path, line2, problem):
+    with pytest.raises(DatasetError, match=f"corpus.jsonl, line 2: .*{problem}"):
+        load_dataset(write_kind(tmp_path, "beir", "corpus.jsonl", line2))
+
+
+def test_nq_open_passages_must_be_objects(tmp_path):
+    spec = write_kind(tmp_path, "nq_open", "nq.jsonl.gz",
+                      b'{"question": "q2?", "answers": ["two"], "ctxs": ["two"]}')
+    with pytest.raises(DatasetError, match='line 2, field "ctxs": expected a list of passage objects'):
+        load_dataset(spec)
+
+
+def test_beir_metadata_that_is_not_an_object_is_ignored(tmp_path):
+    spec = write_kind(tmp_path, "beir", "queries.jsonl",
+                      b'{"_id": "q2", "text": "second?", "metadata": "none"}')
+    assert load_dataset(spec).queries.height == 2
+
+
+def test_a_damaged_gzip_file_names_file_and_line(tmp_path):
+    spec = write_kind(tmp_path, "nq_open", "nq.jsonl.gz", valid_line2("nq_open", "nq.jsonl.gz"))
+    data = (tmp_path / "nq.jsonl.gz").read_bytes()
+    (tmp_path / "nq.jsonl.gz").write_bytes(data[:-12])  # cut off the end of the stream
+    with pytest.raises(DatasetError, match=r"nq.jsonl.gz, line \d+: cannot read the file"):
+        load_dataset(spec)
+    (tmp_path / "nq.jsonl.gz").write_bytes(b"not gzip at all\n")
+    with pytest.raises(DatasetError, match=r"nq.jsonl.gz, line 1: cannot read the file"):
+        load_dataset(spec)
+
+
+def test_a_top_without_its_end_tag_is_named_not_merged_into_the_next(tmp_path):
+    spec = write_kind(tmp_path, "trec_top", "topics.txt", b"<num> Number: 1")
+    topics = tmp_path / "topics.txt"
+    topics.write_text(topics.read_text().replace("</top>", "", 1))
+    with pytest.raises(DatasetError, match=r"topics.txt, line 1: <top> without </top>"):
+        load_dataset(spec)
+    topics.write_text(topics.read_text() + "\n<top>\n<num> Number: 3\n")
+    with pytest.raises(DatasetError, match=r"topics.txt, line 1: <top> without </top>"):
+        load_dataset(spec)
+
+
+def test_topics_with_long_whitespace_load_in_linear_time(tmp_path):
+    spaces = " " * 100_000
+    spec = write_kind(tmp_path, "trec_top", "topics.txt", f"<num>{spaces}1 <title> a{spaces}b".encode())
+    started = time.monotonic()
+    assert load_dataset(spec).queries["text"].to_list()[0] == f"a{spaces}b"
+    (tmp_path / "topics.txt").write_text(f"<top><num>{spaces}</top>\n")
+    with pytest.raises(DatasetError, match="topic without <num> or <title>"):
+        load_dataset(spec)
+    assert time.monotonic() - started < 5  # a backtracking pattern takes minutes here
+
+
+def test_answers_for_an_unknown_query_name_their_line(tmp_path):
+    spec = write_kind(tmp_path, "beir", "answers.jsonl", b'{"query_id": "q9", "answers": ["x"]}')
+    with pytest.raises(DatasetError) as error:
+        load_dataset(spec)
+    assert f'{tmp_path / "answers.jsonl"}, line 2, field "query_id": answers for unknown query "q9"' \
+        in str(error.value)

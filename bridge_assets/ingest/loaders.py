@@ -5,19 +5,31 @@ Every loader yields the same columns:
   queries: query_id, text, answers (list of strings, empty when the dataset has none)
   qrels:   query_id, doc_id, relevance
 Problems are raised as DatasetError naming the file, the line and the field.
+
+Files are read as UTF-8 (a byte order mark on the first line is dropped), gzip when their name
+ends in `.gz`; lines end with \n, \r\n or \r. TSV has no quoting: a `"` is text like any other.
+Two caps guard against a broken file (a missing line break, a binary blob) passing for data:
+  MAX_LINE_BYTES  one line, its line break excluded: 8 MiB
+  MAX_TEXT_CHARS  one text (a document's text or title, a query, an id): 1,000,000 characters
+A dataset entry overrides them with `max_line_bytes` / `max_text_chars`, else the environment
+with BRIDGE_MAX_LINE_BYTES / BRIDGE_MAX_TEXT_CHARS. Exceeding one is a DatasetError too.
 """
 
 from __future__ import annotations
 
-import csv
+import contextlib
+import functools
 import gzip
 import hashlib
 import json
+import os
 import re
-from collections.abc import Iterator
+import zlib
+from collections.abc import Callable, Iterable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ParamSpec, TypeVar
 
 import polars as pl
 
@@ -27,6 +39,13 @@ from bridge_assets.ingest.registry import DatasetSpec
 CORPUS_SCHEMA = {"doc_id": pl.Utf8, "title": pl.Utf8, "text": pl.Utf8}
 QUERIES_SCHEMA = {"query_id": pl.Utf8, "text": pl.Utf8, "answers": pl.List(pl.Utf8)}
 QRELS_SCHEMA = {"query_id": pl.Utf8, "doc_id": pl.Utf8, "relevance": pl.Int32}
+
+MAX_LINE_BYTES = 8 * 1024 * 1024
+MAX_TEXT_CHARS = 1_000_000
+_INT32 = (-(2**31), 2**31 - 1)
+# A JSON escape of a UTF-16 surrogate: json.loads turns a lone one into a str that is not
+# Unicode and that polars cannot store.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 @dataclass
@@ -41,28 +60,137 @@ class DatasetTables:
                 "queries_with_answers": int((self.queries["answers"].list.len() > 0).sum())}
 
 
+# --- size caps -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Limits:
+    """Caps on one line (bytes, its line break excluded) and on one text (characters)."""
+
+    line_bytes: int
+    text_chars: int
+
+
+def _env_cap(name: str, default: int) -> int:
+    raw = os.environ.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise DatasetError(f"{name}={raw!r} is not a positive whole number", field=name)
+    return value
+
+
+def limits_for(spec: DatasetSpec | None = None) -> Limits:
+    """The dataset entry's caps, else the environment's, else the module's defaults."""
+    line_bytes = _env_cap("BRIDGE_MAX_LINE_BYTES", MAX_LINE_BYTES)
+    text_chars = _env_cap("BRIDGE_MAX_TEXT_CHARS", MAX_TEXT_CHARS)
+    if spec is not None:
+        line_bytes = spec.max_line_bytes or line_bytes
+        text_chars = spec.max_text_chars or text_chars
+    return Limits(line_bytes, text_chars)
+
+
+# Set by load_dataset for the dataset being loaded, so every reader below sees its caps
+# without each loader passing them through.
+_LIMITS: ContextVar[Limits | None] = ContextVar("bridge_ingest_limits", default=None)
+
+
+@contextlib.contextmanager
+def _using_limits(limits: Limits) -> Iterator[None]:
+    token = _LIMITS.set(limits)
+    try:
+        yield
+    finally:
+        _LIMITS.reset(token)
+
+
+def _current_limits() -> Limits:
+    return _LIMITS.get() or limits_for()
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+def _capped(loader: Callable[P, T]) -> Callable[P, T]:
+    """Fix the caps for one call of `loader` (the environment's, unless load_dataset set the
+    dataset's), so each text checked does not read the environment again."""
+    @functools.wraps(loader)
+    def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        if _LIMITS.get() is not None:
+            return loader(*args, **kwargs)
+        with _using_limits(limits_for()):
+            return loader(*args, **kwargs)
+    return run
+
+
 # --- reading helpers ---------------------------------------------------------------------
 
-def _open_text(path: Path):
-    if not path.exists():
+def _decode(raw: str, path: Path, line: int) -> str:
+    """`raw` is the line's bytes as latin-1 characters (see _lines); UTF-8 decode them."""
+    data = raw.encode("latin-1")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DatasetError(f"not UTF-8 text (byte 0x{data[exc.start]:02x} at byte {exc.start + 1} "
+                           f"of the line): save the file as UTF-8", path, line) from None
+    return text.removeprefix("\ufeff") if line == 1 else text
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    """(line number, text without its line break) of each line of a UTF-8 file, gzip or not.
+
+    Read as latin-1, which maps each byte to one character: lines split where text mode would
+    split them (UTF-8 never has \n or \r inside a character), the cap counts bytes, and a byte
+    that is not UTF-8 is found on its own line instead of somewhere in a decoded block.
+    """
+    if not path.is_file():
         raise DatasetError("file not found", path)
-    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else path.open(encoding="utf-8")
+    limit = _current_limits().line_bytes
+    number = 0
+    try:
+        with (gzip.open(path, "rt", encoding="latin-1") if path.suffix == ".gz"
+              else path.open(encoding="latin-1")) as handle:
+            while raw := handle.readline(limit + 1):
+                number += 1
+                body = raw.removesuffix("\n")
+                if len(body) > limit:
+                    raise DatasetError(f"line longer than {limit:,} bytes (raise the cap with "
+                                       f"max_line_bytes or BRIDGE_MAX_LINE_BYTES)", path, number)
+                yield number, _decode(body, path, number)
+    except (OSError, EOFError, zlib.error) as exc:  # e.g. a damaged or truncated gzip file
+        raise DatasetError(f"cannot read the file ({exc})", path, number + 1) from None
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
     """(line number, object) for each non-blank line; a malformed line names itself."""
-    with _open_text(path) as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DatasetError(f"malformed JSON ({exc.msg} at column {exc.colno})",
-                                   path, number) from None
-            if not isinstance(record, dict):
-                raise DatasetError("expected a JSON object", path, number)
-            yield number, record
+    for number, line in _lines(path):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DatasetError(f"malformed JSON ({exc.msg} at column {exc.colno})",
+                               path, number) from None
+        except (ValueError, RecursionError) as exc:  # an integer too long, nesting too deep
+            raise DatasetError(f"malformed JSON ({exc})", path, number) from None
+        if not isinstance(record, dict):
+            raise DatasetError("expected a JSON object", path, number)
+        if _SURROGATE_ESCAPE.search(line) and not _is_unicode(record):
+            raise DatasetError("a \\u escape makes a lone UTF-16 surrogate, which is not text",
+                               path, number)
+        yield number, record
+
+
+def _is_unicode(record: dict[str, Any]) -> bool:
+    try:
+        json.dumps(record, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _field(record: dict, names: tuple[str, ...], path: Path, line: int, *, required: bool = True,
@@ -81,6 +209,10 @@ def _text(value: Any, path: Path, line: int, field: str, *, allow_empty: bool = 
     text = str(value).strip()
     if not text and not allow_empty:
         raise DatasetError("empty value", path, line, field)
+    cap = _current_limits().text_chars
+    if len(text) > cap:
+        raise DatasetError(f"text of {len(text):,} characters is over the cap of {cap:,} (raise "
+                           f"it with max_text_chars or BRIDGE_MAX_TEXT_CHARS)", path, line, field)
     return text
 
 
@@ -134,7 +266,8 @@ def read_corpus(path: Path) -> pl.DataFrame:
                 raise DatasetError("expected doc_id<TAB>text", path, number)
             ids.add(fields[0], number)
             rows.append({"doc_id": fields[0], "text": _text(fields[1], path, number, "text"),
-                         "title": fields[2] if len(fields) > 2 else ""})
+                         "title": _text(fields[2] if len(fields) > 2 else "", path, number, "title",
+                                        allow_empty=True)})
         return _frame(rows, CORPUS_SCHEMA)
     for number, record in read_jsonl(path):
         doc_id = _text(_field(record, ("_id", "doc_id", "id"), path, number), path, number, "_id")
@@ -147,49 +280,65 @@ def read_corpus(path: Path) -> pl.DataFrame:
     return _frame(rows, CORPUS_SCHEMA)
 
 
-def read_answers(path: Path) -> dict[str, list[str]]:
+def read_answers(path: Path, query_ids: set[str] | None = None) -> dict[str, list[str]]:
+    """Answers per query id; with `query_ids`, an answer for any other query is an error."""
     answers = {}
     for number, record in read_jsonl(path):
         query_id = _text(_field(record, ("query_id", "_id", "q_id"), path, number), path, number,
                          "query_id")
+        if query_ids is not None and query_id not in query_ids:
+            raise DatasetError(f'answers for unknown query "{query_id}"', path, number, "query_id")
         answers[query_id] = _answers(_field(record, ("answers",), path, number), path, number,
                                      "answers")
     return answers
 
 
-def read_beir_queries(path: Path, answers: dict[str, list[str]] | None = None) -> pl.DataFrame:
+def read_beir_queries(path: Path) -> pl.DataFrame:
     rows, ids = [], _UniqueIds(path, "_id")
     for number, record in read_jsonl(path):
         query_id = _text(_field(record, ("_id", "query_id", "id"), path, number), path, number, "_id")
         ids.add(query_id, number)
-        inline = record.get("answers", (record.get("metadata") or {}).get("answers"))
+        metadata = record.get("metadata")
+        inline = record.get("answers", metadata.get("answers") if isinstance(metadata, dict) else None)
         rows.append({"query_id": query_id,
                      "text": _text(_field(record, ("text", "query"), path, number), path, number, "text"),
                      "answers": _answers(inline, path, number, "answers")})
-    queries = _frame(rows, QUERIES_SCHEMA)
-    if answers:
-        known = set(queries["query_id"].to_list())
-        for query_id in answers:
-            if query_id not in known:
-                raise DatasetError(f'answers for unknown query "{query_id}"', path, field="query_id")
-        queries = queries.with_columns(
-            pl.col("query_id").replace_strict(answers, default=pl.col("answers"),
-                                              return_dtype=pl.List(pl.Utf8)).alias("answers"))
-    return queries
+    return _frame(rows, QUERIES_SCHEMA)
+
+
+def _with_answers(queries: pl.DataFrame, answers: dict[str, list[str]]) -> pl.DataFrame:
+    """The answers of a separate answers file replace those of the queries it names."""
+    if not answers:
+        return queries
+    return queries.with_columns(
+        pl.col("query_id").replace_strict(answers, default=pl.col("answers"),
+                                          return_dtype=pl.List(pl.Utf8)).alias("answers"))
+
+
+def _tsv_rows(lines: Iterable[tuple[int, str]]) -> Iterator[tuple[int, list[str]]]:
+    """The stripped tab-separated fields of each non-blank line. No quoting: with csv's default
+    a field opening with `"` would swallow the following lines up to the next quote."""
+    for number, line in lines:
+        fields = [cell.strip() for cell in line.split("\t")]
+        if any(fields):
+            yield number, fields
 
 
 def _read_tsv(path: Path) -> Iterator[tuple[int, list[str]]]:
-    with _open_text(path) as handle:
-        for number, row in enumerate(csv.reader(handle, delimiter="\t"), start=1):
-            if row and any(cell.strip() for cell in row):
-                yield number, [cell.strip() for cell in row]
+    return _tsv_rows(_lines(path))
 
 
 def _relevance(value: str, path: Path, line: int, field: str) -> int:
+    shown = value if len(value) <= 40 else f"{value[:40]}..."
     try:
-        return int(float(value))
+        number = float(value)
     except ValueError:
-        raise DatasetError(f'relevance "{value}" is not a number', path, line, field) from None
+        raise DatasetError(f'relevance "{shown}" is not a number', path, line, field) from None
+    # float() also takes inf, nan and 1e999; the column holds 32-bit whole numbers
+    if not number.is_integer() or not _INT32[0] <= number <= _INT32[1]:
+        raise DatasetError(f'relevance "{shown}" is not a whole number in 32-bit range',
+                           path, line, field)
+    return int(number)
 
 
 def read_beir_qrels(path: Path) -> tuple[pl.DataFrame, list[int]]:
@@ -208,17 +357,16 @@ def read_beir_qrels(path: Path) -> tuple[pl.DataFrame, list[int]]:
 def read_trec_qrels(path: Path) -> tuple[pl.DataFrame, list[int]]:
     """TREC qrels: `qid iteration docid relevance`, whitespace separated."""
     rows, lines = [], []
-    with _open_text(path) as handle:
-        for number, line in enumerate(handle, start=1):
-            fields = line.split()
-            if not fields or fields[0].startswith("#"):  # trec_eval skips comment lines too
-                continue
-            if len(fields) != 4:
-                raise DatasetError(f"expected 4 columns (qid iter docid rel), got {len(fields)}",
-                                   path, number)
-            rows.append({"query_id": fields[0], "doc_id": fields[2],
-                         "relevance": _relevance(fields[3], path, number, "rel")})
-            lines.append(number)
+    for number, line in _lines(path):
+        fields = line.split()
+        if not fields or fields[0].startswith("#"):  # trec_eval skips comment lines too
+            continue
+        if len(fields) != 4:
+            raise DatasetError(f"expected 4 columns (qid iter docid rel), got {len(fields)}",
+                               path, number)
+        rows.append({"query_id": fields[0], "doc_id": fields[2],
+                     "relevance": _relevance(fields[3], path, number, "rel")})
+        lines.append(number)
     return _dedupe_qrels(_frame(rows, QRELS_SCHEMA), path, lines), lines
 
 
@@ -234,21 +382,12 @@ def _dedupe_qrels(qrels: pl.DataFrame, path: Path, lines: list[int]) -> pl.DataF
 
 def read_trec_topics(path: Path) -> pl.DataFrame:
     """TREC topics: classic `<top><num>..<title>..</top>` blocks, or TSV `qid<TAB>text`."""
-    with _open_text(path) as handle:
-        content = handle.read()
-    rows, ids = [], _UniqueIds(path, "num")
+    lines = list(_lines(path))
+    content = "\n".join(line for _, line in lines)
     if "<top>" in content:
-        for block in re.finditer(r"<top>(.*?)</top>", content, flags=re.S):
-            line = content.count("\n", 0, block.start()) + 1
-            num = re.search(r"<num>\s*(?:Number:)?\s*(\S+)", block.group(1))
-            title = re.search(r"<title>\s*(?:Topic:)?\s*(.*?)\s*(?=<|$)", block.group(1), flags=re.S)
-            if not num or not title:
-                raise DatasetError("topic without <num> or <title>", path, line)
-            ids.add(num.group(1), line)
-            rows.append({"query_id": num.group(1), "text": _text(title.group(1), path, line, "title"),
-                         "answers": []})
-        return _frame(rows, QUERIES_SCHEMA)
-    for number, fields in _read_tsv(path):
+        return _read_top_blocks(content, path)
+    rows, ids = [], _UniqueIds(path, "num")
+    for number, fields in _tsv_rows(lines):
         if len(fields) < 2:
             raise DatasetError("expected qid<TAB>text", path, number)
         ids.add(fields[0], number)
@@ -257,16 +396,42 @@ def read_trec_topics(path: Path) -> pl.DataFrame:
     return _frame(rows, QUERIES_SCHEMA)
 
 
+def _read_top_blocks(content: str, path: Path) -> pl.DataFrame:
+    # Scanned from one <top> to the next rather than with a lazy `<top>(.*?)</top>`, which would
+    # merge a topic missing its </top> into the next one and rescan the rest once per <top>.
+    rows, ids = [], _UniqueIds(path, "num")
+    tags = list(re.finditer("<top>", content))
+    line, counted = 1, 0
+    for tag, following in zip(tags, [t.start() for t in tags[1:]] + [len(content)]):
+        line += content.count("\n", counted, tag.start())
+        counted = tag.start()
+        end = content.find("</top>", tag.end(), following)
+        if end < 0:
+            raise DatasetError("<top> without </top>", path, line)
+        body = content[tag.end():end]
+        # No pattern with two adjacent \s* or a lazy group: those backtrack quadratically.
+        num = re.search(r"<num>\s*(?:Number:\s*)?(\S+)", body)
+        title = re.search(r"<title>\s*(?:Topic:)?([^<]*)", body)
+        if not num or not title:
+            raise DatasetError("topic without <num> or <title>", path, line)
+        ids.add(num.group(1), line)
+        rows.append({"query_id": num.group(1), "text": _text(title.group(1), path, line, "title"),
+                     "answers": []})
+    return _frame(rows, QUERIES_SCHEMA)
+
+
 # --- one loader per kind -----------------------------------------------------------------
 
+@_capped
 def load_beir_folder(folder: Path, split: str = "test", answers_file: Path | None = None) -> DatasetTables:
     if not folder.is_dir():
         raise DatasetError("BEIR folder not found", folder)
     if answers_file is None and (folder / "answers.jsonl").exists():
         answers_file = folder / "answers.jsonl"
-    answers = read_answers(answers_file) if answers_file else None
     corpus = read_corpus(folder / "corpus.jsonl")
-    queries = read_beir_queries(folder / "queries.jsonl", answers)
+    queries = read_beir_queries(folder / "queries.jsonl")
+    if answers_file:
+        queries = _with_answers(queries, read_answers(answers_file, set(queries["query_id"])))
     qrels_file = folder / "qrels" / f"{split}.tsv"
     qrels, lines = read_beir_qrels(qrels_file)
     tables = DatasetTables(corpus, queries, qrels)
@@ -280,6 +445,7 @@ def nq_passage_id(title: str, text: str) -> str:
     return f"nq-{digest}"
 
 
+@_capped
 def load_nq_open(path: Path) -> DatasetTables:
     """NQ-open jsonl: corpus = the gold passages (merged when identical), qrels question -> passage."""
     docs: dict[str, dict] = {}
@@ -290,9 +456,9 @@ def load_nq_open(path: Path) -> DatasetTables:
         if not answers:
             raise DatasetError("question without answers", path, number, "answers")
         ctxs = _field(record, ("ctxs",), path, number)
-        if not isinstance(ctxs, list):
-            raise DatasetError("expected a list of passages", path, number, "ctxs")
-        gold = [c for c in ctxs if isinstance(c, dict) and c.get("isgold")] or ctxs[:1]
+        if not isinstance(ctxs, list) or not all(isinstance(c, dict) for c in ctxs):
+            raise DatasetError("expected a list of passage objects", path, number, "ctxs")
+        gold = [c for c in ctxs if c.get("isgold")] or ctxs[:1]
         if not gold:
             raise DatasetError("no gold passage", path, number, "ctxs")
         query_id = f"nq-q{number:05d}"
@@ -307,19 +473,18 @@ def load_nq_open(path: Path) -> DatasetTables:
                          _frame(qrels, QRELS_SCHEMA).unique(maintain_order=True))
 
 
+@_capped
 def load_trec(corpus: Path, topics: Path, qrels_file: Path, answers_file: Path | None) -> DatasetTables:
     queries = read_trec_topics(topics)
-    if answers_file:
-        answers = read_answers(answers_file)
-        queries = queries.with_columns(
-            pl.col("query_id").replace_strict(answers, default=pl.col("answers"),
-                                              return_dtype=pl.List(pl.Utf8)).alias("answers"))
+    if answers_file:  # answers for queries that are not topics are ignored
+        queries = _with_answers(queries, read_answers(answers_file))
     qrels, lines = read_trec_qrels(qrels_file)
     tables = DatasetTables(read_corpus(corpus), queries, qrels)
     check_references(tables, qrels_file, lines)
     return tables
 
 
+@_capped
 def load_bridge_release(queries_file: Path, corpus: Path) -> DatasetTables:
     """The BRIDGE release layout: one line per query with `q_id`, `query`, `doc_id` list, `answers`."""
     queries, qrels, lines = [], [], []
@@ -343,7 +508,12 @@ def load_bridge_release(queries_file: Path, corpus: Path) -> DatasetTables:
 
 
 def load_dataset(spec: DatasetSpec) -> DatasetTables:
-    """Load any registered dataset by its kind."""
+    """Load any registered dataset by its kind, under the entry's size caps."""
+    with _using_limits(limits_for(spec)):
+        return _load_kind(spec)
+
+
+def _load_kind(spec: DatasetSpec) -> DatasetTables:
     from bridge_assets.ingest import remote
 
     answers = spec.resolve(spec.answers, "answers") if spec.answers else None

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import os
+import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from bridge_assets.ingest.errors import DatasetError
 from bridge_assets.paths import PROJECT_ROOT, RESOURCES_DIR
@@ -17,6 +18,17 @@ DatasetKind = Literal["beir", "nq_open", "trec", "bridge_release", "beir_url", "
                       "ir_datasets"]
 # `BRIDGE_DATASETS` points at another registry file (tests, or a user's own set of datasets).
 REGISTRY_PATH = Path(os.environ.get("BRIDGE_DATASETS", RESOURCES_DIR / "datasets.yaml")).resolve()
+# A dataset name becomes a partition key, a folder name (exports, reports, downloads) and a
+# value in SQL, so it is kept to characters that are plain in all three.
+_DATASET_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def validate_dataset_name(name: str) -> str:
+    """`name` itself when it is a valid dataset name, else DatasetError saying what is allowed."""
+    if not isinstance(name, str) or not _DATASET_NAME.fullmatch(name) or name in {".", ".."}:
+        raise DatasetError(f"invalid dataset name {name!r}: use letters, digits, '_', '.' and '-' "
+                           f"only (and not '.' or '..')")
+    return name
 
 
 class DatasetSpec(BaseModel):
@@ -24,7 +36,7 @@ class DatasetSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str
+    name: Annotated[str, AfterValidator(validate_dataset_name)]
     kind: DatasetKind
     description: str = ""
     # Local sources (paths relative to the project root).
@@ -35,6 +47,10 @@ class DatasetSpec(BaseModel):
     qrels: str | None = None         # trec qrels
     answers: str | None = None       # optional answers jsonl {"query_id"|"_id", "answers"}
     queries: str | None = None       # bridge_release: the q_id/query/doc_id/answers file
+    # Optional answer key: jsonl {"query_id", "doc_ids": [...], "partial": [...]} of unjudged
+    # passages people read and verified as holes (or as partial answers). The run summary and
+    # the report score the pipeline's labels against it (bridge_assets.qrels.known_holes).
+    known_holes: str | None = None
     # Remote sources (machines with network).
     url: str | None = None           # beir_url: a BEIR zip
     id: str | None = None            # huggingface dataset id, or ir_datasets id
@@ -42,6 +58,9 @@ class DatasetSpec(BaseModel):
     # Per-asset configuration the main job uses for this dataset, e.g.
     # {"candidate_pool": {"depth": 3}}: the fields of each asset's Config class.
     pipeline: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    # Size caps of the loaders (bridge_assets.ingest.loaders), when the defaults are too tight.
+    max_line_bytes: int | None = Field(None, gt=0)
+    max_text_chars: int | None = Field(None, gt=0)
 
     def resolve(self, value: str | None, field: str) -> Path:
         if not value:
@@ -69,7 +88,7 @@ def load_registry(path: Path = REGISTRY_PATH) -> dict[str, DatasetSpec]:
         try:
             specs[name] = DatasetSpec(name=name, **(body or {}))
         except Exception as exc:  # pydantic's message names the offending field
-            raise DatasetError(f"invalid entry '{name}': {exc}", path, field=name) from None
+            raise DatasetError(f"invalid entry {name!r}: {exc}", path, field=str(name)) from None
     return specs
 
 
