@@ -27,6 +27,7 @@ from pydantic import (AfterValidator, AliasChoices, BaseModel, BeforeValidator, 
 from bridge_assets.human import annotators
 from bridge_assets.human.tables import ensure_schema
 from bridge_assets.human.votes import insert_vote, votes_frame
+from bridge_assets.ingest.registry import validate_dataset_name
 from bridge_assets.store import table_exists
 
 MAX_COMMENT = 2000
@@ -73,7 +74,7 @@ class VoteRecord(BaseModel):
 
     model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
 
-    dataset: Identifier
+    dataset: Annotated[Identifier, AfterValidator(validate_dataset_name)]
     query_id: Identifier
     doc_id: Identifier
     annotator_id: Annotated[str, AfterValidator(annotators.check_name)]

@@ -29,6 +29,7 @@ def export(
 ) -> None:
     """Write the refined qrels of DATASET (materialize bridge_qrels first)."""
     from bridge_assets import store
+    from bridge_assets.ingest.errors import DatasetError
     from bridge_assets.qrels.exports import export_qrels
 
     if not store.duckdb_path().exists():
@@ -37,7 +38,7 @@ def export(
     try:
         with store.connect() as con:
             written = export_qrels(con, dataset, fmt, out)
-    except ExportError as exc:
+    except (ExportError, DatasetError) as exc:
         typer.secho(f"error: {exc}", fg="red", err=True)
         raise typer.Exit(2) from None
     typer.echo(str(written))

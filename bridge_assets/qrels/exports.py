@@ -20,6 +20,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
+from bridge_assets.ingest.registry import validate_dataset_name
 from bridge_assets.store import table_exists
 
 
@@ -124,6 +125,7 @@ def write_hf_dataset(con: duckdb.DuckDBPyConnection, dataset: str, folder: Path)
 
 def export_qrels(con: duckdb.DuckDBPyConnection, dataset: str, fmt: ExportFormat, out: Path) -> Path:
     """Write `dataset`'s refined qrels as `fmt` under `out` (a file for trec, else a folder)."""
+    validate_dataset_name(dataset)  # it names the trec file
     if fmt is ExportFormat.trec:
         target = out if out.suffix else out / f"{dataset}.bridge.qrels"
         return write_trec_qrels(read_bridge_qrels(con, dataset), target)

@@ -17,6 +17,7 @@ import jinja2
 import polars as pl
 
 from bridge_assets.analysis.retrieval import measure_label, measures_at
+from bridge_assets.ingest.registry import validate_dataset_name
 from bridge_assets.reports import plots
 from bridge_assets.store import table_exists
 
@@ -252,6 +253,7 @@ def _environment() -> jinja2.Environment:
 
 def build_report(con: duckdb.DuckDBPyConnection, dataset: str, out: Path, *, k: int = 10) -> ReportFiles:
     """Write report.html, report.md and the figures of `dataset` into `out`."""
+    validate_dataset_name(dataset)  # callers name `out` after it; the Markdown shows it unescaped
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.png"):  # a figure whose table is gone must not linger
         old.unlink()
