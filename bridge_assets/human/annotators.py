@@ -28,6 +28,7 @@ class Annotator:
     flagged_at: datetime | None
     flag_reason: str | None
     token_hash: str | None
+    session_epoch: int
 
     @property
     def flagged(self) -> bool:
@@ -56,7 +57,8 @@ def add_annotator(con: duckdb.DuckDBPyConnection, name: str, *, admin: bool = Fa
     if existing and not rotate:
         raise AnnotatorError(f"annotator {name!r} exists; pass rotate to issue a new token")
     if existing:
-        con.execute("update annotators set token_hash = ?, is_admin = ? where annotator_id = ?",
+        con.execute("update annotators set token_hash = ?, is_admin = ?, "
+                    "session_epoch = session_epoch + 1 where annotator_id = ?",
                     [hash_token(token), admin or existing.is_admin, name])
     else:
         con.execute("insert into annotators (annotator_id, token_hash, is_admin, created_at) "
@@ -71,7 +73,7 @@ def ensure_external_annotator(con: duckdb.DuckDBPyConnection, name: str) -> None
                 "values (?, null, false, ?) on conflict do nothing", [name, utc_now()])
 
 
-_COLUMNS = "annotator_id, is_admin, flagged_at, flag_reason, token_hash"
+_COLUMNS = "annotator_id, is_admin, flagged_at, flag_reason, token_hash, session_epoch"
 
 
 def get_annotator(con: duckdb.DuckDBPyConnection, annotator_id: str) -> Annotator | None:
@@ -86,6 +88,12 @@ def annotator_by_token(con: duckdb.DuckDBPyConnection, token: str) -> Annotator 
     row = con.execute(f"select {_COLUMNS} from annotators where token_hash = ?",
                       [hash_token(token)]).fetchone()
     return Annotator(*row) if row else None
+
+
+def end_sessions(con: duckdb.DuckDBPyConnection, annotator_id: str) -> None:
+    """Log `annotator_id` out everywhere: cookies of their current epoch stop working."""
+    con.execute("update annotators set session_epoch = session_epoch + 1 where annotator_id = ?",
+                [annotator_id])
 
 
 def list_annotators(con: duckdb.DuckDBPyConnection) -> list[Annotator]:

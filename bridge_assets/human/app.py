@@ -1,18 +1,21 @@
 """The annotation web app (FastAPI + Jinja2 templates, no front-end build).
 
 Every page needs a valid session (a login with a personal token); admin pages need an admin
-token. Every form post carries the session's CSRF token. Input is validated with pydantic, SQL
-is parameterized, and database work runs one request at a time on short DuckDB connections
-(DuckDB has one writer per file), off the event loop.
+token. Every form post carries the session's CSRF token. Request bodies are limited before
+anything parses them (small for forms, the upload limit on the import route only). Input is
+validated with pydantic, SQL is parameterized, and database work runs one request at a time on
+short DuckDB connections (DuckDB has one writer per file), off the event loop.
 """
 
 # No `from __future__ import annotations`: FastAPI must see the real Depends() annotations of
 # the routes defined inside create_app.
 
 import functools
+import logging
 import random
 import secrets
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -22,26 +25,30 @@ from typing import Annotated, Any, Literal, TypeVar
 import anyio.to_thread
 import duckdb
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from starlette.datastructures import FormData, UploadFile
+from starlette.datastructures import FormData, Headers, UploadFile
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bridge_assets import store
 from bridge_assets.human import annotators
 from bridge_assets.human.annotators import NAME_PATTERN, Annotator
-from bridge_assets.human.items import load_item
+from bridge_assets.human.items import ItemNotFound, ItemView, load_item
 from bridge_assets.human.labels import compute_human_labels, datasets_with_escalations
-from bridge_assets.human.queue import QueueSettings, next_assignment, progress
-from bridge_assets.human.security import (SESSION_COOKIE, Session, SessionSigner, csrf_matches,
-                                          fingerprint, logged_in_session, new_session)
+from bridge_assets.human.queue import (Progress, QueueSettings, close_assignment, next_assignment,
+                                       progress)
+from bridge_assets.human.security import (SESSION_COOKIE, Clock, Session, SessionSigner,
+                                          csrf_matches, fingerprint, logged_in_session, new_session)
 from bridge_assets.human.tables import ensure_schema
 from bridge_assets.human.transfer import (MAX_COMMENT, ImportFailed, ImportFormat, export_votes,
                                           import_votes)
 from bridge_assets.human.votes import VoteRejected, annotator_activity, record_vote
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
+IMPORT_PATH = "/admin/import"
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 
 
 class AppSettings(BaseModel):
@@ -53,10 +60,14 @@ class AppSettings(BaseModel):
     attention_rate: float = Field(0.1, ge=0.0, le=1.0)
     datasets: tuple[str, ...] | None = None
     lease_minutes: int = Field(30, ge=1)
-    session_hours: int = Field(12, ge=1)
+    session_hours: int = Field(12, ge=1)  # a session ends this long after its login, active or not
     secure_cookies: bool = False          # set when served over HTTPS
     seed: int | None = None               # attention-check draws; fixed in tests
     max_upload_bytes: int = 10 * 2**20
+    max_form_bytes: int = 64 * 2**10      # every other body (a vote's comment is 2,000 chars at most)
+
+    def body_limit(self, path: str) -> int:
+        return self.max_upload_bytes + self.max_form_bytes if path == IMPORT_PATH else self.max_form_bytes
 
     @property
     def queue(self) -> QueueSettings:
@@ -79,6 +90,7 @@ class VoteForm(BaseModel):
 class ImportForm(BaseModel):
     model_config = ConfigDict(extra="ignore")
     format: ImportFormat = "auto"
+    override: bool = False  # accept votes under the names of annotators who log in to the app
 
 
 class ExportQuery(BaseModel):
@@ -105,6 +117,37 @@ class Viewer:
     session: Session
 
 
+class BodyLimit:
+    """Refuses a request body over its route's limit before anything parses it (the CSRF check
+    included): at once when its Content-Length says so, else as soon as the bytes received
+    exceed it (a chunked body)."""
+
+    def __init__(self, app: ASGIApp, limit_for: Callable[[str], int]):
+        self.app, self.limit_for = app, limit_for
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.limit_for(scope["path"])
+        message = f"The request body is larger than {limit} bytes, the most this page accepts."
+        declared = Headers(scope=scope).get("content-length", "")
+        if declared.isdigit() and int(declared) > limit:
+            await PlainTextResponse(message, 413)(scope, receive, send)
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            event = await receive()
+            received += len(event.get("body", b""))
+            if received > limit:
+                raise BadRequest(message, 413)  # inside the route: answered by its handler
+            return event
+
+        await self.app(scope, counted, send)
+
+
 class Database:
     """Runs database work in a worker thread, one call at a time, each on a short connection."""
 
@@ -124,10 +167,11 @@ def _validation_message(exc: ValidationError) -> str:
     return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'form'}: {e['msg']}" for e in exc.errors())
 
 
-def create_app(settings: AppSettings) -> FastAPI:
+def create_app(settings: AppSettings, clock: Clock = time.time) -> FastAPI:
+    """The app; `clock` (seconds since the epoch) dates sessions, replaced in tests."""
     app = FastAPI(title="BRIDGE annotation", docs_url=None, redoc_url=None, openapi_url=None)
     templates = Jinja2Templates(directory=str(TEMPLATES_DIR))
-    signer = SessionSigner(settings.secret, settings.session_hours * 3600)
+    signer = SessionSigner(settings.secret, settings.session_hours * 3600, clock)
     db = Database(settings.db_path)
     rng = random.Random(settings.seed)
     queue_settings = settings.queue
@@ -136,7 +180,7 @@ def create_app(settings: AppSettings) -> FastAPI:
         ensure_schema(con)
 
     def with_cookie(response: Response, session: Session) -> Response:
-        response.set_cookie(SESSION_COOKIE, signer.dump(session), max_age=signer.max_age_seconds,
+        response.set_cookie(SESSION_COOKIE, signer.dump(session), max_age=signer.seconds_left(session),
                             httponly=True, samesite="strict", secure=settings.secure_cookies,
                             path="/")
         return response
@@ -163,8 +207,9 @@ def create_app(settings: AppSettings) -> FastAPI:
             raise LoginRequired()
         annotator = await db.run(annotators.get_annotator, session.annotator_id)
         if annotator is None or annotator.token_hash is None or \
-                fingerprint(annotator.token_hash) != session.fingerprint:
-            raise LoginRequired()  # unknown annotator, or their token was rotated
+                fingerprint(annotator.token_hash) != session.fingerprint or \
+                annotator.session_epoch != session.epoch:
+            raise LoginRequired()  # unknown annotator, a rotated token, or a logout since
         return Viewer(annotator, session)
 
     async def current_admin(viewer: Annotated[Viewer, Depends(current_viewer)]) -> Viewer:
@@ -179,6 +224,9 @@ def create_app(settings: AppSettings) -> FastAPI:
             raise Forbidden("the form's CSRF token is missing or wrong; reload the page and retry")
         return form
 
+    # added first, so the security headers below wrap its 413 too
+    app.add_middleware(BodyLimit, limit_for=settings.body_limit)
+
     @app.middleware("http")
     async def security_headers(request: Request, call_next):
         response = await call_next(request)
@@ -190,7 +238,7 @@ def create_app(settings: AppSettings) -> FastAPI:
 
     @app.exception_handler(LoginRequired)
     async def login_required(request: Request, _: LoginRequired):
-        session = new_session()
+        session = new_session(clock)
         if request.method == "GET":
             return redirect("/login", session)
         return render(request, "message.html", session, status=401, title="Login required",
@@ -198,19 +246,19 @@ def create_app(settings: AppSettings) -> FastAPI:
 
     @app.exception_handler(Forbidden)
     async def forbidden(request: Request, exc: Forbidden):
-        return render(request, "message.html", session_of(request) or new_session(), status=403,
+        return render(request, "message.html", session_of(request) or new_session(clock), status=403,
                       title="Forbidden", message=exc.message)
 
     @app.exception_handler(BadRequest)
     async def bad_request(request: Request, exc: BadRequest):
-        return render(request, "message.html", session_of(request) or new_session(),
+        return render(request, "message.html", session_of(request) or new_session(clock),
                       status=exc.status, title="Not accepted", message=exc.message)
 
     # --- login -----------------------------------------------------------------------------
 
     @app.get("/login")
     async def login_page(request: Request):
-        session = session_of(request) or new_session()
+        session = session_of(request) or new_session(clock)
         if session.logged_in:
             return redirect("/annotate", session)
         return render(request, "login.html", session)
@@ -226,12 +274,15 @@ def create_app(settings: AppSettings) -> FastAPI:
         annotator = await db.run(annotators.annotator_by_token, token)
         if annotator is None:
             return render(request, "login.html", session, status=401, error="Unknown token.")
-        return redirect("/annotate", logged_in_session(annotator.annotator_id, annotator.token_hash))
+        return redirect("/annotate", logged_in_session(annotator.annotator_id, annotator.token_hash,
+                                                       annotator.session_epoch, clock))
 
     @app.post("/logout")
     async def logout(request: Request, viewer: Annotated[Viewer, Depends(current_viewer)]):
         await checked_form(request, viewer.session)
-        return redirect("/login", new_session())
+        # the cookie is stateless: a copy of it works until the epoch moves on
+        await db.run(annotators.end_sessions, viewer.annotator.annotator_id)
+        return redirect("/login", new_session(clock))
 
     # --- annotation ------------------------------------------------------------------------
 
@@ -239,10 +290,18 @@ def create_app(settings: AppSettings) -> FastAPI:
     async def home(viewer: Annotated[Viewer, Depends(current_viewer)]):
         return redirect("/annotate", viewer.session)
 
-    def annotation_page(con: duckdb.DuckDBPyConnection, annotator_id: str):
-        assignment = next_assignment(con, annotator_id, queue_settings, rng)
-        item = load_item(con, assignment) if assignment else None
-        return item, progress(con, annotator_id, queue_settings)
+    def annotation_page(con: duckdb.DuckDBPyConnection,
+                        annotator_id: str) -> tuple[ItemView | None, Progress]:
+        while (assignment := next_assignment(con, annotator_id, queue_settings, rng)) is not None:
+            try:
+                return load_item(con, assignment), progress(con, annotator_id, queue_settings)
+            except ItemNotFound as exc:
+                # the queue would serve this item again and again: drop it, serve the next one
+                # (never the same: nobody is served a pair twice)
+                log.warning("dropped assignment %s of %s: %s", assignment.assignment_id,
+                            annotator_id, exc)
+                close_assignment(con, assignment.assignment_id, "dropped")
+        return None, progress(con, annotator_id, queue_settings)
 
     @app.get("/annotate")
     async def annotate_page(request: Request, viewer: Annotated[Viewer, Depends(current_viewer)]):
@@ -300,11 +359,11 @@ def create_app(settings: AppSettings) -> FastAPI:
     async def export_json(request: Request, _: Annotated[Viewer, Depends(current_admin)]):
         return await export("json", request)
 
-    @app.post("/admin/import")
+    @app.post(IMPORT_PATH)
     async def import_page(request: Request, viewer: Annotated[Viewer, Depends(current_admin)]):
         form = await checked_form(request, viewer.session)
         try:
-            fmt = ImportForm.model_validate(dict(form)).format
+            options = ImportForm.model_validate(dict(form))
         except ValidationError as exc:
             raise BadRequest(_validation_message(exc)) from None
         upload = form.get("file")
@@ -315,10 +374,12 @@ def create_app(settings: AppSettings) -> FastAPI:
             raise BadRequest(f"the file is larger than {settings.max_upload_bytes} bytes", 413)
         name = Path(upload.filename).name
         try:
-            added = await db.run(import_votes, content, name, fmt)
+            added = await db.run(import_votes, content, name, options.format,
+                                 override=options.override)
         except ImportFailed as exc:
             return render(request, "import_result.html", viewer.session, status=400, viewer=viewer,
-                          source=name, errors=exc.errors, added=0)
+                          source=name, errors=exc.errors, added=0,
+                          token_holders=exc.token_holders)
         return render(request, "import_result.html", viewer.session, viewer=viewer, source=name,
                       errors=[], added=added)
 

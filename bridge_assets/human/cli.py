@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ipaddress
 from enum import Enum
 from pathlib import Path
 
@@ -16,6 +17,16 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether `host` is reachable from this machine only (localhost, 127.0.0.0/8, ::1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything
+        return False
+
+
 @app.command()
 def serve(
     host: str = typer.Option("127.0.0.1", help="Interface to bind; 0.0.0.0 opens it to the network."),
@@ -26,8 +37,17 @@ def serve(
                                          help="Share of items that are attention checks."),
     dataset: list[str] = typer.Option(None, "--dataset", "-d", help="Only these datasets' pairs."),
     secure_cookies: bool = typer.Option(False, help="Mark cookies Secure (serving over HTTPS)."),
+    insecure_http_ok: bool = typer.Option(
+        False, "--insecure-http-ok",
+        help="Serve plain HTTP off the loopback anyway (tokens and cookies travel in clear)."),
+    session_hours: int = typer.Option(12, min=1, help="A login lasts this long, however active."),
 ) -> None:
     """Serve the annotation app (log in with a token from add-annotator)."""
+    if not is_loopback(host) and not (secure_cookies or insecure_http_ok):
+        _fail(f"--host {host} is reachable from other machines, and plain HTTP would send the "
+              "login tokens and session cookies in clear. Serve it behind HTTPS (a reverse proxy "
+              "that terminates TLS) and pass --secure-cookies, or pass --insecure-http-ok to "
+              "accept plain HTTP on a network you trust.")
     import uvicorn
 
     from bridge_assets.human.app import AppSettings, create_app
@@ -37,7 +57,7 @@ def serve(
     settings = AppSettings(db_path=duckdb_path(), secret=load_secret(data_lake_dir()),
                            with_history=with_history, attention_rate=attention_rate,
                            datasets=tuple(dataset) if dataset else None,
-                           secure_cookies=secure_cookies)
+                           secure_cookies=secure_cookies, session_hours=session_hours)
     typer.secho(f"annotation app on http://{host}:{port}/ ({'with' if with_history else 'without'} "
                 f"debate history) -> {settings.db_path}", fg="cyan", err=True)
     uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
@@ -76,6 +96,10 @@ def import_(
     file: Path = typer.Argument(..., exists=True, dir_okay=False, readable=True),
     fmt: ImportKind = typer.Option(ImportKind.auto, "--format", "-f",
                                    help="auto: CSV by extension, else JSON or Label Studio's export."),
+    override: bool = typer.Option(
+        False, "--override-app-annotators",
+        help="Accept votes under the names of annotators who log in to the app (their source "
+             "becomes import:override:<file>)."),
 ) -> None:
     """Import votes collected elsewhere (validated; all or nothing)."""
     from bridge_assets import store
@@ -83,9 +107,11 @@ def import_(
 
     try:
         with store.connect() as con:
-            added = import_votes(con, file.read_bytes(), file.name, fmt.value)
+            added = import_votes(con, file.read_bytes(), file.name, fmt.value, override=override)
     except ImportFailed as exc:
-        _fail(str(exc))
+        hint = (f"\n{', '.join(exc.token_holders)} log(s) in to the app; pass "
+                "--override-app-annotators to import their votes anyway") if exc.token_holders else ""
+        _fail(f"{exc}{hint}")
     typer.echo(f"imported {added} votes from {file}")
 
 

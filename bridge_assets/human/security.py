@@ -1,9 +1,12 @@
 """Sessions, CSRF tokens and the server secret.
 
 A session lives in a signed, http-only, SameSite=Strict cookie (itsdangerous). It always holds
-a CSRF token (anonymous visitors get one for the login form) and, once logged in, the annotator
-id and a fingerprint of their token hash, so a rotated token ends old sessions. Every form post
-must send the session's CSRF token back; the server compares them in constant time.
+a CSRF token (anonymous visitors get one for the login form) and the time it was issued; once
+logged in, also the annotator id, a fingerprint of their token hash and their session epoch, so a
+rotated token or a logout (both bump the epoch) ends old sessions although the cookie itself is
+stateless. The cookie is re-signed on every response, but its issue time never moves: a session
+ends a fixed lifetime after the login however active it is. Every form post must send the
+session's CSRF token back; the server compares them in constant time.
 """
 
 from __future__ import annotations
@@ -11,33 +14,42 @@ from __future__ import annotations
 import hmac
 import os
 import secrets
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from itsdangerous import BadSignature, URLSafeTimedSerializer
+from itsdangerous import BadData, URLSafeSerializer
 
 SESSION_COOKIE = "bridge_annotate_session"
 SECRET_ENV = "BRIDGE_ANNOTATE_SECRET"
 
 
+Clock = Callable[[], float]
+
+
 @dataclass(frozen=True)
 class Session:
     csrf: str
+    issued_at: float                 # seconds since the epoch; fixed for the session's life
     annotator_id: str | None = None
     fingerprint: str | None = None
+    epoch: int | None = None         # the annotator's session_epoch at login
 
     @property
     def logged_in(self) -> bool:
         return self.annotator_id is not None
 
 
-def new_session() -> Session:
-    return Session(csrf=secrets.token_urlsafe(32))
+def new_session(clock: Clock = time.time) -> Session:
+    return Session(csrf=secrets.token_urlsafe(32), issued_at=clock())
 
 
-def logged_in_session(annotator_id: str, token_hash: str) -> Session:
+def logged_in_session(annotator_id: str, token_hash: str, epoch: int,
+                      clock: Clock = time.time) -> Session:
     """A fresh session (new CSRF token too) for a successful login."""
-    return replace(new_session(), annotator_id=annotator_id, fingerprint=fingerprint(token_hash))
+    return replace(new_session(clock), annotator_id=annotator_id,
+                   fingerprint=fingerprint(token_hash), epoch=epoch)
 
 
 def fingerprint(token_hash: str) -> str:
@@ -45,25 +57,33 @@ def fingerprint(token_hash: str) -> str:
 
 
 class SessionSigner:
-    def __init__(self, secret: str, max_age_seconds: int):
-        self._serializer = URLSafeTimedSerializer(secret, salt="bridge-annotate-session")
-        self.max_age_seconds = max_age_seconds
+    def __init__(self, secret: str, lifetime_seconds: int, clock: Clock = time.time):
+        self._serializer = URLSafeSerializer(secret, salt="bridge-annotate-session")
+        self.lifetime_seconds = lifetime_seconds
+        self.clock = clock
 
     def dump(self, session: Session) -> str:
-        return self._serializer.dumps({"c": session.csrf, "a": session.annotator_id,
-                                       "f": session.fingerprint})
+        return self._serializer.dumps({"c": session.csrf, "i": session.issued_at,
+                                       "a": session.annotator_id, "f": session.fingerprint,
+                                       "e": session.epoch})
+
+    def seconds_left(self, session: Session) -> int:
+        return max(0, int(session.issued_at + self.lifetime_seconds - self.clock()))
 
     def load(self, cookie: str | None) -> Session | None:
-        """The session in a cookie; None when absent, forged or expired."""
+        """The session in a cookie; None when absent, forged or past its lifetime."""
         if not cookie:
             return None
         try:
-            data = self._serializer.loads(cookie, max_age=self.max_age_seconds)
-        except BadSignature:
+            data = self._serializer.loads(cookie)
+        except BadData:  # a bad signature, or a payload that is not ours
             return None
-        if not isinstance(data, dict) or not isinstance(data.get("c"), str):
-            return None
-        return Session(csrf=data["c"], annotator_id=data.get("a"), fingerprint=data.get("f"))
+        if not isinstance(data, dict) or not isinstance(data.get("c"), str) or \
+                not isinstance(data.get("i"), int | float):
+            return None  # includes cookies from before issue times (they carried none)
+        session = Session(csrf=data["c"], issued_at=data["i"], annotator_id=data.get("a"),
+                          fingerprint=data.get("f"), epoch=data.get("e"))
+        return session if self.seconds_left(session) > 0 else None
 
 
 def csrf_matches(session: Session, submitted: object) -> bool:

@@ -2,6 +2,8 @@
 
 - annotators: one row per person; only a SHA-256 hash of their personal token is kept (tokens
   are 256-bit random strings, so a fast hash is enough). Imported annotators have no token.
+  `session_epoch` goes up at every logout and token rotation; a session cookie carries the epoch
+  it was opened in and is refused once it differs, so those end every open session.
 - annotation_assignments: every item served to an annotator (a real escalated pair or an
   attention check). A vote refers to its assignment, so the server, not the form, decides which
   pair a vote is for and whether it is an attention check. Open assignments reserve a vote slot.
@@ -24,8 +26,11 @@ create table if not exists annotators (
     is_admin boolean not null,
     created_at timestamp not null,
     flagged_at timestamp,
-    flag_reason varchar
+    flag_reason varchar,
+    session_epoch integer not null default 0
 );
+-- data lakes from before session epochs
+alter table annotators add column if not exists session_epoch integer default 0;
 
 create table if not exists annotation_assignments (
     assignment_id varchar primary key,

@@ -8,6 +8,10 @@ Label Studio tasks must carry dataset, query_id and doc_id in their `data`; each
 needs one `choices` result (or one named `relevance`) whose choice is yes/no-like, and an
 optional `textarea` result becomes the comment. Its annotators become `labelstudio-<id>` (or
 their e-mail).
+
+An import never speaks for someone who logs in to the app: votes under the name of an annotator
+holding a token are refused unless the admin overrides, and then their source says so
+('import:override:<file>'). The CSV export defuses cells a spreadsheet would run as formulas.
 """
 
 from __future__ import annotations
@@ -94,10 +98,11 @@ class VoteRecord(BaseModel):
 
 
 class ImportFailed(ValueError):
-    """The file cannot be imported; `errors` name each record and field at fault."""
+    """The file cannot be imported; `errors` name each record and field at fault, and
+    `token_holders` the annotators who log in to the app that the file votes for."""
 
-    def __init__(self, source: str, errors: list[str]):
-        self.errors = errors
+    def __init__(self, source: str, errors: list[str], token_holders: tuple[str, ...] = ()):
+        self.errors, self.token_holders = errors, token_holders
         shown = "\n".join(errors[:50]) + (f"\n... and {len(errors) - 50} more" if len(errors) > 50 else "")
         super().__init__(f"{source}: {len(errors)} problem(s), nothing imported:\n{shown}")
 
@@ -192,6 +197,33 @@ def _label_studio_rows(data: Any) -> Iterator[tuple[str, dict[str, Any] | ValueE
                 yield where, exc
 
 
+MAX_JSON_DEPTH = 100  # a votes file needs about 6 levels
+
+
+def _too_deep_line(text: str, limit: int = MAX_JSON_DEPTH) -> int:
+    """The line where JSON `text` first nests deeper than `limit` (brackets in strings aside)."""
+    depth, line, in_string, escaped = 0, 1, False, False
+    for char in text:
+        if char == "\n":
+            line += 1
+        if in_string:
+            if escaped:
+                escaped = False
+            elif char == "\\":
+                escaped = True
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > limit:
+                return line
+        elif char in "]}":
+            depth -= 1
+    return line
+
+
 def _is_label_studio(data: Any) -> bool:
     return isinstance(data, list) and bool(data) and all(
         isinstance(t, dict) and "data" in t and ("annotations" in t or "completions" in t) for t in data)
@@ -215,6 +247,9 @@ def parse_votes(content: bytes, source: str,
             data = json.loads(text)
         except json.JSONDecodeError as exc:
             raise ImportFailed(source, [f"{source}, line {exc.lineno}: malformed JSON: {exc.msg}"]) from None
+        except RecursionError:  # only looked for once the parser gave up: no cost on good files
+            raise ImportFailed(source, [f"{source}, line {_too_deep_line(text)}: JSON nested deeper "
+                                        f"than {MAX_JSON_DEPTH} levels"]) from None
         if fmt == "label-studio" or (fmt == "json" and _is_label_studio(data)):
             rows = _label_studio_rows(data)
         else:
@@ -283,25 +318,43 @@ def _pair_errors(con: duckdb.DuckDBPyConnection, records: list[tuple[str, VoteRe
     return errors
 
 
+def _token_holders(con: duckdb.DuckDBPyConnection, records: list[tuple[str, VoteRecord]]) -> set[str]:
+    """The annotators of `records` who log in to the app (hold a token)."""
+    names = sorted({r.annotator_id for _, r in records})
+    if not names:
+        return set()
+    return {row[0] for row in con.execute(
+        "select annotator_id from annotators where token_hash is not null "
+        "and list_contains(?, annotator_id)", [names]).fetchall()}
+
+
 def import_votes(con: duckdb.DuckDBPyConnection, content: bytes, source: str,
-                 fmt: ImportFormat = "auto") -> int:
+                 fmt: ImportFormat = "auto", *, override: bool = False) -> int:
     """Validate a votes file and store it in one transaction, or raise ImportFailed listing every
     problem and store nothing. Annotators unknown here are created without a token (they cannot
-    log in). Returns how many votes were added."""
+    log in). Votes for annotators who log in to the app (attention checks too) are refused, so an
+    import cannot vote or pass checks in their name, unless `override`: then they are stored with
+    source 'import:override:<file>'. Returns how many votes were added."""
     ensure_schema(con)
     records, errors = parse_votes(content, source, fmt)
     errors += _pair_errors(con, records, source)
+    holders = _token_holders(con, records)
+    if not override:
+        errors += [f"{source}, {where}: annotator '{r.annotator_id}' logs in to the app; "
+                   "votes in their name come from the app only" for where, r in records
+                   if r.annotator_id in holders]
     if errors:
-        raise ImportFailed(source, errors)
+        raise ImportFailed(source, errors, tuple(sorted(holders)) if not override else ())
     con.execute("begin transaction")
     try:
         for _, r in records:
             annotators.ensure_external_annotator(con, r.annotator_id)
+            origin = "import:override" if r.annotator_id in holders else "import"
             insert_vote(con, dataset=r.dataset, query_id=r.query_id, doc_id=r.doc_id,
                         annotator_id=r.annotator_id, label=r.label, comment=r.comment,
                         with_history=r.with_history, is_attention_check=r.is_attention_check,
                         expected_label=r.expected_label, status=r.status,
-                        source=f"import:{source}"[:300], created_at=r.created_at)
+                        source=f"{origin}:{source}"[:300], created_at=r.created_at)
         con.execute("commit")
     except BaseException:
         con.execute("rollback")
@@ -309,10 +362,21 @@ def import_votes(con: duckdb.DuckDBPyConnection, content: bytes, source: str,
     return len(records)
 
 
+# What makes a spreadsheet read a cell as a formula (OWASP's CSV injection list).
+_FORMULA_START = r"^[=+\-@\t\r]"
+
+
+def _defused(column: str) -> pl.Expr:
+    """The column with a single quote before each cell a spreadsheet would run as a formula."""
+    cell = pl.col(column)
+    return pl.when(cell.str.contains(_FORMULA_START)).then("'" + cell).otherwise(cell).alias(column)
+
+
 def export_votes(con: duckdb.DuckDBPyConnection, fmt: ExportFormat,
                  dataset: str | None = None) -> str:
     frame = votes_frame(con, dataset).with_columns(
         pl.col("created_at").dt.to_string("%Y-%m-%dT%H:%M:%S%.6f"))
-    if fmt == "csv":
-        return frame.write_csv()
+    if fmt == "csv":  # the JSON export stays exact
+        return frame.with_columns(_defused(c) for c, t in frame.schema.items()
+                                  if t == pl.String).write_csv()
     return json.dumps(frame.to_dicts(), indent=1, ensure_ascii=False)
