@@ -284,7 +284,7 @@ def test_failing_an_attention_check_flags_and_excludes_votes_since_the_last_pass
     page = checks.get("/annotate").text
     query_id, doc_id, is_check = served_pair(lake, page)
     assert is_check and "attention" not in page.lower()
-    # the check is dressed with the debate of an unrelated pair (another query)
+    # the check has a debate too (its own, never an unrelated pair's reasons)
     assert "Round 1" in page and f"about {query_id}/" not in page
     expected = expected_of(lake, page)
     assert post_answer(checks, page, expected).status_code == 303

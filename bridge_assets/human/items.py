@@ -1,18 +1,25 @@
 """What the annotation page shows for an assignment: the query, its gold answers, the chunk with
-each agent's quoted sentences highlighted, and the debate round by round.
+each agent's quoted sentences highlighted, and the debate round by round, each quote marked when
+the chunk does not contain it (an agent quoting its own words).
 
-The view never says whether an item is an attention check, nor shows anyone's vote.
+The view never says whether an item is an attention check, nor shows anyone's vote. An
+attention check gets a debate of its own, quoting its own chunk, so nothing on the page sets it
+apart from a real item.
 """
 
 from __future__ import annotations
 
+import random
 import re
+from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import duckdb
 
 from bridge_assets.human.queue import Assignment
+from bridge_assets.labeling.evidence import quote_in_chunk
 from bridge_assets.store import table_exists
 
 
@@ -25,12 +32,18 @@ class Segment:
 
 
 @dataclass(frozen=True)
+class Quote:
+    text: str
+    in_chunk: bool              # False: the chunk does not contain it (the agent's own words)
+
+
+@dataclass(frozen=True)
 class Turn:
     agent: str
     stance: str
     response: str | None        # 'yes' | 'no' | None when the agent's call failed
     reason: str
-    quotes: tuple[str, ...]
+    quotes: tuple[Quote, ...]
     failed: bool
 
 
@@ -68,27 +81,86 @@ def _quote_pattern(quote: str) -> re.Pattern[str] | None:
     return re.compile(r"\s+".join(map(re.escape, words)), re.IGNORECASE) if words else None
 
 
+def _merged(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The spans sorted, overlapping or touching ones joined."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
 def highlight(text: str, quotes_by_agent: Mapping[str, Sequence[str]]) -> tuple[Segment, ...]:
-    """Cut `text` into segments, each marked with the agents that quoted it."""
-    owners: list[set[str]] = [set() for _ in text]
+    """Cut `text` into segments, each marked with the agents that quoted it.
+
+    Works on match intervals (merged per agent, then swept in order), so its cost grows with the
+    number of matches, not with the length of the chunk."""
+    changes: defaultdict[int, list[tuple[str, bool]]] = defaultdict(list)  # where agents start/stop
     for agent, quotes in quotes_by_agent.items():
-        for quote in quotes:
-            pattern = _quote_pattern(quote)
-            if pattern is None:
-                continue
-            for match in pattern.finditer(text):
-                for i in range(match.start(), match.end()):
-                    owners[i].add(agent)
+        patterns = [p for p in map(_quote_pattern, quotes) if p is not None]
+        spans = [match.span() for pattern in patterns for match in pattern.finditer(text)]
+        for start, end in _merged(spans):
+            changes[start].append((agent, True))
+            changes[end].append((agent, False))
+    # an agent's merged spans never touch, so the set of agents changes at every position here
     segments: list[Segment] = []
+    active: set[str] = set()
     start = 0
-    for i in range(1, len(text) + 1):
-        if i == len(text) or owners[i] != owners[start]:
-            segments.append(Segment(text[start:i], tuple(sorted(owners[start]))))
-            start = i
+    for position in sorted(changes):
+        if position > start:
+            segments.append(Segment(text[start:position], tuple(sorted(active))))
+            start = position
+        for agent, starts in changes[position]:
+            (active.add if starts else active.discard)(agent)
+    if start < len(text):
+        segments.append(Segment(text[start:], ()))
     return tuple(segments)
 
 
-def _rounds(con: duckdb.DuckDBPyConnection, assignment: Assignment) -> tuple[Round, ...]:
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+_CLAUSE_END = re.compile(r"(?<=[.!?;:,])\s+")
+MAX_OWN_QUOTE = 300  # characters of a sentence an attention check's agent quotes
+# Reasons for an attention check's debate: plausible, and no hint of the expected answer.
+NEUTRAL_REASONS = {
+    "yes": ("The quoted sentence addresses what the query asks.",
+            "This passage bears on the question and points to an answer.",
+            "The quoted text speaks to the query's topic directly."),
+    "no": ("The quoted sentence does not settle what the query asks.",
+           "This passage is on a nearby topic but does not give the answer.",
+           "The quoted text alone is not enough to answer the question."),
+}
+_Row = tuple[Any, ...]  # round, agent, stance, response, reason, reference, failed
+
+
+def _quotable(text: str, wanted: int) -> list[str]:
+    """Sentences of `text`, or its clauses when it has fewer than `wanted` sentences (so that
+    agents quote different parts, as they mostly do), each cut to MAX_OWN_QUOTE characters."""
+    parts = [part.strip() for part in _SENTENCE_END.split(text) if part.strip()]
+    if len(parts) < wanted:
+        parts = [part.strip() for part in _CLAUSE_END.split(text) if part.strip()]
+    return [p if len(p) <= MAX_OWN_QUOTE else p[:MAX_OWN_QUOTE].rsplit(" ", 1)[0] for p in parts]
+
+
+def _own_debate(rows: list[_Row], chunk: str, seed: str) -> list[_Row]:
+    """An attention check's debate: the shape of an unrelated pair's debate (rounds, agents,
+    stances, verdicts, failed calls), each agent quoting a sentence of the check's own chunk, with
+    a neutral reason. Shown as it was, the unrelated debate quoted another chunk, highlighted
+    nothing in this one and gave the check away. `seed` (the assignment) keeps the page the same
+    on reload."""
+    rng = random.Random(seed)
+    agents = sorted({row[1] for row in rows})
+    parts = _quotable(chunk, len(agents))
+    picks = rng.sample(parts, min(len(agents), len(parts)))
+    quoted = {agent: [picks[i % len(picks)]] if picks else [] for i, agent in enumerate(agents)}
+    return [(number, agent, stance, response, "", [], True) if failed else
+            (number, agent, stance, response, rng.choice(NEUTRAL_REASONS.get(response, ("",))),
+             quoted[agent], False)
+            for number, agent, stance, response, _, _, failed in rows]
+
+
+def _rounds(con: duckdb.DuckDBPyConnection, assignment: Assignment, chunk: str) -> tuple[Round, ...]:
     if not table_exists(con, "debate_turns"):
         return ()
     if assignment.is_attention_check:
@@ -102,10 +174,12 @@ def _rounds(con: duckdb.DuckDBPyConnection, assignment: Assignment) -> tuple[Rou
         select round, agent, stance, response, coalesce(reason, ''), coalesce(reference, []),
                error is not null
         from debate_turns where {where} order by round, agent""", params).fetchall()
+    if assignment.is_attention_check:
+        rows = _own_debate(rows, chunk, assignment.assignment_id)
     rounds: dict[int, list[Turn]] = {}
     for number, agent, stance, response, reason, reference, failed in rows:
-        rounds.setdefault(number, []).append(
-            Turn(agent, stance, response, reason, tuple(reference), bool(failed)))
+        quotes = tuple(Quote(q, quote_in_chunk(q, chunk)) for q in reference)
+        rounds.setdefault(number, []).append(Turn(agent, stance, response, reason, quotes, bool(failed)))
     return tuple(Round(n, tuple(turns)) for n, turns in sorted(rounds.items()))
 
 
@@ -119,11 +193,11 @@ def load_item(con: duckdb.DuckDBPyConnection, assignment: Assignment) -> ItemVie
         raise ItemNotFound(f"dataset '{assignment.dataset}': query '{assignment.query_id}' or "
                            f"chunk '{assignment.doc_id}' is missing from queries/corpus")
     query, answers, title, text = row
-    rounds = _rounds(con, assignment) if assignment.with_history else ()
+    rounds = _rounds(con, assignment, text) if assignment.with_history else ()
     quotes: dict[str, list[str]] = {}
     for debate_round in rounds:
         for turn in debate_round.turns:
-            quotes.setdefault(turn.agent, []).extend(turn.quotes)
+            quotes.setdefault(turn.agent, []).extend(q.text for q in turn.quotes)
     return ItemView(
         assignment_id=assignment.assignment_id, dataset=assignment.dataset, query=query,
         answers=tuple(answers or ()), title=title, segments=highlight(text, quotes),

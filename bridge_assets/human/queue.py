@@ -5,7 +5,8 @@ while tied). An annotator is never served the same pair twice, and an item serve
 answered reserves its slot for a while (the lease), so three people do not vote on a pair that
 needs one more vote. About `attention_rate` of the items are attention checks: a pair whose
 answer is known (an original-qrels chunk with its query, or a chunk gold for another query that
-contains none of this query's answers) dressed with the debate of an unrelated pair.
+contains none of this query's answers) dressed in the shape of an unrelated pair's debate (the
+item view fills it with quotes from the check's own chunk).
 """
 
 from __future__ import annotations
@@ -169,7 +170,7 @@ def _known_irrelevant(con, dataset: str, annotator_id: str, rng: random.Random) 
 
 
 def _dressing(con, dataset: str, query_id: str, rng: random.Random) -> str | None:
-    """The debate of an unrelated pair (another query) to show with an attention check."""
+    """An unrelated pair (another query) whose debate lends its shape to an attention check's."""
     if not table_exists(con, "debate_turns"):
         return None
     keys = [r[0] for r in con.execute(
