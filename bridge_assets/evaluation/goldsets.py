@@ -3,7 +3,8 @@
 A gold set is JSONL, one triplet a line:
     {"id": "...", "query": "...", "answers": ["..."], "chunk": "...", "label": 0|1,
      "domain": "..." (optional), "definition": "..." (optional: a per-query relevance
-     definition, used by the DIRAS-style scorer)}
+     definition, used by the DIRAS-style scorer), "kind": "..." and "note": "..." (optional,
+     not read: how the triplet was made, and what a reader found)}
 The registry names the gold sets and the labeling methods to evaluate on each of them.
 """
 
@@ -78,7 +79,8 @@ def read_goldset(path: Path) -> list[GoldTriplet]:
             raise GoldSetError(f"not valid JSON ({exc.msg})", path, line) from None
         if not isinstance(record, dict):
             raise GoldSetError("expected a JSON object", path, line)
-        unknown = set(record) - {"id", "query", "answers", "chunk", "label", "domain", "definition"}
+        unknown = set(record) - {"id", "query", "answers", "chunk", "label", "domain", "definition",
+                                 "kind", "note"}
         if unknown:
             raise GoldSetError(f"unknown field(s) {sorted(unknown)}", path, line)
         triplet_id = _string(record, "id", path, line)
@@ -151,6 +153,13 @@ class MethodSpec(BaseModel):
     stance_order: Literal["relevant_first", "irrelevant_first"] = "relevant_first"
     resolve: Literal["gold", "adjudicator"] = "gold"  # who labels escalated pairs
     adjudicator: str = ""  # profile; empty: the `adjudicator` role
+    prompt: Literal["paper", "soft_stance"] = "soft_stance"  # the debate prompt
+    fewshot: bool = False  # worked examples (resources/prompts/examples.yaml) in judge/dream prompts
+    reason_words: int = Field(40, ge=5, le=300, description="judge/dream: the reason's word limit")
+    evidence_check: bool = False  # a "yes" consensus needs a quote found in the chunk
+    answer_check: Literal["off", "short", "all"] = "off"  # ... and an answer string in it
+    min_confidence: float = Field(0.0, ge=0.0, le=1.0)  # weakest agent's P(its answer)
+    budget_ratio: float | None = Field(None, ge=0.0, le=1.0)  # human budget: escalate at most this share
     # lara
     escalation_ratio: float = Field(0.035, ge=0.0, le=1.0)
     # diras
