@@ -18,6 +18,16 @@ def _fail(message: str) -> None:
     raise typer.Exit(2)
 
 
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        index, count = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise ValueError(f"--shard takes K/N (e.g. 0/2), got {text!r}") from None
+    if not 0 <= index < count:
+        raise ValueError(f"--shard K/N needs 0 <= K < N, got {text!r}")
+    return index, count
+
+
 def label_eval_command(
     gold: Path = typer.Option(..., "--gold", help="Gold-set JSONL: id, query, answers, chunk, label (0/1)."),
     method: str = typer.Option(..., "--method", help="filter | judge | lara | dream | diras | utilsel | utilrank"),
@@ -35,7 +45,25 @@ def label_eval_command(
     top_percent: float = typer.Option(0.2, "--top-percent", min=0.01, max=1.0,
                                       help="utilrank: top share of a query's candidates counted useful."),
     max_tokens: int = typer.Option(128, "--max-tokens", min=16, help="judge/dream reply budget."),
+    prompt: str = typer.Option("soft_stance", "--prompt", help="dream: the debate prompt, paper | soft_stance."),
+    fewshot: bool = typer.Option(False, "--fewshot", help="judge/dream: worked examples in the prompt."),
+    reason_words: int = typer.Option(40, "--reason-words", min=5, help="judge/dream: the reason's word limit."),
+    evidence_check: bool = typer.Option(False, "--evidence-check", help="dream: escalate a 'yes' "
+                                        "consensus no agent backs with a quote found in the chunk."),
+    answer_check: str = typer.Option("off", "--answer-check", help="dream: escalate a 'yes' consensus "
+                                     "on a chunk without a reference answer: off | short (pairs with "
+                                     "short span answers) | all."),
+    min_confidence: float = typer.Option(0.0, "--min-confidence", min=0.0, max=1.0,
+                                         help="dream: escalate a consensus whose weakest agent's "
+                                              "P(its answer) is below this."),
+    budget_ratio: float = typer.Option(None, "--budget-ratio", min=0.0, max=1.0,
+                                       help="dream: escalate at most this share of the pairs, least "
+                                            "confident first; the others get the agents' pooled vote."),
     limit: int = typer.Option(None, "--limit", min=1, help="Only the first N triplets, classes alternating."),
+    shard: str = typer.Option(None, "--shard", help="K/N: only every N-th of the (limited) triplets, "
+                              "starting at the K-th (0-based). Run the N shards in parallel to fill "
+                              "the call ledger, then once without --shard for the whole table (all "
+                              "from the ledger)."),
     threads: int = typer.Option(None, "--threads", min=1, help="llama.cpp CPU threads for this run "
                                 "(not part of the cache key; 1 is fastest on a busy CPU)."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
@@ -53,8 +81,14 @@ def label_eval_command(
                           agents=agents, stance_order=stance_order, resolve=resolve,
                           adjudicator=adjudicator, temperature=temperature,
                           escalation_ratio=escalation_ratio, top_percent=top_percent,
-                          max_tokens=max_tokens)
+                          max_tokens=max_tokens, prompt=prompt, fewshot=fewshot,
+                          reason_words=reason_words, evidence_check=evidence_check,
+                          answer_check=answer_check, min_confidence=min_confidence,
+                          budget_ratio=budget_ratio)
         triplets = stratified_head(read_goldset(gold), limit)
+        if shard:
+            index, count = _shard(shard)
+            triplets = triplets[index::count]
     except (GoldSetError, ValueError) as exc:
         _fail(str(exc))
     clients: dict[str, LLMClient] = {}

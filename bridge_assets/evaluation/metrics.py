@@ -13,13 +13,17 @@ class) is None, never a made-up number.
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
+from scipy import stats
 from sklearn.metrics import brier_score_loss, cohen_kappa_score, roc_auc_score
 
 ECE_BINS = 10  # equal-width bins over [0, 1], the last one closed
+BOOTSTRAP_RESAMPLES = 2000
+CONFIDENCE_LEVEL = 0.95
 
 
 def class_recalls(gold: Sequence[int], predicted: Sequence[int]) -> tuple[float | None, float | None]:
@@ -41,6 +45,29 @@ def balanced_accuracy(gold: Sequence[int], predicted: Sequence[int]) -> float | 
     if relevant is None or irrelevant is None:
         return None
     return (relevant + irrelevant) / 2
+
+
+def bacc_interval(gold: Sequence[int], predicted: Sequence[int], *, seed: int = 0,
+                  confidence_level: float = CONFIDENCE_LEVEL) -> tuple[float | None, float | None]:
+    """A percentile bootstrap confidence interval of the balanced accuracy (scipy's
+    `bootstrap`, cases resampled in pairs, BOOTSTRAP_RESAMPLES draws, seeded). (None, None)
+    when undefined: a class missing, or a resample without both classes."""
+    if balanced_accuracy(gold, predicted) is None:
+        return None, None
+
+    def statistic(g: np.ndarray, p: np.ndarray) -> float:
+        value = balanced_accuracy(g.tolist(), p.tolist())
+        return float("nan") if value is None else value
+
+    with warnings.catch_warnings():  # every resample scoring the same is a valid, degenerate interval
+        warnings.simplefilter("ignore", stats.DegenerateDataWarning)
+        result = stats.bootstrap((np.asarray(gold), np.asarray(predicted)), statistic, paired=True,
+                                 vectorized=False, n_resamples=BOOTSTRAP_RESAMPLES, method="percentile",
+                                 confidence_level=confidence_level, rng=np.random.default_rng(seed))
+    low, high = result.confidence_interval
+    if math.isnan(low) or math.isnan(high):
+        return None, None
+    return float(low), float(high)
 
 
 def escalation_count(n: int, ratio: float) -> int:
@@ -70,9 +97,15 @@ class LabelerMetrics:
     bacc: float | None
     bacc_resolved: float | None      # every case, escalations resolved
     unresolved: int                  # escalated cases the resolver gave no label
+    bacc_ci: tuple[float | None, float | None] = (None, None)           # 95% bootstrap interval
+    bacc_resolved_ci: tuple[float | None, float | None] = (None, None)
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        values = asdict(self)
+        for name in ("bacc_ci", "bacc_resolved_ci"):
+            low, high = values.pop(name)
+            values[f"{name}_low"], values[f"{name}_high"] = low, high
+        return values
 
 
 def labeler_metrics(gold: Sequence[int], labels: Sequence[int | None], escalated: Sequence[bool],
@@ -91,12 +124,14 @@ def labeler_metrics(gold: Sequence[int], labels: Sequence[int | None], escalated
     final = [labels[i] if not escalated[i] else
              (resolved[i] if resolved[i] is not None else 1 - gold[i]) for i in range(n)]
     n_escalated = sum(bool(e) for e in escalated)
+    decided_gold, decided_labels = [gold[i] for i in decided], [labels[i] for i in decided]
     return LabelerMetrics(
         n=n, escalated=n_escalated, escalation_ratio=n_escalated / n if n else 0.0,
         recall_relevant=recall_relevant, recall_irrelevant=recall_irrelevant,
-        bacc=balanced_accuracy([gold[i] for i in decided], [labels[i] for i in decided]),
+        bacc=balanced_accuracy(decided_gold, decided_labels),
         bacc_resolved=balanced_accuracy(gold, final),
-        unresolved=sum(1 for i in range(n) if escalated[i] and resolved[i] is None))
+        unresolved=sum(1 for i in range(n) if escalated[i] and resolved[i] is None),
+        bacc_ci=bacc_interval(decided_gold, decided_labels), bacc_resolved_ci=bacc_interval(gold, final))
 
 
 def expected_calibration_error(gold: Sequence[int], probability: Sequence[float],

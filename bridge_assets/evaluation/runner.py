@@ -22,12 +22,14 @@ import polars as pl
 from bridge_assets.evaluation.diras import diras
 from bridge_assets.evaluation.goldsets import GoldTriplet, MethodSpec
 from bridge_assets.evaluation.lara import lara
-from bridge_assets.evaluation.metrics import LabelerMetrics, agreement, calibration_metrics, labeler_metrics
+from bridge_assets.evaluation.metrics import (LabelerMetrics, agreement, calibration_metrics, escalation_count,
+                                              labeler_metrics)
 from bridge_assets.evaluation.pointwise import score_triplets
 from bridge_assets.evaluation.utility import utility_labels
 from bridge_assets.labeling.adjudicator import adjudicate
 from bridge_assets.labeling.calls import Generate
-from bridge_assets.labeling.debate import DebateOutcome, debate_agents, run_debate
+from bridge_assets.labeling.debate import (DEBATE_TEMPLATES, DebateChecks, DebateOutcome, debate_agents,
+                                           prompt_variables, run_debate)
 from bridge_assets.labeling.filter import run_filter
 from bridge_assets.labeling.judge import run_judge
 from bridge_assets.labeling.prompts import Prompts
@@ -138,13 +140,20 @@ def run_method(spec: MethodSpec, triplets: Sequence[GoldTriplet], generate: Gene
     scores: list[float | None] = [None] * len(triplets)
     if spec.method in ("judge", "dream"):
         pairs = [t.pair() for t in triplets]
+        variables = prompt_variables(spec.fewshot, spec.reason_words)
         if spec.method == "judge":
             outcome = run_judge(pairs, _single(spec, models), meter, temperature=spec.temperature,
-                                max_tokens=spec.max_tokens, prompts=prompts)
+                                max_tokens=spec.max_tokens, prompts=prompts, prompt_vars=variables)
         else:
-            agents = debate_agents(models, spec.agents, spec.stance_order)
+            agents = debate_agents(models, spec.agents, spec.stance_order,
+                                   template=DEBATE_TEMPLATES[spec.prompt])
+            checks = DebateChecks(
+                evidence=spec.evidence_check, answer_presence=spec.answer_check,
+                min_confidence=spec.min_confidence,
+                budget=None if spec.budget_ratio is None else escalation_count(len(pairs), spec.budget_ratio))
             outcome = run_debate(pairs, agents, meter, rounds=spec.rounds, temperature=spec.temperature,
-                                 max_tokens=spec.max_tokens, prompts=prompts)
+                                 max_tokens=spec.max_tokens, prompts=prompts, checks=checks,
+                                 prompt_vars=variables)
             if spec.resolve == "adjudicator":
                 adjudicator = spec.adjudicator or profiles_for("adjudicator")[0]
                 outcome = adjudicate(outcome, pairs, adjudicator, meter, prompts=prompts,
@@ -153,10 +162,13 @@ def run_method(spec: MethodSpec, triplets: Sequence[GoldTriplet], generate: Gene
             stability = consensus_stability(outcome, gold)
             extra["consensus_by_round"] = outcome.consensus_by_round()
         labels = [label.label for label in outcome.labels]
-        escalated = [label.outcome != "consensus" for label in outcome.labels]
+        escalated = [label.outcome in ("escalated", "failed") for label in outcome.labels]
         resolved = [label.adjudicator_label for label in outcome.labels] \
             if spec.resolve == "adjudicator" else list(gold)
-        details = [f"{label.outcome}@{label.rounds_used}" for label in outcome.labels]
+        details = [f"{label.outcome}@{label.rounds_used}"
+                   + "".join(f" {flag}" for flag in label.flags if flag not in ("failed", "disagreement"))
+                   for label in outcome.labels]
+        extra["flags"] = outcome.flag_counts()
     elif spec.method == "filter":
         votes = run_filter([t.pair() for t in triplets], [_single(spec, models)], meter, prompts=prompts)
         labels = [None if v.is_supported is None else int(v.is_supported) for v in votes]
@@ -250,7 +262,9 @@ def evaluate(triplets: Sequence[GoldTriplet], specs: Sequence[MethodSpec], gener
 RESULT_SCHEMA = {
     "method": pl.Utf8, "kind": pl.Utf8, "models": pl.Utf8, "n": pl.Int32, "escalated": pl.Int32,
     "escalation_ratio": pl.Float64, "recall_relevant": pl.Float64, "recall_irrelevant": pl.Float64,
-    "bacc": pl.Float64, "bacc_resolved": pl.Float64, "unresolved": pl.Int32, "resolver": pl.Utf8,
+    "bacc": pl.Float64, "bacc_resolved": pl.Float64, "unresolved": pl.Int32,
+    "bacc_ci_low": pl.Float64, "bacc_ci_high": pl.Float64, "bacc_resolved_ci_low": pl.Float64,
+    "bacc_resolved_ci_high": pl.Float64, "resolver": pl.Utf8,
     "calls": pl.Int32, "new_calls": pl.Int32, "failures": pl.Int32, "tokens_in": pl.Int64,
     "tokens_out": pl.Int64, "model_seconds": pl.Float64, "wall_seconds": pl.Float64,
     "ece": pl.Float64, "brier": pl.Float64, "auroc": pl.Float64, "kappa": pl.Float64,
@@ -279,13 +293,17 @@ def result_frames(result: MethodResult, goldset: str) -> dict[str, pl.DataFrame]
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """A plain-text table of result summaries (the gold set's Table 1)."""
     columns = [("method", 26, "s"), ("n", 4, "d"), ("R_irr", 7, "%"), ("R_rel", 7, "%"),
-               ("bAcc", 7, "%"), ("esc", 7, "%"), ("bAcc_res", 9, "%"), ("calls", 7, "d"),
+               ("bAcc", 7, "%"), ("95% CI", 13, "ci"), ("esc", 7, "%"), ("bAcc_res", 9, "%"), ("calls", 7, "d"),
                ("tokens", 9, "d"), ("model_s", 9, ".0f"), ("ECE", 7, ".3f"), ("AUROC", 7, ".3f"),
                ("kappa", 7, ".3f")]
     keys = {"R_irr": "recall_irrelevant", "R_rel": "recall_relevant", "esc": "escalation_ratio",
             "bAcc_res": "bacc_resolved", "model_s": "model_seconds", "ECE": "ece", "AUROC": "auroc"}
 
     def cell(row: dict[str, Any], name: str, width: int, style: str) -> str:
+        if style == "ci":
+            low, high = row.get("bacc_ci_low"), row.get("bacc_ci_high")
+            text = "-" if low is None else f"{100 * low:.1f}-{100 * high:.1f}"
+            return text.rjust(width)
         key = keys.get(name, name.lower() if name != "bAcc" else "bacc")
         value = row["tokens_in"] + row["tokens_out"] if name == "tokens" else row.get(key)
         if value is None:
@@ -320,4 +338,5 @@ def summary_json(result: MethodResult) -> str:
                                               "escalation_ratio", "n", "calls")}
     rest = {k: v for k, v in summary.items() if k not in ordered and k != "config"}
     return json.dumps({**ordered, **rest, **({"stability": result.stability} if result.stability else {}),
+                       **({"flags": result.extra["flags"]} if result.extra.get("flags") else {}),
                        "config": json.loads(summary["config"])}, indent=2)

@@ -21,8 +21,9 @@ from pydantic import Field
 from bridge_assets.labeling import pooling
 from bridge_assets.labeling.adjudicator import ADJUDICATOR_TEMPLATE, adjudicate, adjudicator_schema
 from bridge_assets.labeling.calls import MeteredGenerate
-from bridge_assets.labeling.debate import (debate_agents, debate_config_hash, labels_frame,
-                                           run_debate, turns_frame)
+from bridge_assets.evaluation.metrics import escalation_count
+from bridge_assets.labeling.debate import (DEBATE_TEMPLATES, DebateChecks, debate_agents, debate_config_hash,
+                                           labels_frame, prompt_variables, run_debate, turns_frame)
 from bridge_assets.labeling.filter import filtered_pool as summarize_votes
 from bridge_assets.labeling.filter import run_filter, votes_frame
 from bridge_assets.labeling.pairs import load_pairs
@@ -58,9 +59,35 @@ class DebateConfig(dg.Config):
     stance_order: Literal["relevant_first", "irrelevant_first"] = Field(
         "relevant_first", description="Which opening stance agent A (listed first) takes.")
     max_tokens: int = Field(256, ge=64)
+    prompt: Literal["paper", "soft_stance"] = Field(
+        "soft_stance", description="The debate prompt: the paper's (agents defend their stance) "
+        "or a softer one (a stance is a starting point to test).")
+    fewshot: bool = Field(False, description="Worked examples (resources/prompts/examples.yaml) in "
+                          "the agents' prompt.")
+    reason_words: int = Field(40, ge=5, le=300, description="The word limit each turn's reason is asked for.")
+    evidence_check: bool = Field(False, description="Escalate a 'yes' consensus that no agent backs "
+                                 "with a quote found in the chunk.")
+    answer_check: Literal["off", "short", "all"] = Field(
+        "short", description="Escalate a 'yes' consensus on a chunk that contains no reference "
+        "answer: on pairs whose answers are short spans (NQ-style), on all pairs with answers, or off.")
+    min_confidence: float = Field(0.0, ge=0.0, le=1.0, description="Escalate a consensus whose "
+                                  "weakest agent gives its answer a probability below this (0: off).")
+    escalation_budget: int = Field(0, ge=0, description="> 0: escalate at most this many pairs, "
+                                   "least confident first; the others get the agents' pooled vote "
+                                   "(outcome 'vote', an unverified label).")
+    escalation_budget_ratio: float = Field(0.0, ge=0.0, le=1.0, description="> 0: the same budget "
+                                           "as a share of the debated pairs.")
     adjudicate: bool = Field(False, description="Let an LLM adjudicator decide escalated and "
-                             "failed pairs (stored as adjudicator_label, apart from consensus).")
+                             "failed pairs (stored as adjudicator_label, apart from consensus; "
+                             "always reported as unverified, never as found holes).")
     adjudicator_model: str = Field("", description="Empty: the LLM resource's `adjudicator` role.")
+
+    def checks(self, pairs: int) -> DebateChecks:
+        budgets = [b for b in (self.escalation_budget,
+                               escalation_count(pairs, self.escalation_budget_ratio)
+                               if self.escalation_budget_ratio else 0) if b > 0]
+        return DebateChecks(evidence=self.evidence_check, answer_presence=self.answer_check,
+                            min_confidence=self.min_confidence, budget=min(budgets) if budgets else None)
 
 
 def _previous_keys(store: DuckDBStore, table: str, columns: str, dataset: str) -> set[tuple]:
@@ -166,7 +193,10 @@ def debate(context: dg.AssetExecutionContext, config: DebateConfig, store: DuckD
         pairs = load_pairs(con, dataset,
                            "select query_id, doc_id from filtered_pool where dataset = $dataset and kept")
     models = config.models or [llm.profile_for("debate")]
-    agents = debate_agents(models, config.agents, config.stance_order)
+    agents = debate_agents(models, config.agents, config.stance_order,
+                           template=DEBATE_TEMPLATES[config.prompt])
+    checks = config.checks(len(pairs))
+    variables = prompt_variables(config.fewshot, config.reason_words)
     prompts = Prompts()
     adjudicator_model = (config.adjudicator_model or llm.profile_for("adjudicator")) \
         if config.adjudicate else None
@@ -178,12 +208,13 @@ def debate(context: dg.AssetExecutionContext, config: DebateConfig, store: DuckD
                        "schema": adjudicator_schema(ADJUDICATOR_MAX_TOKENS)}
     config_hash = debate_config_hash(agents, rounds=config.rounds, temperature=config.temperature,
                                      max_tokens=config.max_tokens, prompts=prompts,
-                                     model_ids=model_ids, adjudicator=adjudicator)
+                                     model_ids=model_ids, adjudicator=adjudicator, checks=checks,
+                                     prompt_vars=variables)
     before = _previous_keys(store, "debate_labels", "pair_key, config_hash", dataset)
     generate = MeteredGenerate(llm.generate_fn(context.run_id, context.log.info))
     outcome = run_debate(pairs, agents, generate, rounds=config.rounds,
                          temperature=config.temperature, max_tokens=config.max_tokens,
-                         prompts=prompts)
+                         prompts=prompts, checks=checks, prompt_vars=variables)
     if adjudicator_model:
         outcome = adjudicate(outcome, pairs, adjudicator_model, generate, prompts=prompts,
                              max_tokens=ADJUDICATOR_MAX_TOKENS)
@@ -201,9 +232,12 @@ def debate(context: dg.AssetExecutionContext, config: DebateConfig, store: DuckD
         "rounds": config.rounds,
         **{f"consensus_after_round_{r}": count for r, count in consensus.items()},
         **{f"consensus_share_after_round_{r}": _share(count, n) for r, count in consensus.items()},
-        "relevant": int((labels["label"] == 1).sum()), "irrelevant": int((labels["label"] == 0).sum()),
-        "escalated": escalated, "failed": failed,
+        "relevant": int(((labels["label"] == 1) & (labels["outcome"] == "consensus")).sum()),
+        "irrelevant": int(((labels["label"] == 0) & (labels["outcome"] == "consensus")).sum()),
+        "escalated": escalated, "failed": failed, "voted_over_budget": outcome.count("vote"),
         "escalation_ratio": _share(escalated + failed, n),
+        **{f"escalated_{flag}": count for flag, count in outcome.flag_counts().items()},
+        "checks": ", ".join(f"{k}={v}" for k, v in checks.as_config().items()),
         **generate.stats.as_metadata(), "time_s": _seconds(started)}
     if adjudicator_model:
         metadata["adjudicated"] = int(labels["adjudicator_label"].is_not_null().sum())

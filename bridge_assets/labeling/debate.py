@@ -1,10 +1,18 @@
 """DREAM: agents with opposing opening stances debate each (query, answers, chunk) triplet.
 
 Round 1 shows each agent only the opening stances; every later round shows all earlier turns.
-After each round, pairs whose agents all give the same response get that response as their
-label (consensus); after the last round the others are escalated with their full history. A
-turn whose call failed, or whose reply is not the JSON the schema asks for, ends the pair as
-`failed` (escalated too): a failure never becomes a label.
+After each round, pairs whose agents all give the same response agree; after the last round
+the others are escalated with their full history. A turn whose call failed, or whose reply is
+not the JSON the schema asks for, ends the pair as `failed` (escalated too): a failure never
+becomes a label.
+
+An agreement becomes the pair's label (outcome `consensus`) only when it passes the checks
+(`DebateChecks`, all optional): a "yes" must rest on a quote that is really in the chunk
+(evidence), on a chunk that contains a reference answer (answer presence, for short-answer
+datasets), and every agent must be sure enough of its answer (confidence: the probability
+of its yes/no token). An agreement that fails a check is escalated, with the failed checks
+as its `flags`. A human budget caps the escalations: beyond it the least confident pairs are
+escalated and the others get the agents' pooled vote (outcome `vote`, an unverified label).
 
 Agents within a round answer independently, so a round is one batch: the requests of all
 pairs still debating go to the model in one `generate` call per model profile, which lets a
@@ -15,24 +23,42 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 import polars as pl
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from bridge_assets.labeling.calls import Generate, generate_grouped, parse_reply
+from bridge_assets.labeling.evidence import (DEFAULT_MIN_RATIO, answer_in_chunk, answers_are_short,
+                                             evidence_status)
 from bridge_assets.labeling.pairs import Pair
-from bridge_assets.labeling.prompts import Prompts
-from bridge_assets.llm.types import LLMRequest
+from bridge_assets.labeling.prompts import Prompts, worked_examples
+from bridge_assets.llm.scores import field_yes_probability
+from bridge_assets.llm.types import LLMRequest, LLMResult
 
 Stance = Literal["relevant", "irrelevant"]
 StanceOrder = Literal["relevant_first", "irrelevant_first"]
-Outcome = Literal["consensus", "escalated", "failed"]
-DEBATE_TEMPLATE = "debate_turn"
+Outcome = Literal["consensus", "escalated", "failed", "vote"]
+AnswerPresence = Literal["off", "short", "all"]
+# The debate prompts: the paper's (agents defend their stance, Tables 27-28 of the DREAM
+# paper) and a softer one (a stance is a starting point to test).
+DEBATE_TEMPLATES = {"paper": "debate_turn_paper", "soft_stance": "debate_turn"}
+DEBATE_TEMPLATE = DEBATE_TEMPLATES["soft_stance"]
 AGENT_NAMES = "ABCDEFGH"
+TOP_LOGPROBS = 5  # alternatives read at the yes/no token for an agent's confidence
+MAX_QUOTES = 2
+SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s|$)")
+
+# Escalation reasons (the `flags` of a pair): why people, not the agents, must decide.
+FLAG_DISAGREEMENT = "disagreement"
+FLAG_FAILED = "failed"
+FLAG_EVIDENCE = "unverified_evidence"
+FLAG_ANSWER = "answer_absent"
+FLAG_CONFIDENCE = "low_confidence"
 
 
 def reply_budget(max_tokens: int) -> int:
@@ -43,20 +69,39 @@ def reply_budget(max_tokens: int) -> int:
 
 def turn_schema(max_tokens: int) -> dict:
     """A turn's JSON schema. Quotes and reason are bounded so that a constrained decoder
-    always closes the object within `max_tokens`: a small model that rambles cannot leave
-    truncated (unparseable, hence failed) JSON behind."""
+    always closes the object within `max_tokens` (a small model that rambles cannot leave
+    truncated, hence failed, JSON behind); the bounds are generous, and a text that reaches
+    one is cut back to a whole sentence or word when it is read (`bounded_text`)."""
     budget = reply_budget(max_tokens)
     return {
         "type": "object",
         "properties": {
-            "reference": {"type": "array", "maxItems": 2,
-                          "items": {"type": "string", "maxLength": budget * 3 // 10}},
-            "reason": {"type": "string", "maxLength": budget * 4 // 10},
+            "reference": {"type": "array", "maxItems": MAX_QUOTES,
+                          "items": {"type": "string", "maxLength": quote_bound(max_tokens)}},
+            "reason": {"type": "string", "maxLength": budget - MAX_QUOTES * quote_bound(max_tokens)},
             "response": {"type": "string", "enum": ["yes", "no"]},
         },
         "required": ["reference", "reason", "response"],
         "additionalProperties": False,
     }
+
+
+def quote_bound(max_tokens: int) -> int:
+    return reply_budget(max_tokens) // 4
+
+
+def bounded_text(text: str, bound: int, *, sentences: bool) -> str:
+    """`text` as written when it stayed under `bound`; when the decoder stopped it at the
+    bound, cut back to the last whole sentence (a reason) or word (a quote, which stays a
+    verbatim piece of the chunk), never mid-word."""
+    if len(text) < bound:
+        return text
+    if sentences:
+        ends = [m.end() for m in SENTENCE_END.finditer(text)]
+        if ends:
+            return text[:ends[-1]]
+    cut = text.rfind(" ")
+    return text[:cut].rstrip(" ,;:") + ("…" if sentences else "") if cut > 0 else text
 
 
 class TurnReply(BaseModel):
@@ -103,6 +148,14 @@ class Turn:
     response: str | None  # None when the call failed
     call_key: str
     error: str | None
+    evidence: str | None = None      # verified | unverified | none: are the quotes in the chunk?
+    confidence: float | None = None  # P(its own response) from the yes/no token's log-probs
+
+    @property
+    def p_yes(self) -> float | None:
+        if self.confidence is None or self.response is None:
+            return None
+        return self.confidence if self.response == "yes" else 1 - self.confidence
 
 
 @dataclass(frozen=True)
@@ -112,12 +165,36 @@ class PairLabel:
     query_id: str
     doc_id: str
     pair_key: str
-    label: int | None  # 1 relevant, 0 not; only for outcome 'consensus'
+    label: int | None  # 1 relevant, 0 not; for outcome 'consensus' (and 'vote', unverified)
     outcome: Outcome
     rounds_used: int
+    agreed_label: int | None = None    # what the agents agreed on, whether or not it passed the checks
+    flags: tuple[str, ...] = ()        # why the pair went to people (see FLAG_*)
+    confidence: float | None = None    # the weakest agent's P(its answer) in the last round
+    p_yes: float | None = None         # the agents' mean P(yes) in the last round
+    answer_present: bool | None = None  # a reference answer occurs in the chunk (when checked)
     adjudicator_label: int | None = None
     adjudicator_call_key: str | None = None
     adjudicator_error: str | None = None
+
+
+@dataclass(frozen=True)
+class DebateChecks:
+    """What an agreement must pass to become a label; see the module docstring.
+
+    Off (the defaults) means the agents' agreement is the label, as in the paper.
+    """
+
+    evidence: bool = False           # a "yes" needs an agent's quote found in the chunk
+    # a "yes" needs a reference answer in the chunk: on pairs whose answers are short spans
+    # (NQ-style; `answers_are_short`), on every pair with answers, or never
+    answer_presence: AnswerPresence = "off"
+    min_confidence: float = 0.0      # every agent's P(its answer) at least this
+    quote_ratio: float = DEFAULT_MIN_RATIO
+    budget: int | None = None        # escalate at most this many pairs (None: no cap)
+
+    def as_config(self) -> dict:
+        return asdict(self)
 
 
 @dataclass
@@ -135,6 +212,15 @@ class DebateOutcome:
     def count(self, outcome: Outcome) -> int:
         return sum(1 for label in self.labels if label.outcome == outcome)
 
+    def flag_counts(self) -> dict[str, int]:
+        """Escalated or failed pairs per reason (a pair may carry several)."""
+        counts: dict[str, int] = {}
+        for label in self.labels:
+            if label.outcome in ("escalated", "failed"):
+                for flag in label.flags:
+                    counts[flag] = counts.get(flag, 0) + 1
+        return dict(sorted(counts.items()))
+
     def histories(self) -> dict[tuple[str, str], list[list[Turn]]]:
         """Each pair's turns, (query_id, doc_id) -> rounds in order -> turns in agent order."""
         grouped: dict[tuple[str, str], dict[int, list[Turn]]] = defaultdict(lambda: defaultdict(list))
@@ -144,7 +230,8 @@ class DebateOutcome:
 
 
 def debate_agents(models: Sequence[str], count: int = 2,
-                  stance_order: StanceOrder = "relevant_first") -> tuple[AgentConfig, ...]:
+                  stance_order: StanceOrder = "relevant_first",
+                  template: str = DEBATE_TEMPLATE) -> tuple[AgentConfig, ...]:
     """`count` agents named A, B, ..., stances alternating (half each), starting with the
     stance `stance_order` names. `models`: one profile for all, or one per agent."""
     if count < 2 or count % 2 or count > len(AGENT_NAMES):
@@ -156,25 +243,125 @@ def debate_agents(models: Sequence[str], count: int = 2,
     first, second = ("relevant", "irrelevant") if stance_order == "relevant_first" \
         else ("irrelevant", "relevant")
     return tuple(AgentConfig(AGENT_NAMES[i], first if i % 2 == 0 else second,
-                             models[0] if len(models) == 1 else models[i])
+                             models[0] if len(models) == 1 else models[i], template)
                  for i in range(count))
+
+
+def prompt_variables(fewshot: bool, reason_words: int) -> dict[str, object]:
+    """The extra template variables of the judge and debate prompts."""
+    return {"examples": worked_examples() if fewshot else [], "reason_words": reason_words}
 
 
 def turn_request(pair: Pair, agent: AgentConfig, agents: Sequence[AgentConfig],
                  history: list[list[Turn]], round_number: int, prompts: Prompts,
-                 temperature: float, max_tokens: int) -> LLMRequest:
+                 temperature: float, max_tokens: int,
+                 prompt_vars: Mapping[str, object] | None = None) -> LLMRequest:
     messages = prompts.messages(
         agent.template, query=pair.query, answers=pair.answers, chunk=pair.chunk,
         agent=agent.name, stance=agent.stance, agents=agents, history=history,
-        round=round_number)
+        round=round_number, **(prompt_vars or {}))
     return LLMRequest(messages=messages, json_schema=turn_schema(max_tokens), max_tokens=max_tokens,
-                      temperature=temperature, purpose="debate" if agent.stance else "judge")
+                      temperature=temperature, top_logprobs=TOP_LOGPROBS, purpose=turn_purpose(agent))
+
+
+def turn_purpose(agent: AgentConfig) -> str:
+    """What the call ledger records a turn as: the judge, or a debate turn of either prompt."""
+    if agent.stance is None:
+        return "judge"
+    return "debate_paper" if agent.template == DEBATE_TEMPLATES["paper"] else "debate"
+
+
+def read_turn(pair: Pair, agent: AgentConfig, round_number: int, result: LLMResult,
+              max_tokens: int, quote_ratio: float) -> Turn:
+    """One agent's reply as a Turn: texts cut back to whole sentences or words where the
+    schema's bound stopped them, quotes checked against the chunk, the answer's probability
+    read from the log-probabilities (when the backend returned them)."""
+    reply, error = parse_reply(result, TurnReply)
+    if reply is None:
+        return Turn(pair.query_id, pair.doc_id, pair.key, round_number, agent.name, agent.stance,
+                    agent.model, (), None, None, result.key, error)
+    schema = turn_schema(max_tokens)["properties"]
+    quotes = tuple(bounded_text(q, quote_bound(max_tokens), sentences=False) for q in reply.reference)
+    reason = bounded_text(reply.reason, schema["reason"]["maxLength"], sentences=True)
+    p_yes = field_yes_probability(result.logprobs)
+    confidence = None if p_yes is None else (p_yes if reply.response == "yes" else 1 - p_yes)
+    return Turn(pair.query_id, pair.doc_id, pair.key, round_number, agent.name, agent.stance,
+                agent.model, quotes, reason, reply.response, result.key, None,
+                evidence_status(quotes, pair.chunk, quote_ratio), confidence)
+
+
+def decide(pair: Pair, turns: Sequence[Turn], round_number: int, last_round: bool,
+           checks: DebateChecks | None) -> PairLabel | None:
+    """The pair's label after a round, or None while its agents still disagree and rounds are
+    left."""
+    p_yes_values = [t.p_yes for t in turns]
+    confidences = [t.confidence for t in turns]
+    common = dict(
+        confidence=None if None in confidences else min(confidences),  # type: ignore[type-var]
+        p_yes=None if None in p_yes_values else sum(p_yes_values) / len(p_yes_values),  # type: ignore[arg-type]
+        answer_present=answer_in_chunk(pair.answers, pair.chunk)
+        if checks and answer_check_applies(checks.answer_presence, pair.answers) else None)
+    responses = {t.response for t in turns}
+    if None in responses:
+        return PairLabel(pair.query_id, pair.doc_id, pair.key, None, "failed", round_number,
+                         flags=(FLAG_FAILED,), **common)
+    if len(responses) > 1:
+        if not last_round:
+            return None
+        return PairLabel(pair.query_id, pair.doc_id, pair.key, None, "escalated", round_number,
+                         flags=(FLAG_DISAGREEMENT,), **common)
+    agreed = int(responses.pop() == "yes")
+    flags = []
+    if checks is not None:
+        if agreed and checks.evidence and not any(t.evidence == "verified" for t in turns):
+            flags.append(FLAG_EVIDENCE)
+        if agreed and common["answer_present"] is False:
+            flags.append(FLAG_ANSWER)
+        if checks.min_confidence > 0 and common["confidence"] is not None \
+                and common["confidence"] < checks.min_confidence:
+            flags.append(FLAG_CONFIDENCE)
+    if flags:
+        return PairLabel(pair.query_id, pair.doc_id, pair.key, None, "escalated", round_number,
+                         agreed_label=agreed, flags=tuple(flags), **common)
+    return PairLabel(pair.query_id, pair.doc_id, pair.key, agreed, "consensus", round_number,
+                     agreed_label=agreed, **common)
+
+
+def answer_check_applies(mode: AnswerPresence, answers: Sequence[str]) -> bool:
+    if mode == "off" or not answers:
+        return False
+    return mode == "all" or answers_are_short([answers])
+
+
+def apply_budget(labels: list[PairLabel], budget: int) -> list[PairLabel]:
+    """Escalate at most `budget` pairs: failed pairs always (nobody answered them), then the
+    least certain of the others (pooled P(yes) closest to 0.5; unknown counts as least
+    certain). The others over the budget get the pooled vote, P(yes) >= 0.5 (or, without
+    log-probabilities, what the agents agreed on), as outcome 'vote'; a disagreement with
+    neither stays escalated."""
+    open_ = [i for i, label in enumerate(labels) if label.outcome in ("escalated", "failed")]
+    if len(open_) <= budget:
+        return labels
+    failed = [i for i in open_ if labels[i].outcome == "failed"]
+    others = sorted((i for i in open_ if labels[i].outcome != "failed"),
+                    key=lambda i: (0.0 if labels[i].p_yes is None else abs(labels[i].p_yes - 0.5), i))
+    over = others[max(0, budget - len(failed)):]
+    decided = list(labels)
+    for i in over:
+        label = labels[i]
+        vote = int(label.p_yes >= 0.5) if label.p_yes is not None else label.agreed_label
+        if vote is not None:
+            decided[i] = replace(label, label=vote, outcome="vote")
+    return decided
 
 
 def run_debate(pairs: Sequence[Pair], agents: Sequence[AgentConfig], generate: Generate, *,
                rounds: int = 2, temperature: float = 0.0, max_tokens: int = 256,
-               prompts: Prompts | None = None) -> DebateOutcome:
-    """Debate every pair for at most `rounds` rounds; see the module docstring."""
+               prompts: Prompts | None = None, checks: DebateChecks | None = None,
+               prompt_vars: Mapping[str, object] | None = None) -> DebateOutcome:
+    """Debate every pair for at most `rounds` rounds; see the module docstring. `checks`
+    None: no checks (the LLMJudge); `prompt_vars`: extra template variables (worked examples,
+    the reason's word limit)."""
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     if not agents:
@@ -183,6 +370,7 @@ def run_debate(pairs: Sequence[Pair], agents: Sequence[AgentConfig], generate: G
         raise ValueError(f"agent names must be distinct: {[a.name for a in agents]}")
     prompts = prompts or Prompts()
     agents = tuple(agents)
+    quote_ratio = checks.quote_ratio if checks else DEFAULT_MIN_RATIO
     histories: dict[int, list[list[Turn]]] = {i: [] for i in range(len(pairs))}
     labels: dict[int, PairLabel] = {}
     active = list(range(len(pairs)))
@@ -191,65 +379,62 @@ def run_debate(pairs: Sequence[Pair], agents: Sequence[AgentConfig], generate: G
             break
         slots = [(i, agent) for i in active for agent in agents]
         requests = [(agent.model, turn_request(pairs[i], agent, agents, histories[i], round_number,
-                                               prompts, temperature, max_tokens))
+                                               prompts, temperature, max_tokens, prompt_vars))
                     for i, agent in slots]
         results = generate_grouped(requests, generate)
         round_turns: dict[int, list[Turn]] = defaultdict(list)
         for (i, agent), result in zip(slots, results, strict=True):
-            pair = pairs[i]
-            reply, error = parse_reply(result, TurnReply)
-            round_turns[i].append(Turn(
-                pair.query_id, pair.doc_id, pair.key, round_number, agent.name, agent.stance,
-                agent.model, tuple(reply.reference) if reply else (),
-                reply.reason if reply else None, reply.response if reply else None,
-                result.key, error))
+            round_turns[i].append(read_turn(pairs[i], agent, round_number, result, max_tokens, quote_ratio))
         still_active = []
         for i in active:
-            turns = round_turns[i]
-            histories[i].append(turns)
-            pair = pairs[i]
-            responses = {turn.response for turn in turns}
-            if None in responses:
-                labels[i] = PairLabel(pair.query_id, pair.doc_id, pair.key, None, "failed", round_number)
-            elif len(responses) == 1:
-                labels[i] = PairLabel(pair.query_id, pair.doc_id, pair.key,
-                                      int(responses.pop() == "yes"), "consensus", round_number)
-            elif round_number == rounds:
-                labels[i] = PairLabel(pair.query_id, pair.doc_id, pair.key, None, "escalated", round_number)
-            else:
+            histories[i].append(round_turns[i])
+            label = decide(pairs[i], round_turns[i], round_number, round_number == rounds, checks)
+            if label is None:
                 still_active.append(i)
+            else:
+                labels[i] = label
         active = still_active
+    ordered = [labels[i] for i in range(len(pairs))]
+    if checks is not None and checks.budget is not None:
+        ordered = apply_budget(ordered, checks.budget)
     turns = [turn for i in range(len(pairs)) for round_turns in histories[i] for turn in round_turns]
-    return DebateOutcome([labels[i] for i in range(len(pairs))], turns, agents, rounds)
+    return DebateOutcome(ordered, turns, agents, rounds)
 
 
 def debate_config_hash(agents: Sequence[AgentConfig], *, rounds: int, temperature: float,
                        max_tokens: int, prompts: Prompts, model_ids: Mapping[str, str],
-                       adjudicator: Mapping[str, object] | None = None) -> str:
+                       adjudicator: Mapping[str, object] | None = None,
+                       checks: DebateChecks | None = None,
+                       prompt_vars: Mapping[str, object] | None = None) -> str:
     """A label's labeler configuration: agents, their models (profile and model id), rounds,
-    sampling, the prompts' content hashes and the adjudicator's settings when one runs."""
+    sampling, the prompts' content hashes and extra variables, the checks and the
+    adjudicator's settings when one runs."""
     templates = sorted({agent.template for agent in agents})
     config = {
         "agents": [[a.name, a.stance, a.model, model_ids.get(a.model, "")] for a in agents],
         "rounds": rounds, "temperature": temperature, "max_tokens": max_tokens,
         "prompts": {name: prompts.hash(name) for name in templates},
+        "prompt_vars": prompt_vars or {}, "checks": checks.as_config() if checks else None,
         "schema": turn_schema(max_tokens), "adjudicator": adjudicator,
     }
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
 
 
 LABEL_SCHEMA = {"query_id": pl.Utf8, "doc_id": pl.Utf8, "pair_key": pl.Utf8, "label": pl.Int32,
-                "outcome": pl.Utf8, "rounds_used": pl.Int32, "adjudicator_label": pl.Int32,
+                "outcome": pl.Utf8, "rounds_used": pl.Int32, "agreed_label": pl.Int32,
+                "flags": pl.List(pl.Utf8), "confidence": pl.Float64, "p_yes": pl.Float64,
+                "answer_present": pl.Boolean, "adjudicator_label": pl.Int32,
                 "adjudicator_call_key": pl.Utf8, "adjudicator_error": pl.Utf8}
 TURN_COLUMNS = {"query_id": pl.Utf8, "doc_id": pl.Utf8, "pair_key": pl.Utf8, "round": pl.Int32,
                 "agent": pl.Utf8, "stance": pl.Utf8, "model": pl.Utf8,
                 "reference": pl.List(pl.Utf8), "reason": pl.Utf8, "response": pl.Utf8,
-                "call_key": pl.Utf8, "error": pl.Utf8}
+                "call_key": pl.Utf8, "error": pl.Utf8, "evidence": pl.Utf8, "confidence": pl.Float64}
 
 
 def labels_frame(outcome: DebateOutcome, dataset: str, config_hash: str) -> pl.DataFrame:
     """The `debate_labels` rows of `dataset`."""
-    frame = pl.DataFrame([asdict(label) for label in outcome.labels], schema=LABEL_SCHEMA)
+    rows = [{**asdict(label), "flags": list(label.flags)} for label in outcome.labels]
+    frame = pl.DataFrame(rows, schema=LABEL_SCHEMA)
     return frame.with_columns(pl.lit(dataset).alias("dataset"), pl.lit(config_hash).alias("config_hash"))
 
 

@@ -9,16 +9,19 @@ every template it includes) goes into a labeler's configuration hash.
 from __future__ import annotations
 
 import hashlib
+import json
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import jinja2
 import jinja2.meta
+import yaml
 
 from bridge_assets.paths import RESOURCES_DIR
 
 PROMPTS_DIR = RESOURCES_DIR / "prompts"
+EXAMPLES_FILE = PROMPTS_DIR / "examples.yaml"
 ROLES = ("system", "user")
 
 Messages = tuple[tuple[str, str], ...]
@@ -76,3 +79,22 @@ class Prompts:
             referenced = jinja2.meta.find_referenced_templates(self._environment.parse(source))
             pending.extend(sorted(r for r in referenced if r is not None))
         return digest.hexdigest()[:16]
+
+
+def worked_examples(path: Path = EXAMPLES_FILE) -> list[dict[str, Any]]:
+    """The worked examples the labeling prompts show with `fewshot` on (examples.j2): query,
+    answers, chunk and the correct reply of each, the reply as the JSON text a model should
+    write (keys in the schema's order)."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise PromptError(f"{path}: cannot read the worked examples ({exc})") from None
+    fields = ("query", "answers", "chunk", "reply")
+    examples = []
+    for index, example in enumerate(raw.get("examples") or [], start=1):
+        missing = [f for f in fields if f not in (example or {})]
+        if missing:
+            raise PromptError(f"{path}: example {index} lacks {missing}")
+        reply = {key: example["reply"][key] for key in ("reference", "reason", "response")}
+        examples.append({**{f: example[f] for f in fields}, "reply": json.dumps(reply, ensure_ascii=False)})
+    return examples

@@ -8,6 +8,7 @@ retries. Parsing, parse retries and the call ledger belong to `LLMClient`.
 from __future__ import annotations
 
 import atexit
+import json
 import itertools
 import os
 import threading
@@ -104,12 +105,60 @@ def _prompt_tokens(model, request: LLMRequest) -> list[int]:
     return model.tokenize(prompt.prompt.encode("utf-8"), add_bos=not prompt.added_special, special=True)
 
 
+class _Grammar:
+    """A JSON schema's grammar as a llama.cpp sampler, applied by hand in the greedy loop: the
+    model's raw distribution gives the log-probabilities, the grammar only picks the token."""
+
+    def __init__(self, model, schema: dict[str, Any]):
+        import ctypes
+
+        import llama_cpp
+        from llama_cpp._internals import LlamaTokenDataArray
+        from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+        self._llama_cpp, self._ctypes = llama_cpp, ctypes
+        vocab = llama_cpp.llama_model_get_vocab(model.model)
+        self._sampler = llama_cpp.llama_sampler_init_grammar(
+            vocab, json_schema_to_gbnf(json.dumps(schema)).encode(), b"root")
+        if not self._sampler:
+            raise ValueError("llama.cpp could not compile the JSON schema's grammar")
+        self._all = LlamaTokenDataArray(n_vocab=model.n_vocab())
+        self._one = (llama_cpp.llama_token_data * 1)()
+        self._one_array = llama_cpp.llama_token_data_array(data=self._one, size=1, selected=-1, sorted=False)
+
+    def choose(self, logits) -> int:
+        """The most likely token the grammar allows (the greedy token is tried alone first, as
+        llama.cpp's own sampler does, because checking the whole vocabulary is slow)."""
+        import numpy as np
+
+        token = int(logits.argmax())
+        self._one[0].id, self._one[0].logit, self._one[0].p = token, float(logits[token]), 0.0
+        self._one_array.size, self._one_array.selected = 1, -1
+        self._llama_cpp.llama_sampler_apply(self._sampler, self._ctypes.byref(self._one_array))
+        if np.isfinite(self._one[0].logit):
+            return token
+        self._all.copy_logits(logits.astype(np.single))
+        self._llama_cpp.llama_sampler_apply(self._sampler, self._ctypes.byref(self._all.candidates))
+        allowed = self._all.candidates_data.logit
+        if not np.isfinite(allowed.max()):
+            raise ValueError("the grammar allows no token here")
+        return int(self._all.candidates_data.id[int(allowed.argmax())])
+
+    def accept(self, token: int) -> None:
+        self._llama_cpp.llama_sampler_accept(self._sampler, token)
+
+    def close(self) -> None:
+        self._llama_cpp.llama_sampler_free(self._sampler)
+
+
 def _greedy_with_logprobs(model, request: LLMRequest) -> tuple[str, list[TokenLogprob], int, int]:
     """Greedy decoding that reads the log-probabilities from the last position's logits only.
 
-    Same tokens as llama.cpp's greedy sampler (argmax) and the same top-k log-softmax values,
-    without `logits_all`; the KV cache of the prefix shared with the previous prompt is reused,
-    as llama-cpp-python's own generate() does. Returns text, log-probs, tokens in and out.
+    Same tokens as llama.cpp's greedy sampler (argmax; under the request's JSON schema, the most
+    likely token its grammar allows) and the same top-k log-softmax values of the model's own
+    distribution, without `logits_all`; the KV cache of the prefix shared with the previous
+    prompt is reused, as llama-cpp-python's own generate() does. Returns text, log-probs,
+    tokens in and out.
     """
     import llama_cpp
     import numpy as np
@@ -120,31 +169,38 @@ def _greedy_with_logprobs(model, request: LLMRequest) -> tuple[str, list[TokenLo
                          f"window of {model.n_ctx()}")
     vocab = llama_cpp.llama_model_get_vocab(model.model)
     n_vocab = model.n_vocab()
+    grammar = _Grammar(model, request.json_schema) if request.json_schema is not None else None
     keep = min(model.longest_token_prefix(model._input_ids.tolist(), tokens), len(tokens) - 1)
     model.n_tokens = keep
     model.eval(tokens[keep:])
     generated: list[int] = []
     logprobs: list[TokenLogprob] = []
     text = ""
-    for _ in range(request.max_tokens):
-        logits = np.ctypeslib.as_array(model._ctx.get_logits_ith(-1), shape=(n_vocab,)).astype(np.float64)
-        log_softmax = logits - (logits.max() + np.log(np.exp(logits - logits.max()).sum()))
-        token = int(log_softmax.argmax())
-        if llama_cpp.llama_vocab_is_eog(vocab, token):
-            break
-        top = np.argpartition(-log_softmax, request.top_logprobs)[:request.top_logprobs]
-        top = top[np.argsort(-log_softmax[top])]
-        piece = model.detokenize([token], special=False).decode("utf-8", errors="ignore")
-        logprobs.append(TokenLogprob(
-            token=piece, logprob=float(log_softmax[token]),
-            top={model.detokenize([int(t)], special=False).decode("utf-8", errors="ignore"):
-                 float(log_softmax[t]) for t in top}))
-        generated.append(token)
-        text = model.detokenize(generated, special=False).decode("utf-8", errors="ignore")
-        if any(stop in text for stop in request.stop):
-            text = text[:min(text.index(stop) for stop in request.stop if stop in text)]
-            break
-        model.eval([token])
+    try:
+        for _ in range(request.max_tokens):
+            logits = np.ctypeslib.as_array(model._ctx.get_logits_ith(-1), shape=(n_vocab,)).astype(np.float64)
+            log_softmax = logits - (logits.max() + np.log(np.exp(logits - logits.max()).sum()))
+            token = grammar.choose(logits) if grammar else int(log_softmax.argmax())
+            if llama_cpp.llama_vocab_is_eog(vocab, token):
+                break
+            if grammar:
+                grammar.accept(token)
+            top = np.argpartition(-log_softmax, request.top_logprobs)[:request.top_logprobs]
+            top = top[np.argsort(-log_softmax[top])]
+            piece = model.detokenize([token], special=False).decode("utf-8", errors="ignore")
+            logprobs.append(TokenLogprob(
+                token=piece, logprob=float(log_softmax[token]),
+                top={model.detokenize([int(t)], special=False).decode("utf-8", errors="ignore"):
+                     float(log_softmax[t]) for t in top}))
+            generated.append(token)
+            text = model.detokenize(generated, special=False).decode("utf-8", errors="ignore")
+            if any(stop in text for stop in request.stop):
+                text = text[:min(text.index(stop) for stop in request.stop if stop in text)]
+                break
+            model.eval([token])
+    finally:
+        if grammar:
+            grammar.close()
     return text, logprobs, len(tokens), len(generated)
 
 
@@ -170,7 +226,7 @@ class LlamaCppBackend:
 
     def _one(self, request: LLMRequest) -> LLMResult:
         key = call_key(self.name, self.model_id, request)
-        if request.top_logprobs is not None and request.temperature == 0 and request.json_schema is None:
+        if request.top_logprobs is not None and request.temperature == 0:
             return self._greedy_logprobs(key, request)
         model = self._model(logits_all=request.top_logprobs is not None)
         kwargs: dict[str, Any] = dict(
