@@ -1,8 +1,10 @@
 """`bridge audit`: the whole story of one (dataset, query, chunk) label.
 
 Query text and answers, the chunk; every system and rank that surfaced it (retrieval_run,
-candidate_pool); the filter votes; every debate turn; the human votes (annotator ids, with or
-without history, attention-check status); the final label and its source (bridge_qrels); the
+candidate_pool); the filter votes; every debate turn (each quote marked when it is not in the
+chunk) and the checks the agreement passed or failed; the human votes (annotator ids, with or
+without history, attention-check status); the final label and its source, or that the pair is
+pending and what a model guessed for it, apart (bridge_qrels); the
 models and prompt hashes of every LLM call behind it (llm_calls, by call key); and the Dagster
 runs that materialized each stage for the dataset. A stage whose table does not exist yet is
 reported as not materialized; the story of an original gold pair simply has no labeling steps.
@@ -19,6 +21,8 @@ import dagster as dg
 import duckdb
 import typer
 
+from bridge_assets.labeling.evidence import quote_matches
+from bridge_assets.labeling.pairs import chunk_text
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.llm.parsing import canonical_json
 from bridge_assets.store import table_exists
@@ -28,8 +32,9 @@ DATASET_ASSETS = ("corpus", "queries", "original_qrels", "candidate_pool", "filt
                   "filtered_pool", "debate_labels", "debate_turns", "human_labels", "bridge_qrels",
                   "retrieval_metrics", "report")
 # Which prompt template made the calls of each purpose.
-TEMPLATES = {"filter": "filter", "debate": "debate_turn", "adjudicator": "adjudicator",
-             "judge": "judge", "rag_answer": "rag_answer", "rag_judgment": "rag_judgment"}
+TEMPLATES = {"filter": "filter", "debate": "debate_turn", "debate_paper": "debate_turn_paper",
+             "adjudicator": "adjudicator", "judge": "judge", "rag_answer": "rag_answer",
+             "rag_judgment": "rag_judgment"}
 
 
 class AuditError(LookupError):
@@ -131,12 +136,14 @@ def audit_pair(con: duckdb.DuckDBPyConnection, dataset: str, query_id: str, doc_
         if filtered is not None or votes is not None else None
 
     labels = reader.pair_rows("debate_labels")
-    turns = reader.pair_rows("debate_turns", "round, agent, stance, model, reference, reason, response, "
-                                             "call_key, error", "round, agent")
+    turns = reader.pair_rows("debate_turns", order="round, agent")
     story["debate"] = None
     if labels:
         label = {k: v for k, v in labels[0].items() if k not in ("dataset", "query_id", "doc_id")}
-        story["debate"] = {**label, "turns": turns or []}
+        text = chunk_text(story["chunk"]["title"], story["chunk"]["text"]) if story["chunk"] else ""
+        story["debate"] = {**label, "turns": [
+            {**{k: v for k, v in turn.items() if k not in ("dataset", "query_id", "doc_id", "pair_key")},
+             "quotes_in_chunk": quote_matches(turn["reference"] or [], text)} for turn in turns or []]}
 
     human = reader.pair_rows("human_labels", "label, votes, votes_relevant, agreement")
     human_votes = reader.pair_rows("human_votes", "vote_id, annotator_id, label, with_history, "
@@ -144,12 +151,11 @@ def audit_pair(con: duckdb.DuckDBPyConnection, dataset: str, query_id: str, doc_
                                                   "created_at", "vote_id")
     story["human"] = {"label": human[0] if human else None, "votes": human_votes or []}
 
-    final = reader.pair_rows("bridge_qrels", "relevance, source, provisional, pair_key, config_hash, "
-                                             "call_keys, vote_ids")
+    final = reader.pair_rows("bridge_qrels", "relevance, source, unverified_label, unverified_source, "
+                                             "pair_key, config_hash, call_keys, vote_ids")
     story["final"] = final[0] if final else None
     if final is not None and not final:
-        escalated = story["debate"] and story["debate"]["outcome"] in ("escalated", "failed")
-        story["final_status"] = "open: escalated, waiting for human votes" if escalated else "unjudged"
+        story["final_status"] = "unjudged"
 
     keys = [v["call_key"] for v in story["filter"]["votes"] if v["call_key"]] if story["filter"] else []
     if story["debate"]:
@@ -227,6 +233,16 @@ def format_story(story: dict[str, Any]) -> str:
     if debate:
         lines.append(_line("outcome", f"{debate['outcome']}  label {debate['label']}  rounds "
                                       f"{debate['rounds_used']}  config {debate['config_hash']}"))
+        if debate.get("flags"):
+            agreed = debate.get("agreed_label")
+            lines.append(_line("escalated because", ", ".join(debate["flags"])
+                               + (f"  (the agents agreed on {agreed})" if agreed is not None else "")))
+        if debate.get("confidence") is not None:
+            lines.append(_line("confidence", f"weakest agent {debate['confidence']:.3f}  mean P(yes) "
+                                             f"{debate['p_yes']:.3f}" if debate.get("p_yes") is not None
+                               else f"weakest agent {debate['confidence']:.3f}"))
+        if debate.get("answer_present") is not None:
+            lines.append(_line("answer in chunk", "yes" if debate["answer_present"] else "no"))
         lines.append(_line("pair key", debate["pair_key"]))
         if debate.get("adjudicator_label") is not None:
             lines.append(_line("adjudicator", f"label {debate['adjudicator_label']}  call "
@@ -236,9 +252,10 @@ def format_story(story: dict[str, Any]) -> str:
             if turn["error"]:
                 lines.append(f"  {head}: failed: {turn['error']}")
                 continue
-            lines.append(f"  {head}: {turn['response']}")
-            for quote in turn["reference"] or []:
-                lines.append(f"      quote: \"{quote}\"")
+            sure = f"  (P {turn['confidence']:.3f})" if turn.get("confidence") is not None else ""
+            lines.append(f"  {head}: {turn['response']}{sure}")
+            for quote, found in zip(turn["reference"] or [], turn["quotes_in_chunk"]):
+                lines.append(f"      quote: \"{quote}\"" + ("" if found else "  [NOT IN THE CHUNK]"))
             lines.append(f"      reason: {turn['reason']}")
     elif "debate_labels" not in story["not_materialized"]:
         lines.append("  not debated")
@@ -261,14 +278,19 @@ def format_story(story: dict[str, Any]) -> str:
 
     lines = [_missing(story, "bridge_qrels")]
     final = story["final"]
+    if final and final["source"] == "pending":
+        lines.append(_line("label", "pending: escalated, awaiting people (not a label)"))
+        if final["unverified_source"]:
+            lines.append(_line("unverified guess", f"{final['unverified_label']} by the "
+                                                   f"{final['unverified_source']} (not counted)"))
+    elif final:
+        lines.append(_line("label", f"relevance {final['relevance']}  source {final['source']}"))
     if final:
-        lines.append(_line("label", f"relevance {final['relevance']}  source {final['source']}"
-                                    f"{'  (provisional)' if final['provisional'] else ''}"))
         if final["vote_ids"]:
             lines.append(_line("votes", ", ".join(str(v) for v in final["vote_ids"])))
         if final["call_keys"]:
             lines.append(_line("calls", len(final["call_keys"])))
-    elif story.get("final_status"):
+    if not final and story.get("final_status"):
         lines.append(_line("label", story["final_status"]))
     section("Final label (bridge_qrels)", lines)
 

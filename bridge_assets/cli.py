@@ -57,9 +57,9 @@ def datasets_list() -> None:
         typer.echo(f"{name:<16}{spec.kind:<16}{cells[0]:>10}{cells[1]:>9}{cells[2]:>8}  {spec.source}")
 
 
-# The main job's own defaults: the LLM adjudicator stands in for the humans (its labels are
-# marked provisional) and human_labels takes whatever votes exist, so a run always completes.
-MAIN_JOB_CONFIG = {"debate_labels": {"adjudicate": True}, "human_labels": {"allow_partial": True}}
+# The main job's own defaults: human_labels takes whatever votes exist, so a run always
+# completes; pairs still awaiting people stay pending (never labels) and metrics bound them.
+MAIN_JOB_CONFIG = {"human_labels": {"allow_partial": True}}
 
 
 def _merge(*configs: dict[str, dict]) -> dict[str, dict]:
@@ -127,19 +127,34 @@ def run(
     sample: int = typer.Option(0, "--sample", "-n", min=0,
                                help="Label only a stable sample of this many queries (0: the "
                                     "dataset's pipeline setting, else every query)."),
+    adjudicate: bool = typer.Option(None, "--adjudicate/--no-adjudicate",
+                                    help="Let the LLM adjudicator guess the escalated pairs. Its "
+                                         "guesses are reported apart as unverified, never as found "
+                                         "holes; the pairs stay pending until people vote. "
+                                         "Default: the dataset's pipeline setting (off)."),
 ) -> None:
     """The main job: the whole pipeline for one dataset, then a short summary."""
     from bridge_assets import store
     from bridge_assets.definitions import defs, main_selection
+    from bridge_assets.ingest.errors import DatasetError
+    from bridge_assets.ingest.registry import get_dataset
     from bridge_assets.summary import run_summary
 
     started = time.time()
     graph = defs.resolve_asset_graph()
-    sample_config = {"candidate_pool": {"query_limit": sample}} if sample else {}
+    overrides: dict[str, dict] = {}
+    if sample:
+        overrides["candidate_pool"] = {"query_limit": sample}
+    if adjudicate is not None:
+        overrides["debate_labels"] = {"adjudicate": adjudicate}
     _materialize([key.to_user_string() for key in main_selection.resolve(graph)], dataset,
-                 defaults=MAIN_JOB_CONFIG, overrides=sample_config)
+                 defaults=MAIN_JOB_CONFIG, overrides=overrides)
+    try:
+        spec = get_dataset(dataset)
+    except DatasetError:
+        spec = None
     with store.connect() as con:
-        typer.echo(run_summary(con, dataset, started))
+        typer.echo(run_summary(con, dataset, started, spec))
 
 
 if __name__ == "__main__":

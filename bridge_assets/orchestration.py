@@ -71,6 +71,8 @@ def plan(defs: dg.Definitions, names: Iterable[str], dataset: str | None,
                 done = set(inst.get_materialized_partitions(parent))
             if needed - done:
                 wanted.add(parent)
+        # a missing parent made by a multi-asset that cannot be subset brings its siblings
+        wanted = set(dg.AssetSelection.assets(*wanted).required_multi_asset_neighbors().resolve(graph))
     wanted = {key for key in wanted if graph.get(key).is_materializable}
     steps: list[Step] = []
     for level in graph.toposorted_asset_keys_by_level:

@@ -1,4 +1,11 @@
-"""The short summary `bridge run` prints: what the pipeline found, and where the time went."""
+"""The short summary `bridge run` prints: what the pipeline found, what still awaits people,
+and where the time went.
+
+Only verified labels count as found holes: a debate consensus that passed its checks, or
+people's votes. Pending pairs (escalated, awaiting people) are counted and the command to
+annotate them is shown; what a model guessed for them (the opt-in LLM adjudicator, the
+agents' vote beyond a human budget) is reported apart and never counted.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,9 @@ import time
 
 import duckdb
 
+from bridge_assets.ingest.registry import DatasetSpec
 from bridge_assets.paths import data_lake_dir
+from bridge_assets.qrels.known_holes import read_known_holes, score_known_holes
 from bridge_assets.store import table_exists
 
 
@@ -14,9 +23,75 @@ def _rows(con: duckdb.DuckDBPyConnection, table: str, sql: str, params: list) ->
     return con.execute(sql, params).fetchall() if table_exists(con, table) else []
 
 
-def run_summary(con: duckdb.DuckDBPyConnection, dataset: str, started: float) -> str:
-    """Holes found, labels by source, escalation ratio, biggest rank changes, the report's path
-    and the share of wall time spent in the model (from the call ledger) since `started`."""
+def _labels(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
+    by_source = _rows(con, "bridge_qrels", """
+        select source, count(*) filter (where relevance > 0), count(*) filter (where relevance = 0),
+               count(*) filter (where source = 'pending')
+        from bridge_qrels where dataset = ? and source <> 'original' group by source
+        order by source""", [dataset])
+    if not by_source:
+        return []
+    holes = sum(relevant for source, relevant, _, _ in by_source if source in ("debate", "human"))
+    pending = sum(n for *_, n in by_source)
+    lines = [f"holes found (verified: debate consensus that passed its checks, or people's votes): {holes}",
+             "new labels by source: " + (", ".join(
+                 f"{source} {relevant} relevant / {irrelevant} not"
+                 for source, relevant, irrelevant, _ in by_source if source != "pending") or "none")]
+    if pending:
+        lines.append(f"pending (escalated, awaiting people; not labels, metrics bound them): {pending}")
+        lines.append("  annotate them: bridge annotate add-annotator NAME; "
+                     f"bridge annotate serve --dataset {dataset}")
+    guesses = _rows(con, "bridge_qrels", """
+        select unverified_source, count(*) filter (where unverified_label = 1),
+               count(*) filter (where unverified_label = 0)
+        from bridge_qrels where dataset = ? and unverified_source is not null
+        group by unverified_source order by 1""", [dataset])
+    for source, relevant, irrelevant in guesses:
+        what = "the LLM adjudicator" if source == "adjudicator" else "the agents' vote beyond the human budget"
+        lines.append(f"  unverified guesses by {what} (not counted): {relevant} relevant / {irrelevant} not")
+    return lines
+
+
+def _escalations(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
+    outcomes = _rows(con, "debate_labels", """
+        select count(*), count(*) filter (where outcome in ('escalated', 'failed'))
+        from debate_labels where dataset = ?""", [dataset])
+    if not outcomes or not outcomes[0][0]:
+        return []
+    total, escalated = outcomes[0]
+    reasons = _rows(con, "debate_labels", """
+        select flag, count(*) from (
+            select unnest(flags) as flag from debate_labels
+            where dataset = ? and outcome in ('escalated', 'failed'))
+        group by flag order by 2 desc, 1""", [dataset])
+    why = ", ".join(f"{flag} {n}" for flag, n in reasons)
+    return [f"debated pairs {total}; escalated {escalated} ({escalated / total:.1%})"
+            + (f": {why}" if why else "")]
+
+
+def _rank_changes(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
+    shifts = _rows(con, "ranking_shift", """
+        select retriever, rank_original, rank_refined, rank_refined_upper, robust_rank_change
+        from ranking_shift
+        where dataset = ? and measure = 'ndcg_cut_10' and robust_rank_change <> 0
+        order by abs(robust_rank_change) desc, retriever limit 3""", [dataset])
+    unsure = _rows(con, "ranking_shift", """
+        select count(*) from ranking_shift
+        where dataset = ? and measure = 'ndcg_cut_10' and robust_rank_change = 0
+          and (rank_change <> 0 or rank_change_upper <> 0)""", [dataset])
+    line = "robust rank changes (nDCG@10, hold whichever way the pending pairs go): " + (", ".join(
+        f"{name} {before}->{low}..{high}" if low != high else f"{name} {before}->{low}"
+        for name, before, low, high, _ in shifts) or "none")
+    if unsure and unsure[0][0]:
+        line += f"; {unsure[0][0]} more system(s) move only at one bound"
+    return [line]
+
+
+def run_summary(con: duckdb.DuckDBPyConnection, dataset: str, started: float,
+                spec: DatasetSpec | None = None) -> str:
+    """Counts, found holes, pending pairs, robust rank changes, the score against the
+    dataset's known holes (when the registry names them), the report's path and the share of
+    wall time spent in the model (from the call ledger) since `started`."""
     lines = [f"== {dataset} =="]
     counts = _rows(con, "corpus", """
         select (select count(*) from corpus where dataset = $1),
@@ -27,36 +102,18 @@ def run_summary(con: duckdb.DuckDBPyConnection, dataset: str, started: float) ->
     systems = _rows(con, "retrieval_run",
                     "select count(distinct retriever) from retrieval_run where dataset = ?", [dataset])
     pool = _rows(con, "candidate_pool", """
-        select count(*), count(*) filter (where not in_original_qrels)
+        select count(*), count(*) filter (where not in_original_qrels), count(distinct query_id)
         from candidate_pool where dataset = ?""", [dataset])
     if systems and pool:
-        lines.append(f"retrievers {systems[0][0]}; candidate pairs {pool[0][0]} "
-                     f"({pool[0][1]} not judged before)")
-    by_source = _rows(con, "bridge_qrels", """
-        select source, count(*) filter (where relevance > 0), count(*) filter (where relevance = 0)
-        from bridge_qrels where dataset = ? group by source order by source""", [dataset])
-    if by_source:
-        holes = sum(relevant for source, relevant, _ in by_source if source != "original")
-        lines.append(f"holes found (new relevant pairs): {holes}")
-        lines.append("labels by source: " + ", ".join(
-            f"{source} {relevant} relevant / {irrelevant} not" for source, relevant, irrelevant in by_source))
-    outcomes = _rows(con, "debate_labels", """
-        select count(*), count(*) filter (where outcome <> 'consensus'),
-               count(*) filter (where outcome <> 'consensus' and adjudicator_label is not null)
-        from debate_labels where dataset = ?""", [dataset])
-    if outcomes and outcomes[0][0]:
-        total, escalated, adjudicated = outcomes[0]
-        lines.append(f"debated pairs {total}; escalated {escalated} ({escalated / total:.1%}), "
-                     f"{adjudicated} decided provisionally by the LLM adjudicator")
-        if escalated:
-            lines.append("  replace them with human votes: bridge annotate add-annotator NAME; "
-                         f"bridge annotate serve --dataset {dataset}")
-    shifts = _rows(con, "ranking_shift", """
-        select retriever, rank_original, rank_refined, rank_change from ranking_shift
-        where dataset = ? and measure = 'ndcg_cut_10' and rank_change <> 0
-        order by abs(rank_change) desc, retriever limit 3""", [dataset])
-    lines.append("biggest rank changes (nDCG@10): " + (", ".join(
-        f"{name} {before}->{after}" for name, before, after, _ in shifts) or "none"))
+        lines.append(f"retrievers {systems[0][0]}; candidate pairs {pool[0][0]} over {pool[0][2]} "
+                     f"queries ({pool[0][1]} not judged before)")
+    lines += _labels(con, dataset)
+    lines += _escalations(con, dataset)
+    if spec is not None and spec.known_holes:
+        score = score_known_holes(con, dataset, read_known_holes(spec.resolve(spec.known_holes, "known_holes")))
+        if score is not None:
+            lines.append(f"against the known holes ({spec.known_holes}): {score.summary_line()}")
+    lines += _rank_changes(con, dataset)
     wall = time.time() - started
     calls = _rows(con, "llm_calls", """
         select count(*), coalesce(sum(latency_s), 0), coalesce(sum(tokens_out), 0) from llm_calls

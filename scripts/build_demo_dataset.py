@@ -153,6 +153,7 @@ class Question:
     judged: str               # the one passage in the qrels
     holes: tuple[str, ...]    # unjudged passages read and verified to answer it too
     note: str
+    partial: tuple[str, ...] = ()  # passages that answer only in part (neither hole nor miss)
 
 
 QUESTIONS = (
@@ -172,6 +173,7 @@ QUESTIONS = (
         ("__enter__",), "pydoc-context-managers-1", ("pydoc-with-1",),
         "pydoc-with-1 lists the steps of a with statement: the context manager's "
         "__enter__() method is invoked. Partial: pydoc-with-3 shows it only as code.",
+        ("pydoc-with-3",),
     ),
     Question(
         "q04", "In what order does a Python dictionary keep its keys?",
@@ -186,6 +188,7 @@ QUESTIONS = (
         ("nonlocal",), "pydoc-nonlocal-1", ("pydoc-execmodel-7",),
         "pydoc-execmodel-7: the nonlocal statement makes names refer to variables in the "
         "nearest enclosing function scope. Partial: pydoc-assignment-4.",
+        ("pydoc-assignment-4",),
     ),
     Question(
         "q06", "What should an operator method like __add__ or __lt__ return when it "
@@ -195,6 +198,7 @@ QUESTIONS = (
         "pydoc-numeric-types-2 (arithmetic methods) and pydoc-customization-10 (rich "
         "comparison methods) both say to return NotImplemented. Partial: "
         "pydoc-numeric-types-3, pydoc-customization-11.",
+        ("pydoc-numeric-types-3", "pydoc-customization-11"),
     ),
     Question(
         "q07", "Which special method decides whether an object counts as true or false?",
@@ -202,6 +206,7 @@ QUESTIONS = (
         "pydoc-customization-17 documents object.__bool__ as implementing truth value "
         "testing; pydoc-truth-1 says an object is true unless __bool__() returns False "
         "(or __len__() returns zero). Partial: pydoc-sequence-types-2.",
+        ("pydoc-sequence-types-2",),
     ),
     Question(
         "q08", "What error do I get when I look up a dictionary key that does not exist?",
@@ -246,7 +251,7 @@ def check(corpus: list[dict], questions: tuple[Question, ...]) -> None:
     if len({q.id for q in questions}) != len(questions):
         problems.append("duplicate question ids")
     for q in questions:
-        for doc_id in (q.judged, *q.holes):
+        for doc_id in (q.judged, *q.holes, *q.partial):
             if doc_id not in passages:
                 problems.append(f"{q.id}: no passage {doc_id}")
         if q.judged in q.holes:
@@ -274,7 +279,8 @@ def write_dataset(corpus: list[dict], questions: tuple[Question, ...], out: Path
     qrels = ["query-id\tcorpus-id\tscore"] + [f"{q.id}\t{q.judged}\t1" for q in questions]
     (out / "qrels" / "test.tsv").write_text("\n".join(qrels) + "\n", encoding="utf-8")
     write_jsonl(out / "holes.jsonl",
-                [{"query_id": q.id, "doc_ids": list(q.holes), "note": q.note} for q in questions])
+                [{"query_id": q.id, "doc_ids": list(q.holes), "partial": list(q.partial), "note": q.note}
+                 for q in questions])
 
 
 def main() -> None:

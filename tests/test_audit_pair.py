@@ -111,9 +111,15 @@ def test_original_pair_has_no_labeling_steps(audited_lake):
     assert [r["retriever"] for r in story["retrieval"]] == ["dense", "splade", "bm25"]
 
 
-def test_open_pair_and_unknown_pair(audited_lake):
+def test_pending_pair_and_unknown_pair(audited_lake):
     code, text = audit("--query", "q2", "--doc", "d10")
-    assert code == 0 and "open: escalated, waiting for human votes" in text
+    assert code == 0 and "pending: escalated, awaiting people (not a label)" in text
+    assert "unverified guess      0 by the adjudicator (not counted)" in text
+    # the agents quoted words that are not in the chunk: the story says so
+    assert 'quote: "quote from d10"  [NOT IN THE CHUNK]' in text
+    story = json.loads(audit("--query", "q2", "--doc", "d10", "--json")[1])
+    assert story["final"]["relevance"] is None and story["final"]["source"] == "pending"
+    assert story["debate"]["turns"][0]["quotes_in_chunk"] == [False]
     code, text = audit("--query", "nope", "--doc", "ghost")
     assert code == 2 and "knows neither query 'nope' nor document 'ghost'" in text
 

@@ -1,4 +1,4 @@
-"""bridge_qrels: sources and their precedence, open pairs, the asset and its checks, and the
+"""bridge_qrels: sources and their precedence, pending pairs, the asset and its checks, and the
 exports read back by the project's own loaders (TREC, BEIR, BRIDGE release) and `datasets`.
 
 Also home of the small labeled data lake the analysis, report and audit tests build on: three
@@ -52,18 +52,22 @@ RUNS = {
 }
 # (query, doc): outcome, consensus label, adjudicator label
 DEBATES = {("q1", "d5"): ("consensus", 1, None), ("q2", "d6"): ("consensus", 0, None),
-           ("q3", "d7"): ("escalated", None, None), ("q4", "d8"): ("escalated", None, 1),
-           ("q2", "d10"): ("escalated", None, None), ("q1", "d11"): ("failed", None, 1),
+           ("q3", "d7"): ("escalated", None, None), ("q4", "d8"): ("escalated", None, None),
+           ("q2", "d10"): ("escalated", None, 0), ("q1", "d11"): ("failed", None, 1),
            ("q1", "d9"): ("consensus", 1, None)}  # an originally judged pair debated again
 FILTER_DROPPED = [("q1", "d12"), ("q3", "d12")]
 HUMAN_VOTES = {("q3", "d7"): {"alice": 1, "bob": 1, "carol": 0},
+               ("q4", "d8"): {"alice": 1, "bob": 1, "carol": 1},
                ("q1", "d11"): {"alice": 0, "bob": 0, "carol": 0}}
-# The refined qrels this lake must give: (query, doc) -> (relevance, source).
+# The refined qrels this lake must give: (query, doc) -> (relevance, source). The escalated
+# pair nobody voted on (q2/d10) is pending, with no relevance: the adjudicator's guess on it
+# is kept apart.
 EXPECTED = {("q1", "d1"): (1, "original"), ("q2", "d2"): (1, "original"),
             ("q3", "d3"): (1, "original"), ("q4", "d4"): (1, "original"),
             ("q1", "d9"): (0, "original"), ("q1", "d5"): (1, "debate"), ("q2", "d6"): (0, "debate"),
-            ("q3", "d7"): (1, "human"), ("q4", "d8"): (1, "adjudicator"), ("q1", "d11"): (0, "human"),
-            ("q1", "d12"): (0, "filter"), ("q3", "d12"): (0, "filter")}
+            ("q3", "d7"): (1, "human"), ("q4", "d8"): (1, "human"), ("q1", "d11"): (0, "human"),
+            ("q2", "d10"): (None, "pending"), ("q1", "d12"): (0, "filter"), ("q3", "d12"): (0, "filter")}
+EXPECTED_LABELS = {pair: value for pair, value in EXPECTED.items() if value[1] != "pending"}
 MODEL = "Qwen/Qwen2.5-Coder-0.5B-Instruct-GGUF:q4_k_m"
 
 
@@ -188,7 +192,7 @@ def read(lake, sql: str) -> pl.DataFrame:
 
 # --- the merge -------------------------------------------------------------------------------------
 
-def test_sources_follow_the_documented_precedence_and_open_pairs_stay_out(labeled_lake):
+def test_sources_follow_the_documented_precedence_and_pending_pairs_are_not_labels(labeled_lake):
     with store.connect() as con:
         result = build_bridge_qrels(con, DATASET)
     got = {(r["query_id"], r["doc_id"]): (r["relevance"], r["source"]) for r in result.qrels.iter_rows(named=True)}
@@ -204,13 +208,17 @@ def test_sources_follow_the_documented_precedence_and_open_pairs_stay_out(labele
             "select vote_id from human_votes where query_id = 'q3' and doc_id = 'd7' and status = 'accepted' "
             "order by vote_id").fetchall()]
     assert rows[("q3", "d7")]["vote_ids"] == counted and len(counted) == 3
-    assert rows[("q4", "d8")]["provisional"] and rows[("q4", "d8")]["call_keys"] == ["adjudicator-q4-d8"]
-    assert [r for r in result.qrels.iter_rows(named=True) if r["provisional"]] == [rows[("q4", "d8")]]
+    # the adjudicator's guess is kept apart, never as the pair's relevance
+    assert (rows[("q2", "d10")]["unverified_label"], rows[("q2", "d10")]["unverified_source"]) == (0, "adjudicator")
+    assert rows[("q2", "d10")]["call_keys"][-1] == "adjudicator-q2-d10" and len(rows[("q2", "d10")]["call_keys"]) == 5
+    assert [r for r in result.qrels.iter_rows(named=True) if r["unverified_label"] is not None] == [rows[("q2", "d10")]]
+    # people beat the adjudicator's guess (q1/d11) and decide escalations (q4/d8)
+    assert rows[("q1", "d11")]["unverified_label"] is None and rows[("q4", "d8")]["source"] == "human"
     assert rows[("q3", "d12")]["call_keys"] == ["filter-q3-d12"]
-    assert result.open_pairs.select("query_id", "doc_id").rows() == [("q2", "d10")]
+    assert result.pending.select("query_id", "doc_id").rows() == [("q2", "d10")]
     counts = result.counts()
-    assert (counts["pairs"], counts["relevant"], counts["new_relevant"], counts["open_pairs"]) == (12, 7, 3, 1)
-    assert counts["pairs_filter"] == 2 and counts["relevant_adjudicator"] == 1
+    assert (counts["pairs"], counts["relevant"], counts["holes_found"], counts["pending"]) == (13, 7, 3, 1)
+    assert counts["pairs_filter"] == 2 and counts["unverified_adjudicator_irrelevant"] == 1
     assert result.missing_inputs == ()
 
 
@@ -222,7 +230,7 @@ def test_merge_works_before_the_labeling_stages_ran(data_lake):
             con.execute(f"drop table {table}")
         result = build_bridge_qrels(con, DATASET)
     assert result.qrels.select("query_id", "doc_id", "relevance").rows() == sorted(ORIGINAL)
-    assert set(result.qrels["source"]) == {"original"} and result.open_pairs.is_empty()
+    assert set(result.qrels["source"]) == {"original"} and result.pending.is_empty()
     assert set(result.missing_inputs) == {"debate_labels", "debate_turns", "human_labels", "human_votes",
                                           "filtered_pool", "filter_votes"}
 
@@ -235,34 +243,34 @@ def test_merge_refuses_a_dataset_without_original_qrels(data_lake):
 
 # --- the asset and its checks ----------------------------------------------------------------------
 
-def test_asset_writes_the_table_the_trec_file_and_reports_open_pairs(labeled_lake):
+def test_asset_writes_the_table_the_trec_file_and_reports_pending_pairs(labeled_lake):
     result = materialize_qrels(labeled_lake)
     metadata = result.asset_materializations_for_node("bridge_qrels")[0].metadata
-    assert metadata["open_pairs"].value == 1 and metadata["new_relevant"].value == 3
-    assert metadata["pairs_human"].value == 2 and metadata["provisional"].value == 1
-    assert "q2 | d10 | escalated" in metadata["open_pairs_sample"].value
-    assert metadata["precedence"].value == "original > human > debate > adjudicator > filter"
+    assert metadata["pending"].value == 1 and metadata["holes_found"].value == 3
+    assert metadata["pairs_human"].value == 3 and metadata["unverified_adjudicator_irrelevant"].value == 1
+    assert "| q2 | d10 | adjudicator: 0 |" in metadata["pending_sample"].value
+    assert metadata["precedence"].value == "original > human > debate > pending > filter"
     table = read(labeled_lake, "select query_id, doc_id, relevance, source from bridge_qrels")
     assert {(q, d): (r, s) for q, d, r, s in table.rows()} == EXPECTED
     trec = metadata["trec_qrels"].value
     assert trec == str(labeled_lake / "exports" / DATASET / "demo.bridge.qrels")
     checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
     assert checks == {"bridge_qrels_is_valid": True, "bridge_qrels_escalations_resolved": False}
-    # deciding the open pair resolves the warning
+    # the adjudicator's guess did not resolve the pending pair; people's votes do
     with store.connect() as con:
-        con.execute("update debate_labels set adjudicator_label = 0, adjudicator_call_key = 'adj-x' "
-                    "where query_id = 'q2' and doc_id = 'd10'")
-    again = materialize_qrels(labeled_lake)
-    assert {e.check_name: e.passed for e in again.get_asset_check_evaluations()}[
+        con.execute("insert into human_labels (dataset, query_id, doc_id, label) values ('demo', 'q2', 'd10', 1)")
+    resolved = materialize_qrels(labeled_lake)
+    assert {e.check_name: e.passed for e in resolved.get_asset_check_evaluations()}[
         "bridge_qrels_escalations_resolved"]
-    assert again.asset_materializations_for_node("bridge_qrels")[0].metadata["open_pairs"].value == 0
+    metadata = resolved.asset_materializations_for_node("bridge_qrels")[0].metadata
+    assert metadata["pending"].value == 0 and metadata["holes_found"].value == 4
 
 
 def test_validity_check_catches_a_pair_outside_the_corpus(labeled_lake):
     materialize_qrels(labeled_lake)
     with store.connect() as con:
-        con.execute("insert into bridge_qrels (dataset, query_id, doc_id, relevance, source, provisional) "
-                    "values ('demo', 'q1', 'ghost', 1, 'debate', false)")
+        con.execute("insert into bridge_qrels (dataset, query_id, doc_id, relevance, source) "
+                    "values ('demo', 'q1', 'ghost', 1, 'debate')")
     result = dg.materialize([qrels_assets.bridge_qrels_is_valid], resources={"store": DuckDBStore()},
                             selection=dg.AssetSelection.checks(qrels_assets.bridge_qrels_is_valid))
     evaluation = result.get_asset_check_evaluations()[0]
@@ -273,7 +281,8 @@ def test_validity_check_catches_a_pair_outside_the_corpus(labeled_lake):
 # --- exports ---------------------------------------------------------------------------------------
 
 def expected_frame() -> pl.DataFrame:
-    return pl.DataFrame([(q, d, r) for (q, d), (r, _) in sorted(EXPECTED.items())],
+    """The exported labels: pending pairs are not labels."""
+    return pl.DataFrame([(q, d, r) for (q, d), (r, _) in sorted(EXPECTED_LABELS.items())],
                         schema={"query_id": pl.Utf8, "doc_id": pl.Utf8, "relevance": pl.Int32}, orient="row")
 
 
@@ -319,7 +328,7 @@ def test_hugging_face_export_loads_with_datasets(labeled_lake, tmp_path):
     assert set(loaded) == {"qrels", "queries", "corpus"}
     qrels = pl.from_arrow(loaded["qrels"].data.table)
     assert {(q, d): (r, s) for q, d, r, s in qrels.select("query_id", "doc_id", "relevance", "source").rows()} \
-        == EXPECTED
+        == EXPECTED_LABELS
     assert loaded["corpus"].num_rows == len(CORPUS)
 
 

@@ -56,19 +56,30 @@ def test_report_files_hold_every_section_table_and_figure(report_lake):
     assert {p.name for p in folder.glob("*.png")} == FIGURES
     assert all((folder / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for name in FIGURES)
     page = html.read_text()
-    for caption in ("Judgments by source", "Hole@10 and Judged@10", "Agreement of the rankings", "nDCG@10",
+    for caption in ("Judgments by source", "Found and pending", "Hole@10 and Judged@10",
+                    "Agreement of the rankings", "nDCG@10",
                     "Growth", "Marginal contribution", "Settings", "Per system", "All systems"):
         assert f"<caption>{caption}</caption>" in page
     assert page.count('<table class="report-table"') >= 10
     assert "Not materialized" not in page
     text = markdown.read_text()
     assert "## Holes per system (Hole@10)" in text and "![Hole@10 per system](holes.png)" in text
-    # the markdown holes table: bm25 and dense 0.0500, splade 0
+    # the markdown holes table: bm25 and dense 0.0500, splade 0; with the pending q2/d10 bm25 0.0750
     holes = text.split("**Hole@10 and Judged@10**", 1)[1].split("\n\n", 2)[1].splitlines()
-    assert holes[0] == "| system | Hole@10 | Judged@10 original | Judged@10 refined |"
-    assert holes[1] == "| --- | --- | --- | --- |"
-    assert holes[2].startswith("| bm25 | 0.0500 |") and holes[4].startswith("| splade | 0.0000 |")
-    assert "| original | 5 | 4 | 0 |" in text  # pairs, relevant, provisional of the original source
+    assert holes[0] == "| system | Hole@10 | Hole@10 with pending | Judged@10 original | Judged@10 refined |"
+    assert holes[1] == "| --- | --- | --- | --- | --- |"
+    assert holes[2].startswith("| bm25 | 0.0500 | 0.0750 |") and holes[4].startswith("| splade | 0.0000 |")
+    assert "| original | 5 | 4 |" in text and "| pending | 1 | 0 |" in text  # pairs, relevant
+    # found holes count verified labels only; the pending pair and its command are named
+    assert "| holes found (verified) | 3 |" in text and "| pending pairs (awaiting people) | 1 |" in text
+    assert "| unverified guesses by the LLM adjudicator: relevant / not | 0 / 1 |" in text
+    assert "**Next:** 1 pair(s) await people: bridge annotate add-annotator NAME, then bridge annotate " \
+           "serve --dataset demo." in text
+    # ranks as a range over the pending pair, and the robust change (recall: splade falls at both ends)
+    recall = text.split("**Recall@10**", 1)[1].split("\n\n", 2)[1].splitlines()
+    assert recall[0] == "| system | original | refined (range) | rank original | rank refined (range) | " \
+                        "robust rank change |"
+    assert any(line.startswith("| splade | 1.0000 | 0.625 .. 0.5 | 1 | 3 .. 3 | -2 |") for line in recall)
     assert metadata["report"].value == text
 
 
@@ -103,6 +114,6 @@ def test_report_renders_in_headless_chromium(report_lake):
             assert images.count() == len(FIGURES)
             widths = page.eval_on_selector_all("img", "imgs => imgs.map(i => i.complete ? i.naturalWidth : 0)")
             assert all(width > 100 for width in widths), widths  # every figure loaded
-            assert page.locator("nav a").count() == 6
+            assert page.locator("nav a").count() == len(metadata["report"].value.split("\n## ")) - 1
         finally:
             browser.close()

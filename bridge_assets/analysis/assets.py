@@ -18,7 +18,7 @@ from pydantic import Field
 from bridge_assets.analysis import rag
 from bridge_assets.analysis.partial import DEFAULT_FRACTIONS, compute_partial_annotation_study
 from bridge_assets.analysis.partial import DEFAULT_MEASURES as PARTIAL_MEASURES
-from bridge_assets.analysis.retrieval import compute_dataset_metrics, measure_label, measures_at
+from bridge_assets.analysis.retrieval import QRELS_VERSIONS, compute_dataset_metrics, measure_label, measures_at
 from bridge_assets.analysis.saturation import DEFAULT_MEASURES as SATURATION_MEASURES
 from bridge_assets.analysis.saturation import compute_pool_saturation
 from bridge_assets.analysis.shift import DEFAULT_MEASURES as SHIFT_MEASURES
@@ -65,14 +65,15 @@ class RetrievalMetricsConfig(dg.Config):
 
 
 def metrics_summary(frame: pl.DataFrame, k: int) -> pl.DataFrame:
-    """Per system: Hit/nDCG/Recall@k on original -> refined qrels, and Hole@k."""
+    """Per system: Hit/nDCG/Recall@k on the original qrels and on the refined ones (both
+    bounds over pending pairs), and Hole@k."""
     names = measures_at(k)
     wanted = [names["hit"], names["ndcg"], names["recall"], names["hole"]]
     means = frame.filter((pl.col("query_id") == "all") & pl.col("measure").is_in(wanted))
     wide = means.with_columns((pl.col("measure").map_elements(measure_label, return_dtype=pl.Utf8)
                                + " " + pl.col("qrels_version")).alias("column")) \
         .pivot(on="column", index="retriever", values="value").sort("retriever")
-    ordered = [c for name in wanted for c in (f"{measure_label(name)} original", f"{measure_label(name)} refined")
+    ordered = [c for name in wanted for c in (f"{measure_label(name)} {version}" for version in QRELS_VERSIONS)
                if c in wide.columns and not (name == names["hole"] and c.endswith("original"))]
     return wide.select("retriever", *ordered)
 
@@ -120,6 +121,7 @@ def ranking_shift(context: dg.AssetExecutionContext, config: RankingShiftConfig,
     return dg.MaterializeResult(metadata={
         "dagster/row_count": frame.height, "systems": frame["retriever"].n_unique(),
         "moved_systems": frame.filter(pl.col("rank_change") != 0)["retriever"].n_unique(),
+        "robustly_moved_systems": frame.filter(pl.col("robust_rank_change") != 0)["retriever"].n_unique(),
         "kendall_tau": dg.MetadataValue.md(_markdown(taus))})
 
 

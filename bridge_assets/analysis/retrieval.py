@@ -16,7 +16,7 @@ import polars as pl
 from bridge_assets.analysis.views import Scope, ScopeInfo, analysis_views
 from bridge_assets.metrics import compute_retrieval_metrics
 
-QRELS_VERSIONS = ("original", "refined")
+QRELS_VERSIONS = ("original", "refined", "refined_upper")  # refined: lower bound over pending pairs
 METRICS_SCHEMA = {"dataset": pl.Utf8, "retriever": pl.Utf8, "qrels_version": pl.Utf8,
                   "query_id": pl.Utf8, "measure": pl.Utf8, "value": pl.Float64}
 

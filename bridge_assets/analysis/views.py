@@ -1,9 +1,15 @@
-"""One dataset's runs and qrels as temp views, the shape the metrics and analyses read.
+"""One dataset's runs and qrels as temp tables, the shape the metrics and analyses read.
 
     analysis_scope(query_id)                       the queries the analysis covers
     analysis_run(dataset, retriever, query_id, doc_id, rank, score)
     analysis_original_qrels(dataset, query_id, doc_id, relevance)
-    analysis_refined_qrels(dataset, query_id, doc_id, relevance)   (bridge_qrels)
+    analysis_refined_qrels(dataset, query_id, doc_id, relevance)        (bridge_qrels, lower bound)
+    analysis_refined_upper_qrels(dataset, query_id, doc_id, relevance)  (bridge_qrels, upper bound)
+
+Pending pairs (escalated, awaiting people) are not labels, so the refined qrels come as two
+bounds: every pending pair irrelevant (`refined`, what the verified labels alone give) and
+every pending pair relevant (`refined_upper`). A finding that holds at both ends does not
+depend on how people will decide.
 
 Scope "pooled" keeps the queries of the candidate pool: when the pool was built on a sample of
 queries (candidate_pool's query_limit), only those got new labels, and comparing original and
@@ -25,7 +31,8 @@ from bridge_assets import store
 from bridge_assets.store import table_exists
 
 Scope = Literal["pooled", "all"]
-VIEWS = ("analysis_run", "analysis_original_qrels", "analysis_refined_qrels")
+# qrels version -> the relevance a pending pair takes in it
+REFINED_BOUNDS = {"refined": 0, "refined_upper": 1}
 
 
 class MissingInput(LookupError):
@@ -43,7 +50,7 @@ class ScopeInfo:
 def require_rows(con: duckdb.DuckDBPyConnection, table: str, dataset: str, asset: str) -> None:
     """Fail naming `table` when it has no rows for `dataset`."""
     if not table_exists(con, table) or not con.execute(
-            f"select count(*) from {table} where dataset = ?", [dataset]).fetchone()[0]:
+            f'select count(*) from "{table}" where dataset = ?', [dataset]).fetchone()[0]:
         raise MissingInput(f"{asset} for dataset '{dataset}': no {table} rows; materialize "
                            f"{table} for '{dataset}' first")
 
@@ -51,8 +58,8 @@ def require_rows(con: duckdb.DuckDBPyConnection, table: str, dataset: str, asset
 @contextlib.contextmanager
 def analysis_views(con: duckdb.DuckDBPyConnection, dataset: str, scope: Scope = "pooled", *,
                    asset: str, refined: bool = True) -> Iterator[ScopeInfo]:
-    """Create the views above for `dataset` (dropped afterwards). `refined=False` skips
-    bridge_qrels for analyses that do not read it."""
+    """Create the tables above for `dataset` (dropped afterwards; values are bound as
+    parameters). `refined=False` skips bridge_qrels for analyses that do not read it."""
     require_rows(con, "retrieval_run", dataset, asset)
     require_rows(con, "original_qrels", dataset, asset)
     if refined:
@@ -62,29 +69,31 @@ def analysis_views(con: duckdb.DuckDBPyConnection, dataset: str, scope: Scope = 
     source = "candidate_pool" if pooled else "queries"
     if not pooled and not table_exists(con, "queries"):
         source = "retrieval_run"
-    literal = dataset.replace("'", "''")
-    views = {
-        "analysis_scope": f"select distinct query_id from {source} where dataset = '{literal}'",
+    in_scope = "dataset = $dataset and query_id in (select query_id from analysis_scope)"
+    tables = {
+        "analysis_scope": f"select distinct query_id from {source} where dataset = $dataset",
         "analysis_run": f"""select dataset, retriever, query_id, doc_id, rank, score from retrieval_run
-                            where dataset = '{literal}' and query_id in (select query_id from analysis_scope)""",
+                            where {in_scope}""",
         "analysis_original_qrels": f"""select dataset, query_id, doc_id, relevance from original_qrels
-                                       where dataset = '{literal}'
-                                         and query_id in (select query_id from analysis_scope)""",
+                                       where {in_scope}""",
     }
     if refined:
-        views["analysis_refined_qrels"] = f"""select dataset, query_id, doc_id, relevance from bridge_qrels
-                                              where dataset = '{literal}'
-                                                and query_id in (select query_id from analysis_scope)"""
+        for name, pending_relevance in REFINED_BOUNDS.items():
+            tables[f"analysis_{name}_qrels"] = f"""
+                select dataset, query_id, doc_id,
+                       coalesce(relevance, {pending_relevance})::integer as relevance
+                from bridge_qrels where {in_scope}"""
     try:
-        for name, select in views.items():
-            con.execute(f"create or replace temp view {name} as {select}")
+        for name, select in tables.items():
+            con.execute(f"create or replace temp table {name} as {select}",
+                        {"dataset": dataset} if "$dataset" in select else {})
         queries = con.execute("select count(*) from analysis_scope").fetchone()[0]
         retrievers = tuple(r[0] for r in con.execute(
             "select distinct retriever from analysis_run order by 1").fetchall())
         yield ScopeInfo(scope, "pooled" if pooled else "all", queries, retrievers)
     finally:
-        for name in reversed(list(views)):
-            con.execute(f"drop view if exists {name}")
+        for name in reversed(list(tables)):
+            con.execute(f"drop table if exists temp.{name}")
 
 
 def dataset_snapshot(path: Path, dataset: str, tables: Sequence[str]) -> duckdb.DuckDBPyConnection:

@@ -9,12 +9,12 @@ import polars as pl
 
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.qrels.exports import write_trec_qrels
-from bridge_assets.qrels.merge import SOURCES, BridgeQrels, build_bridge_qrels, open_pairs
+from bridge_assets.qrels.merge import SOURCES, BridgeQrels, build_bridge_qrels
 from bridge_assets.quality import validate
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.store import table_exists
 
-OPEN_PAIRS_SHOWN = 20
+PENDING_SHOWN = 20
 
 
 def qrels_version(qrels: pl.DataFrame) -> str:
@@ -25,12 +25,13 @@ def qrels_version(qrels: pl.DataFrame) -> str:
     return digest.hexdigest()[:16]
 
 
-def _open_pairs_table(pairs: pl.DataFrame) -> str:
-    lines = ["| query_id | doc_id | outcome |", "| --- | --- | --- |"]
-    lines += [f"| {q} | {d} | {o} |" for q, d, o in
-              pairs.head(OPEN_PAIRS_SHOWN).select("query_id", "doc_id", "outcome").iter_rows()]
-    if pairs.height > OPEN_PAIRS_SHOWN:
-        lines.append(f"| ... {pairs.height - OPEN_PAIRS_SHOWN} more | | |")
+def _pending_table(pairs: pl.DataFrame) -> str:
+    lines = ["| query_id | doc_id | unverified guess |", "| --- | --- | --- |"]
+    lines += [f"| {q} | {d} | {'' if s is None else f'{s}: {label}'} |" for q, d, label, s in
+              pairs.head(PENDING_SHOWN).select("query_id", "doc_id", "unverified_label",
+                                               "unverified_source").iter_rows()]
+    if pairs.height > PENDING_SHOWN:
+        lines.append(f"| ... {pairs.height - PENDING_SHOWN} more | | |")
     return "\n".join(lines)
 
 
@@ -39,8 +40,8 @@ def _metadata(result: BridgeQrels, trec_path) -> dict:
                 "trec_qrels": dg.MetadataValue.path(str(trec_path)),
                 "precedence": " > ".join(SOURCES),
                 "not_materialized_inputs": ", ".join(result.missing_inputs) or "none"}
-    if result.open_pairs.height:
-        metadata["open_pairs_sample"] = dg.MetadataValue.md(_open_pairs_table(result.open_pairs))
+    if result.pending.height:
+        metadata["pending_sample"] = dg.MetadataValue.md(_pending_table(result.pending))
     return metadata
 
 
@@ -51,10 +52,11 @@ def _metadata(result: BridgeQrels, trec_path) -> dict:
     group_name="qrels",
     code_version="1",
     description="Refined qrels: the original gold plus every pair judged by humans, by DREAM "
-                "consensus, by the LLM adjudicator (provisional) or dropped by the filter "
-                "(relevance 0). One row per pair with its source (precedence original > human > "
-                "debate > adjudicator > filter) and provenance keys. Escalated pairs nobody decided "
-                "stay out and are counted as open. Also written as TREC qrels under "
+                "consensus that passed its checks, or dropped by the filter (relevance 0), and "
+                "the escalated pairs awaiting people as 'pending' (relevance NULL: not a label; a "
+                "model's guess on them is kept apart as unverified_label). One row per pair with "
+                "its source (precedence original > human > debate > pending > filter) and "
+                "provenance keys. The labels are also written as TREC qrels under "
                 "<data lake>/exports/<dataset>/.",
 )
 def bridge_qrels(context: dg.AssetExecutionContext, store: DuckDBStore) -> dg.MaterializeResult:
@@ -62,23 +64,24 @@ def bridge_qrels(context: dg.AssetExecutionContext, store: DuckDBStore) -> dg.Ma
     with store.connect() as con:
         result = build_bridge_qrels(con, dataset)
     store.write_partitions({"bridge_qrels": result.qrels}, dataset=dataset)
-    trec_path = write_trec_qrels(result.qrels, store.path.parent / "exports" / dataset /
-                                 f"{dataset}.bridge.qrels")
-    if result.open_pairs.height:
-        context.log.warning(f"{dataset}: {result.open_pairs.height} escalated pair(s) still open "
-                            "(no human label, no adjudicator): they stay unjudged")
+    trec_path = write_trec_qrels(result.qrels.filter(pl.col("source") != "pending"),
+                                 store.path.parent / "exports" / dataset / f"{dataset}.bridge.qrels")
+    if result.pending.height:
+        context.log.warning(f"{dataset}: {result.pending.height} escalated pair(s) await people "
+                            f"(pending, not labels): bridge annotate serve --dataset {dataset}")
     return dg.MaterializeResult(metadata=_metadata(result, trec_path),
                                 data_version=dg.DataVersion(qrels_version(result.qrels)))
 
 
 @dg.asset_check(asset=bridge_qrels, additional_deps=["corpus", "queries"],
-                description="one row per (query, doc); relevance a non-negative integer; known "
-                            "source; only adjudicator labels provisional; every pair points into "
-                            "the corpus and the queries.")
+                description="one row per (query, doc); relevance a non-negative integer, NULL "
+                            "exactly for pending pairs; known source; unverified guesses only on "
+                            "pending pairs; every pair points into the corpus and the queries.")
 def bridge_qrels_is_valid(store: DuckDBStore) -> dg.AssetCheckResult:
     frame = store.read("""
         select b.dataset, b.query_id, b.doc_id, b.relevance, b.source,
-               b.provisional = (b.source = 'adjudicator') as provisional_matches_source,
+               (b.relevance is null) = (b.source = 'pending') as null_exactly_when_pending,
+               b.unverified_label is null or b.source = 'pending' as guess_only_when_pending,
                c.doc_id is not null as doc_known, q.query_id is not null as query_known
         from bridge_qrels b
         left join corpus c on c.dataset = b.dataset and c.doc_id = b.doc_id
@@ -87,7 +90,8 @@ def bridge_qrels_is_valid(store: DuckDBStore) -> dg.AssetCheckResult:
         gx.expectations.ExpectCompoundColumnsToBeUnique(column_list=["dataset", "query_id", "doc_id"]),
         gx.expectations.ExpectColumnValuesToBeBetween(column="relevance", min_value=0),
         gx.expectations.ExpectColumnValuesToBeInSet(column="source", value_set=list(SOURCES)),
-        gx.expectations.ExpectColumnValuesToBeInSet(column="provisional_matches_source", value_set=[True]),
+        gx.expectations.ExpectColumnValuesToBeInSet(column="null_exactly_when_pending", value_set=[True]),
+        gx.expectations.ExpectColumnValuesToBeInSet(column="guess_only_when_pending", value_set=[True]),
         gx.expectations.ExpectColumnValuesToBeInSet(column="doc_known", value_set=[True]),
         gx.expectations.ExpectColumnValuesToBeInSet(column="query_known", value_set=[True]),
     ], "bridge_qrels")
@@ -95,16 +99,13 @@ def bridge_qrels_is_valid(store: DuckDBStore) -> dg.AssetCheckResult:
 
 
 @dg.asset_check(asset=bridge_qrels, additional_deps=["debate_labels", "human_labels"],
-                description="every escalated pair is decided (by people or the adjudicator) before "
-                            "the refined qrels are final; a warning while some are open.")
+                description="every escalated pair is decided by people before the refined qrels "
+                            "are final; a warning while some are pending.")
 def bridge_qrels_escalations_resolved(store: DuckDBStore) -> dg.AssetCheckResult:
-    open_by_dataset: dict[str, int] = {}
     with store.connect() as con:
-        datasets = [r[0] for r in con.execute("select distinct dataset from bridge_qrels order by 1")
-                    .fetchall()] if table_exists(con, "bridge_qrels") else []
-        for dataset in datasets:
-            open_by_dataset[dataset] = open_pairs(con, dataset).height
-    total = sum(open_by_dataset.values())
+        rows = con.execute("select dataset, count(*) filter (where source = 'pending') from bridge_qrels "
+                           "group by dataset order by dataset").fetchall() \
+            if table_exists(con, "bridge_qrels") else []
+    total = sum(n for _, n in rows)
     return dg.AssetCheckResult(passed=total == 0, severity=dg.AssetCheckSeverity.WARN,
-                               metadata={"open_pairs": total, **{f"open_pairs_{d}": n
-                                                                 for d, n in open_by_dataset.items()}})
+                               metadata={"pending": total, **{f"pending_{d}": n for d, n in rows}})

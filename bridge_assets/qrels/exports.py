@@ -45,8 +45,9 @@ def _read(con: duckdb.DuckDBPyConnection, table: str, dataset: str, columns: str
 
 
 def read_bridge_qrels(con: duckdb.DuckDBPyConnection, dataset: str) -> pl.DataFrame:
-    return _read(con, "bridge_qrels", dataset, "query_id, doc_id, relevance, source, provisional",
-                 "query_id, doc_id")
+    """The labels of the refined qrels: pending pairs (awaiting people) are not labels."""
+    qrels = _read(con, "bridge_qrels", dataset, "query_id, doc_id, relevance, source", "query_id, doc_id")
+    return qrels.filter(pl.col("source") != "pending")
 
 
 def write_jsonl(path: Path, records: Iterable[dict]) -> None:

@@ -1,9 +1,10 @@
-"""`bridge_qrels` as a plain function: original gold + every label the pipeline produced.
+"""`bridge_qrels` as a plain function: original gold + every label the pipeline produced,
+and the pairs still pending (escalated, awaiting people: never a label).
 
 The merge itself is sql/bridge_qrels.sql (sources and their precedence are documented
 there); this module stands in empty tables for the labeling stages not run yet, so the
-refined qrels of a dataset can be built at any point of the pipeline, and counts what is
-still open.
+refined qrels of a dataset can be built at any point of the pipeline, and counts what was
+found and what is still pending.
 """
 
 from __future__ import annotations
@@ -18,12 +19,17 @@ import polars as pl
 from bridge_assets.paths import read_sql
 from bridge_assets.store import table_exists
 
-SOURCES = ("original", "human", "debate", "adjudicator", "filter")
+SOURCES = ("original", "human", "debate", "pending", "filter")
+# Labels a person or a passed check stands behind: a relevant one outside the original qrels
+# is a found hole. (Pending pairs have no label; the filter only ever says irrelevant.)
+VERIFIED_SOURCES = ("original", "human", "debate", "filter")
+UNVERIFIED_SOURCES = ("adjudicator", "vote")
 
 BRIDGE_QRELS_SCHEMA = {
     "dataset": pl.Utf8, "query_id": pl.Utf8, "doc_id": pl.Utf8, "relevance": pl.Int32,
-    "source": pl.Utf8, "provisional": pl.Boolean, "pair_key": pl.Utf8, "config_hash": pl.Utf8,
-    "call_keys": pl.List(pl.Utf8), "vote_ids": pl.List(pl.Int64),
+    "source": pl.Utf8, "unverified_label": pl.Int32, "unverified_source": pl.Utf8,
+    "pair_key": pl.Utf8, "config_hash": pl.Utf8, "call_keys": pl.List(pl.Utf8),
+    "vote_ids": pl.List(pl.Int64),
 }
 
 # The columns sql/bridge_qrels.sql reads from each optional input, for empty stand-ins.
@@ -49,24 +55,42 @@ class MissingOriginalQrels(LookupError):
 @dataclass(frozen=True)
 class BridgeQrels:
     dataset: str
-    qrels: pl.DataFrame          # rows of the bridge_qrels table
-    open_pairs: pl.DataFrame     # escalated/failed pairs nobody decided: query_id, doc_id, pair_key, outcome
+    qrels: pl.DataFrame          # rows of the bridge_qrels table (pending pairs included)
     missing_inputs: tuple[str, ...]  # labeling tables not materialized yet (read as empty)
 
+    @property
+    def pending(self) -> pl.DataFrame:
+        """The pairs awaiting people: query_id, doc_id, pair_key, unverified guess."""
+        return pending_pairs(self.qrels)
+
     def counts(self) -> dict[str, int]:
-        """Pairs per source, relevant pairs per source, and the totals."""
-        counts = {f"pairs_{source}": 0 for source in SOURCES}
-        counts.update({f"relevant_{source}": 0 for source in SOURCES})
-        for source, pairs, relevant in self.qrels.group_by("source").agg(
-                pl.len(), (pl.col("relevance") > 0).sum()).iter_rows():
-            counts[f"pairs_{source}"] = pairs
+        """Pairs and relevant pairs per source, found holes, pending pairs, and the model
+        guesses on pending pairs (apart: they are not labels)."""
+        return qrels_counts(self.qrels)
+
+
+def pending_pairs(qrels: pl.DataFrame) -> pl.DataFrame:
+    return qrels.filter(pl.col("source") == "pending").select(
+        "query_id", "doc_id", "pair_key", "unverified_label", "unverified_source")
+
+
+def qrels_counts(qrels: pl.DataFrame) -> dict[str, int]:
+    counts = {f"pairs_{source}": 0 for source in SOURCES}
+    counts.update({f"relevant_{source}": 0 for source in SOURCES if source != "pending"})
+    for source, pairs, relevant in qrels.group_by("source").agg(
+            pl.len(), (pl.col("relevance") > 0).sum()).iter_rows():
+        counts[f"pairs_{source}"] = pairs
+        if source != "pending":
             counts[f"relevant_{source}"] = relevant
-        counts["pairs"] = self.qrels.height
-        counts["relevant"] = int((self.qrels["relevance"] > 0).sum())
-        counts["new_relevant"] = counts["relevant"] - counts["relevant_original"]
-        counts["provisional"] = int(self.qrels["provisional"].sum())
-        counts["open_pairs"] = self.open_pairs.height
-        return counts
+    counts["pairs"] = qrels.height
+    counts["relevant"] = int((qrels["relevance"] > 0).sum())
+    counts["holes_found"] = counts["relevant_human"] + counts["relevant_debate"]
+    counts["pending"] = counts["pairs_pending"]
+    for source in UNVERIFIED_SOURCES:
+        guesses = qrels.filter(pl.col("unverified_source") == source)
+        counts[f"unverified_{source}_relevant"] = int((guesses["unverified_label"] == 1).sum())
+        counts[f"unverified_{source}_irrelevant"] = int((guesses["unverified_label"] == 0).sum())
+    return counts
 
 
 @contextlib.contextmanager
@@ -91,13 +115,4 @@ def build_bridge_qrels(con: duckdb.DuckDBPyConnection, dataset: str) -> BridgeQr
                                    "materialize the dataset's ingest assets first")
     with stand_ins(con, OPTIONAL_INPUTS) as missing:
         qrels = con.execute(read_sql("bridge_qrels"), {"dataset": dataset}).pl()
-    return BridgeQrels(dataset, qrels.cast(BRIDGE_QRELS_SCHEMA).select(list(BRIDGE_QRELS_SCHEMA)),
-                       open_pairs(con, dataset), missing)
-
-
-def open_pairs(con: duckdb.DuckDBPyConnection, dataset: str) -> pl.DataFrame:
-    """Escalated or failed pairs of `dataset` with no decision yet (query_id, doc_id, pair_key,
-    outcome); empty before the debate ran."""
-    with stand_ins(con, {**OPTIONAL_INPUTS, "original_qrels": "dataset varchar, query_id varchar, "
-                                                              "doc_id varchar"}):
-        return con.execute(read_sql("bridge_qrels_open_pairs"), {"dataset": dataset}).pl()
+    return BridgeQrels(dataset, qrels.cast(BRIDGE_QRELS_SCHEMA).select(list(BRIDGE_QRELS_SCHEMA)), missing)

@@ -5,9 +5,20 @@ import dagster as dg
 from pydantic import Field
 
 from bridge_assets.analysis.views import dataset_snapshot
+from bridge_assets.ingest.errors import DatasetError
+from bridge_assets.ingest.registry import DatasetSpec, get_dataset
+from bridge_assets.qrels.known_holes import read_known_holes
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.reports.build import REPORT_TABLES, build_report
 from bridge_assets.resources import DuckDBStore
+
+
+def dataset_spec(dataset: str) -> DatasetSpec | None:
+    """The registry entry of `dataset`, None for a partition the registry no longer lists."""
+    try:
+        return get_dataset(dataset)
+    except DatasetError:
+        return None
 
 
 class ReportConfig(dg.Config):
@@ -16,15 +27,20 @@ class ReportConfig(dg.Config):
 
 @dg.asset(partitions_def=dataset_partitions, group_name="reports", deps=list(REPORT_TABLES),
           description="One HTML page (and its Markdown twin) per dataset with tables and PNG "
-                      "figures: refined qrels, holes per system, metrics before/after with rank "
-                      "changes, pool saturation, partial annotation, RAG alignment. Sections whose "
-                      "tables are not materialized say so.")
+                      "figures: labels (found holes, pending pairs, unverified guesses apart, the "
+                      "score against known holes), holes per system, metrics before/after as "
+                      "bounds over pending pairs with robust rank changes, pool saturation, "
+                      "partial annotation, RAG alignment. Sections whose tables are not "
+                      "materialized say so.")
 def report(context: dg.AssetExecutionContext, config: ReportConfig, store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
     out = store.path.parent / "reports" / dataset
+    spec = dataset_spec(dataset)
+    key = read_known_holes(spec.resolve(spec.known_holes, "known_holes")) if spec and spec.known_holes else None
     con = dataset_snapshot(store.path, dataset, REPORT_TABLES)
     try:
-        files = build_report(con, dataset, out, k=config.k)
+        files = build_report(con, dataset, out, k=config.k, known_holes=key,
+                             known_holes_source=spec.known_holes if key else None)
     finally:
         con.close()
     missing = sorted({name for section in files.sections for name in section.missing})

@@ -1,7 +1,9 @@
 """The report of one dataset: one HTML page and its Markdown twin, PNG figures beside them.
 
-Sections: the refined qrels; holes per system; metrics before/after with rank changes and
-Kendall tau; pool saturation; the partial-annotation study; RAG alignment before/after.
+Sections: the labels (found holes, pending pairs, unverified guesses apart, and the score
+against the dataset's known holes when it has them); holes per system; metrics before/after
+with both bounds over pending pairs, robust rank changes and Kendall tau; pool saturation;
+the partial-annotation study; RAG alignment before/after.
 Each section reads its tables from the data lake; a table not materialized yet (the RAG
 assets are optional, for instance) leaves its section saying so instead of failing the report.
 """
@@ -18,11 +20,13 @@ import polars as pl
 
 from bridge_assets.analysis.retrieval import measure_label, measures_at
 from bridge_assets.ingest.registry import validate_dataset_name
+from bridge_assets.qrels.known_holes import KnownHoles, score_known_holes
+from bridge_assets.qrels.merge import qrels_counts
 from bridge_assets.reports import plots
 from bridge_assets.store import table_exists
 
 TEMPLATES = Path(__file__).parent / "templates"
-REPORT_TABLES = ("bridge_qrels", "retrieval_metrics", "ranking_shift", "pool_saturation",
+REPORT_TABLES = ("bridge_qrels", "candidate_pool", "retrieval_metrics", "ranking_shift", "pool_saturation",
                  "partial_annotation_study", "rag_alignment")
 
 
@@ -41,6 +45,7 @@ class Section:
     tables: list[Table] = field(default_factory=list)
     figures: list[tuple[str, str]] = field(default_factory=list)  # (caption, file name)
     missing: list[str] = field(default_factory=list)  # tables not materialized for the dataset
+    notes: list[str] = field(default_factory=list)    # what to do next, said plainly
 
 
 @dataclass(frozen=True)
@@ -76,20 +81,58 @@ def _rows(con: duckdb.DuckDBPyConnection, table_name: str, dataset: str) -> pl.D
 
 # --- sections ------------------------------------------------------------------------------------
 
-def qrels_section(qrels: pl.DataFrame | None) -> Section:
-    section = Section("qrels", "Refined qrels", "Every judged pair once, with the source of its "
-                      "judgment (precedence original > human > debate > adjudicator > filter). "
-                      "Adjudicator labels are provisional until people confirm them.")
+def qrels_section(qrels: pl.DataFrame | None, dataset: str) -> Section:
+    section = Section("qrels", "Labels", "Every pair the pipeline judged, with the source of its "
+                      "judgment (precedence original > human > debate > pending > filter). Only "
+                      "people's votes and debate consensus that passed its checks count as found "
+                      "holes. Pending pairs (escalated, awaiting people) are not labels: the "
+                      "metrics below give a range over them, and what a model guessed for them is "
+                      "listed apart as unverified.")
     if qrels is None:
         section.missing.append("bridge_qrels")
         return section
     counts = qrels.group_by("source").agg(
-        pl.len().alias("pairs"), (pl.col("relevance") > 0).sum().alias("relevant"),
-        pl.col("provisional").sum().alias("provisional")).sort("source")
+        pl.len().alias("pairs"), (pl.col("relevance") > 0).sum().alias("relevant")).sort("source")
     total = pl.DataFrame({"source": ["all"], "pairs": [qrels.height],
-                          "relevant": [int((qrels["relevance"] > 0).sum())],
-                          "provisional": [int(qrels["provisional"].sum())]}).cast(counts.schema)
+                          "relevant": [int((qrels["relevance"] > 0).sum())]}).cast(counts.schema)
     section.tables.append(table("Judgments by source", pl.concat([counts, total])))
+    figures = qrels_counts(qrels)
+    rows = [("holes found (verified)", figures["holes_found"]),
+            ("pending pairs (awaiting people)", figures["pending"])]
+    for source, name in (("adjudicator", "LLM adjudicator"), ("vote", "agents' vote beyond the human budget")):
+        relevant, irrelevant = figures[f"unverified_{source}_relevant"], figures[f"unverified_{source}_irrelevant"]
+        if relevant or irrelevant:
+            rows.append((f"unverified guesses by the {name}: relevant / not", f"{relevant} / {irrelevant}"))
+    section.tables.append(table("Found and pending", pl.DataFrame(rows, schema=["what", "pairs"], orient="row")))
+    if figures["pending"]:
+        section.notes.append(f"{figures['pending']} pair(s) await people: bridge annotate add-annotator NAME, "
+                             f"then bridge annotate serve --dataset {dataset}.")
+    return section
+
+
+def known_holes_section(con: duckdb.DuckDBPyConnection, dataset: str, key: KnownHoles | None,
+                        source: str | None) -> Section | None:
+    """The labels scored against the holes people verified (only for datasets that have them)."""
+    if key is None:
+        return None
+    section = Section("known", "Against the known holes",
+                      f"The dataset's answer key ({source}) lists unjudged passages people read and "
+                      "verified as holes, and partial answers. Verified holes the candidate pool "
+                      "holds: found, missed or pending; reported holes: verified, partial or false.")
+    score = score_known_holes(con, dataset, key)
+    if score is None:
+        section.missing.append("candidate_pool")
+        return section
+    section.tables.append(table("Score", pl.DataFrame([
+        ("verified holes in the pool", score.pooled_holes), ("found", score.found),
+        ("missed", score.missed), ("pending", score.pending), ("reported holes", score.reported),
+        ("reported and verified", score.reported_true), ("reported, partial", score.reported_partial),
+        ("reported, false", score.reported_false)], schema=["what", "pairs"], orient="row")))
+    wrong = [(q, d, "false hole", s) for q, d, s in score.false_pairs] + \
+            [(q, d, "missed", s) for q, d, s in score.missed_pairs]
+    if wrong:
+        section.tables.append(table("Pairs the labels got wrong", pl.DataFrame(
+            wrong, schema=["query", "doc", "error", "label source"], orient="row")))
     return section
 
 
@@ -101,8 +144,9 @@ def holes_section(metrics: pl.DataFrame | None, k: int, out: Path) -> Section:
     names = measures_at(k)
     section = Section("holes", f"Holes per system (Hole@{k})",
                       f"Hole@{k}: the share of a system's top-{k} that are relevant chunks the "
-                      f"original qrels never judged (found by the pipeline). Judged@{k}: the share "
-                      f"of the top-{k} that the qrels judge at all.")
+                      f"original qrels never judged (found by the pipeline and verified); 'with "
+                      f"pending' counts every pending pair as a hole too (the upper bound). "
+                      f"Judged@{k}: the share of the top-{k} that the qrels judge at all.")
     if metrics is None:
         section.missing.append("retrieval_metrics")
         return section
@@ -110,6 +154,7 @@ def holes_section(metrics: pl.DataFrame | None, k: int, out: Path) -> Section:
     wide = (means.with_columns((pl.col("measure") + ":" + pl.col("qrels_version")).alias("column"))
             .pivot(on="column", index="retriever", values="value").sort("retriever"))
     headers = {"retriever": "system", f"{names['hole']}:refined": f"Hole@{k}",
+               f"{names['hole']}:refined_upper": f"Hole@{k} with pending",
                f"{names['judged']}:original": f"Judged@{k} original",
                f"{names['judged']}:refined": f"Judged@{k} refined"}
     wide = wide.with_columns([pl.lit(None, pl.Float64).alias(c) for c in headers if c not in wide.columns])
@@ -123,9 +168,11 @@ def holes_section(metrics: pl.DataFrame | None, k: int, out: Path) -> Section:
 def shift_section(shift: pl.DataFrame | None, k: int, out: Path) -> Section:
     names = measures_at(k)
     section = Section("shift", "Metrics before and after refinement",
-                      "Each system's score and place on the original and on the refined qrels; "
-                      "rank change > 0: the system moved up. Kendall tau (tau-a) and tau-b compare "
-                      "the two system rankings.")
+                      "Each system's score and place on the original and on the refined qrels, "
+                      "the refined ones as a range over the pending pairs (all irrelevant .. all "
+                      "relevant); rank change > 0: the system moved up. A change is robust when it "
+                      "holds at both ends of the range. Kendall tau (tau-a) and tau-b compare the "
+                      "original ranking with the refined one (pending pairs irrelevant).")
     if shift is None:
         section.missing.append("ranking_shift")
         return section
@@ -134,10 +181,14 @@ def shift_section(shift: pl.DataFrame | None, k: int, out: Path) -> Section:
     panels = []
     for measure in shown:
         rows = shift.filter(pl.col("measure") == measure).sort("rank_refined", "retriever")
+        rows = rows.with_columns(
+            pl.format("{} .. {}", pl.col("value_refined").round(4), pl.col("value_refined_upper").round(4))
+            .alias("refined_range"),
+            pl.format("{} .. {}", "rank_refined", "rank_refined_upper").alias("rank_range"))
         section.tables.append(table(measure_label(measure), rows, {
-            "retriever": "system", "value_original": "original", "value_refined": "refined",
-            "value_change": "change", "rank_original": "rank original", "rank_refined": "rank refined",
-            "rank_change": "rank change"}))
+            "retriever": "system", "value_original": "original", "refined_range": "refined (range)",
+            "rank_original": "rank original", "rank_range": "rank refined (range)",
+            "robust_rank_change": "robust rank change"}))
         if measure in (names["hit"], names["ndcg"], names["recall"]):
             panels.append((measure_label(measure), rows.sort("retriever")))
     taus = (shift.unique("measure", keep="first", maintain_order=True)
@@ -251,21 +302,24 @@ def _environment() -> jinja2.Environment:
                               lstrip_blocks=True)
 
 
-def build_report(con: duckdb.DuckDBPyConnection, dataset: str, out: Path, *, k: int = 10) -> ReportFiles:
-    """Write report.html, report.md and the figures of `dataset` into `out`."""
+def build_report(con: duckdb.DuckDBPyConnection, dataset: str, out: Path, *, k: int = 10,
+                 known_holes: KnownHoles | None = None, known_holes_source: str | None = None) -> ReportFiles:
+    """Write report.html, report.md and the figures of `dataset` into `out`; `known_holes`: the
+    dataset's answer key of verified holes, when it has one."""
     validate_dataset_name(dataset)  # callers name `out` after it; the Markdown shows it unescaped
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.png"):  # a figure whose table is gone must not linger
         old.unlink()
-    tables = {name: _rows(con, name, dataset) for name in REPORT_TABLES}
-    sections = (
-        qrels_section(tables["bridge_qrels"]),
+    tables = {name: _rows(con, name, dataset) for name in REPORT_TABLES if name != "candidate_pool"}
+    sections = tuple(section for section in (
+        qrels_section(tables["bridge_qrels"], dataset),
+        known_holes_section(con, dataset, known_holes, known_holes_source),
         holes_section(tables["retrieval_metrics"], k, out),
         shift_section(tables["ranking_shift"], k, out),
         saturation_section(tables["pool_saturation"], out),
         partial_section(tables["partial_annotation_study"], out),
         rag_section(tables["rag_alignment"], k, out),
-    )
+    ) if section is not None)
     context = {"dataset": dataset, "sections": sections, "k": k,
                "generated": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")}
     environment = _environment()
