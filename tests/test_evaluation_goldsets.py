@@ -15,6 +15,7 @@ from bridge_assets.evaluation.goldsets import (GoldSetError, GoldTriplet, load_r
 from conftest import PROJECT_ROOT, shared_data
 
 SHIPPED = PROJECT_ROOT / "resources" / "goldsets" / "nq_scifact_mini" / "goldset.jsonl"
+HARD = PROJECT_ROOT / "resources" / "goldsets" / "nq_scifact_hard"
 
 
 def line(**fields) -> str:
@@ -65,6 +66,28 @@ def test_the_build_script_reproduces_the_shipped_file(tmp_path):
     subprocess.run([sys.executable, str(PROJECT_ROOT / "scripts" / "build_goldset.py"), "--out", str(out)],
                    check=True, capture_output=True, cwd=PROJECT_ROOT)
     assert out.read_bytes() == SHIPPED.read_bytes()
+
+
+def test_the_hard_gold_set_is_balanced_read_and_holds_answer_string_negatives():
+    triplets = read_goldset(HARD / "goldset.jsonl")
+    records = [json.loads(raw) for raw in (HARD / "goldset.jsonl").read_text().splitlines()]
+    assert len(triplets) >= 200 and Counter(t.label for t in triplets) == {1: 112, 0: 112}
+    kinds = Counter((r["domain"], r["kind"], r["label"]) for r in records)
+    assert kinds[("nq", "answer_string", 0)] >= 50  # passages that name an answer without giving it
+    # the reading's verdicts are applied: relabelled triplets carry their note
+    assert all(r["note"].startswith("relabelled") for r in records if r["kind"] == "answer_string" and r["label"])
+    fewshot = read_goldset(HARD / "fewshot.jsonl")
+    assert not {t.query for t in fewshot} & {t.query for t in triplets}
+    assert load_registry().goldset("nq_scifact_hard").file == HARD / "goldset.jsonl"
+
+
+def test_the_build_script_reproduces_the_hard_gold_set(tmp_path):
+    shared_data("scifact")
+    shared_data("nq_open_mini")
+    subprocess.run([sys.executable, str(PROJECT_ROOT / "scripts" / "build_goldset.py"), "--goldset", "hard",
+                    "--out-dir", str(tmp_path)], check=True, capture_output=True, cwd=PROJECT_ROOT)
+    for name in ("goldset.jsonl", "fewshot.jsonl"):
+        assert (tmp_path / name).read_bytes() == (HARD / name).read_bytes()
 
 
 @pytest.mark.parametrize("bad, where", [
