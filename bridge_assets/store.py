@@ -11,6 +11,8 @@ instead of failing on it.
 from __future__ import annotations
 
 import contextlib
+import os
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -22,6 +24,9 @@ import polars as pl
 from bridge_assets.paths import duckdb_path
 
 LOCK_WAIT_SECONDS = 300.0
+# Test-only: seconds write_partitions sleeps inside its transaction, before the commit, so a test
+# can kill -9 the process mid-write (tests/test_faults_kill.py). Unset in normal use.
+TEST_PAUSE_ENV = "BRIDGE_TEST_PAUSE_IN_WRITE"
 
 
 def _is_lock_error(exc: Exception) -> bool:
@@ -86,6 +91,9 @@ def write_partitions(tables: Mapping[str, pl.DataFrame], keys: Mapping[str, Any]
         try:
             for table, frame in tables.items():
                 replace_partition(con, table, frame, keys)
+            if pause := os.environ.get(TEST_PAUSE_ENV):
+                print(f"{TEST_PAUSE_ENV}: paused before commit", file=sys.stderr, flush=True)
+                time.sleep(float(pause))
             con.execute("commit")
         except BaseException:
             con.execute("rollback")
