@@ -3,6 +3,7 @@
 Three annotators log in to the annotation app (uvicorn on a free 127.0.0.1 port), label the
 queue of a small escalated set with the keyboard shortcuts, answer the attention checks mixed
 in, and human_labels (the plain function and the asset) then holds their majority labels.
+Markup in the data (script, img onerror, javascript: links) is shown as text and never runs.
 """
 
 from __future__ import annotations
@@ -154,3 +155,73 @@ def test_three_annotators_label_the_queue_in_chromium_and_human_labels_holds_the
         rows = con.execute("select query_id, doc_id, label, votes from human_labels "
                            "where dataset = ?", [DATASET]).fetchall()
     assert {(q, d): label for q, d, label, _ in rows} == MAJORITY and {r[3] for r in rows} == {3}
+
+
+# Markup in every text the page shows; each payload would set window.__xss if it ran.
+HOSTILE = {
+    "query": 'What does <script>window.__xss = "query"</script> return?',
+    "answers": ['<img src=x onerror="window.__xss = \'answer\'">', "javascript:window.__xss='url'"],
+    "title": '<svg onload="window.__xss = \'title\'"></svg>',
+    "chunk": ('Sized containers. <img src=x onerror="window.__xss = \'chunk\'"> Calling len '
+              '<script>window.__xss = "chunk script"</script> asks the object. '
+              '<a href="javascript:window.__xss=\'link\'">click me</a> Objects raise TypeError.'),
+    "quote_a": '<img src=x onerror="window.__xss = \'chunk\'">',
+    "quote_b": '<a href="javascript:window.__xss=\'link\'">click me</a>',
+    "reason": '</p><script>window.__xss = "reason"</script><img src=x onerror="window.__xss=\'r\'">',
+}
+
+
+def test_markup_in_chunk_query_answers_and_debate_is_shown_as_text_and_never_runs(data_lake):
+    if not CHROMIUM.exists():
+        pytest.skip(f"{CHROMIUM} is absent: `make browser` installs Debian's chromium")
+    from playwright.sync_api import sync_playwright
+
+    write_escalated_set(data_lake)
+    with store.connect() as con:
+        token = add_annotator(con, "alice")
+        con.execute("update queries set text = ?, answers = ? where query_id = 'q1'",
+                    [HOSTILE["query"], HOSTILE["answers"]])
+        con.execute("update corpus set text = ?, title = ? where doc_id = 'd5'",
+                    [HOSTILE["chunk"], HOSTILE["title"]])
+        for agent, quote in (("A", HOSTILE["quote_a"]), ("B", HOSTILE["quote_b"])):
+            con.execute("update debate_turns set reference = ?, reason = ? where query_id = 'q1' "
+                        "and doc_id = 'd5' and agent = ?", [[quote], HOSTILE["reason"], agent])
+    app = create_app(AppSettings(db_path=data_lake / "bridge.duckdb", secret="browser-test-secret-123",
+                                 attention_rate=0.0))
+    with served(app) as base, sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page()
+            dialogs = []
+            page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+            page.goto(f"{base}/login")
+            page.fill("#token", token)
+            with page.expect_navigation():
+                page.click("button[type=submit]")
+            assert page.url == f"{base}/annotate"
+            page.wait_for_load_state("load")
+            # shown as text, exactly
+            assert page.inner_text("#query") == HOSTILE["query"]
+            assert page.locator("#answers li").all_inner_texts() == HOSTILE["answers"]
+            assert page.inner_text("#chunk") == HOSTILE["chunk"]
+            assert HOSTILE["title"] in page.inner_text("main")
+            assert page.locator("#history blockquote").all_inner_texts() == \
+                [HOSTILE["quote_a"], HOSTILE["quote_b"]] * 2
+            assert page.locator("#history .turn p").all_inner_texts() == [HOSTILE["reason"]] * 4
+            # the quotes are still highlighted, as text
+            assert page.locator("#chunk mark").all_inner_texts() == [HOSTILE["quote_a"], HOSTILE["quote_b"]]
+            # no element came from the data: one script (the page's own), no img/svg/a in main
+            assert page.locator("script").count() == 1
+            assert page.locator("main img, main svg, main a[href^='javascript']").count() == 0
+            page.locator("#chunk mark").nth(1).click()  # the would-be link
+            page.wait_for_timeout(300)
+            assert page.evaluate("typeof window.__xss") == "undefined"
+            assert dialogs == [] and page.url == f"{base}/annotate"
+            with page.expect_navigation():
+                page.keyboard.press("n")  # the page still works
+            assert page.evaluate("typeof window.__xss") == "undefined"
+        finally:
+            browser.close()
+    with store.connect() as con:
+        assert con.execute("select annotator_id, query_id, label from human_votes").fetchall() == \
+            [("alice", "q1", 0)]
