@@ -200,9 +200,9 @@ def test_only_the_import_route_takes_upload_sized_bodies(lake, tokens):
     record = {"dataset": "demo", "query_id": "q1", "doc_id": "d5", "annotator_id": "ext", "label": 1,
               "comment": "y" * 1900}
     padded = json.dumps([record] + [{"pad": "z" * 1000}] * 300).encode()  # ~300 KB
-    accepted = admin.post("/admin/import", data={"csrf_token": csrf},
+    parsed = admin.post("/admin/import", data={"csrf_token": csrf},
                           files={"file": ("votes.json", padded)})
-    assert accepted.status_code == 400 and "record 2" in accepted.text  # parsed, then validated
+    assert parsed.status_code == 400 and "record 2" in parsed.text  # past the limit: parsed, validated
     too_big = admin.post("/admin/import", data={"csrf_token": "not-checked"},
                          files={"file": ("votes.json", b"[" + b" " * (2**20 + 2**17) + b"]")})
     assert too_big.status_code == 413
