@@ -21,6 +21,8 @@ import numpy as np
 from scipy import stats
 from sklearn.metrics import brier_score_loss, cohen_kappa_score, roc_auc_score
 
+from bridge_assets.labeling.debate import escalation_count
+
 ECE_BINS = 10  # equal-width bins over [0, 1], the last one closed
 BOOTSTRAP_RESAMPLES = 2000
 CONFIDENCE_LEVEL = 0.95
@@ -68,14 +70,6 @@ def bacc_interval(gold: Sequence[int], predicted: Sequence[int], *, seed: int = 
     if math.isnan(low) or math.isnan(high):
         return None, None
     return float(low), float(high)
-
-
-def escalation_count(n: int, ratio: float) -> int:
-    """How many of `n` cases an escalation ratio sends to humans: the fewest whose share
-    reaches `ratio` (3.5% of 48 -> 2 cases, 4.2%)."""
-    if not 0.0 <= ratio <= 1.0:
-        raise ValueError(f"escalation ratio must be within [0, 1], got {ratio}")
-    return min(n, math.ceil(ratio * n - 1e-9))
 
 
 def escalate_least_confident(confidence: Sequence[float], ratio: float) -> list[bool]:

@@ -21,9 +21,9 @@ from pydantic import Field
 from bridge_assets.labeling import pooling
 from bridge_assets.labeling.adjudicator import ADJUDICATOR_TEMPLATE, adjudicate, adjudicator_schema
 from bridge_assets.labeling.calls import MeteredGenerate
-from bridge_assets.evaluation.metrics import escalation_count
 from bridge_assets.labeling.debate import (DEBATE_TEMPLATES, DebateChecks, debate_agents, debate_config_hash,
-                                           labels_frame, prompt_variables, run_debate, turns_frame)
+                                           escalation_count, labels_frame, prompt_variables, run_debate,
+                                           turns_frame)
 from bridge_assets.labeling.filter import filtered_pool as summarize_votes
 from bridge_assets.labeling.filter import run_filter, votes_frame
 from bridge_assets.labeling.pairs import load_pairs

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
@@ -331,6 +332,14 @@ def answer_check_applies(mode: AnswerPresence, answers: Sequence[str]) -> bool:
     if mode == "off" or not answers:
         return False
     return mode == "all" or answers_are_short([answers])
+
+
+def escalation_count(n: int, ratio: float) -> int:
+    """How many of `n` cases an escalation ratio sends to humans: the fewest whose share
+    reaches `ratio` (3.5% of 48 -> 2 cases, 4.2%)."""
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"escalation ratio must be within [0, 1], got {ratio}")
+    return min(n, math.ceil(ratio * n - 1e-9))
 
 
 def apply_budget(labels: list[PairLabel], budget: int) -> list[PairLabel]:
