@@ -10,10 +10,12 @@ import typer
 from bridge_assets.audit import audit_command
 from bridge_assets.evaluation.cli import label_eval_command
 from bridge_assets.human.cli import app as annotate_app
+from bridge_assets.ingest.cli import add_dataset_command
 from bridge_assets.llm.cli import models_app
 from bridge_assets.metrics.cli import eval_command
 from bridge_assets.qrels.cli import app as qrels_app
 from bridge_assets.retrieval.cli import app as retrievers_app
+from bridge_assets.retrieval.cli import runs_app
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -22,12 +24,14 @@ app = typer.Typer(help="BRIDGE: find and fill the holes in IR benchmarks, then r
                   no_args_is_help=True, add_completion=False)
 datasets_app = typer.Typer(help="The dataset registry (resources/datasets.yaml).", no_args_is_help=True)
 app.add_typer(datasets_app, name="datasets")
+datasets_app.command("add")(add_dataset_command)
 app.add_typer(annotate_app, name="annotate")
 app.add_typer(models_app, name="models")
 app.command("eval")(eval_command)
 app.add_typer(qrels_app, name="qrels")
 app.command("audit")(audit_command)
 app.add_typer(retrievers_app, name="retrievers")
+app.add_typer(runs_app, name="runs")
 app.command("label-eval")(label_eval_command)
 
 

@@ -8,15 +8,17 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
 
+from bridge_assets import registries
 from bridge_assets.ingest.errors import DatasetError
 from bridge_assets.paths import PROJECT_ROOT, RESOURCES_DIR
 
 DatasetKind = Literal["beir", "nq_open", "trec", "bridge_release", "beir_url", "huggingface",
                       "ir_datasets"]
-# `BRIDGE_DATASETS` points at another registry file (tests, or a user's own set of datasets).
+# `BRIDGE_DATASETS` points at another registry file (tests, or a user's own set of datasets);
+# `<BRIDGE_REGISTRY_DIR>/datasets.yaml` is merged over it (bridge_assets.registries).
+REGISTRY_FILE = "datasets.yaml"
 REGISTRY_PATH = Path(os.environ.get("BRIDGE_DATASETS", RESOURCES_DIR / "datasets.yaml")).resolve()
 # A dataset name becomes a partition key, a folder name (exports, reports, downloads) and a
 # value in SQL, so it is kept to characters that are plain in all three.
@@ -61,13 +63,17 @@ class DatasetSpec(BaseModel):
     # Size caps of the loaders (bridge_assets.ingest.loaders), when the defaults are too tight.
     max_line_bytes: int | None = Field(None, gt=0)
     max_text_chars: int | None = Field(None, gt=0)
+    # Where the entry was read, and the folder its relative paths start from: the project root
+    # for the shipped registry, the registry folder for a user's entry.
+    _file: Path = PrivateAttr(default=REGISTRY_PATH)
+    _base: Path = PrivateAttr(default=PROJECT_ROOT)
 
     def resolve(self, value: str | None, field: str) -> Path:
         if not value:
             raise DatasetError(f"dataset '{self.name}' of kind {self.kind} needs `{field}`",
-                               REGISTRY_PATH, field=field)
+                               self._file, field=field)
         path = Path(value)
-        return path if path.is_absolute() else (PROJECT_ROOT / path).resolve()
+        return path if path.is_absolute() else (self._base / path).resolve()
 
     @property
     def source(self) -> str:
@@ -75,21 +81,45 @@ class DatasetSpec(BaseModel):
 
 
 def load_registry(path: Path = REGISTRY_PATH) -> dict[str, DatasetSpec]:
-    """Parse the registry; a malformed entry fails naming the file and the entry."""
+    """Parse the registry (`path`, with the user's datasets.yaml merged over it); a malformed
+    entry fails naming its file, line and name."""
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError:
-        raise DatasetError("dataset registry not found", path) from None
-    except yaml.YAMLError as exc:
-        raise DatasetError(f"not valid YAML: {exc}", path) from None
-    entries = raw.get("datasets") or {}
+        registry = registries.load(path, REGISTRY_FILE)
+    except registries.RegistryFileError as exc:
+        raise DatasetError(exc.problem, exc.file, exc.line) from None
     specs = {}
-    for name, body in entries.items():
+    for name, body in (registry.data.get("datasets") or {}).items():
+        origin = registry.origin("datasets", name)
         try:
-            specs[name] = DatasetSpec(name=name, **(body or {}))
+            spec = DatasetSpec(name=name, **(body or {}))
         except Exception as exc:  # pydantic's message names the offending field
-            raise DatasetError(f"invalid entry {name!r}: {exc}", path, field=str(name)) from None
+            raise DatasetError(f"invalid entry {name!r}: {exc}", origin.file, origin.line,
+                               field=str(name)) from None
+        spec._file, spec._base = origin.file, origin.base
+        specs[name] = spec
     return specs
+
+
+def add_dataset(name: str, body: dict[str, Any], replace: bool = False, path: Path | None = None) -> Path:
+    """Write a dataset entry to `<registry dir>/datasets.yaml` (BRIDGE_REGISTRY_DIR set) or to
+    `path` (default: the registry file), keeping the file's comments; refuses a registered name
+    unless `replace`. The file is unchanged when the registry does not load with the entry.
+    Returns the file written."""
+    path = path or REGISTRY_PATH
+    try:
+        DatasetSpec(name=name, **body)  # fails before touching any file
+    except ValidationError as exc:
+        raise DatasetError(f"invalid entry {name!r}: {exc}") from None
+    known = load_registry(path)
+    if name in known and not replace:
+        raise DatasetError(f"dataset '{name}' already exists (use --replace to replace it)",
+                           known[name]._file)
+    target = registries.target_file(path, REGISTRY_FILE)
+    try:
+        registries.add_entry(target, "datasets", name, body, lambda: load_registry(path), replace)
+    except registries.RegistryFileError as exc:
+        raise DatasetError(exc.problem, exc.file, exc.line) from None
+    return target
 
 
 @lru_cache(maxsize=1)
@@ -105,5 +135,7 @@ def get_dataset(name: str, registry: dict[str, DatasetSpec] | None = None) -> Da
     registry = registry if registry is not None else load_registry()
     if name not in registry:
         known = ", ".join(sorted(registry)) or "none"
-        raise DatasetError(f"unknown dataset '{name}' (known: {known})", REGISTRY_PATH)
+        raise DatasetError(f"unknown dataset '{name}' (known: {known})",
+                           registries.describe(REGISTRY_PATH, REGISTRY_FILE))
     return registry[name]
+

