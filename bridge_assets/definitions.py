@@ -34,7 +34,8 @@ defs = dg.Definitions(
     asset_checks=dg.load_asset_checks_from_modules([ingest_checks, retrieval_assets, labeling_checks,
                                                     qrels_assets]),
     jobs=[ingest_job, retrieval_assets.retrieval_job, human_assets.human_labels_job],
-    sensors=[retrieval_sensors.retriever_registry_sensor, human_assets.human_labels_sensor],
+    sensors=[retrieval_sensors.retriever_registry_sensor, retrieval_sensors.run_files_sensor,
+             human_assets.human_labels_sensor],
     schedules=[retrieval_assets.retrieval_rebenchmark_schedule],
     resources={"store": DuckDBStore(), "llm": LLMResource()},
 )

@@ -27,7 +27,7 @@ RUN_COLUMNS = ["dataset", "retriever", "query_id", "doc_id", "rank", "score", "c
 
 
 class RetrievalRunConfig(dg.Config):
-    k: int = 0  # documents kept per query; 0 = `defaults.k` of resources/retrievers.yaml
+    k: int = 0  # documents kept per query; 0 = the system's (a run_file's `k`, else `defaults.k`)
 
 
 def run_version(run: pl.DataFrame) -> str:

@@ -53,6 +53,8 @@ def list_systems(
             model += f" on {spec.first_stage}"
         if spec.inputs:
             model = "+".join(spec.inputs)
+        if spec.path:
+            model = spec.path
         ok, detail = availability(registry, name) if check else (None, "")
         loadable += bool(ok)
         mark = "-" if ok is None else ("yes" if ok else "NO")

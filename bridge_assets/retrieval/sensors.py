@@ -4,6 +4,10 @@ resources/retrievers.yaml.
 A new system gets its partition and a run on every dataset; a system whose configuration
 changed (its hash, kept in the cursor) is re-run on every dataset; a removed system's partition
 is deleted and its rows leave `retrieval_run`, so nothing downstream pools a retired system.
+
+The run-files sensor watches `<BRIDGE_REGISTRY_DIR>/runs/<dataset>/<name>.trec[.gz]`: a new
+file becomes a run_file system (an entry in the registry folder's retrievers.yaml) and a new or
+changed file gets its run on its dataset, so an external system is re-benchmarked like any other.
 """
 
 from __future__ import annotations
@@ -13,11 +17,14 @@ from dataclasses import dataclass
 
 import dagster as dg
 
+from bridge_assets import registries
 from bridge_assets import store as duckdb_store
 from bridge_assets.partitions import dataset_partitions, retriever_partitions
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.retrieval.assets import retrieval_job
+from bridge_assets.retrieval.errors import RegistryError
 from bridge_assets.retrieval.registry import load_registry
+from bridge_assets.retrieval.run_files import FoundRun, find_run_files, register_run_file, runs_dir
 
 
 @dataclass
@@ -87,3 +94,49 @@ def retriever_registry_sensor(context: dg.SensorEvaluationContext, store: DuckDB
                          f"deleted {sync.delete}")
     return dg.SensorResult(run_requests=runs, dynamic_partitions_requests=requests,
                            cursor=json.dumps(sync.hashes, sort_keys=True))
+
+
+def _stamp(run: FoundRun) -> str:
+    """Changes when the file does (size and modification time: no re-reading every minute)."""
+    stat = run.path.stat()
+    return f"{stat.st_size}:{stat.st_mtime_ns}"
+
+
+@dg.sensor(job=retrieval_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING,
+           description="Turns every new TREC run file in <BRIDGE_REGISTRY_DIR>/runs/<dataset>/<name>.trec[.gz] "
+                       "into a run_file system and requests the run of each new or changed file.")
+def run_files_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+    if registries.registry_dir() is None:
+        return dg.SkipReason(f"{registries.ENV_REGISTRY_DIR} is not set: there is no runs folder to watch")
+    previous = json.loads(context.cursor) if context.cursor else {}
+    stamps, runs, added = {}, [], []
+    datasets = set(dataset_partitions.get_partition_keys())
+    partitions = set(context.instance.get_dynamic_partitions(retriever_partitions.name))
+    for found in find_run_files(runs_dir()):
+        stamp = _stamp(found)
+        if previous.get(found.key) == stamp:
+            stamps[found.key] = stamp
+            continue
+        # a file that cannot be taken is not stamped: it is retried (and reported) until fixed
+        if found.dataset not in datasets:
+            context.log.warning(f"{found.path}: no dataset '{found.dataset}' (known: {', '.join(sorted(datasets))})")
+            continue
+        try:
+            registry, written = register_run_file(found.name, found.dataset, found.path)
+        except RegistryError as exc:
+            context.log.warning(f"{found.path} is not read: {exc}")
+            continue
+        stamps[found.key] = stamp
+        if written:
+            context.log.info(f"{found.path}: registered run_file system '{found.name}'")
+        if found.name not in registry.profile_systems():
+            context.log.info(f"{found.path}: '{found.name}' is not in profile {registry.active_profile}; not run")
+            continue
+        if found.name not in partitions and found.name not in added:
+            added.append(found.name)
+        runs.append(dg.RunRequest(run_key=f"run_file:{found.key}:{stamp}",
+                                  partition_key=dg.MultiPartitionKey({"dataset": found.dataset,
+                                                                      "retriever": found.name})))
+    requests = [retriever_partitions.build_add_request(added)] if added else []
+    return dg.SensorResult(run_requests=runs, dynamic_partitions_requests=requests,
+                           cursor=json.dumps(stamps, sort_keys=True))

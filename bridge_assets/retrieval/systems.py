@@ -22,7 +22,7 @@ import polars as pl
 from bridge_assets.retrieval import cache, dense, encoders, lucene, splade
 from bridge_assets.retrieval.errors import RetrievalError
 from bridge_assets.retrieval.registry import RetrieverRegistry, SystemSpec, load_registry
-from bridge_assets.retrieval.runs import document_texts, scored, top_k
+from bridge_assets.retrieval.runs import RUN_SCHEMA, document_texts, scored, top_k
 from bridge_assets.retrieval.weights import resolve_model
 
 log = logging.getLogger(__name__)
@@ -161,8 +161,27 @@ def _rewrite(ctx: RunContext, spec: SystemSpec, queries: pl.DataFrame, k: int) -
     return retrieve(ctx, spec.first_stage, rewritten, k)
 
 
+def _run_file(ctx: RunContext, spec: SystemSpec, queries: pl.DataFrame, k: int) -> pl.DataFrame:
+    from bridge_assets.retrieval.run_files import read_run_file
+
+    path = ctx.registry.run_file(spec.name, ctx.dataset)
+    found = ctx.metadata.setdefault("run_files", {})
+    if not path.exists():  # one file per dataset: a dataset without one has no run of this system
+        ctx.progress(f"{spec.name}: no run file for dataset '{ctx.dataset}' at {path}; the run is empty")
+        found[spec.name] = {"path": str(path), "missing": True}
+        return pl.DataFrame(schema=RUN_SCHEMA)
+    rows, report = read_run_file(path, ctx.dataset, set(queries["query_id"].to_list()),
+                                 set(ctx.corpus["doc_id"].to_list()), spec.params().unknown_ids)
+    found[spec.name] = report.as_metadata()
+    if report.kept < report.lines:
+        ctx.progress(f"{spec.name}: {path}: skipped {report.lines - report.kept} of {report.lines} lines "
+                     f"({report.unknown_query_lines} with unknown query ids, {report.unknown_document_lines} "
+                     f"with unknown document ids), e.g. {'; '.join(report.examples)}")
+    return top_k(rows, k)
+
+
 KINDS = {"bm25": _bm25, "dense": _dense, "splade": _splade, "fusion": _fusion, "rerank": _rerank,
-         "rewrite": _rewrite}
+         "rewrite": _rewrite, "run_file": _run_file}
 
 
 def retrieve(ctx: RunContext, system: str, queries: pl.DataFrame, k: int) -> pl.DataFrame:
@@ -187,10 +206,10 @@ def run_retriever(dataset: str, system: str, corpus: pl.DataFrame, queries: pl.D
                   progress: Callable[[str], None] = log.info) -> RunResult:
     """Run `system` on `dataset`'s queries over its corpus; the top-k per query and provenance.
 
-    corpus: doc_id, title, text; queries: query_id, text. k defaults to the registry's.
+    corpus: doc_id, title, text; queries: query_id, text. k defaults to the system's (`system_k`).
     """
     registry = registry or load_registry()
-    k = k or registry.defaults.k
+    k = k or registry.system_k(system)
     if corpus.is_empty():
         raise RetrievalError(f"{dataset}: the corpus is empty; materialize `corpus` first")
     ctx = RunContext(dataset, corpus, registry, lake, progress, llm_client, llm_context)

