@@ -282,3 +282,13 @@ def test_sensor_skips_without_a_registry_folder(monkeypatch):
     with dg.instance_for_test() as instance:
         result = run_files_sensor(dg.build_sensor_context(instance=instance))
     assert isinstance(result, dg.SkipReason) and "BRIDGE_REGISTRY_DIR" in result.skip_message
+
+
+def test_retrievers_add_registers_files_that_stay_where_they_are(user_dir, tmp_path):
+    _write(tmp_path / "elsewhere" / "scifact" / "ext.trec", "q1 Q0 a 1 1 t\n")
+    template = str(tmp_path / "elsewhere" / "{dataset}" / "ext.trec")
+    result = CliRunner().invoke(app, ["retrievers", "add", "ext", "--kind", "run_file", "--path", template])
+    assert result.exit_code == 0, result.output
+    assert load_registry().run_file("ext", "scifact") == tmp_path / "elsewhere" / "scifact" / "ext.trec"
+    listed = CliRunner().invoke(app, ["retrievers", "list", "--all"])
+    assert f"{template}" in listed.output and "run files for scifact" in listed.output
