@@ -108,7 +108,6 @@ def read_file(path: Path, base: Path) -> Registry:
         raise RegistryFileError("expected a mapping of sections (e.g. `datasets:`)", path, 1)
     origins = {}
     for key, value in (node.value if isinstance(node, yaml.MappingNode) else []):
-        origins[(key.value, "")] = Origin(path, key.start_mark.line + 1, base)
         if isinstance(value, yaml.MappingNode):
             for entry, _ in value.value:
                 origins[(key.value, entry.value)] = Origin(path, entry.start_mark.line + 1, base)
@@ -117,9 +116,11 @@ def read_file(path: Path, base: Path) -> Registry:
 
 def merge(shipped: Registry, user: Registry) -> Registry:
     """`user` over `shipped`: mappings merged by name (a replaced entry keeps its place), other
-    values replaced."""
+    values replaced, empty ones ignored."""
     data = dict(shipped.data)
     for key, value in user.data.items():
+        if value is None:  # an empty section (`datasets:` alone) adds nothing, removes nothing
+            continue
         if isinstance(value, dict) and isinstance(data.get(key), dict):
             data[key] = {**data[key], **value}
         else:

@@ -39,6 +39,13 @@ def shipped_untouched():
     assert {name: (RESOURCES_DIR / name).read_bytes() for name in before} == before
 
 
+def test_an_empty_user_file_or_section_changes_nothing(user_dir):
+    (user_dir / "datasets.yaml").write_text("# nothing yet\ndatasets:\n")
+    (user_dir / "retrievers.yaml").write_text("")
+    assert list(load_registry()) == ["demo", "nq_open_mini", "scifact"]
+    assert load_retrievers().systems == load_retrievers(RESOURCES_DIR / "retrievers.yaml").systems
+
+
 def test_without_a_registry_folder_the_shipped_files_are_read_alone(monkeypatch):
     monkeypatch.delenv("BRIDGE_REGISTRY_DIR", raising=False)
     assert registries.registry_dir() is None
@@ -169,6 +176,8 @@ def test_adding_an_entry_keeps_comments_and_goes_at_the_end_of_its_section(tmp_p
     with pytest.raises(registries.RegistryFileError, match="line 14: `prompts:` must be a block mapping"):
         registries.with_entry(COMMENTED, path, "prompts", "p", {"x": 1})
     assert yaml.safe_load(text)["systems"]["third"] == {"kind": "bm25", "profiles": ["x"]}
+    empty = registries.with_entry("datasets:\n# later\n", path, "datasets", "d", {"kind": "beir"})
+    assert empty == "datasets:\n  d:\n    kind: beir\n# later\n"
 
 
 def test_add_entry_creates_the_file_and_restores_it_when_validation_fails(tmp_path):
