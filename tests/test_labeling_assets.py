@@ -95,7 +95,7 @@ def materialize(lake, url: str, *, debate: dict | None = None, filter_models=("f
     run_config = {"ops": {
         "candidate_pool": {"config": {"depth": 3}},
         "filter_pool": {"config": {"models": list(filter_models)}},
-        "debate": {"config": {"max_tokens": 128, **(debate or {})}},
+        "debate": {"config": {"reason_words": 20, **(debate or {})}},
     }}
     resources = {"store": DuckDBStore(data_lake=str(lake)),
                  "llm": ScriptedLLM(data_lake=str(lake), url=url, debate="agent", adjudicator="adj")}
@@ -212,11 +212,11 @@ def test_killed_mid_debate_the_rerun_repeats_no_answered_call(data_lake):
             return client.generate(requests)
 
         with pytest.raises(KeyboardInterrupt):
-            run_debate(pairs, debate_agents(["m"]), dies_in_round_two, max_tokens=128)
+            run_debate(pairs, debate_agents(["m"]), dies_in_round_two, reason_words=20)
         assert server.hits == 6 and read_calls(data_lake / "bridge.duckdb").height == 6
 
         fresh = LLMClient(http_profile(server.url), db_path=data_lake / "bridge.duckdb")
-        outcome = run_debate(pairs, debate_agents(["m"]), lambda p, r: fresh.generate(r), max_tokens=128)
+        outcome = run_debate(pairs, debate_agents(["m"]), lambda p, r: fresh.generate(r), reason_words=20)
         assert server.hits == 6 + 6  # round 2 only: round 1 came from the ledger
         assert fresh.stats.cache_hits == 6
         assert {label.rounds_used for label in outcome.labels} == {2}
@@ -231,7 +231,7 @@ def test_a_failing_server_fails_pairs_and_votes_without_labels(data_lake):
         client = LLMClient(http_profile(server.url, retries=1), db_path=data_lake / "bridge.duckdb")
         generate = lambda profile, requests: client.generate(requests)  # noqa: E731
         votes = run_filter(pairs, ["m"], generate)
-        outcome = run_debate(pairs, debate_agents(["m"]), generate, max_tokens=128)
+        outcome = run_debate(pairs, debate_agents(["m"]), generate, reason_words=20)
     assert votes[0].is_supported is None and "500" in votes[0].error
     assert (outcome.labels[0].outcome, outcome.labels[0].label) == ("failed", None)
     assert all(turn.error for turn in outcome.turns)

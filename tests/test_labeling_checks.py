@@ -16,7 +16,7 @@ import pytest
 
 from bridge_assets.labeling.debate import (DEBATE_TEMPLATES, FLAG_ANSWER, FLAG_CONFIDENCE, FLAG_DISAGREEMENT,
                                            FLAG_EVIDENCE, DebateChecks, PairLabel, apply_budget,
-                                           bounded_text, debate_agents, labels_frame, prompt_variables,
+                                           bounded_text, debate_agents, fewshot_examples, labels_frame,
                                            run_debate)
 from bridge_assets.labeling.evidence import (answer_in_chunk, answers_are_short, evidence_status,
                                              normalize_answer, quote_in_chunk)
@@ -207,7 +207,7 @@ def test_the_paper_prompt_states_the_opening_stances_as_answers_and_names_the_ot
     prompts = Prompts()
     system, user = (text for _, text in prompts.messages(
         "debate_turn_paper", query="q?", answers=("a",), chunk="c", agent="B", stance="irrelevant",
-        agents=agents, history=[], round=1, **prompt_variables(False, 100)))
+        agents=agents, history=[], round=1, reason_words=100, examples=fewshot_examples(False)))
     assert "Round 1:\n- Agent A: Yes. The chunk contains complete information to construct at least one " \
            "answer to the target query.\n- Agent B: No." in user
     assert "You are Agent B; there is also another agent, Agent A, assigned the same task." in user
@@ -218,7 +218,7 @@ def test_the_paper_prompt_states_the_opening_stances_as_answers_and_names_the_ot
     assert "Worked examples" not in system
     with_examples = prompts.messages("debate_turn_paper", query="q?", answers=("a",), chunk="c", agent="A",
                                      stance="relevant", agents=agents, history=[], round=1,
-                                     **prompt_variables(True, 100))[0][1]
+                                     reason_words=100, examples=fewshot_examples(True))[0][1]
     assert with_examples.count("Correct reply: {\"reference\"") == len(worked_examples())
 
 

@@ -16,7 +16,8 @@ import pytest
 from bridge_assets.labeling.adjudicator import adjudicate
 from bridge_assets.labeling.calls import MeteredGenerate
 from bridge_assets.labeling.debate import (AgentConfig, debate_agents, debate_config_hash,
-                                           labels_frame, run_debate, turn_schema, turns_frame)
+                                           labels_frame, run_debate, turn_max_tokens, turn_schema,
+                                           turns_frame)
 from bridge_assets.labeling.judge import run_judge
 from bridge_assets.labeling.pairs import Pair
 from bridge_assets.labeling.prompts import PROMPTS_DIR, Prompts
@@ -272,18 +273,19 @@ def test_metered_generate_counts_calls_cache_hits_and_tokens():
     assert (stats.tokens_in, stats.tokens_out) == (10, 5)
 
 
-def test_replies_are_bounded_to_fit_max_tokens():
-    for max_tokens in (96, 256, 1024):
-        schema = turn_schema(max_tokens)
+def test_replies_are_bounded_and_their_token_budget_holds_them():
+    for words in (10, 40, 100):
+        schema = turn_schema(words)
         props = schema["properties"]
         free_text = props["reference"]["maxItems"] * props["reference"]["items"]["maxLength"] \
             + props["reason"]["maxLength"]
-        assert free_text / 2.5 + 30 <= max_tokens
+        assert props["reason"]["maxLength"] == 7 * words
+        assert free_text / 2.5 + 30 <= turn_max_tokens(words)
 
 
 def test_config_hash_follows_prompts_rounds_and_models(tmp_path):
     agents = debate_agents(["m"])
-    common = dict(temperature=0.0, max_tokens=256, model_ids={"m": "model-1"})
+    common = dict(temperature=0.0, reason_words=40, model_ids={"m": "model-1"})
     base = debate_config_hash(agents, rounds=2, prompts=Prompts(), **common)
     assert base == debate_config_hash(agents, rounds=2, prompts=Prompts(), **common)
     assert base != debate_config_hash(agents, rounds=3, prompts=Prompts(), **common)

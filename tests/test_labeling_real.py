@@ -40,7 +40,7 @@ def test_real_debate_records_its_calls_and_a_rerun_makes_none(demo_lake):
         pairs = load_pairs(con, "demo", "select 'q02' as query_id, 'pydoc-return-1' as doc_id")
     client = LLMClient(PROFILE)
     outcome = run_debate(pairs, debate_agents([PROFILE]), lambda p, r: client.generate(r),
-                         rounds=1, max_tokens=96)
+                         rounds=1, reason_words=15)
     turns = outcome.turns
     assert len(turns) == 2 and all(t.error is None for t in turns), [t.error for t in turns]
     assert {t.response for t in turns} <= {"yes", "no"} and all(t.reason for t in turns)
@@ -51,7 +51,7 @@ def test_real_debate_records_its_calls_and_a_rerun_makes_none(demo_lake):
 
     again = LLMClient(PROFILE)
     rerun = run_debate(pairs, debate_agents([PROFILE]), lambda p, r: again.generate(r),
-                       rounds=1, max_tokens=96)
+                       rounds=1, reason_words=15)
     assert again.stats.calls == 0 and again.stats.cache_hits == 2
     assert rerun.labels == outcome.labels and read_calls().height == 2
 
@@ -63,7 +63,7 @@ def test_real_pipeline_reruns_for_free_and_pays_only_for_a_new_pair(demo_lake):
                  "llm": LLMResource(data_lake=str(demo_lake))}
     run_config = {"ops": {"candidate_pool": {"config": {"depth": 1}},
                           "filter_pool": {"config": {"models": [PROFILE]}},
-                          "debate": {"config": {"models": [PROFILE], "max_tokens": 96}}}}
+                          "debate": {"config": {"models": [PROFILE], "reason_words": 15}}}}
     checks = [labeling_checks.candidate_pool_is_valid, labeling_checks.debate_labels_are_valid,
               labeling_checks.escalated_pairs_have_full_history]
     assets = [labeling_assets.candidate_pool, labeling_assets.filter_pool, labeling_assets.debate]

@@ -26,7 +26,7 @@ MODEL = "qwen-0.5b"
 CONFIG = {
     "candidate_pool": {"depth": 2, "query_limit": 2},
     "filtered_pool": {"models": [MODEL], "max_tokens": 32},
-    "debate_labels": {"models": [MODEL], "rounds": 1, "max_tokens": 64, "adjudicate": True,
+    "debate_labels": {"models": [MODEL], "rounds": 1, "reason_words": 15, "adjudicate": True,
                       "adjudicator_model": MODEL},
     "human_labels": {"allow_partial": True},
     "rag_answers": {"model": MODEL, "query_limit": 1, "max_tokens": 16},

@@ -44,10 +44,10 @@ def label_eval_command(
                                            help="lara: share of pairs escalated to humans."),
     top_percent: float = typer.Option(0.2, "--top-percent", min=0.01, max=1.0,
                                       help="utilrank: top share of a query's candidates counted useful."),
-    max_tokens: int = typer.Option(128, "--max-tokens", min=16, help="judge/dream reply budget."),
     prompt: str = typer.Option("soft_stance", "--prompt", help="dream: the debate prompt, paper | soft_stance."),
     fewshot: bool = typer.Option(False, "--fewshot", help="judge/dream: worked examples in the prompt."),
-    reason_words: int = typer.Option(40, "--reason-words", min=5, help="judge/dream: the reason's word limit."),
+    reason_words: int = typer.Option(40, "--reason-words", min=5, max=300,
+                                     help="judge/dream: the reason's word limit (bounds the reply)."),
     evidence_check: bool = typer.Option(False, "--evidence-check", help="dream: escalate a 'yes' "
                                         "consensus no agent backs with a quote found in the chunk."),
     answer_check: str = typer.Option("off", "--answer-check", help="dream: escalate a 'yes' consensus "
@@ -81,7 +81,7 @@ def label_eval_command(
                           agents=agents, stance_order=stance_order, resolve=resolve,
                           adjudicator=adjudicator, temperature=temperature,
                           escalation_ratio=escalation_ratio, top_percent=top_percent,
-                          max_tokens=max_tokens, prompt=prompt, fewshot=fewshot,
+                          prompt=prompt, fewshot=fewshot,
                           reason_words=reason_words, evidence_check=evidence_check,
                           answer_check=answer_check, min_confidence=min_confidence,
                           budget_ratio=budget_ratio)

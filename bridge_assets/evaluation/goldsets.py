@@ -145,7 +145,6 @@ class MethodSpec(BaseModel):
     # role for dream, the `judge` role for the others. DREAM takes one for all agents or one
     # per agent; the others take one.
     models: tuple[str, ...] = ()
-    max_tokens: int = Field(128, ge=16, description="judge/dream replies (quotes+reason+answer)")
     temperature: float = Field(0.0, ge=0.0)
     # dream
     rounds: int = Field(2, ge=1)
@@ -155,7 +154,8 @@ class MethodSpec(BaseModel):
     adjudicator: str = ""  # profile; empty: the `adjudicator` role
     prompt: Literal["paper", "soft_stance"] = "soft_stance"  # the debate prompt
     fewshot: bool = False  # worked examples (resources/prompts/examples.yaml) in judge/dream prompts
-    reason_words: int = Field(40, ge=5, le=300, description="judge/dream: the reason's word limit")
+    reason_words: int = Field(40, ge=5, le=300, description="judge/dream: the reason's word limit "
+                              "(the reply's JSON schema bounds it, so it also bounds the cost)")
     evidence_check: bool = False  # a "yes" consensus needs a quote found in the chunk
     answer_check: Literal["off", "short", "all"] = "off"  # ... and an answer string in it
     min_confidence: float = Field(0.0, ge=0.0, le=1.0)  # weakest agent's P(its answer)

@@ -29,7 +29,7 @@ from bridge_assets.evaluation.utility import utility_labels
 from bridge_assets.labeling.adjudicator import adjudicate
 from bridge_assets.labeling.calls import Generate
 from bridge_assets.labeling.debate import (DEBATE_TEMPLATES, DebateChecks, DebateOutcome, debate_agents,
-                                           prompt_variables, run_debate)
+                                           fewshot_examples, run_debate)
 from bridge_assets.labeling.filter import run_filter
 from bridge_assets.labeling.judge import run_judge
 from bridge_assets.labeling.prompts import Prompts
@@ -140,10 +140,10 @@ def run_method(spec: MethodSpec, triplets: Sequence[GoldTriplet], generate: Gene
     scores: list[float | None] = [None] * len(triplets)
     if spec.method in ("judge", "dream"):
         pairs = [t.pair() for t in triplets]
-        variables = prompt_variables(spec.fewshot, spec.reason_words)
+        examples = fewshot_examples(spec.fewshot)
         if spec.method == "judge":
             outcome = run_judge(pairs, _single(spec, models), meter, temperature=spec.temperature,
-                                max_tokens=spec.max_tokens, prompts=prompts, prompt_vars=variables)
+                                reason_words=spec.reason_words, examples=examples, prompts=prompts)
         else:
             agents = debate_agents(models, spec.agents, spec.stance_order,
                                    template=DEBATE_TEMPLATES[spec.prompt])
@@ -152,12 +152,11 @@ def run_method(spec: MethodSpec, triplets: Sequence[GoldTriplet], generate: Gene
                 min_confidence=spec.min_confidence,
                 budget=None if spec.budget_ratio is None else escalation_count(len(pairs), spec.budget_ratio))
             outcome = run_debate(pairs, agents, meter, rounds=spec.rounds, temperature=spec.temperature,
-                                 max_tokens=spec.max_tokens, prompts=prompts, checks=checks,
-                                 prompt_vars=variables)
+                                 reason_words=spec.reason_words, examples=examples, prompts=prompts,
+                                 checks=checks)
             if spec.resolve == "adjudicator":
                 adjudicator = spec.adjudicator or profiles_for("adjudicator")[0]
-                outcome = adjudicate(outcome, pairs, adjudicator, meter, prompts=prompts,
-                                     max_tokens=spec.max_tokens)
+                outcome = adjudicate(outcome, pairs, adjudicator, meter, prompts=prompts)
                 models = [*models, f"adjudicator:{adjudicator}"]
             stability = consensus_stability(outcome, gold)
             extra["consensus_by_round"] = outcome.consensus_by_round()

@@ -22,7 +22,7 @@ from bridge_assets.labeling import pooling
 from bridge_assets.labeling.adjudicator import ADJUDICATOR_TEMPLATE, adjudicate, adjudicator_schema
 from bridge_assets.labeling.calls import MeteredGenerate
 from bridge_assets.labeling.debate import (DEBATE_TEMPLATES, DebateChecks, debate_agents, debate_config_hash,
-                                           escalation_count, labels_frame, prompt_variables, run_debate,
+                                           escalation_count, fewshot_examples, labels_frame, run_debate,
                                            turns_frame)
 from bridge_assets.labeling.filter import filtered_pool as summarize_votes
 from bridge_assets.labeling.filter import run_filter, votes_frame
@@ -58,13 +58,13 @@ class DebateConfig(dg.Config):
     temperature: float = Field(0.0, ge=0.0)
     stance_order: Literal["relevant_first", "irrelevant_first"] = Field(
         "relevant_first", description="Which opening stance agent A (listed first) takes.")
-    max_tokens: int = Field(256, ge=64)
     prompt: Literal["paper", "soft_stance"] = Field(
         "soft_stance", description="The debate prompt: the paper's (agents defend their stance) "
         "or a softer one (a stance is a starting point to test).")
     fewshot: bool = Field(False, description="Worked examples (resources/prompts/examples.yaml) in "
                           "the agents' prompt.")
-    reason_words: int = Field(40, ge=5, le=300, description="The word limit each turn's reason is asked for.")
+    reason_words: int = Field(40, ge=5, le=300, description="The word limit of each turn's reason "
+                              "(the reply's JSON schema bounds it, so it also bounds the cost).")
     evidence_check: bool = Field(False, description="Escalate a 'yes' consensus that no agent backs "
                                  "with a quote found in the chunk.")
     answer_check: Literal["off", "short", "all"] = Field(
@@ -196,7 +196,7 @@ def debate(context: dg.AssetExecutionContext, config: DebateConfig, store: DuckD
     agents = debate_agents(models, config.agents, config.stance_order,
                            template=DEBATE_TEMPLATES[config.prompt])
     checks = config.checks(len(pairs))
-    variables = prompt_variables(config.fewshot, config.reason_words)
+    examples = fewshot_examples(config.fewshot)
     prompts = Prompts()
     adjudicator_model = (config.adjudicator_model or llm.profile_for("adjudicator")) \
         if config.adjudicate else None
@@ -207,14 +207,14 @@ def debate(context: dg.AssetExecutionContext, config: DebateConfig, store: DuckD
                        "prompt": prompts.hash(ADJUDICATOR_TEMPLATE),
                        "schema": adjudicator_schema(ADJUDICATOR_MAX_TOKENS)}
     config_hash = debate_config_hash(agents, rounds=config.rounds, temperature=config.temperature,
-                                     max_tokens=config.max_tokens, prompts=prompts,
+                                     reason_words=config.reason_words, prompts=prompts,
                                      model_ids=model_ids, adjudicator=adjudicator, checks=checks,
-                                     prompt_vars=variables)
+                                     examples=examples)
     before = _previous_keys(store, "debate_labels", "pair_key, config_hash", dataset)
     generate = MeteredGenerate(llm.generate_fn(context.run_id, context.log.info))
     outcome = run_debate(pairs, agents, generate, rounds=config.rounds,
-                         temperature=config.temperature, max_tokens=config.max_tokens,
-                         prompts=prompts, checks=checks, prompt_vars=variables)
+                         temperature=config.temperature, reason_words=config.reason_words,
+                         examples=examples, prompts=prompts, checks=checks)
     if adjudicator_model:
         outcome = adjudicate(outcome, pairs, adjudicator_model, generate, prompts=prompts,
                              max_tokens=ADJUDICATOR_MAX_TOKENS)

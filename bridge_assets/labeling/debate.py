@@ -50,8 +50,13 @@ AnswerPresence = Literal["off", "short", "all"]
 DEBATE_TEMPLATES = {"paper": "debate_turn_paper", "soft_stance": "debate_turn"}
 DEBATE_TEMPLATE = DEBATE_TEMPLATES["soft_stance"]
 AGENT_NAMES = "ABCDEFGH"
+DEFAULT_REASON_WORDS = 40
 TOP_LOGPROBS = 5  # alternatives read at the yes/no token for an agent's confidence
 MAX_QUOTES = 2
+QUOTE_CHARS = 200       # a quoted sentence, cut at a word when longer
+CHARS_PER_WORD = 7      # the reason's bound: its word limit at 7 characters a word
+CHARS_PER_TOKEN = 2.5   # conservative: English runs at about 4
+JSON_CHARS = 80         # keys, quotes and brackets of a turn
 SENTENCE_END = re.compile(r"[.!?][\"')\]]*(?=\s|$)")
 
 # Escalation reasons (the `flags` of a pair): why people, not the agents, must decide.
@@ -64,22 +69,25 @@ FLAG_CONFIDENCE = "low_confidence"
 
 def reply_budget(max_tokens: int) -> int:
     """Characters of free text that surely fit in `max_tokens` next to the JSON syntax
-    (~30 tokens), at a conservative 2.5 characters per token."""
-    return max(40, int((max_tokens - 30) * 2.5))
+    (~30 tokens), at a conservative 2.5 characters per token (the adjudicator's bound)."""
+    return max(40, int((max_tokens - 30) * CHARS_PER_TOKEN))
 
 
-def turn_schema(max_tokens: int) -> dict:
-    """A turn's JSON schema. Quotes and reason are bounded so that a constrained decoder
-    always closes the object within `max_tokens` (a small model that rambles cannot leave
-    truncated, hence failed, JSON behind); the bounds are generous, and a text that reaches
-    one is cut back to a whole sentence or word when it is read (`bounded_text`)."""
-    budget = reply_budget(max_tokens)
+def reason_bound(reason_words: int) -> int:
+    return reason_words * CHARS_PER_WORD
+
+
+def turn_schema(reason_words: int) -> dict:
+    """A turn's JSON schema. The reason and each quote are bounded so that a constrained
+    decoder always closes the object (`turn_max_tokens`) and a small model that rambles or
+    copies the whole chunk cannot spend minutes doing it on a CPU; a text that reaches its
+    bound is cut back to a whole sentence or word when it is read (`bounded_text`)."""
     return {
         "type": "object",
         "properties": {
             "reference": {"type": "array", "maxItems": MAX_QUOTES,
-                          "items": {"type": "string", "maxLength": quote_bound(max_tokens)}},
-            "reason": {"type": "string", "maxLength": budget - MAX_QUOTES * quote_bound(max_tokens)},
+                          "items": {"type": "string", "maxLength": QUOTE_CHARS}},
+            "reason": {"type": "string", "maxLength": reason_bound(reason_words)},
             "response": {"type": "string", "enum": ["yes", "no"]},
         },
         "required": ["reference", "reason", "response"],
@@ -87,8 +95,10 @@ def turn_schema(max_tokens: int) -> dict:
     }
 
 
-def quote_bound(max_tokens: int) -> int:
-    return reply_budget(max_tokens) // 4
+def turn_max_tokens(reason_words: int) -> int:
+    """Tokens that surely hold a turn at its bounds."""
+    chars = MAX_QUOTES * QUOTE_CHARS + reason_bound(reason_words) + JSON_CHARS
+    return math.ceil(chars / CHARS_PER_TOKEN)
 
 
 def bounded_text(text: str, bound: int, *, sentences: bool) -> str:
@@ -248,21 +258,21 @@ def debate_agents(models: Sequence[str], count: int = 2,
                  for i in range(count))
 
 
-def prompt_variables(fewshot: bool, reason_words: int) -> dict[str, object]:
-    """The extra template variables of the judge and debate prompts."""
-    return {"examples": worked_examples() if fewshot else [], "reason_words": reason_words}
+def fewshot_examples(fewshot: bool) -> list[dict]:
+    """The worked examples the judge and debate prompts show, when asked."""
+    return worked_examples() if fewshot else []
 
 
 def turn_request(pair: Pair, agent: AgentConfig, agents: Sequence[AgentConfig],
                  history: list[list[Turn]], round_number: int, prompts: Prompts,
-                 temperature: float, max_tokens: int,
-                 prompt_vars: Mapping[str, object] | None = None) -> LLMRequest:
+                 temperature: float, reason_words: int, examples: Sequence[Mapping] = ()) -> LLMRequest:
     messages = prompts.messages(
         agent.template, query=pair.query, answers=pair.answers, chunk=pair.chunk,
         agent=agent.name, stance=agent.stance, agents=agents, history=history,
-        round=round_number, **(prompt_vars or {}))
-    return LLMRequest(messages=messages, json_schema=turn_schema(max_tokens), max_tokens=max_tokens,
-                      temperature=temperature, top_logprobs=TOP_LOGPROBS, purpose=turn_purpose(agent))
+        round=round_number, reason_words=reason_words, examples=list(examples))
+    return LLMRequest(messages=messages, json_schema=turn_schema(reason_words),
+                      max_tokens=turn_max_tokens(reason_words), temperature=temperature,
+                      top_logprobs=TOP_LOGPROBS, purpose=turn_purpose(agent))
 
 
 def turn_purpose(agent: AgentConfig) -> str:
@@ -273,7 +283,7 @@ def turn_purpose(agent: AgentConfig) -> str:
 
 
 def read_turn(pair: Pair, agent: AgentConfig, round_number: int, result: LLMResult,
-              max_tokens: int, quote_ratio: float) -> Turn:
+              reason_words: int, quote_ratio: float) -> Turn:
     """One agent's reply as a Turn: texts cut back to whole sentences or words where the
     schema's bound stopped them, quotes checked against the chunk, the answer's probability
     read from the log-probabilities (when the backend returned them)."""
@@ -281,9 +291,8 @@ def read_turn(pair: Pair, agent: AgentConfig, round_number: int, result: LLMResu
     if reply is None:
         return Turn(pair.query_id, pair.doc_id, pair.key, round_number, agent.name, agent.stance,
                     agent.model, (), None, None, result.key, error)
-    schema = turn_schema(max_tokens)["properties"]
-    quotes = tuple(bounded_text(q, quote_bound(max_tokens), sentences=False) for q in reply.reference)
-    reason = bounded_text(reply.reason, schema["reason"]["maxLength"], sentences=True)
+    quotes = tuple(bounded_text(q, QUOTE_CHARS, sentences=False) for q in reply.reference)
+    reason = bounded_text(reply.reason, reason_bound(reason_words), sentences=True)
     p_yes = field_yes_probability(result.logprobs)
     confidence = None if p_yes is None else (p_yes if reply.response == "yes" else 1 - p_yes)
     return Turn(pair.query_id, pair.doc_id, pair.key, round_number, agent.name, agent.stance,
@@ -365,12 +374,12 @@ def apply_budget(labels: list[PairLabel], budget: int) -> list[PairLabel]:
 
 
 def run_debate(pairs: Sequence[Pair], agents: Sequence[AgentConfig], generate: Generate, *,
-               rounds: int = 2, temperature: float = 0.0, max_tokens: int = 256,
-               prompts: Prompts | None = None, checks: DebateChecks | None = None,
-               prompt_vars: Mapping[str, object] | None = None) -> DebateOutcome:
+               rounds: int = 2, temperature: float = 0.0, reason_words: int = DEFAULT_REASON_WORDS,
+               examples: Sequence[Mapping] = (), prompts: Prompts | None = None,
+               checks: DebateChecks | None = None) -> DebateOutcome:
     """Debate every pair for at most `rounds` rounds; see the module docstring. `checks`
-    None: no checks (the LLMJudge); `prompt_vars`: extra template variables (worked examples,
-    the reason's word limit)."""
+    None: no checks (the LLMJudge); `reason_words`: the word limit of each turn's reason;
+    `examples`: worked examples shown in the prompt (`worked_examples()`)."""
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     if not agents:
@@ -388,12 +397,12 @@ def run_debate(pairs: Sequence[Pair], agents: Sequence[AgentConfig], generate: G
             break
         slots = [(i, agent) for i in active for agent in agents]
         requests = [(agent.model, turn_request(pairs[i], agent, agents, histories[i], round_number,
-                                               prompts, temperature, max_tokens, prompt_vars))
+                                               prompts, temperature, reason_words, examples))
                     for i, agent in slots]
         results = generate_grouped(requests, generate)
         round_turns: dict[int, list[Turn]] = defaultdict(list)
         for (i, agent), result in zip(slots, results, strict=True):
-            round_turns[i].append(read_turn(pairs[i], agent, round_number, result, max_tokens, quote_ratio))
+            round_turns[i].append(read_turn(pairs[i], agent, round_number, result, reason_words, quote_ratio))
         still_active = []
         for i in active:
             histories[i].append(round_turns[i])
@@ -411,20 +420,19 @@ def run_debate(pairs: Sequence[Pair], agents: Sequence[AgentConfig], generate: G
 
 
 def debate_config_hash(agents: Sequence[AgentConfig], *, rounds: int, temperature: float,
-                       max_tokens: int, prompts: Prompts, model_ids: Mapping[str, str],
+                       reason_words: int, prompts: Prompts, model_ids: Mapping[str, str],
                        adjudicator: Mapping[str, object] | None = None,
-                       checks: DebateChecks | None = None,
-                       prompt_vars: Mapping[str, object] | None = None) -> str:
+                       checks: DebateChecks | None = None, examples: Sequence[Mapping] = ()) -> str:
     """A label's labeler configuration: agents, their models (profile and model id), rounds,
     sampling, the prompts' content hashes and extra variables, the checks and the
     adjudicator's settings when one runs."""
     templates = sorted({agent.template for agent in agents})
     config = {
         "agents": [[a.name, a.stance, a.model, model_ids.get(a.model, "")] for a in agents],
-        "rounds": rounds, "temperature": temperature, "max_tokens": max_tokens,
-        "prompts": {name: prompts.hash(name) for name in templates},
-        "prompt_vars": prompt_vars or {}, "checks": checks.as_config() if checks else None,
-        "schema": turn_schema(max_tokens), "adjudicator": adjudicator,
+        "rounds": rounds, "temperature": temperature, "reason_words": reason_words,
+        "prompts": {name: prompts.hash(name) for name in templates}, "examples": list(examples),
+        "checks": checks.as_config() if checks else None,
+        "schema": turn_schema(reason_words), "adjudicator": adjudicator,
     }
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from bridge_assets.labeling.calls import Generate
-from bridge_assets.labeling.debate import AgentConfig, DebateOutcome, run_debate
+from bridge_assets.labeling.debate import DEFAULT_REASON_WORDS, AgentConfig, DebateOutcome, run_debate
 from bridge_assets.labeling.pairs import Pair
 from bridge_assets.labeling.prompts import Prompts
 
@@ -21,8 +21,8 @@ def judge_agent(model: str) -> AgentConfig:
 
 
 def run_judge(pairs: Sequence[Pair], model: str, generate: Generate, *, temperature: float = 0.0,
-              max_tokens: int = 256, prompts: Prompts | None = None,
-              prompt_vars: Mapping[str, object] | None = None) -> DebateOutcome:
+              reason_words: int = DEFAULT_REASON_WORDS, examples: Sequence[Mapping] = (),
+              prompts: Prompts | None = None) -> DebateOutcome:
     """Label every pair with one call to `model`."""
     return run_debate(pairs, [judge_agent(model)], generate, rounds=1, temperature=temperature,
-                      max_tokens=max_tokens, prompts=prompts, prompt_vars=prompt_vars)
+                      reason_words=reason_words, examples=examples, prompts=prompts)
