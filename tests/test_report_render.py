@@ -23,7 +23,7 @@ CHROMIUM = Path(os.environ.get("BRIDGE_CHROMIUM") or shutil.which("chromium") or
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ANALYSES = [qrels_assets.bridge_qrels, analysis_assets.retrieval_metrics, analysis_assets.ranking_shift,
-            analysis_assets.pool_saturation, analysis_assets.partial_annotation_study,
+            analysis_assets.significance, analysis_assets.pool_saturation, analysis_assets.partial_annotation_study,
             analysis_assets.rag_alignment, report_assets.report]
 CONFIG = {"ops": {"partial_annotation_study": {"config": {"samples": 100, "fractions": [0.5, 1.0],
                                                           "sweep_samples": 3}}}}
@@ -57,7 +57,7 @@ def test_report_files_hold_every_section_table_and_figure(report_lake):
     assert all((folder / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for name in FIGURES)
     page = html.read_text()
     for caption in ("Judgments by source", "Found and pending", "Hole@10 and Judged@10",
-                    "Agreement of the rankings", "nDCG@10",
+                    "Agreement of the rankings", "nDCG@10", "System pairs by verdict", "nDCG@10: system pairs",
                     "Growth", "Marginal contribution", "Settings", "Per system", "All systems"):
         assert f"<caption>{caption}</caption>" in page
     assert page.count('<table class="report-table"') >= 10
@@ -89,9 +89,9 @@ def test_report_says_which_sections_wait_for_their_tables(labeled_lake):
     assert result.success
     metadata = result.asset_materializations_for_node("report")[0].metadata
     assert metadata["not_materialized"].value == ("partial_annotation_study, pool_saturation, rag_alignment, "
-                                                  "ranking_shift, retrieval_metrics")
+                                                  "ranking_shift, retrieval_metrics, significance")
     page = (labeled_lake / "reports" / DATASET / "report.html").read_text()
-    assert page.count('class="missing"') == 5 and "<caption>Judgments by source</caption>" in page
+    assert page.count('class="missing"') == 6 and "<caption>Judgments by source</caption>" in page
     assert not list((labeled_lake / "reports" / DATASET).glob("*.png"))
 
 

@@ -1,6 +1,6 @@
 """Dagster wiring of the re-benchmark and analysis assets, per dataset.
 
-retrieval_metrics -> ranking_shift; pool_saturation; partial_annotation_study;
+retrieval_metrics -> ranking_shift, significance; pool_saturation; partial_annotation_study;
 rag_answers -> rag_judgments -> rag_alignment. Each reads one dataset's rows into an
 in-memory DuckDB (views.dataset_snapshot), computes with the plain functions of this
 package, and replaces its partition in one transaction.
@@ -23,6 +23,8 @@ from bridge_assets.analysis.saturation import DEFAULT_MEASURES as SATURATION_MEA
 from bridge_assets.analysis.saturation import compute_pool_saturation
 from bridge_assets.analysis.shift import DEFAULT_MEASURES as SHIFT_MEASURES
 from bridge_assets.analysis.shift import compute_ranking_shift
+from bridge_assets.analysis.significance import ALPHA, RESAMPLES, compute_significance
+from bridge_assets.analysis.significance import DEFAULT_MEASURES as SIGNIFICANCE_MEASURES
 from bridge_assets.analysis.views import ScopeInfo, dataset_snapshot
 from bridge_assets.labeling.calls import MeteredGenerate
 from bridge_assets.llm.resource import LLMResource
@@ -123,6 +125,41 @@ def ranking_shift(context: dg.AssetExecutionContext, config: RankingShiftConfig,
         "moved_systems": frame.filter(pl.col("rank_change") != 0)["retriever"].n_unique(),
         "robustly_moved_systems": frame.filter(pl.col("robust_rank_change") != 0)["retriever"].n_unique(),
         "kendall_tau": dg.MetadataValue.md(_markdown(taus))})
+
+
+class SignificanceConfig(dg.Config):
+    measures: list[str] = Field(list(SIGNIFICANCE_MEASURES), description="retrieval_metrics measures to test.")
+    qrels_versions: list[str] = Field(list(QRELS_VERSIONS), description="Of original, refined (pending "
+                                      "pairs irrelevant), refined_upper (pending pairs relevant).")
+    resamples: int = Field(RESAMPLES, ge=1, description="Resamples of the randomization test (exact "
+                           "when 2^queries is at most this).")
+    seed: int = 0
+    alpha: float = Field(ALPHA, gt=0, lt=1, description="Significance level of the Holm-corrected p-values.")
+
+
+@dg.asset(partitions_def=dataset_partitions, group_name=GROUP, deps=["retrieval_metrics"],
+          description="Every pair of systems, per measure, on the original and on the refined qrels: "
+                      "two-sided paired t-test and randomization test over the queries, p-values "
+                      "Holm-Bonferroni corrected over the system pairs, significant at alpha. Long "
+                      "table: dataset, measure, qrels_version, system_a, system_b, queries, mean_a, "
+                      "mean_b, test, statistic, p_value, p_holm, significant.")
+def significance(context: dg.AssetExecutionContext, config: SignificanceConfig,
+                 store: DuckDBStore) -> dg.MaterializeResult:
+    dataset = context.partition_key
+    started = time.monotonic()
+    con = dataset_snapshot(store.path, dataset, ["retrieval_metrics"])
+    try:
+        frame = compute_significance(con, dataset, measures=config.measures, qrels_versions=config.qrels_versions,
+                                     resamples=config.resamples, seed=config.seed, alpha=config.alpha)
+    finally:
+        con.close()
+    store.write_partitions({"significance": frame}, dataset=dataset)
+    counts = frame.group_by("measure", "qrels_version", "test", maintain_order=True).agg(
+        pl.len().alias("pairs"), pl.col("significant").sum().alias("significant"))
+    return dg.MaterializeResult(metadata={
+        "dagster/row_count": frame.height, "systems": len(set(frame["system_a"]) | set(frame["system_b"])),
+        "resamples": config.resamples, "seed": config.seed, "alpha": config.alpha,
+        "significant_pairs": dg.MetadataValue.md(_markdown(counts)), "time_s": _seconds(started)})
 
 
 # --- pool_saturation, partial_annotation_study ------------------------------------------------

@@ -2,7 +2,8 @@
 
 Sections: the labels (found holes, pending pairs, unverified guesses apart, and the score
 against the dataset's known holes when it has them); holes per system; metrics before/after
-with both bounds over pending pairs, robust rank changes and Kendall tau; pool saturation;
+with both bounds over pending pairs, robust rank changes and Kendall tau; which differences
+between systems are significant before and after refinement; pool saturation;
 the partial-annotation study; RAG alignment before/after.
 Each section reads its tables from the data lake; a table not materialized yet (the RAG
 assets are optional, for instance) leaves its section saying so instead of failing the report.
@@ -19,6 +20,7 @@ import jinja2
 import polars as pl
 
 from bridge_assets.analysis.retrieval import measure_label, measures_at
+from bridge_assets.analysis.significance import TESTS
 from bridge_assets.ingest.registry import validate_dataset_name
 from bridge_assets.qrels.known_holes import KnownHoles, score_known_holes
 from bridge_assets.qrels.merge import qrels_counts
@@ -26,8 +28,8 @@ from bridge_assets.reports import plots
 from bridge_assets.store import table_exists
 
 TEMPLATES = Path(__file__).parent / "templates"
-REPORT_TABLES = ("bridge_qrels", "candidate_pool", "retrieval_metrics", "ranking_shift", "pool_saturation",
-                 "partial_annotation_study", "rag_alignment")
+REPORT_TABLES = ("bridge_qrels", "candidate_pool", "retrieval_metrics", "ranking_shift", "significance",
+                 "pool_saturation", "partial_annotation_study", "rag_alignment")
 
 
 @dataclass
@@ -202,6 +204,67 @@ def shift_section(shift: pl.DataFrame | None, k: int, out: Path) -> Section:
     return section
 
 
+def significance_section(significance: pl.DataFrame | None, k: int) -> Section:
+    names = measures_at(k)
+    section = Section("significance", "Significance before and after refinement",
+                      "Every pair of systems, tested on the per-query values (the queries both "
+                      "were evaluated on) with a two-sided paired t-test and a randomization test; "
+                      "p-values are Holm-Bonferroni corrected over all system pairs of a measure "
+                      "and qrels version and compared with the significance asset's alpha (0.05 "
+                      "by default). Verdict: significant on the original and on the refined qrels "
+                      "(pending pairs irrelevant) = significant both (reversed: in opposite "
+                      "directions), only on the refined = gained, only on the original = lost. "
+                      "Both bounds: whether the refined verdict holds with the pending pairs "
+                      "relevant too. Difference: mean of system a - mean of system b.")
+    if significance is None:
+        section.missing.append("significance")
+        return section
+    wide = (significance.with_columns((pl.col("mean_a") - pl.col("mean_b")).alias("difference"))
+            .pivot(on="qrels_version", index=["measure", "test", "system_a", "system_b"],
+                   values=["difference", "p_holm", "significant"]))
+    wide = wide.with_columns([pl.lit(None, dtype).alias(f"{column}_{version}")
+                              for column, dtype in (("difference", pl.Float64), ("p_holm", pl.Float64),
+                                                    ("significant", pl.Boolean))
+                              for version in ("original", "refined", "refined_upper")
+                              if f"{column}_{version}" not in wide.columns])
+    before, after, upper = (pl.col(f"significant_{v}") for v in ("original", "refined", "refined_upper"))
+    reversed_ = pl.col("difference_original").sign() != pl.col("difference_refined").sign()
+    wide = wide.with_columns(
+        pl.when(before.is_null() | after.is_null()).then(None)
+        .when(before & after & reversed_).then(pl.lit("reversed"))
+        .when(before & after).then(pl.lit("significant both")).when(after).then(pl.lit("gained"))
+        .when(before).then(pl.lit("lost")).otherwise(pl.lit("neither")).alias("verdict"),
+        pl.when(after.is_null() | upper.is_null()).then(None)
+        .when(after & upper).then(pl.lit("significant")).when(~after & ~upper).then(pl.lit("not significant"))
+        .otherwise(pl.lit("depends on pending")).alias("both_bounds"),
+        pl.format("{} vs {}", "system_a", "system_b").alias("pair"),
+        # a p-value too small for four decimals must not read as 0
+        pl.col("^p_holm_.*$").map_elements(lambda p: "< 0.0001" if p < 1e-4 else f"{p:.4f}", return_dtype=pl.Utf8),
+        pl.col("test").replace_strict({"paired_t": "paired t-test"}, default=pl.col("test")).alias("test_label"),
+        pl.col("test").replace_strict(list(TESTS), list(range(len(TESTS))), default=len(TESTS)).alias("test_order"))
+    preferred = [names["ndcg"], names["hit"], names["recall"], names["mrr"]]
+    present = set(wide["measure"])
+    measures = [m for m in preferred if m in present] + sorted(present - set(preferred))
+    verdicts = ["significant both", "reversed", "gained", "lost", "neither"]
+    counts = (wide.filter(pl.col("verdict").is_not_null())
+              .with_columns(pl.col("measure").replace_strict(measures, list(range(len(measures))))
+                            .alias("measure_order"),
+                            pl.col("measure").map_elements(measure_label, return_dtype=pl.Utf8))
+              .pivot(on="verdict", index=["measure_order", "measure", "test_order", "test_label"],
+                     values="pair", aggregate_function="len"))
+    counts = counts.with_columns([pl.lit(0, pl.UInt32).alias(v) for v in verdicts if v not in counts.columns])
+    section.tables.append(table("System pairs by verdict", counts.fill_null(0).sort("measure_order", "test_order"),
+                                {"measure": "measure", "test_label": "test", **{v: v for v in verdicts}}))
+    for measure in measures:
+        rows = wide.filter(pl.col("measure") == measure).sort("system_a", "system_b", "test_order")
+        section.tables.append(table(f"{measure_label(measure)}: system pairs", rows, {
+            "pair": "system a vs b", "test_label": "test", "difference_original": "difference original",
+            "p_holm_original": "p original (Holm)", "difference_refined": "difference refined",
+            "p_holm_refined": "p refined (Holm)", "p_holm_refined_upper": "p refined, pending relevant (Holm)",
+            "verdict": "verdict", "both_bounds": "refined, both bounds"}))
+    return section
+
+
 def saturation_section(saturation: pl.DataFrame | None, out: Path) -> Section:
     section = Section("saturation", "Pool saturation",
                       "Holes found |H(C_m)| and their growth rate GR(m) = (|H(C_m)| - |H(C_m-1)|) / "
@@ -316,6 +379,7 @@ def build_report(con: duckdb.DuckDBPyConnection, dataset: str, out: Path, *, k: 
         known_holes_section(con, dataset, known_holes, known_holes_source),
         holes_section(tables["retrieval_metrics"], k, out),
         shift_section(tables["ranking_shift"], k, out),
+        significance_section(tables["significance"], k),
         saturation_section(tables["pool_saturation"], out),
         partial_section(tables["partial_annotation_study"], out),
         rag_section(tables["rag_alignment"], k, out),
