@@ -29,7 +29,8 @@ class ReportConfig(dg.Config):
           description="One HTML page (and its Markdown twin) per dataset with tables and PNG "
                       "figures: labels (found holes, pending pairs, unverified guesses apart, the "
                       "score against known holes), holes per system, metrics before/after as "
-                      "bounds over pending pairs with robust rank changes, pool saturation, "
+                      "bounds over pending pairs with robust rank changes, significance of the "
+                      "differences between systems before and after, pool saturation, "
                       "partial annotation, RAG alignment. Sections whose tables are not "
                       "materialized say so.")
 def report(context: dg.AssetExecutionContext, config: ReportConfig, store: DuckDBStore) -> dg.MaterializeResult:
