@@ -4,7 +4,9 @@ Query text and answers, the chunk; every system and rank that surfaced it (retri
 candidate_pool); the filter votes; every debate turn (each quote marked when it is not in the
 chunk) and the checks the agreement passed or failed; the human votes (annotator ids, with or
 without history, attention-check status); the final label and its source, or that the pair is
-pending and what a model guessed for it, apart (bridge_qrels); the
+pending and what a model guessed for it, apart (bridge_qrels), and every judgment of the pair
+imported from a file (imported_qrels: source, file, line; a correction says the original
+relevance and the corrected one); the
 models and prompt hashes of every LLM call behind it (llm_calls, by call key); and the Dagster
 runs that materialized each stage for the dataset. A stage whose table does not exist yet is
 reported as not materialized; the story of an original gold pair simply has no labeling steps.
@@ -151,11 +153,20 @@ def audit_pair(con: duckdb.DuckDBPyConnection, dataset: str, query_id: str, doc_
                                                   "created_at", "vote_id")
     story["human"] = {"label": human[0] if human else None, "votes": human_votes or []}
 
-    final = reader.pair_rows("bridge_qrels", "relevance, source, unverified_label, unverified_source, "
-                                             "pair_key, config_hash, call_keys, vote_ids")
-    story["final"] = final[0] if final else None
+    final = reader.pair_rows("bridge_qrels", "*")
+    story["final"] = {k: v for k, v in final[0].items() if k not in ("dataset", "query_id", "doc_id")} \
+        if final else None
     if final is not None and not final:
         story["final_status"] = "unjudged"
+    # imports are optional, not a stage: no table is not "not materialized"
+    story["imported"] = _records(con, """
+        select i.source, i.relevance, i.file, i.line, i.imported_at, s.precedence, s.verified,
+               s.corrects_original
+        from imported_qrels i
+        join qrels_sources s on s.dataset = i.dataset and s.source = i.source
+        where i.dataset = ? and i.query_id = ? and i.doc_id = ?
+        order by s.precedence""", reader.params) \
+        if table_exists(con, "imported_qrels") and table_exists(con, "qrels_sources") else []
 
     keys = [v["call_key"] for v in story["filter"]["votes"] if v["call_key"]] if story["filter"] else []
     if story["debate"]:
@@ -285,6 +296,25 @@ def format_story(story: dict[str, Any]) -> str:
                                                    f"{final['unverified_source']} (not counted)"))
     elif final:
         lines.append(_line("label", f"relevance {final['relevance']}  source {final['source']}"))
+        if final.get("import_file") and final.get("original_relevance") is not None:
+            lines.append(_line("corrects", f"the original relevance {final['original_relevance']} -> "
+                                           f"{final['relevance']} ({final['source']}: {final['import_file']}, "
+                                           f"line {final['import_line']})"))
+        elif final.get("import_file"):
+            lines.append(_line("imported from", f"{final['import_file']}, line {final['import_line']}  ("
+                                                + ("verified" if final.get("verified") else
+                                                   "unverified: not counted as a found hole") + ")"))
+    for judgment in story.get("imported") or []:
+        won = final is not None and final["source"] == judgment["source"]
+        kind = "correction" if judgment["corrects_original"] else \
+            ("verified" if judgment["verified"] else "unverified")
+        status = "the final label" if won else \
+            ("same as the original: no change" if judgment["corrects_original"]
+             and judgment["relevance"] == story["original_judgment"]
+             else f"outranked by {final['source']}" if final else "not merged yet")
+        lines.append(_line(f"import {judgment['source']}",
+                           f"relevance {judgment['relevance']}  {judgment['file']}, line {judgment['line']}  "
+                           f"({kind}, precedence {judgment['precedence']:g}; {status})"))
     if final:
         if final["vote_ids"]:
             lines.append(_line("votes", ", ".join(str(v) for v in final["vote_ids"])))

@@ -24,19 +24,26 @@ def _rows(con: duckdb.DuckDBPyConnection, table: str, sql: str, params: list) ->
 
 
 def _labels(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
+    # imported sources: a correction changes original judgments; an unverified source's
+    # relevant labels are labels, never found holes (bridge qrels import)
     by_source = _rows(con, "bridge_qrels", """
-        select source, count(*) filter (where relevance > 0), count(*) filter (where relevance = 0),
-               count(*) filter (where source = 'pending')
+        select source || case when bool_or(original_relevance is not null) then ' (corrections)'
+                              when bool_or(import_file is not null) and not bool_or(verified)
+                              then ' (unverified)' else '' end,
+               count(*) filter (where relevance > 0), count(*) filter (where relevance = 0),
+               count(*) filter (where source = 'pending'),
+               count(*) filter (where relevance > 0 and verified and original_relevance is null)
         from bridge_qrels where dataset = ? and source <> 'original' group by source
         order by source""", [dataset])
     if not by_source:
         return []
-    holes = sum(relevant for source, relevant, _, _ in by_source if source in ("debate", "human"))
-    pending = sum(n for *_, n in by_source)
-    lines = [f"holes found (verified: debate consensus that passed its checks, or people's votes): {holes}",
+    holes = sum(verified_new for *_, verified_new in by_source)
+    pending = sum(n for *_, n, _ in by_source)
+    lines = [f"holes found (verified: debate consensus that passed its checks, people's votes, or "
+             f"verified imported judgments): {holes}",
              "new labels by source: " + (", ".join(
                  f"{source} {relevant} relevant / {irrelevant} not"
-                 for source, relevant, irrelevant, _ in by_source if source != "pending") or "none")]
+                 for source, relevant, irrelevant, _, _ in by_source if source != "pending") or "none")]
     if pending:
         lines.append(f"pending (escalated, awaiting people; not labels, metrics bound them): {pending}")
         lines.append("  annotate them: bridge annotate add-annotator NAME; "

@@ -1,32 +1,43 @@
 -- bridge_qrels: the refined qrels of one dataset ($dataset). Every pair the pipeline knows a
 -- status of appears once, with its relevance, the source of that judgment and the keys that
--- trace it back (the debate's pair_key and config_hash, the LLM call keys, the human vote ids).
+-- trace it back (the debate's pair_key and config_hash, the LLM call keys, the human vote ids,
+-- an imported judgment's file and line), the pair's original relevance (NULL when the original
+-- qrels do not judge it), whether the label is verified, and the precedence of its source.
 --
--- When several sources hold one pair, the first of this order wins:
---   1 original     the benchmark's own judgment: refinement adds judgments, it never
---                  overrides the gold.
---   2 human        the majority of the accepted human votes on an escalated pair
+-- When several sources hold one pair, the one of lowest precedence wins:
+--  10 original     the benchmark's own judgment: refinement adds judgments, it never
+--                  overrides the gold (only a correction source does, explicitly).
+--  20 human        the majority of the accepted human votes on an escalated pair
 --                  (human_labels): people settle what the agents could not.
---   3 debate       DREAM consensus that passed the debate's checks (debate_labels.outcome =
+--  30 debate       DREAM consensus that passed the debate's checks (debate_labels.outcome =
 --                  'consensus').
---   4 pending      an escalated or failed debate pair nobody has voted on yet. Pending is not a
+--  40 pending      an escalated or failed debate pair nobody has voted on yet. Pending is not a
 --                  label: relevance is NULL. What a model guessed for it is kept apart as
 --                  unverified_label, with unverified_source 'adjudicator' (the opt-in LLM
 --                  adjudicator) or 'vote' (the agents' pooled vote beyond the human budget).
 --                  Metrics bound pending pairs (every one irrelevant / every one relevant).
---   5 filter       every filter model said the chunk supports no answer, so the pair never
+--  50 filter       every filter model said the chunk supports no answer, so the pair never
 --                  reached the debate: judged irrelevant (relevance 0).
--- (A pair holds several sources only when the tables come from different configurations,
--- e.g. a debate re-run after people voted on the earlier escalation.)
+--  imported        `bridge qrels import` sources (imported_qrels), each at the precedence
+--                  qrels_sources gives it: above 10 for an ordinary source (it never overrides
+--                  the gold), below 10 for a correction source (corrects_original), which
+--                  holds original pairs only and applies where it changes the grade; where it
+--                  agrees with the original, 'original' stays the source.
+-- verified: original, human, debate and filter labels, and an imported source's if it was
+-- imported as verified; only a verified relevant label outside the original qrels is a found
+-- hole. (The numbers are bridge_assets.qrels.sources.BUILTIN_PRECEDENCE.)
+-- (A pair holds several built-in sources only when the tables come from different
+-- configurations, e.g. a debate re-run after people voted on the earlier escalation.)
 --
 -- Inputs: original_qrels, human_labels, human_votes, debate_labels, debate_turns,
--- filtered_pool, filter_votes (the caller stands in empty ones for tables not made yet).
+-- filtered_pool, filter_votes, imported_qrels, qrels_sources (the caller stands in empty ones
+-- for tables not made yet).
 with
 original as (
     select query_id, doc_id, relevance::integer as relevance, 'original' as source,
-           1 as precedence, null::integer as unverified_label, null::varchar as unverified_source,
-           null::varchar as pair_key, null::varchar as config_hash, []::varchar[] as call_keys,
-           []::bigint[] as vote_ids
+           10 as precedence, true as verified, null::integer as unverified_label,
+           null::varchar as unverified_source, null::varchar as pair_key,
+           null::varchar as config_hash, []::varchar[] as call_keys, []::bigint[] as vote_ids
     from original_qrels
     where dataset = $dataset
 ),
@@ -51,7 +62,8 @@ counted_votes as (
 ),
 human as (
     select h.query_id, h.doc_id, h.label::integer as relevance, 'human' as source,
-           2 as precedence, null::integer as unverified_label, null::varchar as unverified_source,
+           20 as precedence, true as verified, null::integer as unverified_label,
+           null::varchar as unverified_source,
            d.pair_key, d.config_hash, []::varchar[] as call_keys,
            coalesce(v.vote_ids, []::bigint[]) as vote_ids
     from human_labels h
@@ -60,15 +72,16 @@ human as (
     where h.dataset = $dataset and h.label is not null
 ),
 debate as (
-    select query_id, doc_id, label::integer as relevance, 'debate' as source, 3 as precedence,
-           null::integer as unverified_label, null::varchar as unverified_source,
+    select query_id, doc_id, label::integer as relevance, 'debate' as source, 30 as precedence,
+           true as verified, null::integer as unverified_label, null::varchar as unverified_source,
            pair_key, config_hash, coalesce(turn_call_keys, []::varchar[]) as call_keys,
            []::bigint[] as vote_ids
     from debated
     where outcome = 'consensus' and label is not null
 ),
 pending as (
-    select query_id, doc_id, null::integer as relevance, 'pending' as source, 4 as precedence,
+    select query_id, doc_id, null::integer as relevance, 'pending' as source, 40 as precedence,
+           false as verified,
            coalesce(adjudicator_label, case when outcome = 'vote' then label end)::integer
                as unverified_label,
            case when adjudicator_label is not null then 'adjudicator'
@@ -82,8 +95,8 @@ pending as (
     where outcome in ('escalated', 'failed', 'vote')
 ),
 filtered_out as (
-    select p.query_id, p.doc_id, 0 as relevance, 'filter' as source, 5 as precedence,
-           null::integer as unverified_label, null::varchar as unverified_source,
+    select p.query_id, p.doc_id, 0 as relevance, 'filter' as source, 50 as precedence,
+           true as verified, null::integer as unverified_label, null::varchar as unverified_source,
            any_value(v.pair_key) as pair_key, null::varchar as config_hash,
            coalesce(list(v.call_key order by v.model) filter (where v.call_key is not null),
                     []::varchar[]) as call_keys,
@@ -94,15 +107,35 @@ filtered_out as (
     where p.dataset = $dataset and not p.kept
     group by p.query_id, p.doc_id
 ),
+imported as (
+    select i.query_id, i.doc_id, i.relevance::integer as relevance, i.source, s.precedence,
+           s.verified, null::integer as unverified_label, null::varchar as unverified_source,
+           null::varchar as pair_key, null::varchar as config_hash, []::varchar[] as call_keys,
+           []::bigint[] as vote_ids, i.file as import_file, i.line as import_line
+    from imported_qrels i
+    join qrels_sources s on s.dataset = i.dataset and s.source = i.source
+    left join original o using (query_id, doc_id)
+    where i.dataset = $dataset
+      -- a correction applies only where it changes an original judgment; an ordinary source
+      -- ranks below 'original' (the import refuses else), so it never wins an original pair
+      and (not s.corrects_original or (o.relevance is not null and o.relevance <> i.relevance))
+),
 judgments as (
     select * from original
     union all by name select * from human
     union all by name select * from debate
     union all by name select * from pending
     union all by name select * from filtered_out
+    union all by name select * from imported
+),
+winners as (
+    select * from judgments
+    qualify row_number() over (partition by query_id, doc_id order by precedence, source) = 1
 )
-select $dataset as dataset, query_id, doc_id, relevance, source, unverified_label,
-       unverified_source, pair_key, config_hash, call_keys, vote_ids
-from judgments
-qualify row_number() over (partition by query_id, doc_id order by precedence) = 1
-order by query_id, doc_id
+select $dataset as dataset, w.query_id, w.doc_id, w.relevance, w.source, w.unverified_label,
+       w.unverified_source, w.pair_key, w.config_hash, w.call_keys, w.vote_ids,
+       o.relevance as original_relevance, w.verified, w.precedence::double as precedence,
+       w.import_file, w.import_line
+from winners w
+left join original o using (query_id, doc_id)
+order by w.query_id, w.doc_id

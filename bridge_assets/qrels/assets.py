@@ -9,7 +9,8 @@ import polars as pl
 
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.qrels.exports import write_trec_qrels
-from bridge_assets.qrels.merge import SOURCES, BridgeQrels, build_bridge_qrels
+from bridge_assets.qrels.merge import BridgeQrels, add_missing_columns, build_bridge_qrels, stand_ins
+from bridge_assets.qrels.sources import IMPORT_TABLES, SOURCES, precedence_order
 from bridge_assets.quality import validate
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.store import table_exists
@@ -35,13 +36,32 @@ def _pending_table(pairs: pl.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def _corrections_table(corrections: pl.DataFrame) -> str:
+    lines = ["| query_id | doc_id | original | corrected | source | file:line |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {q} | {d} | {o} | {r} | {s} | {f}:{n} |" for q, d, o, r, s, f, n in corrections.iter_rows()]
+    return "\n".join(lines)
+
+
+def _sources_table(sources: pl.DataFrame) -> str:
+    lines = ["| source | precedence | verified | corrects original | judgments kept / read | file |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    lines += [f"| {s} | {p:g} | {v} | {c} | {k} / {n} | {f} |" for s, p, v, c, k, n, f in sources.select(
+        "source", "precedence", "verified", "corrects_original", "stored", "lines", "file").iter_rows()]
+    return "\n".join(lines)
+
+
 def _metadata(result: BridgeQrels, trec_path) -> dict:
     metadata = {"dagster/row_count": result.qrels.height, **result.counts(),
                 "trec_qrels": dg.MetadataValue.path(str(trec_path)),
-                "precedence": " > ".join(SOURCES),
+                "precedence": precedence_order(result.sources),
                 "not_materialized_inputs": ", ".join(result.missing_inputs) or "none"}
     if result.pending.height:
         metadata["pending_sample"] = dg.MetadataValue.md(_pending_table(result.pending))
+    if result.sources.height:
+        metadata["imported_sources"] = dg.MetadataValue.md(_sources_table(result.sources))
+    if result.corrections.height:  # never a silent overwrite of the gold
+        metadata["corrections_of_original"] = dg.MetadataValue.md(_corrections_table(result.corrections))
     return metadata
 
 
@@ -50,48 +70,70 @@ def _metadata(result: BridgeQrels, trec_path) -> dict:
     deps=["original_qrels", "human_labels", "debate_labels", "debate_turns", "filtered_pool",
           "filter_votes"],
     group_name="qrels",
-    code_version="1",
+    code_version="2",
     description="Refined qrels: the original gold plus every pair judged by humans, by DREAM "
                 "consensus that passed its checks, or dropped by the filter (relevance 0), and "
                 "the escalated pairs awaiting people as 'pending' (relevance NULL: not a label; a "
-                "model's guess on them is kept apart as unverified_label). One row per pair with "
-                "its source (precedence original > human > debate > pending > filter) and "
-                "provenance keys. The labels are also written as TREC qrels under "
-                "<data lake>/exports/<dataset>/.",
+                "model's guess on them is kept apart as unverified_label), and the judgments "
+                "imported with `bridge qrels import` (imported_qrels, ranked by qrels_sources; "
+                "only a correction source may change an original judgment). One row per pair with "
+                "its source (precedence original > human > debate > pending > filter, imported "
+                "sources where they were placed), its original relevance and provenance keys. The "
+                "labels are also written as TREC qrels under <data lake>/exports/<dataset>/.",
 )
 def bridge_qrels(context: dg.AssetExecutionContext, store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
     with store.connect() as con:
         result = build_bridge_qrels(con, dataset)
+        add_missing_columns(con)
     store.write_partitions({"bridge_qrels": result.qrels}, dataset=dataset)
     trec_path = write_trec_qrels(result.qrels.filter(pl.col("source") != "pending"),
                                  store.path.parent / "exports" / dataset / f"{dataset}.bridge.qrels")
     if result.pending.height:
         context.log.warning(f"{dataset}: {result.pending.height} escalated pair(s) await people "
                             f"(pending, not labels): bridge annotate serve --dataset {dataset}")
+    if result.corrections.height:
+        context.log.warning(f"{dataset}: {result.corrections.height} original judgment(s) changed by "
+                            f"correction sources: {', '.join(sorted(set(result.corrections['source'])))}")
     return dg.MaterializeResult(metadata=_metadata(result, trec_path),
                                 data_version=dg.DataVersion(qrels_version(result.qrels)))
 
 
-@dg.asset_check(asset=bridge_qrels, additional_deps=["corpus", "queries"],
+@dg.asset_check(asset=bridge_qrels, additional_deps=["corpus", "queries", "original_qrels"],
                 description="one row per (query, doc); relevance a non-negative integer, NULL "
-                            "exactly for pending pairs; known source; unverified guesses only on "
-                            "pending pairs; every pair points into the corpus and the queries.")
+                            "exactly for pending pairs; a known source (built-in, or imported for "
+                            "the dataset); unverified guesses only on pending pairs; an original "
+                            "judgment changed only by a correction source; every pair points into "
+                            "the corpus and the queries.")
 def bridge_qrels_is_valid(store: DuckDBStore) -> dg.AssetCheckResult:
-    frame = store.read("""
-        select b.dataset, b.query_id, b.doc_id, b.relevance, b.source,
-               (b.relevance is null) = (b.source = 'pending') as null_exactly_when_pending,
-               b.unverified_label is null or b.source = 'pending' as guess_only_when_pending,
-               c.doc_id is not null as doc_known, q.query_id is not null as query_known
-        from bridge_qrels b
-        left join corpus c on c.dataset = b.dataset and c.doc_id = b.doc_id
-        left join queries q on q.dataset = b.dataset and q.query_id = b.query_id""")
+    builtins = ", ".join(f"'{s}'" for s in SOURCES)
+    with store.connect() as con, stand_ins(con, IMPORT_TABLES):
+        add_missing_columns(con)  # a lake written before the columns existed
+        frame = con.execute(f"""
+            select b.dataset, b.query_id, b.doc_id, b.relevance, b.source,
+                   (b.relevance is null) = (b.source = 'pending') as null_exactly_when_pending,
+                   b.unverified_label is null or b.source = 'pending' as guess_only_when_pending,
+                   b.source in ({builtins}) or s.source is not null as source_known,
+                   -- (verified is NULL only on rows built before the column existed)
+                   b.verified is null or (o.relevance is null or b.relevance = o.relevance
+                                          or coalesce(s.corrects_original, false))
+                       and b.original_relevance is not distinct from o.relevance
+                       as original_changed_only_by_correction,
+                   c.doc_id is not null as doc_known, q.query_id is not null as query_known
+            from bridge_qrels b
+            left join qrels_sources s on s.dataset = b.dataset and s.source = b.source
+            left join original_qrels o
+                   on o.dataset = b.dataset and o.query_id = b.query_id and o.doc_id = b.doc_id
+            left join corpus c on c.dataset = b.dataset and c.doc_id = b.doc_id
+            left join queries q on q.dataset = b.dataset and q.query_id = b.query_id""").pl()
     outcome = validate(frame, [
         gx.expectations.ExpectCompoundColumnsToBeUnique(column_list=["dataset", "query_id", "doc_id"]),
         gx.expectations.ExpectColumnValuesToBeBetween(column="relevance", min_value=0),
-        gx.expectations.ExpectColumnValuesToBeInSet(column="source", value_set=list(SOURCES)),
+        gx.expectations.ExpectColumnValuesToBeInSet(column="source_known", value_set=[True]),
         gx.expectations.ExpectColumnValuesToBeInSet(column="null_exactly_when_pending", value_set=[True]),
         gx.expectations.ExpectColumnValuesToBeInSet(column="guess_only_when_pending", value_set=[True]),
+        gx.expectations.ExpectColumnValuesToBeInSet(column="original_changed_only_by_correction",
+                                                    value_set=[True]),
         gx.expectations.ExpectColumnValuesToBeInSet(column="doc_known", value_set=[True]),
         gx.expectations.ExpectColumnValuesToBeInSet(column="query_known", value_set=[True]),
     ], "bridge_qrels")

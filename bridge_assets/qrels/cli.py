@@ -1,12 +1,21 @@
-"""`bridge qrels export`: the refined qrels of a dataset as TREC, BEIR, BRIDGE release or HF."""
+"""`bridge qrels ...`: the refined qrels of a dataset.
+
+    bridge qrels export -d D -f trec|beir|bridge|hf -o OUT
+    bridge qrels import FILE -d D --source NAME [--precedence N | --before S | --after S]
+                        [--format trec|beir-tsv|bridge] [--verified] [--corrects-original]
+    bridge qrels sources -d D
+    bridge qrels remove -d D --source NAME
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from bridge_assets.qrels.exports import ExportError, ExportFormat
+from bridge_assets.qrels.imports import ImportFormat
 
 app = typer.Typer(help="The refined qrels (bridge_qrels) and their exports.", no_args_is_help=True,
                   add_completion=False)
@@ -15,6 +24,18 @@ app = typer.Typer(help="The refined qrels (bridge_qrels) and their exports.", no
 @app.callback()
 def qrels() -> None:
     """The refined qrels (bridge_qrels) and their exports."""
+
+
+def _fail(message: str) -> None:
+    typer.secho(f"error: {message}", fg="red", err=True)
+    raise typer.Exit(2)
+
+
+def _require_lake() -> None:
+    from bridge_assets import store
+
+    if not store.duckdb_path().exists():
+        _fail(f"no data lake at {store.duckdb_path()}")
 
 
 @app.command("export")
@@ -32,13 +53,146 @@ def export(
     from bridge_assets.ingest.errors import DatasetError
     from bridge_assets.qrels.exports import export_qrels
 
-    if not store.duckdb_path().exists():
-        typer.secho(f"error: no data lake at {store.duckdb_path()}", fg="red", err=True)
-        raise typer.Exit(2)
+    _require_lake()
     try:
         with store.connect() as con:
             written = export_qrels(con, dataset, fmt, out)
     except (ExportError, DatasetError) as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
+        _fail(str(exc))
     typer.echo(str(written))
+
+
+def materialize_bridge_qrels(dataset: str) -> dict[str, Any]:
+    """Materialize bridge_qrels for `dataset` now (nothing upstream: the labels stay as they
+    are), on the Dagster instance the UI uses; its metadata and whether its checks passed."""
+    from bridge_assets import orchestration
+    from bridge_assets.definitions import defs
+
+    inst = orchestration.instance()
+    steps = orchestration.plan(defs, ["bridge_qrels"], dataset, inst, with_missing_upstream=False)
+    result = orchestration.execute(defs, steps, inst)[-1]
+    event = result.asset_materializations_for_node("bridge_qrels")[0]
+    checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
+    return {**{name: value.value for name, value in event.metadata.items()}, "checks": checks}
+
+
+@app.command("import")
+def import_command(
+    file: Path = typer.Argument(..., exists=True,
+                                help="The judgments: TREC qrels, a BEIR qrels TSV, or a BRIDGE release "
+                                     "(queries.jsonl, or its folder)."),
+    dataset: str = typer.Option(..., "--dataset", "-d", help="The dataset they judge."),
+    source: str = typer.Option(..., "--source", "-s", help="Name of the label source, e.g. umbrela, assessor2."),
+    fmt: ImportFormat = typer.Option(ImportFormat.trec, "--format", "-f", help="trec | beir-tsv | bridge."),
+    precedence: float = typer.Option(None, "--precedence",
+                                     help="Where the source ranks: built-ins are original 10, human 20, "
+                                          "debate 30, pending 40, filter 50; the lowest wins."),
+    before: str = typer.Option(None, "--before", help="Rank just before this source."),
+    after: str = typer.Option(None, "--after", help="Rank just after this source (default: after original)."),
+    verified: bool = typer.Option(False, "--verified/--unverified",
+                                  help="People stand behind these judgments: their relevant labels outside "
+                                       "the original qrels count as found holes. Default: unverified "
+                                       "(an LLM's, e.g. UMBRELA: labels, reported apart)."),
+    corrects_original: bool = typer.Option(False, "--corrects-original",
+                                           help="A correction source: ranks above original (default just "
+                                                "before it), holds original pairs only, and every judgment it "
+                                                "changes is listed in the report and in bridge audit."),
+    unknown_ids: str = typer.Option("skip", "--unknown-ids", help="skip (count and report) or error."),
+    replace: bool = typer.Option(False, "--replace", help="Replace a source of that name (its judgments and place)."),
+    run: bool = typer.Option(True, "--run/--no-run", help="Materialize bridge_qrels for DATASET now."),
+) -> None:
+    """Store the judgments of FILE as label source SOURCE of DATASET's refined qrels, ranked
+    among the built-in sources, then rebuild bridge_qrels."""
+    from bridge_assets import store
+    from bridge_assets.ingest.errors import DatasetError
+    from bridge_assets.qrels.imports import QrelsImportError, import_qrels
+    from bridge_assets.qrels.sources import SourceError
+
+    _require_lake()
+    if unknown_ids not in ("skip", "error"):
+        _fail(f"--unknown-ids must be skip or error, not {unknown_ids!r}")
+    try:
+        with store.connect() as con:
+            report = import_qrels(con, dataset, file, source, fmt=fmt, precedence=precedence, before=before,
+                                  after=after, verified=verified, corrects_original=corrects_original,
+                                  unknown_ids=unknown_ids, replace=replace)
+    except (DatasetError, QrelsImportError, SourceError) as exc:
+        _fail(str(exc))
+    kind = "correction source" if report.corrects_original else \
+        ("verified source" if report.verified else "unverified source")
+    typer.echo(f"{report.stored} of {report.lines} judgments from {report.file} -> '{source}' "
+               f"({kind}, precedence {report.precedence:g}) on {dataset}")
+    typer.echo(f"precedence: {report.order}")
+    if report.skipped:
+        typer.secho(f"skipped {report.unknown_query_lines} line(s) with unknown query ids, "
+                    f"{report.unknown_document_lines} with unknown document ids"
+                    + (f", {report.not_original_lines} on pairs the original qrels do not judge (a correction "
+                       "source corrects original judgments only: import those as an ordinary source)"
+                       if report.corrects_original else "") + ", e.g.\n  " + "\n  ".join(report.examples),
+                    fg="yellow", err=True)
+    if report.corrects_original:
+        typer.echo(f"{report.corrections} original judgment(s) corrected (listed in the report; "
+                   f"bridge audit shows each)")
+    elif report.disagreeing_original:
+        typer.secho(f"{report.disagreeing_original} judgment(s) differ from the original qrels and are not "
+                    "applied: the original wins (import them with --corrects-original to correct it)",
+                    fg="yellow", err=True)
+    if not run:
+        return
+    try:
+        metadata = materialize_bridge_qrels(dataset)
+    except Exception as exc:
+        cause = exc
+        while getattr(cause, "__cause__", None) is not None:  # Dagster wraps the asset's own error
+            cause = cause.__cause__
+        _fail(f"{type(cause).__name__}: {cause}\n(the import is stored; bridge qrels remove undoes it)")
+    typer.echo(f"bridge_qrels ({dataset}): {metadata['pairs']} pairs, {metadata['relevant']} relevant, "
+               f"{metadata['holes_found']} found holes (verified), {metadata.get('corrections', 0)} corrections, "
+               f"{metadata['pending']} pending; the metrics and the report are stale until rebuilt "
+               f"(bridge run --dataset {dataset})")
+    if metadata["checks"].get("bridge_qrels_is_valid") is False:
+        typer.secho("the bridge_qrels_is_valid check failed: see its metadata in the UI", fg="yellow", err=True)
+
+
+@app.command("sources")
+def sources_command(
+    dataset: str = typer.Option(..., "--dataset", "-d", help="Dataset whose label sources to list."),
+) -> None:
+    """Every label source of DATASET, best precedence first: the built-ins and the imported ones."""
+    from bridge_assets import store
+    from bridge_assets.qrels.sources import BUILTIN_PRECEDENCE, registered
+
+    _require_lake()
+    with store.connect() as con:
+        imported = registered(con, dataset)
+    rows = [(p, name, "built-in", "") for name, p in BUILTIN_PRECEDENCE.items()]
+    rows += [(r["precedence"], r["source"], "correction" if r["corrects_original"] else
+              ("verified" if r["verified"] else "unverified"),
+              f"{r['stored']} of {r['lines']} judgments from {r['file']} "
+              f"({r['format']}, {r['imported_at']:%Y-%m-%d %H:%M} UTC)")
+             for r in imported.iter_rows(named=True)]
+    typer.echo(f"{'precedence':>10}  {'source':<16}{'kind':<12}imported")
+    for precedence, name, kind, what in sorted(rows):
+        typer.echo(f"{precedence:>10g}  {name:<16}{kind:<12}{what}")
+
+
+@app.command("remove")
+def remove_command(
+    dataset: str = typer.Option(..., "--dataset", "-d"),
+    source: str = typer.Option(..., "--source", "-s", help="The imported source to remove."),
+    run: bool = typer.Option(True, "--run/--no-run", help="Materialize bridge_qrels for DATASET now."),
+) -> None:
+    """Remove an imported source of DATASET and its judgments, then rebuild bridge_qrels."""
+    from bridge_assets import store
+    from bridge_assets.qrels.imports import QrelsImportError, remove_source
+
+    _require_lake()
+    try:
+        with store.connect() as con:
+            removed = remove_source(con, dataset, source)
+    except QrelsImportError as exc:
+        _fail(str(exc))
+    typer.echo(f"removed '{source}' ({removed} judgments) from {dataset}")
+    if run:
+        metadata = materialize_bridge_qrels(dataset)
+        typer.echo(f"bridge_qrels ({dataset}): {metadata['pairs']} pairs, {metadata['relevant']} relevant")

@@ -8,8 +8,11 @@ answer string). Only the queries the key lists, and the pairs the candidate pool
 them, are scored:
 
 - verified holes in the pool: found (a verified relevant label), missed (a verified
-  irrelevant one: debate, filter or people), pending (awaiting people);
+  irrelevant one: debate, filter or people; or a label nobody verified, e.g. an unverified
+  imported source's), pending (awaiting people);
 - reported holes (verified relevant labels outside the original qrels): true, partial, false.
+Verified: bridge_qrels.verified (people's votes, debate consensus that passed its checks,
+sources imported as verified).
 """
 
 from __future__ import annotations
@@ -86,7 +89,7 @@ def score_known_holes(con: duckdb.DuckDBPyConnection, dataset: str, key: KnownHo
     if not (table_exists(con, "candidate_pool") and table_exists(con, "bridge_qrels")):
         return None
     rows = con.execute("""
-        select p.query_id, p.doc_id, b.relevance, b.source
+        select p.query_id, p.doc_id, b.relevance, b.source, coalesce(b.verified, false) as verified
         from candidate_pool p
         left join bridge_qrels b
                on b.dataset = p.dataset and b.query_id = p.query_id and b.doc_id = p.doc_id
@@ -94,11 +97,12 @@ def score_known_holes(con: duckdb.DuckDBPyConnection, dataset: str, key: KnownHo
         order by p.query_id, p.doc_id""", [dataset]).fetchall()
     score = HoleScore()
     pooled_queries = set()
-    for query_id, doc_id, relevance, source in rows:
+    for query_id, doc_id, relevance, source, verified in rows:
         if query_id not in key.holes:
             continue
         pooled_queries.add(query_id)
-        verified_relevant = relevance is not None and relevance > 0 and source in ("human", "debate")
+        # people's votes, passed debate checks, verified imports (the pool holds no original pair)
+        verified_relevant = relevance is not None and relevance > 0 and verified
         if doc_id in key.holes[query_id]:
             score.pooled_holes += 1
             if verified_relevant:

@@ -2,9 +2,10 @@
 and the pairs still pending (escalated, awaiting people: never a label).
 
 The merge itself is sql/bridge_qrels.sql (sources and their precedence are documented
-there); this module stands in empty tables for the labeling stages not run yet, so the
-refined qrels of a dataset can be built at any point of the pipeline, and counts what was
-found and what is still pending.
+there; imported sources are registered in the data lake, see bridge_assets.qrels.sources);
+this module stands in empty tables for the labeling stages not run yet and for imports never
+made, so the refined qrels of a dataset can be built at any point of the pipeline, and counts
+what was found, what was corrected and what is still pending.
 """
 
 from __future__ import annotations
@@ -17,20 +18,26 @@ import duckdb
 import polars as pl
 
 from bridge_assets.paths import read_sql
+from bridge_assets.qrels.sources import IMPORT_TABLES, SOURCES, UNVERIFIED_GUESSERS, VERIFIED_BUILTINS, registered
 from bridge_assets.store import table_exists
 
-SOURCES = ("original", "human", "debate", "pending", "filter")
-# Labels a person or a passed check stands behind: a relevant one outside the original qrels
-# is a found hole. (Pending pairs have no label; the filter only ever says irrelevant.)
-VERIFIED_SOURCES = ("original", "human", "debate", "filter")
-UNVERIFIED_SOURCES = ("adjudicator", "vote")
+# Built-in labels a person or a passed check stands behind (imported sources say so at import,
+# in bridge_qrels.verified): a verified relevant label outside the original qrels is a found
+# hole. (Pending pairs have no label; the filter only ever says irrelevant.)
+VERIFIED_SOURCES = VERIFIED_BUILTINS
+UNVERIFIED_SOURCES = UNVERIFIED_GUESSERS
 
 BRIDGE_QRELS_SCHEMA = {
     "dataset": pl.Utf8, "query_id": pl.Utf8, "doc_id": pl.Utf8, "relevance": pl.Int32,
     "source": pl.Utf8, "unverified_label": pl.Int32, "unverified_source": pl.Utf8,
     "pair_key": pl.Utf8, "config_hash": pl.Utf8, "call_keys": pl.List(pl.Utf8),
-    "vote_ids": pl.List(pl.Int64),
+    "vote_ids": pl.List(pl.Int64), "original_relevance": pl.Int32, "verified": pl.Boolean,
+    "precedence": pl.Float64, "import_file": pl.Utf8, "import_line": pl.Int32,
 }
+# Columns added after the table's first release: a data lake written before gets them (NULL
+# on other datasets' rows until their bridge_qrels is built again).
+ADDED_COLUMNS = {"original_relevance": "integer", "verified": "boolean", "precedence": "double",
+                 "import_file": "varchar", "import_line": "integer"}
 
 # The columns sql/bridge_qrels.sql reads from each optional input, for empty stand-ins.
 OPTIONAL_INPUTS = {
@@ -57,11 +64,17 @@ class BridgeQrels:
     dataset: str
     qrels: pl.DataFrame          # rows of the bridge_qrels table (pending pairs included)
     missing_inputs: tuple[str, ...]  # labeling tables not materialized yet (read as empty)
+    sources: pl.DataFrame | None = None  # the dataset's imported sources (qrels_sources rows)
 
     @property
     def pending(self) -> pl.DataFrame:
         """The pairs awaiting people: query_id, doc_id, pair_key, unverified guess."""
         return pending_pairs(self.qrels)
+
+    @property
+    def corrections(self) -> pl.DataFrame:
+        """The original judgments a correction source changed."""
+        return corrections(self.qrels)
 
     def counts(self) -> dict[str, int]:
         """Pairs and relevant pairs per source, found holes, pending pairs, and the model
@@ -74,17 +87,43 @@ def pending_pairs(qrels: pl.DataFrame) -> pl.DataFrame:
         "query_id", "doc_id", "pair_key", "unverified_label", "unverified_source")
 
 
+def corrections(qrels: pl.DataFrame) -> pl.DataFrame:
+    """query_id, doc_id, original_relevance, relevance, source, import_file, import_line of the
+    pairs whose original judgment a correction source changed (only those may differ)."""
+    if "original_relevance" not in qrels.columns:
+        return pl.DataFrame(schema={c: BRIDGE_QRELS_SCHEMA[c] for c in (
+            "query_id", "doc_id", "original_relevance", "relevance", "source", "import_file", "import_line")})
+    return qrels.filter(pl.col("original_relevance").is_not_null() & (pl.col("source") != "original")).select(
+        "query_id", "doc_id", "original_relevance", "relevance", "source", "import_file", "import_line")
+
+
+def _new_relevant() -> pl.Expr:
+    """A relevant label outside the original qrels."""
+    return (pl.col("relevance") > 0) & pl.col("original_relevance").is_null()
+
+
 def qrels_counts(qrels: pl.DataFrame) -> dict[str, int]:
+    """Pairs and relevant pairs per source (built-in and imported), found holes (verified
+    relevant labels outside the original qrels), corrections, pending pairs, and the labels
+    nobody verified apart: model guesses on pending pairs, unverified imported labels."""
     counts = {f"pairs_{source}": 0 for source in SOURCES}
     counts.update({f"relevant_{source}": 0 for source in SOURCES if source != "pending"})
     for source, pairs, relevant in qrels.group_by("source").agg(
-            pl.len(), (pl.col("relevance") > 0).sum()).iter_rows():
+            pl.len(), (pl.col("relevance") > 0).sum()).sort("source").iter_rows():
         counts[f"pairs_{source}"] = pairs
         if source != "pending":
             counts[f"relevant_{source}"] = relevant
     counts["pairs"] = qrels.height
     counts["relevant"] = int((qrels["relevance"] > 0).sum())
-    counts["holes_found"] = counts["relevant_human"] + counts["relevant_debate"]
+    if "verified" in qrels.columns:
+        imported = qrels.filter(pl.col("import_file").is_not_null())
+        counts["holes_found"] = int(qrels.filter(_new_relevant() & pl.col("verified")).height)
+        counts["corrections"] = corrections(qrels).height
+        unverified = imported.filter(~pl.col("verified") & pl.col("original_relevance").is_null())
+        counts["unverified_imported_relevant"] = int((unverified["relevance"] > 0).sum())
+        counts["unverified_imported_irrelevant"] = int((unverified["relevance"] == 0).sum())
+    else:  # rows written before imports existed: only people and passed checks were verified
+        counts["holes_found"] = counts["relevant_human"] + counts["relevant_debate"]
     counts["pending"] = counts["pairs_pending"]
     for source in UNVERIFIED_SOURCES:
         guesses = qrels.filter(pl.col("unverified_source") == source)
@@ -107,12 +146,21 @@ def stand_ins(con: duckdb.DuckDBPyConnection, tables: dict[str, str]) -> Iterato
             con.execute(f'drop table if exists temp."{name}"')
 
 
+def add_missing_columns(con: duckdb.DuckDBPyConnection) -> None:
+    """Give a bridge_qrels table written by an earlier version the columns added since."""
+    if table_exists(con, "bridge_qrels"):
+        for name, kind in ADDED_COLUMNS.items():
+            con.execute(f"alter table bridge_qrels add column if not exists {name} {kind}")
+
+
 def build_bridge_qrels(con: duckdb.DuckDBPyConnection, dataset: str) -> BridgeQrels:
     """The refined qrels of `dataset` from whatever labels the data lake holds."""
     if not table_exists(con, "original_qrels") or not con.execute(
             "select count(*) from original_qrels where dataset = ?", [dataset]).fetchone()[0]:
         raise MissingOriginalQrels(f"bridge_qrels for dataset '{dataset}': no original_qrels rows; "
                                    "materialize the dataset's ingest assets first")
-    with stand_ins(con, OPTIONAL_INPUTS) as missing:
+    # no import is not a missing stage: those stand-ins are not reported
+    with stand_ins(con, OPTIONAL_INPUTS) as missing, stand_ins(con, IMPORT_TABLES):
         qrels = con.execute(read_sql("bridge_qrels"), {"dataset": dataset}).pl()
-    return BridgeQrels(dataset, qrels.cast(BRIDGE_QRELS_SCHEMA).select(list(BRIDGE_QRELS_SCHEMA)), missing)
+    return BridgeQrels(dataset, qrels.cast(BRIDGE_QRELS_SCHEMA).select(list(BRIDGE_QRELS_SCHEMA)), missing,
+                       registered(con, dataset))

@@ -23,7 +23,7 @@ from bridge_assets.analysis.retrieval import measure_label, measures_at
 from bridge_assets.analysis.significance import TESTS
 from bridge_assets.ingest.registry import validate_dataset_name
 from bridge_assets.qrels.known_holes import KnownHoles, score_known_holes
-from bridge_assets.qrels.merge import qrels_counts
+from bridge_assets.qrels.merge import corrections, qrels_counts
 from bridge_assets.reports import plots
 from bridge_assets.store import table_exists
 
@@ -85,11 +85,14 @@ def _rows(con: duckdb.DuckDBPyConnection, table_name: str, dataset: str) -> pl.D
 
 def qrels_section(qrels: pl.DataFrame | None, dataset: str) -> Section:
     section = Section("qrels", "Labels", "Every pair the pipeline judged, with the source of its "
-                      "judgment (precedence original > human > debate > pending > filter). Only "
-                      "people's votes and debate consensus that passed its checks count as found "
-                      "holes. Pending pairs (escalated, awaiting people) are not labels: the "
-                      "metrics below give a range over them, and what a model guessed for them is "
-                      "listed apart as unverified.")
+                      "judgment (precedence original > human > debate > pending > filter; sources "
+                      "imported with bridge qrels import rank where they were placed). Only "
+                      "people's votes, debate consensus that passed its checks and imported sources "
+                      "marked verified count as found holes. Only a correction source may change an "
+                      "original judgment, and every change is listed. Pending pairs (escalated, "
+                      "awaiting people) are not labels: the metrics below give a range over them, and "
+                      "what a model guessed for them is listed apart as unverified, like the labels "
+                      "of unverified imported sources.")
     if qrels is None:
         section.missing.append("bridge_qrels")
         return section
@@ -105,7 +108,33 @@ def qrels_section(qrels: pl.DataFrame | None, dataset: str) -> Section:
         relevant, irrelevant = figures[f"unverified_{source}_relevant"], figures[f"unverified_{source}_irrelevant"]
         if relevant or irrelevant:
             rows.append((f"unverified guesses by the {name}: relevant / not", f"{relevant} / {irrelevant}"))
+    relevant, irrelevant = (figures.get(f"unverified_imported_{w}", 0) for w in ("relevant", "irrelevant"))
+    if relevant or irrelevant:
+        rows.append(("new labels from unverified imported sources (not holes): relevant / not",
+                     f"{relevant} / {irrelevant}"))
+    if figures.get("corrections"):
+        rows.append(("original judgments corrected", figures["corrections"]))
     section.tables.append(table("Found and pending", pl.DataFrame(rows, schema=["what", "pairs"], orient="row")))
+    if "import_file" in qrels.columns and qrels["import_file"].is_not_null().any():
+        imported = (qrels.filter(pl.col("import_file").is_not_null())
+                    .group_by("source", "precedence", "verified", "import_file")
+                    .agg(pl.len().alias("pairs"), (pl.col("relevance") > 0).sum().alias("relevant"),
+                         pl.col("original_relevance").is_not_null().sum().alias("corrections"))
+                    .sort("precedence"))
+        section.tables.append(table("Imported sources (pairs where they are the final label)", imported.with_columns(
+            pl.col("precedence").map_elements(lambda p: f"{p:g}", return_dtype=pl.Utf8),
+            pl.when(pl.col("verified")).then(pl.lit("yes")).otherwise(pl.lit("no")).alias("verified")),
+            {"source": "source", "precedence": "precedence", "verified": "verified", "pairs": "pairs",
+             "relevant": "relevant", "corrections": "corrections", "import_file": "file"}))
+    fixed = corrections(qrels)
+    if fixed.height:
+        section.tables.append(table("Corrections of original judgments", fixed.sort("query_id", "doc_id"), {
+            "query_id": "query", "doc_id": "doc", "original_relevance": "original relevance",
+            "relevance": "corrected relevance", "source": "source", "import_file": "file",
+            "import_line": "line"}))
+        section.notes.append(f"{fixed.height} original judgment(s) were changed by correction sources "
+                             f"({', '.join(sorted(set(fixed['source'])))}); bridge audit -d {dataset} -q QUERY "
+                             "--doc DOC tells each one's story.")
     if figures["pending"]:
         section.notes.append(f"{figures['pending']} pair(s) await people: bridge annotate add-annotator NAME, "
                              f"then bridge annotate serve --dataset {dataset}.")
