@@ -67,7 +67,8 @@ def replace_partition(con: duckdb.DuckDBPyConnection, table: str, frame: pl.Data
     """Replace the rows of `table` matching `keys` (e.g. {"dataset": "scifact"}) by `frame`.
 
     Must run inside a transaction the caller opened, so several tables can change together.
-    The table is created from the frame's schema on first write.
+    The table is created from the frame's schema on first write; a column the frame has and
+    the table lacks (a newer schema) is added, NULL in the rows written before.
     """
     missing = [k for k in keys if k not in frame.columns]
     if missing:
@@ -76,6 +77,10 @@ def replace_partition(con: duckdb.DuckDBPyConnection, table: str, frame: pl.Data
     try:
         if not table_exists(con, table):
             con.execute(f'create table "{table}" as select * from _incoming limit 0')
+        known = {row[0] for row in con.execute(f'describe "{table}"').fetchall()}
+        for name, kind, *_ in con.execute("describe select * from _incoming").fetchall():
+            if name not in known:
+                con.execute(f'alter table "{table}" add column "{name}" {kind}')
         where = " and ".join(f'"{k}" = ?' for k in keys)
         con.execute(f'delete from "{table}" where {where}', list(keys.values()))
         con.execute(f'insert into "{table}" by name select * from _incoming')

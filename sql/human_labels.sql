@@ -1,9 +1,13 @@
--- human_labels: the majority vote of the accepted human votes on each escalated pair.
+-- human_labels: the label people gave each escalated pair, from the accepted human votes.
 -- Parameters: $dataset (NULL: every dataset), $required_votes (accepted votes a pair needs).
--- One row per escalated pair (debate_labels.outcome 'escalated' or 'failed'). A pair is
--- `decided` once it has $required_votes accepted votes and a strict majority; attention-check
--- votes and excluded votes never count. The asset keeps the decided rows; the annotation
--- queue serves the others.
+-- One row per escalated pair (debate_labels.outcome 'escalated' or 'failed'). The label is the
+-- median vote: on 0/1 votes the majority, on grades 0-3 the middle grade (an ordinal scale has
+-- no mean, and one outlying vote does not move it). When the two middle votes of an even
+-- number differ (on 0/1 votes, a tie) there is no median and the pair waits for one more vote.
+-- A pair is `decided` once it has $required_votes accepted votes and a median; attention-check
+-- votes and excluded votes never count. `votes_relevant` counts the votes of 1 or more,
+-- `agreement` is the share of the most frequent vote. The asset keeps the decided rows; the
+-- annotation queue serves the others.
 with escalated as (
     select distinct dataset, query_id, doc_id
     from debate_labels
@@ -12,20 +16,25 @@ with escalated as (
 tallies as (
     select e.dataset, e.query_id, e.doc_id,
            count(v.label)::int as votes,
-           coalesce(sum(v.label), 0)::int as votes_relevant
+           count(v.label) filter (where v.label >= 1)::int as votes_relevant,
+           list_sort(list(v.label) filter (where v.label is not null)) as sorted
     from escalated e
     left join human_votes v
       on v.dataset = e.dataset and v.query_id = e.query_id and v.doc_id = e.doc_id
      and v.status = 'accepted' and not v.is_attention_check
     group by all
+),
+medians as (
+    select *, sorted[(votes + 1) // 2] as low_median, sorted[votes // 2 + 1] as high_median
+    from tallies
 )
 select dataset, query_id, doc_id,
-       case when 2 * votes_relevant > votes then 1
-            when 2 * votes_relevant < votes then 0 end as label,
+       case when low_median = high_median then low_median end as label,
        votes,
        votes_relevant,
-       case when votes > 0 then greatest(votes_relevant, votes - votes_relevant) / votes end
+       case when votes > 0 then list_max(list_transform(list_distinct(sorted),
+                                         g -> len(list_filter(sorted, x -> x = g)))) / votes end
            as agreement,
-       votes >= $required_votes and 2 * votes_relevant <> votes as decided
-from tallies
+       votes >= $required_votes and coalesce(low_median = high_median, false) as decided
+from medians
 order by dataset, query_id, doc_id

@@ -327,7 +327,7 @@ def test_parse_votes_names_the_file_and_record_of_every_problem():
 
     records, errors = parse_votes(json.dumps([
         {"dataset": "demo", "query_id": 1, "doc_id": "d5", "annotator_id": "x", "label": True},
-        {"dataset": "demo", "query_id": "q1", "doc_id": "d5", "annotator_id": "x", "label": 2},
+        {"dataset": "demo", "query_id": "q1", "doc_id": "d5", "annotator_id": "x", "label": 4},
         {"dataset": "demo", "query_id": "q1", "doc_id": "d1", "annotator_id": "x", "label": 1,
          "is_attention_check": True},
         "not a record"]).encode(), "votes.json")

@@ -89,6 +89,85 @@ def test_trec_topics_and_qrels(tmp_path):
     assert sorted(tables.qrels["relevance"].to_list()) == [0, 1, 2]
 
 
+TOPICS = """<top>
+<num> Number: 301
+<title> Topic: international organized crime
+<desc> Description:
+Identify organizations that take part in
+international criminal activity.
+<narr> Narrative:
+A relevant document names an organization
+and its activity; mere mentions are not relevant.
+</top>
+<top><num>302</num><title>poliomyelitis</title><desc>Is polio coming back?</desc></top>
+<top>
+<num>303</num>
+<title>hubble telescope</title>
+</top>
+"""
+
+
+def _trec(tmp_path, query_field: str = "title"):
+    (tmp_path / "docs.tsv").write_text("d1\tCrime syndicates\nd2\tPolio cases\n")
+    (tmp_path / "topics.txt").write_text(TOPICS)
+    (tmp_path / "qrels.txt").write_text("301 0 d1 3\n302 0 d2 2\n303 0 d1 0\n")
+    return load_trec(tmp_path / "docs.tsv", tmp_path / "topics.txt", tmp_path / "qrels.txt", None,
+                     query_field)
+
+
+def test_trec_topics_keep_title_description_and_narrative(tmp_path):
+    queries = _trec(tmp_path).queries
+    assert queries.rows() == [
+        ("301", "international organized crime", [],
+         "Identify organizations that take part in international criminal activity.",
+         "A relevant document names an organization and its activity; mere mentions are not relevant."),
+        ("302", "poliomyelitis", [], "Is polio coming back?", None),  # closing tags end the fields
+        ("303", "hubble telescope", [], None, None)]
+
+
+@pytest.mark.parametrize("query_field, expected", [
+    ("description", "Is polio coming back?"), ("title_description", "poliomyelitis Is polio coming back?")])
+def test_query_field_picks_the_topic_field_that_is_the_query(tmp_path, query_field, expected):
+    topics = TOPICS.replace("<top>\n<num>303</num>\n<title>hubble telescope</title>\n</top>\n", "")
+    (tmp_path / "docs.tsv").write_text("d1\tx\nd2\ty\n")
+    (tmp_path / "topics.txt").write_text(topics)
+    (tmp_path / "qrels.txt").write_text("302 0 d2 2\n")
+    queries = load_trec(tmp_path / "docs.tsv", tmp_path / "topics.txt", tmp_path / "qrels.txt", None,
+                        query_field).queries
+    assert queries.filter(queries["query_id"] == "302")["text"].to_list() == [expected]
+    assert queries["description"].null_count() == 0  # the description stays beside the query
+
+
+def test_a_query_field_the_topics_lack_is_named(tmp_path):
+    with pytest.raises(DatasetError, match=r'topics.txt, line 12, field "desc": query_field '
+                                           r'description needs a <desc>'):
+        _trec(tmp_path, "description")
+    (tmp_path / "topics.tsv").write_text("301\tcrime\n")
+    with pytest.raises(DatasetError, match="TSV topics have a title only"):
+        load_trec(tmp_path / "docs.tsv", tmp_path / "topics.tsv", tmp_path / "qrels.txt", None,
+                  "description")
+
+
+def test_query_field_and_label_scale_are_registry_fields(tmp_path):
+    _trec(tmp_path)
+    spec = DatasetSpec(name="t", kind="trec", corpus=str(tmp_path / "docs.tsv"),
+                       topics=str(tmp_path / "topics.txt"), qrels=str(tmp_path / "qrels.txt"),
+                       query_field="title_description", label_scale="graded")
+    with pytest.raises(DatasetError, match="line 12"):  # topic 303 has no <desc>
+        load_dataset(spec)
+    assert DatasetSpec(name="b", kind="beir", path="x").label_scale == "binary"
+    with pytest.raises(ValueError, match="query_field description applies to kind trec"):
+        DatasetSpec(name="b", kind="beir", path="x", query_field="description")
+    with pytest.raises(ValueError):
+        DatasetSpec(name="b", kind="beir", path="x", label_scale="fine")
+
+
+def test_other_loaders_leave_description_and_narrative_null(tmp_path):
+    tables = load_beir_folder(write_beir(tmp_path / "b"))
+    assert tables.queries.columns == ["query_id", "text", "answers", "description", "narrative"]
+    assert tables.queries["description"].null_count() == tables.queries["narrative"].null_count() == 2
+
+
 def test_bridge_release_layout(tmp_path):
     (tmp_path / "corpus.jsonl").write_text('{"_id": "c1", "text": "x"}\n{"_id": "c2", "text": "y"}\n')
     (tmp_path / "bridge.jsonl").write_text(

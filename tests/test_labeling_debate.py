@@ -15,11 +15,11 @@ import pytest
 
 from bridge_assets.labeling.adjudicator import adjudicate
 from bridge_assets.labeling.calls import MeteredGenerate
-from bridge_assets.labeling.debate import (AgentConfig, debate_agents, debate_config_hash,
-                                           labels_frame, run_debate, turn_max_tokens, turn_schema,
-                                           turns_frame)
+from bridge_assets.labeling.debate import (AgentConfig, DebateChecks, debate_agents,
+                                           debate_config_hash, labels_frame, run_debate,
+                                           turn_max_tokens, turn_schema, turns_frame)
 from bridge_assets.labeling.judge import run_judge
-from bridge_assets.labeling.pairs import Pair
+from bridge_assets.labeling.pairs import Pair, pair_key
 from bridge_assets.labeling.prompts import PROMPTS_DIR, Prompts
 from bridge_assets.llm.types import LLMResult
 
@@ -298,3 +298,100 @@ def test_config_hash_follows_prompts_rounds_and_models(tmp_path):
     guidelines = edited / "guidelines.j2"  # included by the debate prompt: changes its hash
     guidelines.write_text(guidelines.read_text().replace("Same scope", "Equal scope"))
     assert base != debate_config_hash(agents, rounds=2, prompts=Prompts(edited), **common)
+
+
+# --- the graded scale ---------------------------------------------------------------------------
+
+def graded_pair(name: str, answers: tuple[str, ...] = ()) -> Pair:
+    return Pair(f"q-{name}", f"d-{name}", name, answers, f"chunk text for {name}. A quoted sentence.",
+                "what the searcher wants", "what counts as relevant", "graded")
+
+
+def grade(value, reason: str = "because", reference=("A quoted sentence.",)) -> dict:
+    return {"reference": list(reference), "reason": reason, "grade": value}
+
+
+GRADED_SCRIPT = {
+    "same": {("A", 1): grade(2), ("B", 1): grade("2")},          # a grade written as a string
+    "near": {("A", 1): grade(3), ("B", 1): grade(2), ("A", 2): grade(3), ("B", 2): grade(2)},
+    "far": {("A", 1): grade(3), ("B", 1): grade(0), ("A", 2): grade(3), ("B", 2): grade(1)},
+    "moved": {("A", 1): grade(3), ("B", 1): grade(0), ("A", 2): grade(1), ("B", 2): grade(1)},
+    "bad": {("A", 1): grade(2), ("B", 1): grade(4)},             # off the scale: a failed turn
+}
+
+
+@pytest.mark.parametrize("rule, near", [("exact", None), ("within_one", 2)])
+def test_graded_agents_agree_under_the_consensus_rule_keeping_the_lower_grade(rule, near):
+    model = ScriptedModel(GRADED_SCRIPT)
+    pairs = [graded_pair(name) for name in GRADED_SCRIPT]
+    outcome = run_debate(pairs, debate_agents(["m"]), model, grade_consensus=rule)
+    labels = by_pair(outcome)
+    assert (labels["q-same"].outcome, labels["q-same"].label, labels["q-same"].rounds_used) == ("consensus", 2, 1)
+    assert labels["q-near"].label == near
+    assert labels["q-near"].outcome == ("consensus" if near is not None else "escalated")
+    assert labels["q-far"].outcome == "escalated" and labels["q-far"].flags == ("disagreement",)
+    assert (labels["q-moved"].outcome, labels["q-moved"].label, labels["q-moved"].rounds_used) == \
+        ("consensus", 1, 2)
+    assert (labels["q-bad"].outcome, labels["q-bad"].flags) == ("failed", ("failed",))
+    turns = {(t.query_id, t.agent, t.round): t for t in outcome.turns}
+    assert turns[("q-same", "B", 1)].response == "2" and turns[("q-same", "B", 1)].confidence is None
+    assert turns[("q-bad", "B", 1)].response is None and "grade" in turns[("q-bad", "B", 1)].error
+    # round 2 shows the grades of round 1 and asks again for a grade, with the narrative
+    user = next(u for q, a, r, u in model.prompts if (q, a, r) == ("far", "A", 2))
+    assert "gave grade 3" in user and "gave grade 0" in user and "what counts as relevant" in user
+    frame = labels_frame(outcome, "ds", "h")
+    assert set(frame.drop_nulls("label")["label"].to_list()) <= {0, 1, 2, 3}
+
+
+def test_graded_checks_need_evidence_from_grade_one_and_an_answer_from_grade_two():
+    checks = DebateChecks(evidence=True, answer_presence="all")
+    unquoted = {("A", 1): grade(1, reference=()), ("B", 1): grade(1, reference=())}
+    model = ScriptedModel({
+        "related": unquoted,
+        "answers": {("A", 1): grade(2), ("B", 1): grade(2)},   # the answer is not in the chunk
+        "nothing": {("A", 1): grade(0, reference=()), ("B", 1): grade(0, reference=())},
+        "related-with-answer": {("A", 1): grade(1), ("B", 1): grade(1)},
+    })
+    pairs = [graded_pair("related"), graded_pair("answers", ("Paris",)), graded_pair("nothing"),
+             graded_pair("related-with-answer", ("Paris",))]
+    labels = by_pair(run_debate(pairs, debate_agents(["m"]), model, checks=checks))
+    assert (labels["q-related"].outcome, labels["q-related"].flags) == ("escalated", ("unverified_evidence",))
+    assert (labels["q-answers"].outcome, labels["q-answers"].flags) == ("escalated", ("answer_absent",))
+    assert labels["q-answers"].agreed_label == 2
+    assert (labels["q-nothing"].outcome, labels["q-nothing"].label) == ("consensus", 0)
+    # a grade of 1 says the chunk does not answer: no answer needed
+    assert (labels["q-related-with-answer"].outcome, labels["q-related-with-answer"].label) == ("consensus", 1)
+
+
+def test_graded_adjudicator_decides_a_grade():
+    model = ScriptedModel({"far": GRADED_SCRIPT["far"]})
+    outcome = run_debate([graded_pair("far")], debate_agents(["m"]), model)
+    sent = []
+
+    def adjudicator_model(profile, requests):
+        sent.extend(requests)
+        return [LLMResult(key="adj", text='{"reason": "r", "grade": 2}', parsed={"reason": "r", "grade": 2})]
+
+    decided = adjudicate(outcome, [graded_pair("far")], "j", adjudicator_model)
+    assert (decided.labels[0].outcome, decided.labels[0].label, decided.labels[0].adjudicator_label) == \
+        ("escalated", None, 2)
+    assert sent[0].json_schema["properties"]["grade"]["enum"] == [0, 1, 2, 3]
+    assert "Decide: how relevant is the chunk?" in sent[0].messages[1][1]
+
+
+def test_the_graded_scale_and_its_rule_enter_the_config_hash_and_the_binary_hash_stays():
+    agents = debate_agents(["m"])
+    common = dict(rounds=2, temperature=0.0, reason_words=40, prompts=Prompts(), model_ids={"m": "x"})
+    binary = debate_config_hash(agents, **common)
+    assert binary == debate_config_hash(agents, **common, grade_consensus="within_one")
+    exact = debate_config_hash(agents, **common, scale="graded")
+    assert len({binary, exact, debate_config_hash(agents, **common, scale="graded",
+                                                  grade_consensus="within_one")}) == 3
+
+
+def test_the_key_of_a_graded_or_topic_pair_differs_and_a_binary_pair_keeps_its_key():
+    plain = Pair("q", "d", "query", ("a",), "chunk")
+    assert plain.key == pair_key("query", ("a",), "chunk")
+    assert len({plain.key, Pair("q", "d", "query", ("a",), "chunk", scale="graded").key,
+                Pair("q", "d", "query", (), "chunk", "desc", "narr").key,
+                Pair("q", "d", "query", (), "chunk").key}) == 4

@@ -26,6 +26,7 @@ from bridge_assets.analysis.shift import compute_ranking_shift
 from bridge_assets.analysis.significance import ALPHA, RESAMPLES, compute_significance
 from bridge_assets.analysis.significance import DEFAULT_MEASURES as SIGNIFICANCE_MEASURES
 from bridge_assets.analysis.views import ScopeInfo, dataset_snapshot
+from bridge_assets.ingest.registry import GRADES, get_dataset
 from bridge_assets.labeling.calls import MeteredGenerate
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.partitions import dataset_partitions
@@ -64,6 +65,9 @@ def _markdown(frame: pl.DataFrame, digits: int = 4) -> str:
 class RetrievalMetricsConfig(dg.Config):
     k: int = Field(10, ge=1, description="Cutoff of the @k measures (paper: 10).")
     scope: Literal["pooled", "all"] = ScopeField
+    relevance_level: int = Field(1, ge=1, description="The lowest relevance that counts as relevant "
+                                 "in every measure but nDCG, whose gains are the grades (trec_eval "
+                                 "-l; e.g. 2 on a graded dataset: highly relevant and up).")
 
 
 def metrics_summary(frame: pl.DataFrame, k: int) -> pl.DataFrame:
@@ -92,13 +96,17 @@ def retrieval_metrics(context: dg.AssetExecutionContext, config: RetrievalMetric
     started = time.monotonic()
     con = dataset_snapshot(store.path, dataset, ["retrieval_run", "original_qrels", "bridge_qrels",
                                                  "candidate_pool", "queries"])
+    top_grade = GRADES[-1] if get_dataset(dataset).label_scale == "graded" else 1
     try:
-        frame, info = compute_dataset_metrics(con, dataset, k=config.k, scope=config.scope)
+        frame, info = compute_dataset_metrics(con, dataset, k=config.k, scope=config.scope,
+                                              relevance_level=config.relevance_level,
+                                              top_grade=top_grade)
     finally:
         con.close()
     store.write_partitions({"retrieval_metrics": frame}, dataset=dataset)
     return dg.MaterializeResult(metadata={
         "dagster/row_count": frame.height, **_scope_metadata(info), "k": config.k,
+        "relevance_level": config.relevance_level,
         "summary": dg.MetadataValue.md(_markdown(metrics_summary(frame, config.k))),
         "time_s": _seconds(started)})
 

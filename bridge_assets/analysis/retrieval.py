@@ -6,6 +6,9 @@ Measures at cutoff k (default 10): Hit@k (success_k), Recall@k (recall_k), Preci
 MRR@k (recip_rank_cut_k), nDCG@k (ndcg_cut_k), MAP (map, over the run's depth), Judged@k
 (judged_k), Hole@k (hole_k: share of the top-k that is relevant in the evaluated qrels but
 was not judged in the original ones, so 0 on the original qrels), plus num_rel / num_rel_ret.
+nDCG's gains are the relevance grades themselves; the other measures count a document as
+relevant from `relevance_level` up (trec_eval -l), so on a graded dataset level 2 asks for
+highly relevant documents.
 """
 
 from __future__ import annotations
@@ -43,14 +46,18 @@ def measures_at(k: int) -> dict[str, str]:
 
 
 def compute_dataset_metrics(con: duckdb.DuckDBPyConnection, dataset: str, *, k: int = 10,
-                            scope: Scope = "pooled") -> tuple[pl.DataFrame, ScopeInfo]:
+                            scope: Scope = "pooled", relevance_level: int = 1,
+                            top_grade: int = 1) -> tuple[pl.DataFrame, ScopeInfo]:
     """Rows of the retrieval_metrics table for `dataset`: (dataset, retriever, qrels_version,
-    query_id | 'all', measure, value), on the original and on the refined (bridge_qrels) qrels."""
+    query_id | 'all', measure, value), on the original and on the refined (bridge_qrels) qrels;
+    `top_grade`: the scale's highest grade (3 on a graded dataset), which pending pairs take
+    at the upper bound."""
     frames = []
-    with analysis_views(con, dataset, scope, asset="retrieval_metrics") as info:
+    with analysis_views(con, dataset, scope, asset="retrieval_metrics", top_grade=top_grade) as info:
         for version in QRELS_VERSIONS:
             values = compute_retrieval_metrics(con, run="analysis_run", qrels=f"analysis_{version}_qrels",
-                                               k=k, original_qrels="analysis_original_qrels")
+                                               k=k, original_qrels="analysis_original_qrels",
+                                               relevance_level=relevance_level)
             frames.append(values.with_columns(pl.lit(version).alias("qrels_version")))
     frame = pl.concat(frames).select(list(METRICS_SCHEMA)).cast(METRICS_SCHEMA)
     return frame, info

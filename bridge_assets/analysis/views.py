@@ -8,8 +8,9 @@
 
 Pending pairs (escalated, awaiting people) are not labels, so the refined qrels come as two
 bounds: every pending pair irrelevant (`refined`, what the verified labels alone give) and
-every pending pair relevant (`refined_upper`). A finding that holds at both ends does not
-depend on how people will decide.
+every pending pair relevant at the scale's top grade (`refined_upper`: 1, or 3 on a graded
+dataset, so that it bounds nDCG's gains and every relevance level). A finding that holds at
+both ends does not depend on how people will decide.
 
 Scope "pooled" keeps the queries of the candidate pool: when the pool was built on a sample of
 queries (candidate_pool's query_limit), only those got new labels, and comparing original and
@@ -31,8 +32,8 @@ from bridge_assets import store
 from bridge_assets.store import table_exists
 
 Scope = Literal["pooled", "all"]
-# qrels version -> the relevance a pending pair takes in it
-REFINED_BOUNDS = {"refined": 0, "refined_upper": 1}
+# qrels version -> whether a pending pair is relevant in it (at the scale's top grade)
+REFINED_BOUNDS = {"refined": False, "refined_upper": True}
 
 
 class MissingInput(LookupError):
@@ -57,9 +58,10 @@ def require_rows(con: duckdb.DuckDBPyConnection, table: str, dataset: str, asset
 
 @contextlib.contextmanager
 def analysis_views(con: duckdb.DuckDBPyConnection, dataset: str, scope: Scope = "pooled", *,
-                   asset: str, refined: bool = True) -> Iterator[ScopeInfo]:
+                   asset: str, refined: bool = True, top_grade: int = 1) -> Iterator[ScopeInfo]:
     """Create the tables above for `dataset` (dropped afterwards; values are bound as
-    parameters). `refined=False` skips bridge_qrels for analyses that do not read it."""
+    parameters). `refined=False` skips bridge_qrels for analyses that do not read it;
+    `top_grade`: the relevance of a pending pair at the upper bound."""
     require_rows(con, "retrieval_run", dataset, asset)
     require_rows(con, "original_qrels", dataset, asset)
     if refined:
@@ -78,10 +80,10 @@ def analysis_views(con: duckdb.DuckDBPyConnection, dataset: str, scope: Scope = 
                                        where {in_scope}""",
     }
     if refined:
-        for name, pending_relevance in REFINED_BOUNDS.items():
+        for name, upper in REFINED_BOUNDS.items():
             tables[f"analysis_{name}_qrels"] = f"""
                 select dataset, query_id, doc_id,
-                       coalesce(relevance, {pending_relevance})::integer as relevance
+                       coalesce(relevance, {top_grade if upper else 0})::integer as relevance
                 from bridge_qrels where {in_scope}"""
     try:
         for name, select in tables.items():

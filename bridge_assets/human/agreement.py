@@ -1,12 +1,19 @@
-"""Inter-annotator agreement: Fleiss' kappa (Fleiss 1971) over the votes per pair."""
+"""Inter-annotator agreement: Fleiss' kappa (Fleiss 1971) over the votes per pair, and
+quadratic-weighted Cohen's kappa between two annotators (for grades: a 1 against a 2 is a
+smaller disagreement than a 0 against a 3)."""
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
+from sklearn.metrics import cohen_kappa_score
 from statsmodels.stats.inter_rater import fleiss_kappa as _statsmodels_fleiss_kappa
+
+from bridge_assets.ingest.registry import GRADES
 
 LABELS = (0, 1)
 
@@ -40,3 +47,29 @@ def fleiss_kappa(table: np.ndarray | Sequence[Sequence[int]]) -> float | None:
         return None
     kappa = float(_statsmodels_fleiss_kappa(table, method="fleiss"))
     return None if math.isnan(kappa) else kappa
+
+
+@dataclass(frozen=True)
+class PairKappa:
+    """Quadratic-weighted Cohen's kappa of two annotators over the pairs both voted on."""
+
+    first: str
+    second: str
+    items: int
+    kappa: float
+
+
+def weighted_kappas(votes: Mapping[str, Mapping[Hashable, int]],
+                    categories: Sequence[int] = GRADES) -> list[PairKappa]:
+    """Every two annotators of `votes` (annotator -> item -> vote) who voted on at least two
+    common items, with scikit-learn's quadratic-weighted kappa over the scale `categories`.
+    A pair whose kappa is undefined (both gave one and the same vote throughout) is left out."""
+    kappas = []
+    for first, second in itertools.combinations(sorted(votes), 2):
+        shared = sorted(set(votes[first]) & set(votes[second]), key=repr)
+        a, b = [votes[first][i] for i in shared], [votes[second][i] for i in shared]
+        if len(shared) < 2 or len(set(a) | set(b)) < 2:
+            continue
+        kappa = cohen_kappa_score(a, b, labels=list(categories), weights="quadratic")
+        kappas.append(PairKappa(first, second, len(shared), float(kappa)))
+    return kappas

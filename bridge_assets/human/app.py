@@ -59,6 +59,7 @@ class AppSettings(BaseModel):
     with_history: bool = True
     attention_rate: float = Field(0.1, ge=0.0, le=1.0)
     datasets: tuple[str, ...] | None = None
+    graded: tuple[str, ...] = ()          # datasets voted on the grades 0-3 (label_scale: graded)
     lease_minutes: int = Field(30, ge=1)
     session_hours: int = Field(12, ge=1)  # a session ends this long after its login, active or not
     secure_cookies: bool = False          # set when served over HTTPS
@@ -83,7 +84,7 @@ class LoginForm(BaseModel):
 class VoteForm(BaseModel):
     model_config = ConfigDict(extra="ignore", str_strip_whitespace=True)
     assignment_id: str = Field(pattern=r"^[0-9a-f]{32}$")
-    label: Literal["0", "1"]
+    label: Literal["0", "1", "2", "3"]  # 2 and 3 on graded datasets only (record_vote checks)
     comment: str = Field("", max_length=MAX_COMMENT)
 
 
@@ -294,7 +295,8 @@ def create_app(settings: AppSettings, clock: Clock = time.time) -> FastAPI:
                         annotator_id: str) -> tuple[ItemView | None, Progress]:
         while (assignment := next_assignment(con, annotator_id, queue_settings, rng)) is not None:
             try:
-                return load_item(con, assignment), progress(con, annotator_id, queue_settings)
+                scale = "graded" if assignment.dataset in settings.graded else "binary"
+                return load_item(con, assignment, scale), progress(con, annotator_id, queue_settings)
             except ItemNotFound as exc:
                 # the queue would serve this item again and again: drop it, serve the next one
                 # (never the same: nobody is served a pair twice)
@@ -323,7 +325,8 @@ def create_app(settings: AppSettings, clock: Clock = time.time) -> FastAPI:
         try:
             await db.run(record_vote, assignment_id=answer.assignment_id,
                          annotator_id=viewer.annotator.annotator_id,
-                         label=int(answer.label), comment=answer.comment or None)
+                         label=int(answer.label), comment=answer.comment or None,
+                         graded=settings.graded)
         except VoteRejected as exc:
             raise BadRequest(str(exc), exc.status) from None
         # the next item, or the paused page after a failed attention check
@@ -375,7 +378,7 @@ def create_app(settings: AppSettings, clock: Clock = time.time) -> FastAPI:
         name = Path(upload.filename).name
         try:
             added = await db.run(import_votes, content, name, options.format,
-                                 override=options.override)
+                                 override=options.override, graded=settings.graded)
         except ImportFailed as exc:
             return render(request, "import_result.html", viewer.session, status=400, viewer=viewer,
                           source=name, errors=exc.errors, added=0,

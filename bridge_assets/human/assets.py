@@ -32,9 +32,14 @@ def _metadata(result: HumanLabels) -> dict:
     }
     for key, value in (("fleiss_kappa", result.kappa),
                        ("fleiss_kappa_with_history", result.kappa_with_history),
-                       ("fleiss_kappa_without_history", result.kappa_without_history)):
+                       ("fleiss_kappa_without_history", result.kappa_without_history),
+                       ("weighted_kappa", result.weighted_kappa)):
         if value is not None:  # undefined with no complete pair or a single category
             metadata[key] = dg.MetadataValue.float(value)
+    if result.annotator_kappas:
+        metadata["weighted_kappa_by_annotator_pair"] = dg.MetadataValue.md("\n".join(
+            ["| annotators | common pairs | quadratic-weighted kappa |", "| --- | --- | --- |"]
+            + [f"| {p.first}, {p.second} | {p.items} | {p.kappa:.3f} |" for p in result.annotator_kappas]))
     return metadata
 
 
@@ -43,9 +48,11 @@ def _metadata(result: HumanLabels) -> dict:
     deps=["debate_labels"],
     group_name="human",
     code_version="1",
-    description=f"Majority of {REQUIRED_VOTES} accepted human votes per escalated pair "
-                "(from the annotation app's append-only human_votes table), with Fleiss' kappa "
-                "and coverage. Its data version is a hash of the votes it was built from.",
+    description=f"Median of {REQUIRED_VOTES} accepted human votes per escalated pair (the "
+                "majority of 0/1 votes, the middle grade of grades 0-3; from the annotation app's "
+                "append-only human_votes table), with Fleiss' kappa, the annotators' "
+                "quadratic-weighted kappa and coverage. Its data version is a hash of the votes "
+                "it was built from.",
 )
 def human_labels(context: dg.AssetExecutionContext, config: HumanLabelsConfig,
                  store: DuckDBStore) -> dg.MaterializeResult:

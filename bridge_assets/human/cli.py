@@ -52,11 +52,12 @@ def serve(
 
     from bridge_assets.human.app import AppSettings, create_app
     from bridge_assets.human.security import load_secret
+    from bridge_assets.ingest.registry import graded_datasets
     from bridge_assets.paths import data_lake_dir, duckdb_path
 
     settings = AppSettings(db_path=duckdb_path(), secret=load_secret(data_lake_dir()),
                            with_history=with_history, attention_rate=attention_rate,
-                           datasets=tuple(dataset) if dataset else None,
+                           datasets=tuple(dataset) if dataset else None, graded=graded_datasets(),
                            secure_cookies=secure_cookies, session_hours=session_hours)
     typer.secho(f"annotation app on http://{host}:{port}/ ({'with' if with_history else 'without'} "
                 f"debate history) -> {settings.db_path}", fg="cyan", err=True)
@@ -104,10 +105,12 @@ def import_(
     """Import votes collected elsewhere (validated; all or nothing)."""
     from bridge_assets import store
     from bridge_assets.human.transfer import ImportFailed, import_votes
+    from bridge_assets.ingest.registry import graded_datasets
 
     try:
         with store.connect() as con:
-            added = import_votes(con, file.read_bytes(), file.name, fmt.value, override=override)
+            added = import_votes(con, file.read_bytes(), file.name, fmt.value, override=override,
+                                 graded=graded_datasets())
     except ImportFailed as exc:
         hint = (f"\n{', '.join(exc.token_holders)} log(s) in to the app; pass "
                 "--override-app-annotators to import their votes anyway") if exc.token_holders else ""

@@ -1,6 +1,7 @@
-"""What the annotation page shows for an assignment: the query, its gold answers, the chunk with
-each agent's quoted sentences highlighted, and the debate round by round, each quote marked when
-the chunk does not contain it (an agent quoting its own words).
+"""What the annotation page shows for an assignment: the query, its gold answers (or, without
+them, the TREC topic's description and narrative), the chunk with each agent's quoted sentences
+highlighted, the debate round by round, each quote marked when the chunk does not contain it
+(an agent quoting its own words), and the scale to vote on (yes/no, or the grades 0-3).
 
 The view never says whether an item is an attention check, nor shows anyone's vote. An
 attention check gets a debate of its own, quoting its own chunk, so nothing on the page sets it
@@ -19,7 +20,9 @@ from typing import Any
 import duckdb
 
 from bridge_assets.human.queue import Assignment
+from bridge_assets.ingest.registry import LabelScale
 from bridge_assets.labeling.evidence import quote_in_chunk
+from bridge_assets.labeling.pairs import topic_columns
 from bridge_assets.store import table_exists
 
 
@@ -41,7 +44,7 @@ class Quote:
 class Turn:
     agent: str
     stance: str
-    response: str | None        # 'yes' | 'no' | None when the agent's call failed
+    response: str | None        # 'yes' | 'no' (a grade '0'..'3' when graded) | None when the call failed
     reason: str
     quotes: tuple[Quote, ...]
     failed: bool
@@ -64,6 +67,9 @@ class ItemView:
     with_history: bool
     rounds: tuple[Round, ...] = field(default_factory=tuple)
     agents: tuple[str, ...] = field(default_factory=tuple)
+    description: str | None = None   # a TREC topic's, shown when there are no answers
+    narrative: str | None = None
+    scale: LabelScale = "binary"
 
     @property
     def shared_quotes(self) -> bool:
@@ -134,6 +140,13 @@ NEUTRAL_REASONS = {
 _Row = tuple[Any, ...]  # round, agent, stance, response, reason, reference, failed
 
 
+def _leaning(response: str | None) -> str | None:
+    """A turn's yes/no; a grade leans yes from 2 (the chunk answers), no below."""
+    if response is not None and response.isdigit():
+        return "yes" if int(response) >= 2 else "no"
+    return response
+
+
 def _quotable(text: str, wanted: int) -> list[str]:
     """Sentences of `text`, or its clauses when it has fewer than `wanted` sentences (so that
     agents quote different parts, as they mostly do), each cut to MAX_OWN_QUOTE characters."""
@@ -155,7 +168,7 @@ def _own_debate(rows: list[_Row], chunk: str, seed: str) -> list[_Row]:
     picks = rng.sample(parts, min(len(agents), len(parts)))
     quoted = {agent: [picks[i % len(picks)]] if picks else [] for i, agent in enumerate(agents)}
     return [(number, agent, stance, response, "", [], True) if failed else
-            (number, agent, stance, response, rng.choice(NEUTRAL_REASONS.get(response, ("",))),
+            (number, agent, stance, response, rng.choice(NEUTRAL_REASONS.get(_leaning(response), ("",))),
              quoted[agent], False)
             for number, agent, stance, response, _, _, failed in rows]
 
@@ -183,16 +196,17 @@ def _rounds(con: duckdb.DuckDBPyConnection, assignment: Assignment, chunk: str) 
     return tuple(Round(n, tuple(turns)) for n, turns in sorted(rounds.items()))
 
 
-def load_item(con: duckdb.DuckDBPyConnection, assignment: Assignment) -> ItemView:
-    row = con.execute("""
-        select q.text, q.answers, coalesce(c.title, ''), c.text
+def load_item(con: duckdb.DuckDBPyConnection, assignment: Assignment,
+              scale: LabelScale = "binary") -> ItemView:
+    row = con.execute(f"""
+        select q.text, q.answers, coalesce(c.title, ''), c.text, {topic_columns(con)}
         from queries q, corpus c
         where q.dataset = ? and q.query_id = ? and c.dataset = q.dataset and c.doc_id = ?""",
         [assignment.dataset, assignment.query_id, assignment.doc_id]).fetchone()
     if row is None:
         raise ItemNotFound(f"dataset '{assignment.dataset}': query '{assignment.query_id}' or "
                            f"chunk '{assignment.doc_id}' is missing from queries/corpus")
-    query, answers, title, text = row
+    query, answers, title, text, description, narrative = row
     rounds = _rounds(con, assignment, text) if assignment.with_history else ()
     quotes: dict[str, list[str]] = {}
     for debate_round in rounds:
@@ -201,4 +215,5 @@ def load_item(con: duckdb.DuckDBPyConnection, assignment: Assignment) -> ItemVie
     return ItemView(
         assignment_id=assignment.assignment_id, dataset=assignment.dataset, query=query,
         answers=tuple(answers or ()), title=title, segments=highlight(text, quotes),
-        with_history=assignment.with_history, rounds=rounds, agents=tuple(sorted(quotes)))
+        with_history=assignment.with_history, rounds=rounds, agents=tuple(sorted(quotes)),
+        description=description, narrative=narrative, scale=scale)

@@ -1,7 +1,9 @@
-"""`human_labels` as a plain function: the majority vote per escalated pair, agreement, coverage.
+"""`human_labels` as a plain function: the median vote per escalated pair (on 0/1 votes the
+majority; on grades 0-3 the middle grade), agreement, coverage.
 
-The set-based part (tallies and majority per pair) is sql/human_labels.sql; this module adds
-Fleiss' kappa and the data version (a hash of exactly the votes and pairs the labels come from).
+The set-based part (tallies and median per pair) is sql/human_labels.sql; this module adds
+Fleiss' kappa over the votes (0/1 or grades), the quadratic-weighted kappa between every two
+annotators, and the data version (a hash of exactly the votes and pairs the labels come from).
 """
 
 from __future__ import annotations
@@ -12,8 +14,9 @@ from dataclasses import dataclass
 import duckdb
 import polars as pl
 
-from bridge_assets.human.agreement import category_counts, fleiss_kappa
+from bridge_assets.human.agreement import PairKappa, category_counts, fleiss_kappa, weighted_kappas
 from bridge_assets.human.tables import ensure_schema
+from bridge_assets.ingest.registry import GRADES
 from bridge_assets.paths import read_sql
 from bridge_assets.store import table_exists
 
@@ -44,6 +47,14 @@ class HumanLabels:
     kappa_without_history: float | None
     kappa_pairs: int
     data_version: str
+    # quadratic-weighted Cohen's kappa of every two annotators over their common pairs
+    annotator_kappas: tuple[PairKappa, ...] = ()
+
+    @property
+    def weighted_kappa(self) -> float | None:
+        """The annotator pairs' weighted kappas averaged (None without a pair)."""
+        kappas = [pair.kappa for pair in self.annotator_kappas]
+        return sum(kappas) / len(kappas) if kappas else None
 
     @property
     def decided_pairs(self) -> int:
@@ -78,7 +89,8 @@ def _votes_on_escalated_pairs(con: duckdb.DuckDBPyConnection, dataset: str) -> p
 
 def _kappa(first_votes: pl.DataFrame) -> tuple[float | None, int]:
     groups = [g["label"].to_list() for _, g in first_votes.group_by(["query_id", "doc_id"])]
-    return fleiss_kappa(category_counts(groups)), len(groups)
+    # over the grades: a category nobody chose changes no kappa, so 0/1 votes count as before
+    return fleiss_kappa(category_counts(groups, GRADES)), len(groups)
 
 
 def compute_human_labels(con: duckdb.DuckDBPyConnection, dataset: str) -> HumanLabels:
@@ -100,6 +112,10 @@ def compute_human_labels(con: duckdb.DuckDBPyConnection, dataset: str) -> HumanL
         (~pl.col("with_history")).all().over(["query_id", "doc_id"]).alias("all_without"))
     kappa_with, _ = _kappa(uniform.filter(pl.col("all_with")))
     kappa_without, _ = _kappa(uniform.filter(pl.col("all_without")))
+    by_annotator: dict[str, dict[tuple[str, str], int]] = {}
+    for query_id, doc_id, annotator_id, label in accepted.select(
+            "query_id", "doc_id", "annotator_id", "label").iter_rows():
+        by_annotator.setdefault(annotator_id, {})[(query_id, doc_id)] = label
 
     digest = hashlib.sha256()
     for row in tallies.select("query_id", "doc_id").iter_rows():
@@ -117,6 +133,7 @@ def compute_human_labels(con: duckdb.DuckDBPyConnection, dataset: str) -> HumanL
         kappa=kappa, kappa_with_history=kappa_with, kappa_without_history=kappa_without,
         kappa_pairs=kappa_pairs,
         data_version=digest.hexdigest()[:32],
+        annotator_kappas=tuple(weighted_kappas(by_annotator)),
     )
 
 

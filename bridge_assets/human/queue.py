@@ -78,8 +78,8 @@ def pairs_open_to(con: duckdb.DuckDBPyConnection, annotator_id: str, settings: Q
         select t.dataset, t.query_id, t.doc_id, t.votes
         from tallies t left join leases l using (dataset, query_id, doc_id)
         where not t.decided
-          and greatest($required_votes - t.votes,
-                       case when 2 * t.votes_relevant = t.votes then 1 else 0 end) > coalesce(l.n, 0)
+          -- votes still needed: the missing ones, or one more to break a tie
+          and greatest($required_votes - t.votes, 1) > coalesce(l.n, 0)
           and not exists (select 1 from annotation_assignments a
                           where a.annotator_id = $annotator and not a.is_attention_check
                             and a.dataset = t.dataset and a.query_id = t.query_id

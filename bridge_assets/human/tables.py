@@ -8,7 +8,9 @@
   attention check). A vote refers to its assignment, so the server, not the form, decides which
   pair a vote is for and whether it is an attention check. Open assignments reserve a vote slot.
 - human_votes: append-only. Rows are never deleted and labels never change; the only update is
-  `status` going from 'accepted' to 'excluded' when an attention check fails.
+  `status` going from 'accepted' to 'excluded' when an attention check fails. A label is 0/1,
+  or a grade 0-3 on a graded dataset (the app checks which); an attention check's expected
+  label stays 0/1 (known irrelevant or relevant).
 """
 
 from __future__ import annotations
@@ -16,6 +18,25 @@ from __future__ import annotations
 from datetime import UTC, datetime
 
 import duckdb
+
+HUMAN_VOTES = """
+create table if not exists human_votes (
+    vote_id bigint primary key default nextval('human_vote_ids'),
+    dataset varchar not null,
+    query_id varchar not null,
+    doc_id varchar not null,
+    annotator_id varchar not null,
+    label integer not null check (label between 0 and 3),
+    comment varchar,
+    with_history boolean not null,
+    is_attention_check boolean not null,
+    expected_label integer check (expected_label in (0, 1)),
+    status varchar not null check (status in ('accepted', 'excluded')),
+    created_at timestamp not null,
+    source varchar not null,
+    unique (dataset, query_id, doc_id, annotator_id, is_attention_check)
+);
+"""
 
 SCHEMA = """
 create sequence if not exists human_vote_ids start 1;
@@ -46,28 +67,35 @@ create table if not exists annotation_assignments (
     assigned_at timestamp not null,
     closed_at timestamp
 );
+""" + HUMAN_VOTES
 
-create table if not exists human_votes (
-    vote_id bigint primary key default nextval('human_vote_ids'),
-    dataset varchar not null,
-    query_id varchar not null,
-    doc_id varchar not null,
-    annotator_id varchar not null,
-    label integer not null check (label in (0, 1)),
-    comment varchar,
-    with_history boolean not null,
-    is_attention_check boolean not null,
-    expected_label integer check (expected_label in (0, 1)),
-    status varchar not null check (status in ('accepted', 'excluded')),
-    created_at timestamp not null,
-    source varchar not null,
-    unique (dataset, query_id, doc_id, annotator_id, is_attention_check)
-);
-"""
+# The check of lakes from before graded votes, which allowed 0 and 1 only.
+_BINARY_VOTES = """
+    select count(*) from duckdb_constraints()
+    where table_name = 'human_votes' and constraint_type = 'CHECK'
+      and expression = '("label" IN (0, 1))'"""
 
 
 def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(SCHEMA)
+    if con.execute(_BINARY_VOTES).fetchone()[0]:
+        _allow_grades(con)
+
+
+def _allow_grades(con: duckdb.DuckDBPyConnection) -> None:
+    """Rebuild human_votes with the graded check, keeping every row and vote id: DuckDB cannot
+    drop a check constraint. One transaction: a failure leaves the table as it was."""
+    con.execute("begin transaction")
+    try:
+        con.execute("create temp table human_votes_binary as select * from human_votes")
+        con.execute("drop table human_votes")
+        con.execute(HUMAN_VOTES)
+        con.execute("insert into human_votes by name select * from human_votes_binary")
+        con.execute("drop table human_votes_binary")
+        con.execute("commit")
+    except BaseException:
+        con.execute("rollback")
+        raise
 
 
 def utc_now() -> datetime:

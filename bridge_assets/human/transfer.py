@@ -2,7 +2,7 @@
 export), validated record by record; an import is all or nothing.
 
 CSV/JSON columns are the export's: dataset, query_id, doc_id, annotator_id, label (0/1, or
-yes/no, relevant/irrelevant), and optionally comment, with_history (default true),
+yes/no, relevant/irrelevant; a grade 0-3 on a graded dataset), and optionally comment, with_history (default true),
 is_attention_check, expected_label, status ('accepted' | 'excluded'), created_at.
 Label Studio tasks must carry dataset, query_id and doc_id in their `data`; each annotation
 needs one `choices` result (or one named `relevance`) whose choice is yes/no-like, and an
@@ -19,7 +19,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -47,8 +47,11 @@ def _to_label(value: Any) -> Any:
         return int(value)
     if isinstance(value, str):
         word = value.strip().lower()
+        if word.isdigit():
+            return int(word)
         if word not in _LABEL_WORDS:
-            raise ValueError(f"label {value!r} is not one of yes/no, relevant/irrelevant, 1/0")
+            raise ValueError(f"label {value!r} is not one of yes/no, relevant/irrelevant, 1/0 "
+                             "or a grade 0-3")
         return _LABEL_WORDS[word]
     return value
 
@@ -56,6 +59,12 @@ def _to_label(value: Any) -> Any:
 def _check_label(value: int | None) -> int | None:
     if value not in (None, 0, 1):
         raise ValueError(f"label must be 0 or 1, got {value}")
+    return value
+
+
+def _check_vote(value: int) -> int:
+    if value not in (0, 1, 2, 3):
+        raise ValueError(f"label must be 0 or 1, or a grade 0-3 on a graded dataset, got {value}")
     return value
 
 
@@ -69,7 +78,7 @@ def _naive_utc(value: datetime | None) -> datetime | None:
     return value
 
 
-Label = Annotated[int, BeforeValidator(_to_label), AfterValidator(_check_label)]
+Label = Annotated[int, BeforeValidator(_to_label), AfterValidator(_check_vote)]
 Identifier = Annotated[str, BeforeValidator(_to_id), Field(min_length=1, max_length=500)]
 
 
@@ -329,14 +338,18 @@ def _token_holders(con: duckdb.DuckDBPyConnection, records: list[tuple[str, Vote
 
 
 def import_votes(con: duckdb.DuckDBPyConnection, content: bytes, source: str,
-                 fmt: ImportFormat = "auto", *, override: bool = False) -> int:
+                 fmt: ImportFormat = "auto", *, override: bool = False,
+                 graded: Collection[str] = ()) -> int:
     """Validate a votes file and store it in one transaction, or raise ImportFailed listing every
     problem and store nothing. Annotators unknown here are created without a token (they cannot
     log in). Votes for annotators who log in to the app (attention checks too) are refused, so an
     import cannot vote or pass checks in their name, unless `override`: then they are stored with
-    source 'import:override:<file>'. Returns how many votes were added."""
+    source 'import:override:<file>'. Votes of 2 or 3 are grades, for the `graded` datasets only.
+    Returns how many votes were added."""
     ensure_schema(con)
     records, errors = parse_votes(content, source, fmt)
+    errors += [f"{source}, {where}: label {r.label} is a grade, and dataset '{r.dataset}' is not "
+               "graded (votes 0 or 1)" for where, r in records if r.label > 1 and r.dataset not in graded]
     errors += _pair_errors(con, records, source)
     holders = _token_holders(con, records)
     if not override:

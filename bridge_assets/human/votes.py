@@ -3,10 +3,15 @@
 `human_votes` is append-only: a vote is never deleted and its label never changes. When an
 annotator fails an attention check they are flagged, and their votes since their last passed
 check become status 'excluded' (they stay in the table, so the audit trail keeps them).
+
+A vote is 0/1, or a grade 0-3 on a graded dataset. An attention check asks only whether the
+chunk is relevant: on a graded dataset any grade of 1 or more passes a known relevant pair,
+grade 0 a known irrelevant one.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
@@ -17,6 +22,7 @@ import polars as pl
 from bridge_assets.human import annotators
 from bridge_assets.human.queue import close_assignment, get_assignment, pair_is_decided
 from bridge_assets.human.tables import ensure_schema, utc_now
+from bridge_assets.ingest.registry import GRADES
 
 
 class VoteRejected(Exception):
@@ -75,13 +81,14 @@ def exclude_since_last_passed_check(con: duckdb.DuckDBPyConnection, annotator_id
         where annotator_id = $annotator and not is_attention_check and status = 'accepted'
           and vote_id > coalesce((select max(vote_id) from human_votes
                                   where annotator_id = $annotator and is_attention_check
-                                    and label = expected_label), 0)
+                                    and least(label, 1) = expected_label), 0)
         returning vote_id""", {"annotator": annotator_id}).fetchall())
 
 
 def record_vote(con: duckdb.DuckDBPyConnection, *, assignment_id: str, annotator_id: str,
-                label: int, comment: str | None) -> VoteReceipt:
-    """Record `annotator_id`'s answer to the item `assignment_id` they were served.
+                label: int, comment: str | None, graded: Collection[str] = ()) -> VoteReceipt:
+    """Record `annotator_id`'s answer to the item `assignment_id` they were served; `graded`:
+    the datasets whose votes are grades 0-3 (else 0/1).
 
     The pair, whether it is an attention check and the expected answer all come from the
     assignment the server stored, never from the form. One transaction: a refused vote
@@ -90,7 +97,7 @@ def record_vote(con: duckdb.DuckDBPyConnection, *, assignment_id: str, annotator
     ensure_schema(con)
     con.execute("begin transaction")
     try:
-        receipt = _record(con, assignment_id, annotator_id, label, comment)
+        receipt = _record(con, assignment_id, annotator_id, label, comment, graded)
         con.execute("commit")
         return receipt
     except BaseException as exc:
@@ -100,11 +107,15 @@ def record_vote(con: duckdb.DuckDBPyConnection, *, assignment_id: str, annotator
         raise
 
 
-def _record(con, assignment_id: str, annotator_id: str, label: int, comment: str | None) -> VoteReceipt:
+def _record(con, assignment_id: str, annotator_id: str, label: int, comment: str | None,
+            graded: Collection[str]) -> VoteReceipt:
     assignment = get_assignment(con, assignment_id)
     # Another annotator's item looks exactly like an unknown one: no hint that it exists.
     if assignment is None or assignment.annotator_id != annotator_id:
         raise NotYourItem("no such item for you")
+    top = GRADES[-1] if assignment.dataset in graded else 1
+    if not 0 <= label <= top:
+        raise VoteRejected(f"a vote on dataset '{assignment.dataset}' is a whole number from 0 to {top}")
     if assignment.state != "open":
         raise AlreadyAnswered("you already answered this item")
     annotator = annotators.get_annotator(con, annotator_id)
@@ -125,7 +136,7 @@ def _record(con, assignment_id: str, annotator_id: str, label: int, comment: str
         close_assignment(con, assignment_id, "answered")
         return VoteReceipt(vote_id, Verdict.RECORDED)
 
-    passed = label == assignment.expected_label
+    passed = min(label, 1) == assignment.expected_label
     vote_id = insert_vote(con, **pair, annotator_id=annotator_id, label=label, comment=comment,
                           with_history=assignment.with_history, is_attention_check=True,
                           expected_label=assignment.expected_label,
@@ -159,7 +170,7 @@ def annotator_activity(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
         select annotator_id, dataset,
                count(*) filter (where not is_attention_check and status = 'accepted') as accepted,
                count(*) filter (where not is_attention_check and status = 'excluded') as excluded,
-               count(*) filter (where is_attention_check and label = expected_label) as checks_passed,
-               count(*) filter (where is_attention_check and label <> expected_label) as checks_failed,
+               count(*) filter (where is_attention_check and least(label, 1) = expected_label) as checks_passed,
+               count(*) filter (where is_attention_check and least(label, 1) <> expected_label) as checks_failed,
                max(created_at) as last_vote_at
         from human_votes group by all order by annotator_id, dataset""").pl()

@@ -31,6 +31,11 @@ def add_dataset_command(
     url: str = typer.Option(None, "--url", help="beir_url: a BEIR zip."),
     source_id: str = typer.Option(None, "--id", help="huggingface / ir_datasets: the dataset id."),
     description: str = typer.Option("", "--description"),
+    query_field: str = typer.Option(None, "--query-field",
+                                    help="trec: the topic field that is the query: title (default), "
+                                         "description or title_description."),
+    label_scale: str = typer.Option(None, "--label-scale",
+                                    help="binary (default) or graded (0-3, as TREC DL / UMBRELA)."),
     replace: bool = typer.Option(False, "--replace", help="Replace a dataset of that name."),
 ) -> None:
     """Add a dataset to <BRIDGE_REGISTRY_DIR>/datasets.yaml, else to the shipped datasets.yaml
@@ -49,7 +54,8 @@ def add_dataset_command(
             if not given[field].exists():
                 _fail(f"--{field.replace('_', '-')} {given[field]}: no such file or folder")
             body[field] = str(given[field].resolve())
-    for field, value in (("split", split), ("url", url), ("id", source_id)):
+    for field, value in (("split", split), ("url", url), ("id", source_id),
+                         ("query_field", query_field), ("label_scale", label_scale)):
         if value:
             body[field] = value
     try:

@@ -2,7 +2,8 @@
 
 Every loader yields the same columns:
   corpus:  doc_id, title, text
-  queries: query_id, text, answers (list of strings, empty when the dataset has none)
+  queries: query_id, text, answers (list of strings, empty when the dataset has none),
+           description, narrative (a TREC topic's; NULL for every other kind)
   qrels:   query_id, doc_id, relevance
 Problems are raised as DatasetError naming the file, the line and the field.
 
@@ -34,10 +35,11 @@ from typing import Any, ParamSpec, TypeVar
 import polars as pl
 
 from bridge_assets.ingest.errors import DatasetError
-from bridge_assets.ingest.registry import DatasetSpec
+from bridge_assets.ingest.registry import DatasetSpec, QueryField
 
 CORPUS_SCHEMA = {"doc_id": pl.Utf8, "title": pl.Utf8, "text": pl.Utf8}
-QUERIES_SCHEMA = {"query_id": pl.Utf8, "text": pl.Utf8, "answers": pl.List(pl.Utf8)}
+QUERIES_SCHEMA = {"query_id": pl.Utf8, "text": pl.Utf8, "answers": pl.List(pl.Utf8),
+                  "description": pl.Utf8, "narrative": pl.Utf8}
 QRELS_SCHEMA = {"query_id": pl.Utf8, "doc_id": pl.Utf8, "relevance": pl.Int32}
 
 MAX_LINE_BYTES = 8 * 1024 * 1024
@@ -380,12 +382,17 @@ def _dedupe_qrels(qrels: pl.DataFrame, path: Path, lines: list[int]) -> pl.DataF
     return qrels
 
 
-def read_trec_topics(path: Path) -> pl.DataFrame:
-    """TREC topics: classic `<top><num>..<title>..</top>` blocks, or TSV `qid<TAB>text`."""
+def read_trec_topics(path: Path, query_field: QueryField = "title") -> pl.DataFrame:
+    """TREC topics: classic `<top><num>..<title>..<desc>..<narr>..</top>` blocks, or TSV
+    `qid<TAB>text` (a title only). `query_field` picks the query's text; the description and
+    narrative are kept beside it."""
     lines = list(_lines(path))
     content = "\n".join(line for _, line in lines)
     if "<top>" in content:
-        return _read_top_blocks(content, path)
+        return _read_top_blocks(content, path, query_field)
+    if query_field != "title":
+        raise DatasetError(f"query_field {query_field} needs <top> topics with <desc>; TSV topics "
+                           "have a title only", path, field="query_field")
     rows, ids = [], _UniqueIds(path, "num")
     for number, fields in _tsv_rows(lines):
         if len(fields) < 2:
@@ -396,7 +403,26 @@ def read_trec_topics(path: Path) -> pl.DataFrame:
     return _frame(rows, QUERIES_SCHEMA)
 
 
-def _read_top_blocks(content: str, path: Path) -> pl.DataFrame:
+def _tag_text(body: str, tag: str, label: str, path: Path, line: int) -> str | None:
+    """The text after `<tag>` (and its `Label:` prefix) up to the next tag, its lines joined;
+    None when the topic has no such tag."""
+    found = re.search(rf"<{tag}>\s*(?:{label}:)?([^<]*)", body)
+    if not found:
+        return None
+    return " ".join(_text(found.group(1), path, line, tag, allow_empty=True).split()) or None
+
+
+def _query_text(title: str, description: str | None, query_field: QueryField, path: Path,
+                line: int) -> str:
+    if query_field == "title":
+        return title
+    if description is None:
+        raise DatasetError(f"query_field {query_field} needs a <desc>, and this topic has none",
+                           path, line, "desc")
+    return description if query_field == "description" else f"{title} {description}"
+
+
+def _read_top_blocks(content: str, path: Path, query_field: QueryField) -> pl.DataFrame:
     # Scanned from one <top> to the next rather than with a lazy `<top>(.*?)</top>`, which would
     # merge a topic missing its </top> into the next one and rescan the rest once per <top>.
     rows, ids = [], _UniqueIds(path, "num")
@@ -410,13 +436,17 @@ def _read_top_blocks(content: str, path: Path) -> pl.DataFrame:
             raise DatasetError("<top> without </top>", path, line)
         body = content[tag.end():end]
         # No pattern with two adjacent \s* or a lazy group: those backtrack quadratically.
-        num = re.search(r"<num>\s*(?:Number:\s*)?(\S+)", body)
+        # The id stops at a `<`: `<num>301</num>` is topic 301.
+        num = re.search(r"<num>\s*(?:Number:\s*)?([^\s<]+)", body)
         title = re.search(r"<title>\s*(?:Topic:)?([^<]*)", body)
         if not num or not title:
             raise DatasetError("topic without <num> or <title>", path, line)
         ids.add(num.group(1), line)
-        rows.append({"query_id": num.group(1), "text": _text(title.group(1), path, line, "title"),
-                     "answers": []})
+        title_text = _text(title.group(1), path, line, "title")
+        description = _tag_text(body, "desc", "Description", path, line)
+        rows.append({"query_id": num.group(1), "answers": [], "description": description,
+                     "narrative": _tag_text(body, "narr", "Narrative", path, line),
+                     "text": _query_text(title_text, description, query_field, path, line)})
     return _frame(rows, QUERIES_SCHEMA)
 
 
@@ -474,8 +504,9 @@ def load_nq_open(path: Path) -> DatasetTables:
 
 
 @_capped
-def load_trec(corpus: Path, topics: Path, qrels_file: Path, answers_file: Path | None) -> DatasetTables:
-    queries = read_trec_topics(topics)
+def load_trec(corpus: Path, topics: Path, qrels_file: Path, answers_file: Path | None,
+              query_field: QueryField = "title") -> DatasetTables:
+    queries = read_trec_topics(topics, query_field)
     if answers_file:  # answers for queries that are not topics are ignored
         queries = _with_answers(queries, read_answers(answers_file))
     qrels, lines = read_trec_qrels(qrels_file)
@@ -523,7 +554,7 @@ def _load_kind(spec: DatasetSpec) -> DatasetTables:
         return load_nq_open(spec.resolve(spec.path, "path"))
     if spec.kind == "trec":
         return load_trec(spec.resolve(spec.corpus, "corpus"), spec.resolve(spec.topics, "topics"),
-                         spec.resolve(spec.qrels, "qrels"), answers)
+                         spec.resolve(spec.qrels, "qrels"), answers, spec.query_field)
     if spec.kind == "bridge_release":
         return load_bridge_release(spec.resolve(spec.queries, "queries"),
                                    spec.resolve(spec.corpus, "corpus"))

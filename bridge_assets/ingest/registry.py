@@ -8,7 +8,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError
+from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
+                      model_validator)
 
 from bridge_assets import registries
 from bridge_assets.ingest.errors import DatasetError
@@ -16,6 +17,12 @@ from bridge_assets.paths import PROJECT_ROOT, RESOURCES_DIR
 
 DatasetKind = Literal["beir", "nq_open", "trec", "bridge_release", "beir_url", "huggingface",
                       "ir_datasets"]
+# Which part of a TREC topic is the query's text: its title, its description, or both.
+QueryField = Literal["title", "description", "title_description"]
+# What labelers and people judge: relevant or not (0/1), or the 0-3 grades of TREC DL and
+# UMBRELA (0 irrelevant, 1 related, 2 highly relevant, 3 perfectly relevant).
+LabelScale = Literal["binary", "graded"]
+GRADES = (0, 1, 2, 3)
 # `BRIDGE_DATASETS` points at another registry file (tests, or a user's own set of datasets);
 # `<BRIDGE_REGISTRY_DIR>/datasets.yaml` is merged over it (bridge_assets.registries).
 REGISTRY_FILE = "datasets.yaml"
@@ -49,6 +56,8 @@ class DatasetSpec(BaseModel):
     qrels: str | None = None         # trec qrels
     answers: str | None = None       # optional answers jsonl {"query_id"|"_id", "answers"}
     queries: str | None = None       # bridge_release: the q_id/query/doc_id/answers file
+    query_field: QueryField = "title"  # trec <top> topics: the field that is the query
+    label_scale: LabelScale = "binary"  # new labels (LLM and human): 0/1 or the grades 0-3
     # Optional answer key: jsonl {"query_id", "doc_ids": [...], "partial": [...]} of unjudged
     # passages people read and verified as holes (or as partial answers). The run summary and
     # the report score the pipeline's labels against it (bridge_assets.qrels.known_holes).
@@ -67,6 +76,12 @@ class DatasetSpec(BaseModel):
     # for the shipped registry, the registry folder for a user's entry.
     _file: Path = PrivateAttr(default=REGISTRY_PATH)
     _base: Path = PrivateAttr(default=PROJECT_ROOT)
+
+    @model_validator(mode="after")
+    def _query_field_needs_topics(self) -> DatasetSpec:
+        if self.query_field != "title" and self.kind != "trec":
+            raise ValueError(f"query_field {self.query_field} applies to kind trec (TREC topics) only")
+        return self
 
     def resolve(self, value: str | None, field: str) -> Path:
         if not value:
@@ -129,6 +144,11 @@ def _cached_registry() -> dict[str, DatasetSpec]:
 
 def dataset_names() -> list[str]:
     return list(_cached_registry())
+
+
+def graded_datasets() -> tuple[str, ...]:
+    """The registered datasets whose labels are grades 0-3 (`label_scale: graded`)."""
+    return tuple(name for name, spec in load_registry().items() if spec.label_scale == "graded")
 
 
 def get_dataset(name: str, registry: dict[str, DatasetSpec] | None = None) -> DatasetSpec:

@@ -2,7 +2,8 @@
 
 For fully automatic runs (the paper's alternative to human annotators). Its decision is kept
 in `adjudicator_label`, apart from the debate's own consensus `label`, and a pair's outcome
-stays 'escalated' or 'failed': whoever builds qrels chooses whether to trust it.
+stays 'escalated' or 'failed': whoever builds qrels chooses whether to trust it. On a graded
+dataset it decides a grade 0-3.
 """
 
 from __future__ import annotations
@@ -13,17 +14,22 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from bridge_assets.ingest.registry import LabelScale
 from bridge_assets.labeling.calls import Generate, parse_reply
-from bridge_assets.labeling.debate import AgentConfig, DebateOutcome, reply_budget
+from bridge_assets.labeling.debate import (AgentConfig, DebateOutcome, grade_value, graded_schema,
+                                           reply_budget)
 from bridge_assets.labeling.pairs import Pair
 from bridge_assets.labeling.prompts import Prompts
-from bridge_assets.llm.types import LLMRequest
+from bridge_assets.llm.types import LLMRequest, LLMResult
 
 ADJUDICATOR_TEMPLATE = "adjudicator"
 
 
-def adjudicator_schema(max_tokens: int) -> dict:
-    """The decision's JSON schema, its reason bounded to fit in `max_tokens` (see turn_schema)."""
+def adjudicator_schema(max_tokens: int, scale: LabelScale = "binary") -> dict:
+    """The decision's JSON schema, its reason bounded to fit in `max_tokens` (see turn_schema);
+    a grade 0-3 in place of yes/no on the graded scale."""
+    if scale == "graded":
+        return graded_schema(adjudicator_schema(max_tokens))
     return {
         "type": "object",
         "properties": {
@@ -47,6 +53,18 @@ class AdjudicatorReply(BaseModel):
         return value.strip().lower() if isinstance(value, str) else value
 
 
+class GradedAdjudicatorReply(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str
+    grade: Literal[0, 1, 2, 3]
+
+    @field_validator("grade", mode="before")
+    @classmethod
+    def _as_int(cls, value: object) -> object:
+        return grade_value(value)
+
+
 def adjudicate(outcome: DebateOutcome, pairs: Sequence[Pair], model: str, generate: Generate, *,
                prompts: Prompts | None = None, temperature: float = 0.0,
                max_tokens: int = 256) -> DebateOutcome:
@@ -65,14 +83,23 @@ def adjudicate(outcome: DebateOutcome, pairs: Sequence[Pair], model: str, genera
         label = outcome.labels[i]
         pair = by_id[(label.query_id, label.doc_id)]
         requests.append(LLMRequest(
-            messages=prompts.messages(ADJUDICATOR_TEMPLATE, query=pair.query, answers=pair.answers,
-                                      chunk=pair.chunk, agents=agents,
+            messages=prompts.messages(ADJUDICATOR_TEMPLATE, **pair.prompt_context(), agents=agents,
                                       history=histories.get((pair.query_id, pair.doc_id), [])),
-            json_schema=adjudicator_schema(max_tokens), max_tokens=max_tokens, temperature=temperature,
-            purpose="adjudicator"))
+            json_schema=adjudicator_schema(max_tokens, pair.scale), max_tokens=max_tokens,
+            temperature=temperature, purpose="adjudicator"))
     labels = list(outcome.labels)
     for i, result in zip(unresolved, generate(model, requests) if requests else [], strict=True):
-        reply, error = parse_reply(result, AdjudicatorReply)
-        labels[i] = replace(labels[i], adjudicator_label=int(reply.response == "yes") if reply else None,
-                            adjudicator_call_key=result.key, adjudicator_error=error)
+        labels[i] = replace(labels[i], **_decision(result, by_id[(labels[i].query_id, labels[i].doc_id)]))
     return replace(outcome, labels=labels)
+
+
+def _decision(result: LLMResult, pair: Pair) -> dict:
+    """The adjudicator_* fields of a pair from its call: the label (the grade, on the graded
+    scale), the call key and the error when the reply was unusable."""
+    if pair.scale == "graded":
+        graded, error = parse_reply(result, GradedAdjudicatorReply)
+        label = graded.grade if graded else None
+    else:
+        reply, error = parse_reply(result, AdjudicatorReply)
+        label = int(reply.response == "yes") if reply else None
+    return {"adjudicator_label": label, "adjudicator_call_key": result.key, "adjudicator_error": error}

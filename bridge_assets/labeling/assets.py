@@ -18,6 +18,7 @@ import dagster as dg
 import polars as pl
 from pydantic import Field
 
+from bridge_assets.ingest.registry import get_dataset
 from bridge_assets.labeling import pooling
 from bridge_assets.labeling.adjudicator import ADJUDICATOR_TEMPLATE, adjudicate, adjudicator_schema
 from bridge_assets.labeling.calls import MeteredGenerate
@@ -81,6 +82,9 @@ class DebateConfig(dg.Config):
                              "failed pairs (stored as adjudicator_label, apart from consensus; "
                              "always reported as unverified, never as found holes).")
     adjudicator_model: str = Field("", description="Empty: the LLM resource's `adjudicator` role.")
+    grade_consensus: Literal["exact", "within_one"] = Field(
+        "exact", description="On a graded dataset (label_scale: graded), when the agents' grades "
+        "agree: exact (all equal), or within_one (at most one grade apart, the lower grade kept).")
 
     def checks(self, pairs: int) -> DebateChecks:
         budgets = [b for b in (self.escalation_budget,
@@ -151,7 +155,8 @@ def filter_pool(context: dg.AssetExecutionContext, config: FilterConfig, store: 
     judged = "" if config.label_judged_pairs else "and not in_original_qrels"
     with store.connect() as con:
         pairs = load_pairs(con, dataset, "select query_id, doc_id from candidate_pool "
-                                         f"where dataset = $dataset {judged}")
+                                         f"where dataset = $dataset {judged}",
+                           get_dataset(dataset).label_scale)
     before = _previous_keys(store, "filter_votes", "pair_key", dataset)
     models = config.models or llm.profiles_for("filter")
     generate = MeteredGenerate(llm.generate_fn(context.run_id, context.log.info))
@@ -189,9 +194,14 @@ def debate(context: dg.AssetExecutionContext, config: DebateConfig, store: DuckD
            llm: LLMResource):
     dataset = context.partition_key
     started = time.monotonic()
+    scale = get_dataset(dataset).label_scale
+    if scale == "graded" and config.fewshot:
+        raise ValueError(f"dataset '{dataset}' is graded: the worked examples (fewshot) answer "
+                         "yes/no, so they cannot show a graded debate")
     with store.connect() as con:
         pairs = load_pairs(con, dataset,
-                           "select query_id, doc_id from filtered_pool where dataset = $dataset and kept")
+                           "select query_id, doc_id from filtered_pool where dataset = $dataset and kept",
+                           scale)
     models = config.models or [llm.profile_for("debate")]
     agents = debate_agents(models, config.agents, config.stance_order,
                            template=DEBATE_TEMPLATES[config.prompt])
@@ -205,16 +215,18 @@ def debate(context: dg.AssetExecutionContext, config: DebateConfig, store: DuckD
     if adjudicator_model:
         adjudicator = {"model": adjudicator_model, "model_id": model_ids[adjudicator_model],
                        "prompt": prompts.hash(ADJUDICATOR_TEMPLATE),
-                       "schema": adjudicator_schema(ADJUDICATOR_MAX_TOKENS)}
+                       "schema": adjudicator_schema(ADJUDICATOR_MAX_TOKENS, scale)}
     config_hash = debate_config_hash(agents, rounds=config.rounds, temperature=config.temperature,
                                      reason_words=config.reason_words, prompts=prompts,
                                      model_ids=model_ids, adjudicator=adjudicator, checks=checks,
-                                     examples=examples)
+                                     examples=examples, scale=scale,
+                                     grade_consensus=config.grade_consensus)
     before = _previous_keys(store, "debate_labels", "pair_key, config_hash", dataset)
     generate = MeteredGenerate(llm.generate_fn(context.run_id, context.log.info))
     outcome = run_debate(pairs, agents, generate, rounds=config.rounds,
                          temperature=config.temperature, reason_words=config.reason_words,
-                         examples=examples, prompts=prompts, checks=checks)
+                         examples=examples, prompts=prompts, checks=checks,
+                         grade_consensus=config.grade_consensus)
     if adjudicator_model:
         outcome = adjudicate(outcome, pairs, adjudicator_model, generate, prompts=prompts,
                              max_tokens=ADJUDICATOR_MAX_TOKENS)
@@ -229,10 +241,10 @@ def debate(context: dg.AssetExecutionContext, config: DebateConfig, store: DuckD
         "dagster/row_count": n, "pairs": n,
         "new_pairs": len({(p.key, config_hash) for p in pairs} - before),
         "config_hash": config_hash, "agents": ", ".join(f"{a.name}:{a.stance}:{a.model}" for a in agents),
-        "rounds": config.rounds,
+        "rounds": config.rounds, "label_scale": scale,
         **{f"consensus_after_round_{r}": count for r, count in consensus.items()},
         **{f"consensus_share_after_round_{r}": _share(count, n) for r, count in consensus.items()},
-        "relevant": int(((labels["label"] == 1) & (labels["outcome"] == "consensus")).sum()),
+        "relevant": int(((labels["label"] >= 1) & (labels["outcome"] == "consensus")).sum()),
         "irrelevant": int(((labels["label"] == 0) & (labels["outcome"] == "consensus")).sum()),
         "escalated": escalated, "failed": failed, "voted_over_budget": outcome.count("vote"),
         "escalation_ratio": _share(escalated + failed, n),

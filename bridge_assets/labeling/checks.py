@@ -9,6 +9,7 @@ from __future__ import annotations
 import dagster as dg
 import great_expectations as gx
 
+from bridge_assets.ingest.registry import graded_datasets
 from bridge_assets.quality import SuiteOutcome, validate
 from bridge_assets.resources import DuckDBStore
 
@@ -33,17 +34,20 @@ def candidate_pool_is_valid(store: DuckDBStore) -> dg.AssetCheckResult:
     return _result(outcome, frame.height)
 
 
-@dg.asset_check(asset="debate_labels", description="labels in {0,1}, set exactly on consensus "
-                "pairs; outcomes known; one row per (query, doc).")
+@dg.asset_check(asset="debate_labels", description="labels on the dataset's scale ({0,1}, or the "
+                "grades 0-3 when graded), set exactly on consensus pairs; outcomes known; one row "
+                "per (query, doc).")
 def debate_labels_are_valid(store: DuckDBStore) -> dg.AssetCheckResult:
     frame = store.read("""
         select dataset, query_id, doc_id, label, adjudicator_label, outcome,
-               (label is not null) = (outcome = 'consensus') as label_matches_outcome
-        from debate_labels""")
+               (label is not null) = (outcome = 'consensus') as label_matches_outcome,
+               coalesce(label between 0 and top, true)
+                   and coalesce(adjudicator_label between 0 and top, true) as labels_on_scale
+        from (select *, if(list_contains(?, dataset), 3, 1) as top from debate_labels)""",
+        [list(graded_datasets())])
     outcome = validate(frame, [
         gx.expectations.ExpectCompoundColumnsToBeUnique(column_list=["dataset", "query_id", "doc_id"]),
-        gx.expectations.ExpectColumnValuesToBeInSet(column="label", value_set=[0, 1]),
-        gx.expectations.ExpectColumnValuesToBeInSet(column="adjudicator_label", value_set=[0, 1]),
+        gx.expectations.ExpectColumnValuesToBeInSet(column="labels_on_scale", value_set=[True]),
         gx.expectations.ExpectColumnValuesToBeInSet(column="outcome",
                                                     value_set=["consensus", "escalated", "failed"]),
         gx.expectations.ExpectColumnValuesToBeInSet(column="label_matches_outcome", value_set=[True]),

@@ -14,6 +14,13 @@ of its yes/no token). An agreement that fails a check is escalated, with the fai
 as its `flags`. A human budget caps the escalations: beyond it the least confident pairs are
 escalated and the others get the agents' pooled vote (outcome `vote`, an unverified label).
 
+On a graded dataset (`Pair.scale` 'graded') agents answer with a grade 0-3 (TREC DL / UMBRELA)
+instead of yes/no. Their grades agree under the `grade_consensus` rule: `exact` (all equal) or
+`within_one` (at most one grade apart; the lower grade is kept, so a label never claims more
+relevance than every agent saw). The evidence check then applies to a grade of 1 or more, the
+answer check to 2 or more (a grade of 1 says the chunk does not answer); grades carry no
+confidence, so `min_confidence` does not apply.
+
 Agents within a round answer independently, so a round is one batch: the requests of all
 pairs still debating go to the model in one `generate` call per model profile, which lets a
 server see many requests at once and lets the call ledger store the round as it returns.
@@ -33,6 +40,7 @@ from typing import Literal
 import polars as pl
 from pydantic import BaseModel, ConfigDict, field_validator
 
+from bridge_assets.ingest.registry import GRADES, LabelScale
 from bridge_assets.labeling.calls import Generate, generate_grouped, parse_reply
 from bridge_assets.labeling.evidence import (DEFAULT_MIN_RATIO, answer_in_chunk, answers_are_short,
                                              evidence_status)
@@ -45,6 +53,7 @@ Stance = Literal["relevant", "irrelevant"]
 StanceOrder = Literal["relevant_first", "irrelevant_first"]
 Outcome = Literal["consensus", "escalated", "failed", "vote"]
 AnswerPresence = Literal["off", "short", "all"]
+GradeConsensus = Literal["exact", "within_one"]
 # The debate prompts: the paper's (agents defend their stance, Tables 27-28 of the DREAM
 # paper) and a softer one (a stance is a starting point to test).
 DEBATE_TEMPLATES = {"paper": "debate_turn_paper", "soft_stance": "debate_turn"}
@@ -77,11 +86,14 @@ def reason_bound(reason_words: int) -> int:
     return reason_words * CHARS_PER_WORD
 
 
-def turn_schema(reason_words: int) -> dict:
+def turn_schema(reason_words: int, scale: LabelScale = "binary") -> dict:
     """A turn's JSON schema. The reason and each quote are bounded so that a constrained
     decoder always closes the object (`turn_max_tokens`) and a small model that rambles or
     copies the whole chunk cannot spend minutes doing it on a CPU; a text that reaches its
-    bound is cut back to a whole sentence or word when it is read (`bounded_text`)."""
+    bound is cut back to a whole sentence or word when it is read (`bounded_text`). On the
+    graded scale a "grade" 0-3 takes the place of the yes/no "response"."""
+    if scale == "graded":
+        return graded_schema(turn_schema(reason_words))
     return {
         "type": "object",
         "properties": {
@@ -93,6 +105,14 @@ def turn_schema(reason_words: int) -> dict:
         "required": ["reference", "reason", "response"],
         "additionalProperties": False,
     }
+
+
+def graded_schema(schema: dict) -> dict:
+    """`schema` (a reply with a yes/no "response", its last key) answering a grade instead."""
+    properties = {k: v for k, v in schema["properties"].items() if k != "response"}
+    required = [k for k in schema["required"] if k != "response"]
+    return {**schema, "properties": {**properties, "grade": {"type": "integer", "enum": list(GRADES)}},
+            "required": [*required, "grade"]}
 
 
 def turn_max_tokens(reason_words: int) -> int:
@@ -130,6 +150,26 @@ class TurnReply(BaseModel):
         return value.strip().lower() if isinstance(value, str) else value
 
 
+def grade_value(value: object) -> object:
+    """A grade as an int; models sometimes write it as a string ("2")."""
+    return int(value.strip()) if isinstance(value, str) and value.strip().isdigit() else value
+
+
+class GradedTurnReply(BaseModel):
+    """One agent's answer in a round of a graded debate."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reference: list[str]
+    reason: str
+    grade: Literal[0, 1, 2, 3]
+
+    @field_validator("grade", mode="before")
+    @classmethod
+    def _as_int(cls, value: object) -> object:
+        return grade_value(value)
+
+
 @dataclass(frozen=True)
 class AgentConfig:
     """A debating agent: its name in the transcript, opening stance and model profile.
@@ -156,7 +196,7 @@ class Turn:
     model: str
     reference: tuple[str, ...]
     reason: str | None
-    response: str | None  # None when the call failed
+    response: str | None  # None when the call failed; on the graded scale the grade, "0".."3"
     call_key: str
     error: str | None
     evidence: str | None = None      # verified | unverified | none: are the quotes in the chunk?
@@ -176,7 +216,7 @@ class PairLabel:
     query_id: str
     doc_id: str
     pair_key: str
-    label: int | None  # 1 relevant, 0 not; for outcome 'consensus' (and 'vote', unverified)
+    label: int | None  # 1 relevant, 0 not (or the grade); outcome 'consensus' (and 'vote', unverified)
     outcome: Outcome
     rounds_used: int
     agreed_label: int | None = None    # what the agents agreed on, whether or not it passed the checks
@@ -267,10 +307,10 @@ def turn_request(pair: Pair, agent: AgentConfig, agents: Sequence[AgentConfig],
                  history: list[list[Turn]], round_number: int, prompts: Prompts,
                  temperature: float, reason_words: int, examples: Sequence[Mapping] = ()) -> LLMRequest:
     messages = prompts.messages(
-        agent.template, query=pair.query, answers=pair.answers, chunk=pair.chunk,
+        agent.template, **pair.prompt_context(),
         agent=agent.name, stance=agent.stance, agents=agents, history=history,
         round=round_number, reason_words=reason_words, examples=list(examples))
-    return LLMRequest(messages=messages, json_schema=turn_schema(reason_words),
+    return LLMRequest(messages=messages, json_schema=turn_schema(reason_words, pair.scale),
                       max_tokens=turn_max_tokens(reason_words), temperature=temperature,
                       top_logprobs=TOP_LOGPROBS, purpose=turn_purpose(agent))
 
@@ -287,6 +327,8 @@ def read_turn(pair: Pair, agent: AgentConfig, round_number: int, result: LLMResu
     """One agent's reply as a Turn: texts cut back to whole sentences or words where the
     schema's bound stopped them, quotes checked against the chunk, the answer's probability
     read from the log-probabilities (when the backend returned them)."""
+    if pair.scale == "graded":
+        return read_graded_turn(pair, agent, round_number, result, reason_words, quote_ratio)
     reply, error = parse_reply(result, TurnReply)
     if reply is None:
         return Turn(pair.query_id, pair.doc_id, pair.key, round_number, agent.name, agent.stance,
@@ -298,6 +340,48 @@ def read_turn(pair: Pair, agent: AgentConfig, round_number: int, result: LLMResu
     return Turn(pair.query_id, pair.doc_id, pair.key, round_number, agent.name, agent.stance,
                 agent.model, quotes, reason, reply.response, result.key, None,
                 evidence_status(quotes, pair.chunk, quote_ratio), confidence)
+
+
+def read_graded_turn(pair: Pair, agent: AgentConfig, round_number: int, result: LLMResult,
+                     reason_words: int, quote_ratio: float) -> Turn:
+    """read_turn on the graded scale: the grade is the turn's response; no confidence (the
+    log-probabilities read are those of a yes/no token)."""
+    reply, error = parse_reply(result, GradedTurnReply)
+    if reply is None:
+        return Turn(pair.query_id, pair.doc_id, pair.key, round_number, agent.name, agent.stance,
+                    agent.model, (), None, None, result.key, error)
+    quotes = tuple(bounded_text(q, QUOTE_CHARS, sentences=False) for q in reply.reference)
+    return Turn(pair.query_id, pair.doc_id, pair.key, round_number, agent.name, agent.stance,
+                agent.model, quotes, bounded_text(reply.reason, reason_bound(reason_words), sentences=True),
+                str(reply.grade), result.key, None, evidence_status(quotes, pair.chunk, quote_ratio))
+
+
+def decide_graded(pair: Pair, turns: Sequence[Turn], round_number: int, last_round: bool,
+                  checks: DebateChecks | None, consensus: GradeConsensus) -> PairLabel | None:
+    """decide() on the graded scale: see the module docstring."""
+    common = dict(answer_present=answer_in_chunk(pair.answers, pair.chunk)
+                  if checks and answer_check_applies(checks.answer_presence, pair.answers) else None)
+    if any(t.response is None for t in turns):
+        return PairLabel(pair.query_id, pair.doc_id, pair.key, None, "failed", round_number,
+                         flags=(FLAG_FAILED,), **common)
+    grades = [int(t.response) for t in turns]  # type: ignore[arg-type]
+    if max(grades) - min(grades) > (1 if consensus == "within_one" else 0):
+        if not last_round:
+            return None
+        return PairLabel(pair.query_id, pair.doc_id, pair.key, None, "escalated", round_number,
+                         flags=(FLAG_DISAGREEMENT,), **common)
+    agreed = min(grades)
+    flags = []
+    if checks is not None:
+        if agreed >= 1 and checks.evidence and not any(t.evidence == "verified" for t in turns):
+            flags.append(FLAG_EVIDENCE)
+        if agreed >= 2 and common["answer_present"] is False:
+            flags.append(FLAG_ANSWER)
+    if flags:
+        return PairLabel(pair.query_id, pair.doc_id, pair.key, None, "escalated", round_number,
+                         agreed_label=agreed, flags=tuple(flags), **common)
+    return PairLabel(pair.query_id, pair.doc_id, pair.key, agreed, "consensus", round_number,
+                     agreed_label=agreed, **common)
 
 
 def decide(pair: Pair, turns: Sequence[Turn], round_number: int, last_round: bool,
@@ -376,10 +460,12 @@ def apply_budget(labels: list[PairLabel], budget: int) -> list[PairLabel]:
 def run_debate(pairs: Sequence[Pair], agents: Sequence[AgentConfig], generate: Generate, *,
                rounds: int = 2, temperature: float = 0.0, reason_words: int = DEFAULT_REASON_WORDS,
                examples: Sequence[Mapping] = (), prompts: Prompts | None = None,
-               checks: DebateChecks | None = None) -> DebateOutcome:
+               checks: DebateChecks | None = None,
+               grade_consensus: GradeConsensus = "exact") -> DebateOutcome:
     """Debate every pair for at most `rounds` rounds; see the module docstring. `checks`
     None: no checks (the LLMJudge); `reason_words`: the word limit of each turn's reason;
-    `examples`: worked examples shown in the prompt (`worked_examples()`)."""
+    `examples`: worked examples shown in the prompt (`worked_examples()`);
+    `grade_consensus`: when graded pairs' agents agree."""
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     if not agents:
@@ -406,7 +492,12 @@ def run_debate(pairs: Sequence[Pair], agents: Sequence[AgentConfig], generate: G
         still_active = []
         for i in active:
             histories[i].append(round_turns[i])
-            label = decide(pairs[i], round_turns[i], round_number, round_number == rounds, checks)
+            last_round = round_number == rounds
+            if pairs[i].scale == "graded":
+                label = decide_graded(pairs[i], round_turns[i], round_number, last_round, checks,
+                                      grade_consensus)
+            else:
+                label = decide(pairs[i], round_turns[i], round_number, last_round, checks)
             if label is None:
                 still_active.append(i)
             else:
@@ -422,10 +513,12 @@ def run_debate(pairs: Sequence[Pair], agents: Sequence[AgentConfig], generate: G
 def debate_config_hash(agents: Sequence[AgentConfig], *, rounds: int, temperature: float,
                        reason_words: int, prompts: Prompts, model_ids: Mapping[str, str],
                        adjudicator: Mapping[str, object] | None = None,
-                       checks: DebateChecks | None = None, examples: Sequence[Mapping] = ()) -> str:
+                       checks: DebateChecks | None = None, examples: Sequence[Mapping] = (),
+                       scale: LabelScale = "binary", grade_consensus: GradeConsensus = "exact") -> str:
     """A label's labeler configuration: agents, their models (profile and model id), rounds,
     sampling, the prompts' content hashes and extra variables, the checks and the
-    adjudicator's settings when one runs."""
+    adjudicator's settings when one runs; on the graded scale, the scale and the consensus
+    rule (absent on the binary one, whose hashes stay those already stored)."""
     templates = sorted({agent.template for agent in agents})
     config = {
         "agents": [[a.name, a.stance, a.model, model_ids.get(a.model, "")] for a in agents],
@@ -434,6 +527,9 @@ def debate_config_hash(agents: Sequence[AgentConfig], *, rounds: int, temperatur
         "checks": checks.as_config() if checks else None,
         "schema": turn_schema(reason_words), "adjudicator": adjudicator,
     }
+    if scale == "graded":
+        config.update(scale=scale, grade_consensus=grade_consensus,
+                      schema=turn_schema(reason_words, scale))
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
 
 

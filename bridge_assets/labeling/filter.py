@@ -1,4 +1,6 @@
-"""The LLM filter: each filter model says whether a chunk supports any of the query's answers.
+"""The LLM filter: each filter model says whether a chunk supports any of the query's answers
+(without answers, whether it gives what a TREC topic's description and narrative ask for; on
+the graded scale, whether it has anything to do with the query: a dropped pair is grade 0).
 
 A pair is dropped only when every model says false (sql/filtered_pool.sql); a failed vote is
 recorded with its error and keeps the pair, so an outage never silently removes candidates.
@@ -50,8 +52,7 @@ VOTE_SCHEMA = {"query_id": pl.Utf8, "doc_id": pl.Utf8, "pair_key": pl.Utf8, "mod
 
 def filter_request(pair: Pair, prompts: Prompts, max_tokens: int = 32) -> LLMRequest:
     return LLMRequest(
-        messages=prompts.messages(FILTER_TEMPLATE, query=pair.query, answers=pair.answers,
-                                  chunk=pair.chunk),
+        messages=prompts.messages(FILTER_TEMPLATE, **pair.prompt_context()),
         json_schema=FILTER_SCHEMA, max_tokens=max_tokens, temperature=0.0, purpose="filter")
 
 

@@ -1,17 +1,33 @@
-"""What a labeler judges: a (query, answers, chunk) triplet, keyed by its content."""
+"""What a labeler judges: a (query, answers, chunk) triplet, keyed by its content.
+
+A query without reference answers may carry a TREC topic's description and narrative: the
+prompts then judge against them. The scale says whether labels are 0/1 or the grades 0-3.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import duckdb
 
+from bridge_assets.ingest.registry import LabelScale
 
-def pair_key(query: str, answers: tuple[str, ...], chunk: str) -> str:
-    """Content hash of a triplet: the same texts give the same key in any dataset or run."""
-    payload = json.dumps([query, list(answers), chunk], ensure_ascii=False)
+
+def pair_key(query: str, answers: tuple[str, ...], chunk: str, *, description: str | None = None,
+             narrative: str | None = None, scale: LabelScale = "binary") -> str:
+    """Content hash of what a labeler reads and on which scale it answers: the same gives the
+    same key in any dataset or run. A topic's description and narrative count only without
+    answers (the prompts judge by the answers otherwise); they and the scale enter only when
+    set, so a binary pair with answers keeps the key its stored labels carry."""
+    if answers:
+        description = narrative = None
+    content: list[Any] = [query, list(answers), chunk]
+    if description or narrative or scale != "binary":
+        content += [description, narrative, scale]
+    payload = json.dumps(content, ensure_ascii=False)
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
 
@@ -24,10 +40,19 @@ class Pair:
     query: str
     answers: tuple[str, ...]
     chunk: str
+    description: str | None = None   # a TREC topic's, for queries without answers
+    narrative: str | None = None
+    scale: LabelScale = "binary"
 
     @property
     def key(self) -> str:
-        return pair_key(self.query, self.answers, self.chunk)
+        return pair_key(self.query, self.answers, self.chunk, description=self.description,
+                        narrative=self.narrative, scale=self.scale)
+
+    def prompt_context(self) -> dict[str, Any]:
+        """The variables of the labeling templates this pair fills."""
+        return {"query": self.query, "answers": self.answers, "chunk": self.chunk,
+                "description": self.description, "narrative": self.narrative, "scale": self.scale}
 
 
 def chunk_text(title: str | None, text: str) -> str:
@@ -35,13 +60,25 @@ def chunk_text(title: str | None, text: str) -> str:
     return f"{title}\n{text}" if title else text
 
 
-def load_pairs(con: duckdb.DuckDBPyConnection, dataset: str, pairs_sql: str) -> list[Pair]:
+def topic_columns(con: duckdb.DuckDBPyConnection, alias: str = "q") -> str:
+    """Select items for the description and narrative of `queries` (as `alias`): NULL in a
+    lake whose queries were ingested before those columns existed."""
+    present = {row[0] for row in con.execute(
+        "select column_name from information_schema.columns where table_name = 'queries'").fetchall()}
+    return ", ".join(f"{alias}.{name}" if name in present else f"null as {name}"
+                     for name in ("description", "narrative"))
+
+
+def load_pairs(con: duckdb.DuckDBPyConnection, dataset: str, pairs_sql: str,
+               scale: LabelScale = "binary") -> list[Pair]:
     """Join (query_id, doc_id) rows selected by `pairs_sql` (it may use $dataset) with the
-    query texts, answers and chunk texts of `dataset`, in the order of `pairs_sql`."""
+    query texts, answers, topic fields and chunk texts of `dataset`, in the order of
+    `pairs_sql`; `scale`: the dataset's label scale."""
     rows = con.execute(f"""
         with wanted as ({pairs_sql})
         select w.query_id, w.doc_id, q.text, q.answers, c.title, c.text,
-               q.query_id is null as unknown_query, c.doc_id is null as unknown_doc
+               q.query_id is null as unknown_query, c.doc_id is null as unknown_doc,
+               {topic_columns(con)}
         from wanted w
         left join queries q on q.dataset = $dataset and q.query_id = w.query_id
         left join corpus c on c.dataset = $dataset and c.doc_id = w.doc_id
@@ -50,5 +87,6 @@ def load_pairs(con: duckdb.DuckDBPyConnection, dataset: str, pairs_sql: str) -> 
     if unknown:
         raise LookupError(f"dataset '{dataset}': {len(unknown)} pair(s) name a query or document "
                           f"missing from the queries/corpus tables, e.g. {unknown[:3]}")
-    return [Pair(query_id, doc_id, query, tuple(answers or ()), chunk_text(title, text))
-            for query_id, doc_id, query, answers, title, text, _, _ in rows]
+    return [Pair(query_id, doc_id, query, tuple(answers or ()), chunk_text(title, text),
+                 description, narrative, scale)
+            for query_id, doc_id, query, answers, title, text, _, _, description, narrative in rows]

@@ -23,6 +23,10 @@ from bridge_assets.paths import RESOURCES_DIR
 PROMPTS_DIR = RESOURCES_DIR / "prompts"
 EXAMPLES_FILE = PROMPTS_DIR / "examples.yaml"
 ROLES = ("system", "user")
+# Variables the labeling templates read that not every caller passes: a TREC topic's description
+# and narrative (the relevance criterion of a query without reference answers) and the label
+# scale. Absent, a prompt renders as for a query with answers (or none) on the binary scale.
+OPTIONAL_CONTEXT = {"description": None, "narrative": None, "scale": "binary"}
 
 Messages = tuple[tuple[str, str], ...]
 
@@ -52,6 +56,7 @@ class Prompts:
     def messages(self, name: str, **context: Any) -> Messages:
         """Render the `system` and `user` blocks of `<name>.j2` into chat messages."""
         template = self._template(name)
+        context = {**OPTIONAL_CONTEXT, **context}
         missing = [role for role in ROLES if role not in template.blocks]
         if missing:
             raise PromptError(f"{self.directory / (name + '.j2')} lacks block(s) {missing}")
