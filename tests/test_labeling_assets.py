@@ -280,6 +280,9 @@ def scripted_tables(lake):
     ("update debate_turns set response = null where query_id = 'q2' and round = 1",
      {"escalated_pairs_have_full_history"}),
     ("update candidate_pool set ranks = [1, 2]", {"candidate_pool_is_valid"}),
+    ("update debate_labels set flags = [] where query_id = 'q2'", {"debate_labels_are_valid"}),
+    # a pair voted beyond the human budget carries its (unverified) label
+    ("update debate_labels set outcome = 'vote', label = 1 where query_id = 'q2'", set()),
     ("select 1", set()),
 ])
 def test_checks_catch_corrupted_labels_and_histories(data_lake, corruption, failing):

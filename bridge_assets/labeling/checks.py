@@ -35,12 +35,14 @@ def candidate_pool_is_valid(store: DuckDBStore) -> dg.AssetCheckResult:
 
 
 @dg.asset_check(asset="debate_labels", description="labels on the dataset's scale ({0,1}, or the "
-                "grades 0-3 when graded), set exactly on consensus pairs; outcomes known; one row "
-                "per (query, doc).")
+                "grades 0-3 when graded), set exactly on consensus pairs and the pairs voted beyond "
+                "the human budget; escalated pairs carry the reasons; outcomes known; one row per "
+                "(query, doc).")
 def debate_labels_are_valid(store: DuckDBStore) -> dg.AssetCheckResult:
     frame = store.read("""
         select dataset, query_id, doc_id, label, adjudicator_label, outcome,
-               (label is not null) = (outcome = 'consensus') as label_matches_outcome,
+               (label is not null) = (outcome in ('consensus', 'vote')) as label_matches_outcome,
+               outcome not in ('escalated', 'failed') or len(flags) > 0 as escalation_has_reason,
                coalesce(label between 0 and top, true)
                    and coalesce(adjudicator_label between 0 and top, true) as labels_on_scale
         from (select *, if(list_contains(?, dataset), 3, 1) as top from debate_labels)""",
@@ -49,8 +51,9 @@ def debate_labels_are_valid(store: DuckDBStore) -> dg.AssetCheckResult:
         gx.expectations.ExpectCompoundColumnsToBeUnique(column_list=["dataset", "query_id", "doc_id"]),
         gx.expectations.ExpectColumnValuesToBeInSet(column="labels_on_scale", value_set=[True]),
         gx.expectations.ExpectColumnValuesToBeInSet(column="outcome",
-                                                    value_set=["consensus", "escalated", "failed"]),
+                                                    value_set=["consensus", "escalated", "failed", "vote"]),
         gx.expectations.ExpectColumnValuesToBeInSet(column="label_matches_outcome", value_set=[True]),
+        gx.expectations.ExpectColumnValuesToBeInSet(column="escalation_has_reason", value_set=[True]),
     ], "debate_labels")
     return _result(outcome, frame.height)
 
