@@ -1,0 +1,69 @@
+"""The code location's contents, pinned: every asset key, asset check, job (and the assets it
+selects), sensor, schedule and resource. Written against the definitions as they were before
+each stage exported its own `defs`; the merged definitions must give exactly the same."""
+
+from __future__ import annotations
+
+import dagster as dg
+
+from bridge_assets.definitions import defs, main_selection
+
+ASSETS = {
+    "bridge_qrels", "candidate_pool", "consensus_stability", "corpus", "debate_labels",
+    "debate_turns", "filter_votes", "filtered_pool", "human_labels", "labeler_eval_items",
+    "labeler_eval_plot", "labeler_eval_results", "original_qrels", "partial_annotation_study",
+    "pool_saturation", "queries", "rag_alignment", "rag_answers", "rag_judgments", "ranking_shift",
+    "report", "retrieval_metrics", "retrieval_run", "significance",
+}
+CHECKS = {
+    "bridge_qrels:bridge_qrels_escalations_resolved", "bridge_qrels:bridge_qrels_is_valid",
+    "candidate_pool:candidate_pool_is_valid", "corpus:corpus_is_valid",
+    "debate_labels:debate_labels_are_valid", "debate_labels:escalated_pairs_have_full_history",
+    "original_qrels:original_qrels_are_valid", "queries:queries_are_valid",
+    "retrieval_run:retrieval_run_is_valid",
+}
+GROUPS = {
+    "ingest": {"corpus", "queries", "original_qrels"},
+    "retrieval": {"retrieval_run"},
+    "labeling": {"candidate_pool", "filter_votes", "filtered_pool", "debate_labels", "debate_turns"},
+    "human": {"human_labels"},
+    "qrels": {"bridge_qrels"},
+    "analysis": {"retrieval_metrics", "ranking_shift", "significance", "pool_saturation",
+                 "partial_annotation_study", "rag_answers", "rag_judgments", "rag_alignment"},
+    "reports": {"report"},
+    "labeler_eval": {"labeler_eval_items", "labeler_eval_results", "labeler_eval_plot",
+                     "consensus_stability"},
+}
+JOBS = {
+    "ingest_job": {"corpus", "original_qrels", "queries"},
+    "retrieval_job": {"retrieval_run"},
+    "human_labels_job": {"human_labels", "bridge_qrels", "retrieval_metrics", "ranking_shift",
+                         "significance", "pool_saturation", "partial_annotation_study",
+                         "rag_alignment", "report"},
+}
+SENSORS = {"retriever_registry_sensor": "retrieval_job", "run_files_sensor": "retrieval_job",
+           "human_labels_sensor": "human_labels_job"}
+SCHEDULES = {"retrieval_rebenchmark_schedule": ("retrieval_job", "0 3 * * 0")}
+
+
+def names(keys) -> set[str]:
+    return {key.to_user_string() for key in keys}
+
+
+def test_the_code_location_holds_the_same_assets_checks_jobs_sensors_and_schedules():
+    graph = defs.resolve_asset_graph()
+    assert names(graph.get_all_asset_keys()) == ASSETS
+    assert {f"{key.asset_key.to_user_string()}:{key.name}" for key in graph.asset_check_keys} == CHECKS
+    groups: dict[str, set[str]] = {}
+    for key in graph.get_all_asset_keys():
+        groups.setdefault(graph.get(key).group_name, set()).add(key.to_user_string())
+    assert groups == GROUPS
+    assert {job.name for job in defs.jobs} == set(JOBS)
+    for name, selected in JOBS.items():
+        assert names(defs.resolve_job_def(name).asset_layer.selected_asset_keys) == selected, name
+    assert {s.name: [t.job_name for t in s.targets] for s in defs.sensors} == \
+        {name: [job] for name, job in SENSORS.items()}
+    assert all(s.default_status == dg.DefaultSensorStatus.RUNNING for s in defs.sensors)
+    assert {s.name: (s.job_name, s.cron_schedule) for s in defs.schedules} == SCHEDULES
+    assert set(defs.resources) == {"store", "llm"}
+    assert names(main_selection.resolve(graph)) == ASSETS - GROUPS["labeler_eval"]
