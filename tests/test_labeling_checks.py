@@ -236,3 +236,23 @@ def test_worked_examples_come_from_the_few_shot_split_never_from_the_evaluated_t
         assert example["reply"]["response"] == ("yes" if source["label"] else "no")
         for quote in example["reply"]["reference"]:
             assert quote_in_chunk(quote, source["chunk"])
+
+
+def test_answer_first_turns_give_their_judgment_before_arguing_for_it():
+    from bridge_assets.labeling.debate import turn_request, turn_schema
+    assert list(turn_schema(30, answer_first=True)["properties"]) == ["response", "reference", "reason"]
+    assert list(turn_schema(30)["properties"]) == ["reference", "reason", "response"]
+    hole = demo_pair("q05", "pydoc-execmodel-7", *NONLOCAL)
+    for template in DEBATE_TEMPLATES.values():
+        agents = debate_agents(["m"], template=template)
+        first = turn_request(hole, agents[0], agents, [], 1, Prompts(), 0.0, 30, (), answer_first=True)
+        system = first.messages[0][1]
+        assert system.index('"response"') < system.index('"reference"') < system.index('"reason"')
+        plain = turn_request(hole, agents[0], agents, [], 1, Prompts(), 0.0, 30)
+        assert plain.messages[0][1].index('"reference"') < plain.messages[0][1].index('"response"')
+    # the answer's probability is read at the response field wherever it comes
+    reply = {"response": "no", "reference": [], "reason": "It says nothing about yes."}
+    tokens = [TokenLogprob(token='{"response": "', logprob=0.0),
+              TokenLogprob(token="no", logprob=math.log(0.7), top={"no": math.log(0.7), "yes": math.log(0.3)}),
+              TokenLogprob(token=json.dumps(reply)[len('{"response": "no'):], logprob=0.0)]
+    assert field_yes_probability(tokens) == pytest.approx(0.3)

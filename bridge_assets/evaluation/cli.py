@@ -10,12 +10,8 @@ from pathlib import Path
 
 import typer
 
+from bridge_assets.cli_errors import fail as _fail
 from bridge_assets.evaluation.goldsets import GoldSetError, MethodKind, MethodSpec, read_goldset, stratified_head
-
-
-def _fail(message: str) -> None:
-    typer.secho(f"error: {message}", fg="red", err=True)
-    raise typer.Exit(2)
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -46,6 +42,8 @@ def label_eval_command(
                                       help="utilrank: top share of a query's candidates counted useful."),
     prompt: str = typer.Option("soft_stance", "--prompt", help="dream: the debate prompt, paper | soft_stance."),
     fewshot: bool = typer.Option(False, "--fewshot", help="judge/dream: worked examples in the prompt."),
+    answer_first: bool = typer.Option(False, "--answer-first", help="dream: each turn gives its yes/no "
+                                      "before its quotes and reason."),
     reason_words: int = typer.Option(40, "--reason-words", min=5, max=300,
                                      help="judge/dream: the reason's word limit (bounds the reply)."),
     evidence_check: bool = typer.Option(False, "--evidence-check", help="dream: escalate a 'yes' "
@@ -81,7 +79,7 @@ def label_eval_command(
                           agents=agents, stance_order=stance_order, resolve=resolve,
                           adjudicator=adjudicator, temperature=temperature,
                           escalation_ratio=escalation_ratio, top_percent=top_percent,
-                          prompt=prompt, fewshot=fewshot,
+                          prompt=prompt, fewshot=fewshot, answer_first=answer_first,
                           reason_words=reason_words, evidence_check=evidence_check,
                           answer_check=answer_check, min_confidence=min_confidence,
                           budget_ratio=budget_ratio)
@@ -115,4 +113,3 @@ def label_eval_command(
     typer.echo(format_table([result.summary()]))
     if result.stability:
         typer.echo(format_stability(result))
-

@@ -153,6 +153,7 @@ class MethodSpec(BaseModel):
     resolve: Literal["gold", "adjudicator"] = "gold"  # who labels escalated pairs
     adjudicator: str = ""  # profile; empty: the `adjudicator` role
     prompt: Literal["paper", "soft_stance"] = "soft_stance"  # the debate prompt
+    answer_first: bool = False  # dream: each turn's yes/no before its quotes and reason
     fewshot: bool = False  # worked examples (resources/prompts/examples.yaml) in judge/dream prompts
     reason_words: int = Field(40, ge=5, le=300, description="judge/dream: the reason's word limit "
                               "(the reply's JSON schema bounds it, so it also bounds the cost)")

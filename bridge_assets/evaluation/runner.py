@@ -153,7 +153,7 @@ def run_method(spec: MethodSpec, triplets: Sequence[GoldTriplet], generate: Gene
                 budget=None if spec.budget_ratio is None else escalation_count(len(pairs), spec.budget_ratio))
             outcome = run_debate(pairs, agents, meter, rounds=spec.rounds, temperature=spec.temperature,
                                  reason_words=spec.reason_words, examples=examples, prompts=prompts,
-                                 checks=checks)
+                                 checks=checks, answer_first=spec.answer_first)
             if spec.resolve == "adjudicator":
                 adjudicator = spec.adjudicator or profiles_for("adjudicator")[0]
                 outcome = adjudicate(outcome, pairs, adjudicator, meter, prompts=prompts)

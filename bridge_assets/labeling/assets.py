@@ -64,6 +64,8 @@ class DebateConfig(dg.Config):
         "or a softer one (a stance is a starting point to test).")
     fewshot: bool = Field(False, description="Worked examples (resources/prompts/examples.yaml) in "
                           "the agents' prompt.")
+    answer_first: bool = Field(False, description="Each turn gives its yes/no before its quotes and "
+                               "reason (the paper's turns argue first).")
     reason_words: int = Field(40, ge=5, le=300, description="The word limit of each turn's reason "
                               "(the reply's JSON schema bounds it, so it also bounds the cost).")
     evidence_check: bool = Field(False, description="Escalate a 'yes' consensus that no agent backs "
@@ -220,13 +222,14 @@ def debate(context: dg.AssetExecutionContext, config: DebateConfig, store: DuckD
                                      reason_words=config.reason_words, prompts=prompts,
                                      model_ids=model_ids, adjudicator=adjudicator, checks=checks,
                                      examples=examples, scale=scale,
-                                     grade_consensus=config.grade_consensus)
+                                     grade_consensus=config.grade_consensus,
+                                     answer_first=config.answer_first)
     before = _previous_keys(store, "debate_labels", "pair_key, config_hash", dataset)
     generate = MeteredGenerate(llm.generate_fn(context.run_id, context.log.info))
     outcome = run_debate(pairs, agents, generate, rounds=config.rounds,
                          temperature=config.temperature, reason_words=config.reason_words,
                          examples=examples, prompts=prompts, checks=checks,
-                         grade_consensus=config.grade_consensus)
+                         grade_consensus=config.grade_consensus, answer_first=config.answer_first)
     if adjudicator_model:
         outcome = adjudicate(outcome, pairs, adjudicator_model, generate, prompts=prompts,
                              max_tokens=ADJUDICATOR_MAX_TOKENS)

@@ -86,23 +86,29 @@ def reason_bound(reason_words: int) -> int:
     return reason_words * CHARS_PER_WORD
 
 
-def turn_schema(reason_words: int, scale: LabelScale = "binary") -> dict:
+def turn_schema(reason_words: int, scale: LabelScale = "binary", answer_first: bool = False) -> dict:
     """A turn's JSON schema. The reason and each quote are bounded so that a constrained
     decoder always closes the object (`turn_max_tokens`) and a small model that rambles or
     copies the whole chunk cannot spend minutes doing it on a CPU; a text that reaches its
     bound is cut back to a whole sentence or word when it is read (`bounded_text`). On the
-    graded scale a "grade" 0-3 takes the place of the yes/no "response"."""
+    graded scale a "grade" 0-3 takes the place of the yes/no "response". `answer_first` puts the
+    response before the quotes and the reason (a constrained decoder writes keys in the
+    schema's order): the agent commits to its judgment before arguing for it."""
     if scale == "graded":
+        if answer_first:
+            raise ValueError("answer_first applies to yes/no debates, not to graded ones")
         return graded_schema(turn_schema(reason_words))
+    properties = {
+        "reference": {"type": "array", "maxItems": MAX_QUOTES,
+                      "items": {"type": "string", "maxLength": QUOTE_CHARS}},
+        "reason": {"type": "string", "maxLength": reason_bound(reason_words)},
+        "response": {"type": "string", "enum": ["yes", "no"]},
+    }
+    order = ["response", "reference", "reason"] if answer_first else ["reference", "reason", "response"]
     return {
         "type": "object",
-        "properties": {
-            "reference": {"type": "array", "maxItems": MAX_QUOTES,
-                          "items": {"type": "string", "maxLength": QUOTE_CHARS}},
-            "reason": {"type": "string", "maxLength": reason_bound(reason_words)},
-            "response": {"type": "string", "enum": ["yes", "no"]},
-        },
-        "required": ["reference", "reason", "response"],
+        "properties": {key: properties[key] for key in order},
+        "required": order,
         "additionalProperties": False,
     }
 
@@ -305,12 +311,14 @@ def fewshot_examples(fewshot: bool) -> list[dict]:
 
 def turn_request(pair: Pair, agent: AgentConfig, agents: Sequence[AgentConfig],
                  history: list[list[Turn]], round_number: int, prompts: Prompts,
-                 temperature: float, reason_words: int, examples: Sequence[Mapping] = ()) -> LLMRequest:
+                 temperature: float, reason_words: int, examples: Sequence[Mapping] = (),
+                 answer_first: bool = False) -> LLMRequest:
+    extra = {"answer_first": True} if answer_first else {}  # absent: the prompts as they always were
     messages = prompts.messages(
         agent.template, **pair.prompt_context(),
         agent=agent.name, stance=agent.stance, agents=agents, history=history,
-        round=round_number, reason_words=reason_words, examples=list(examples))
-    return LLMRequest(messages=messages, json_schema=turn_schema(reason_words, pair.scale),
+        round=round_number, reason_words=reason_words, examples=list(examples), **extra)
+    return LLMRequest(messages=messages, json_schema=turn_schema(reason_words, pair.scale, answer_first),
                       max_tokens=turn_max_tokens(reason_words), temperature=temperature,
                       top_logprobs=TOP_LOGPROBS, purpose=turn_purpose(agent))
 
@@ -461,11 +469,12 @@ def run_debate(pairs: Sequence[Pair], agents: Sequence[AgentConfig], generate: G
                rounds: int = 2, temperature: float = 0.0, reason_words: int = DEFAULT_REASON_WORDS,
                examples: Sequence[Mapping] = (), prompts: Prompts | None = None,
                checks: DebateChecks | None = None,
-               grade_consensus: GradeConsensus = "exact") -> DebateOutcome:
+               grade_consensus: GradeConsensus = "exact", answer_first: bool = False) -> DebateOutcome:
     """Debate every pair for at most `rounds` rounds; see the module docstring. `checks`
     None: no checks (the LLMJudge); `reason_words`: the word limit of each turn's reason;
     `examples`: worked examples shown in the prompt (`worked_examples()`);
-    `grade_consensus`: when graded pairs' agents agree."""
+    `grade_consensus`: when graded pairs' agents agree; `answer_first`: each turn gives its
+    yes/no before its quotes and reason (`turn_schema`)."""
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     if not agents:
@@ -483,7 +492,8 @@ def run_debate(pairs: Sequence[Pair], agents: Sequence[AgentConfig], generate: G
             break
         slots = [(i, agent) for i in active for agent in agents]
         requests = [(agent.model, turn_request(pairs[i], agent, agents, histories[i], round_number,
-                                               prompts, temperature, reason_words, examples))
+                                               prompts, temperature, reason_words, examples,
+                                               answer_first))
                     for i, agent in slots]
         results = generate_grouped(requests, generate)
         round_turns: dict[int, list[Turn]] = defaultdict(list)
@@ -514,7 +524,8 @@ def debate_config_hash(agents: Sequence[AgentConfig], *, rounds: int, temperatur
                        reason_words: int, prompts: Prompts, model_ids: Mapping[str, str],
                        adjudicator: Mapping[str, object] | None = None,
                        checks: DebateChecks | None = None, examples: Sequence[Mapping] = (),
-                       scale: LabelScale = "binary", grade_consensus: GradeConsensus = "exact") -> str:
+                       scale: LabelScale = "binary", grade_consensus: GradeConsensus = "exact",
+                       answer_first: bool = False) -> str:
     """A label's labeler configuration: agents, their models (profile and model id), rounds,
     sampling, the prompts' content hashes and extra variables, the checks and the
     adjudicator's settings when one runs; on the graded scale, the scale and the consensus
@@ -530,6 +541,8 @@ def debate_config_hash(agents: Sequence[AgentConfig], *, rounds: int, temperatur
     if scale == "graded":
         config.update(scale=scale, grade_consensus=grade_consensus,
                       schema=turn_schema(reason_words, scale))
+    if answer_first:  # absent when off, so the hashes already stored stay valid
+        config.update(answer_first=True, schema=turn_schema(reason_words, answer_first=True))
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
 
 
