@@ -10,11 +10,11 @@ agents' vote beyond a human budget) is reported apart and never counted.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import duckdb
 
 from bridge_assets.ingest.registry import DatasetSpec
-from bridge_assets.paths import data_lake_dir
 from bridge_assets.qrels.known_holes import read_known_holes, score_known_holes
 from bridge_assets.store import table_exists
 
@@ -31,7 +31,7 @@ def _labels(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
                               when bool_or(import_file is not null) and not bool_or(verified)
                               then ' (unverified)' else '' end,
                count(*) filter (where relevance > 0), count(*) filter (where relevance = 0),
-               count(*) filter (where source = 'pending'),
+               count(*) filter (where source = 'pending' and unverified_source is distinct from 'vote'),
                count(*) filter (where relevance > 0 and verified and original_relevance is null)
         from bridge_qrels where dataset = ? and source <> 'original' group by source
         order by source""", [dataset])
@@ -44,6 +44,11 @@ def _labels(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
              "new labels by source: " + (", ".join(
                  f"{source} {relevant} relevant / {irrelevant} not"
                  for source, relevant, irrelevant, _, _ in by_source if source != "pending") or "none")]
+    voted = _rows(con, "bridge_qrels", "select count(*) from bridge_qrels where dataset = ? "
+                                       "and unverified_source = 'vote'", [dataset])[0][0]
+    if voted:
+        lines.append(f"beyond the human budget (the agents' vote, unverified; not labels, metrics "
+                     f"bound them): {voted}")
     if pending:
         lines.append(f"pending (escalated, awaiting people; not labels, metrics bound them): {pending}")
         lines.append("  annotate them: bridge annotate add-annotator NAME; "
@@ -95,10 +100,11 @@ def _rank_changes(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
 
 
 def run_summary(con: duckdb.DuckDBPyConnection, dataset: str, started: float,
-                spec: DatasetSpec | None = None) -> str:
+                spec: DatasetSpec | None = None, report: Path | None = None) -> str:
     """Counts, found holes, pending pairs, robust rank changes, the score against the
-    dataset's known holes (when the registry names them), the report's path and the share of
-    wall time spent in the model (from the call ledger) since `started`."""
+    dataset's known holes (when the registry names them), the share of wall time spent in the
+    model (from the call ledger) since `started`, and the report's path (`report`, named by
+    the caller) when it exists."""
     lines = [f"== {dataset} =="]
     counts = _rows(con, "corpus", """
         select (select count(*) from corpus where dataset = $1),
@@ -130,7 +136,6 @@ def run_summary(con: duckdb.DuckDBPyConnection, dataset: str, started: float,
         lines.append(f"time {wall:.0f}s: {count} LLM calls took {model_seconds:.0f}s in the model "
                      f"({model_seconds / max(wall, 1e-9):.0%}), {tokens} tokens out; "
                      f"everything else {max(wall - model_seconds, 0):.0f}s")
-    report = data_lake_dir() / "reports" / dataset / "report.html"
-    if report.exists():
+    if report is not None and report.exists():
         lines.append(f"report: {report}")
     return "\n".join(lines)

@@ -125,6 +125,9 @@ def qrels_counts(qrels: pl.DataFrame) -> dict[str, int]:
     else:  # rows written before imports existed: only people and passed checks were verified
         counts["holes_found"] = counts["relevant_human"] + counts["relevant_debate"]
     counts["pending"] = counts["pairs_pending"]
+    # pending pairs people are asked to label (those voted beyond the human budget are not)
+    counts["awaiting_people"] = int(qrels.filter((pl.col("source") == "pending")
+                                                 & pl.col("unverified_source").ne_missing("vote")).height)
     for source in UNVERIFIED_SOURCES:
         guesses = qrels.filter(pl.col("unverified_source") == source)
         counts[f"unverified_{source}_relevant"] = int((guesses["unverified_label"] == 1).sum())

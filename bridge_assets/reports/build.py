@@ -103,7 +103,7 @@ def qrels_section(qrels: pl.DataFrame | None, dataset: str) -> Section:
     section.tables.append(table("Judgments by source", pl.concat([counts, total])))
     figures = qrels_counts(qrels)
     rows = [("holes found (verified)", figures["holes_found"]),
-            ("pending pairs (awaiting people)", figures["pending"])]
+            ("pending pairs (awaiting people)", figures["awaiting_people"])]
     for source, name in (("adjudicator", "LLM adjudicator"), ("vote", "agents' vote beyond the human budget")):
         relevant, irrelevant = figures[f"unverified_{source}_relevant"], figures[f"unverified_{source}_irrelevant"]
         if relevant or irrelevant:
@@ -135,9 +135,9 @@ def qrels_section(qrels: pl.DataFrame | None, dataset: str) -> Section:
         section.notes.append(f"{fixed.height} original judgment(s) were changed by correction sources "
                              f"({', '.join(sorted(set(fixed['source'])))}); bridge audit -d {dataset} -q QUERY "
                              "--doc DOC tells each one's story.")
-    if figures["pending"]:
-        section.notes.append(f"{figures['pending']} pair(s) await people: bridge annotate add-annotator NAME, "
-                             f"then bridge annotate serve --dataset {dataset}.")
+    if figures["awaiting_people"]:
+        section.notes.append(f"{figures['awaiting_people']} pair(s) await people: bridge annotate "
+                             f"add-annotator NAME, then bridge annotate serve --dataset {dataset}.")
     return section
 
 
