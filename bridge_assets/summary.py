@@ -71,11 +71,13 @@ def _escalations(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
     if not outcomes or not outcomes[0][0]:
         return []
     total, escalated = outcomes[0]
+    columns = {c for (c,) in con.execute("select column_name from information_schema.columns "
+                                         "where table_name = 'debate_labels'").fetchall()}
     reasons = _rows(con, "debate_labels", """
         select flag, count(*) from (
             select unnest(flags) as flag from debate_labels
             where dataset = ? and outcome in ('escalated', 'failed'))
-        group by flag order by 2 desc, 1""", [dataset])
+        group by flag order by 2 desc, 1""", [dataset]) if "flags" in columns else []  # older lakes
     why = ", ".join(f"{flag} {n}" for flag, n in reasons)
     return [f"debated pairs {total}; escalated {escalated} ({escalated / total:.1%})"
             + (f": {why}" if why else "")]
