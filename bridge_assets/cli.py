@@ -35,6 +35,10 @@ app.add_typer(runs_app, name="runs")
 app.command("label-eval")(label_eval_command)
 
 
+# `bridge run` stopped by its --budget / --budget-usd: not an error, the next run resumes
+BUDGET_EXIT = 3
+
+
 def _fail(message: str) -> None:
     typer.secho(f"error: {message}", fg="red", err=True)
     raise typer.Exit(2)
@@ -74,21 +78,38 @@ def _merge(*configs: dict[str, dict]) -> dict[str, dict]:
     return merged
 
 
+def _asset_config(dataset: str | None, defaults: dict[str, dict] | None = None,
+                  overrides: dict[str, dict] | None = None) -> dict[str, dict]:
+    """Config per asset: `defaults` < the dataset's `pipeline:` entry < `overrides`."""
+    from bridge_assets.ingest.errors import DatasetError
+    from bridge_assets.ingest.registry import get_dataset
+
+    try:
+        dataset_config = get_dataset(dataset).pipeline if dataset else {}
+    except DatasetError as exc:
+        _fail(str(exc))
+    return _merge(defaults or {}, dataset_config, overrides or {})
+
+
+def _budget_stop(exc: Exception) -> None:
+    typer.secho(f"{exc}.", fg="yellow", err=True)
+    typer.secho("The run stopped there: the asset that asked for them and those after it keep their "
+                "previous state, and every answered call is in the LLM ledger, so the next run "
+                "resumes without asking them again.", err=True)
+    raise typer.Exit(BUDGET_EXIT)
+
+
 def _materialize(assets: list[str], dataset: str | None, defaults: dict[str, dict] | None = None,
                  overrides: dict[str, dict] | None = None) -> None:
     """Run `assets` with config: `defaults` < the dataset's `pipeline:` entry < `overrides`."""
     from bridge_assets import orchestration
     from bridge_assets.definitions import defs
-    from bridge_assets.ingest.errors import DatasetError
-    from bridge_assets.ingest.registry import get_dataset
+    from bridge_assets.llm.budget import BudgetExceeded
     from bridge_assets.resources import DuckDBStore
     from bridge_assets.retrieval.sensors import sync_partitions
 
     inst = orchestration.instance()
-    try:
-        dataset_config = get_dataset(dataset).pipeline if dataset else {}
-    except DatasetError as exc:
-        _fail(str(exc))
+    asset_config = _asset_config(dataset, defaults, overrides)
     sync = sync_partitions(inst, DuckDBStore())  # what the registry sensor does when a daemon runs
     if sync.add or sync.delete:
         typer.secho(f"retrievers: added {sync.add or 'none'}, retired {sync.delete or 'none'}", err=True)
@@ -107,12 +128,13 @@ def _materialize(assets: list[str], dataset: str | None, defaults: dict[str, dic
                     fg="cyan", err=True)
 
     try:
-        orchestration.execute(defs, steps, inst, _merge(defaults or {}, dataset_config, overrides or {}),
-                              on_step=progress)
+        orchestration.execute(defs, steps, inst, asset_config, on_step=progress)
     except Exception as exc:  # Dagster wraps the asset's own error: show the user the root cause
         cause = exc
         while getattr(cause, "__cause__", None) is not None:
             cause = cause.__cause__
+        if isinstance(cause, BudgetExceeded):
+            _budget_stop(cause)
         _fail(f"{type(cause).__name__}: {cause}")
 
 
@@ -136,12 +158,24 @@ def run(
                                          "guesses are reported apart as unverified, never as found "
                                          "holes; the pairs stay pending until people vote. "
                                          "Default: the dataset's pipeline setting (off)."),
+    dry_run: bool = typer.Option(False, "--dry-run",
+                                 help="Print the pool and, per stage, the LLM calls the run would "
+                                      "make at most (those the ledger already answered apart: they "
+                                      "are free), their tokens and price; run nothing."),
+    budget: int = typer.Option(None, "--budget", min=1,
+                               help="Stop before the LLM calls of this run pass this many tokens "
+                                    "(prompt + reply; calls the ledger answers are free), with exit "
+                                    "code 3; the next run resumes from the ledger."),
+    budget_usd: float = typer.Option(None, "--budget-usd", min=0.0,
+                                     help="The same in US dollars, at the `prices:` of the LLM "
+                                          "profiles (a profile without prices costs nothing)."),
 ) -> None:
     """The main job: the whole pipeline for one dataset, then a short summary."""
     from bridge_assets import store
     from bridge_assets.definitions import defs, main_selection
     from bridge_assets.ingest.errors import DatasetError
     from bridge_assets.ingest.registry import get_dataset
+    from bridge_assets.llm import budget as llm_budget
     from bridge_assets.summary import run_summary
 
     started = time.time()
@@ -151,14 +185,27 @@ def run(
         overrides["candidate_pool"] = {"query_limit": sample}
     if adjudicate is not None:
         overrides["debate_labels"] = {"adjudicate": adjudicate}
-    _materialize([key.to_user_string() for key in main_selection.resolve(graph)], dataset,
-                 defaults=MAIN_JOB_CONFIG, overrides=overrides)
+    limit = None if budget is None and budget_usd is None else llm_budget.Budget(budget, budget_usd)
+    if dry_run:
+        from bridge_assets.costs import estimate_run, render
+
+        try:
+            estimate = estimate_run(dataset, _asset_config(dataset, MAIN_JOB_CONFIG, overrides))
+        except (ValueError, LookupError, RuntimeError) as exc:
+            _fail(f"{type(exc).__name__}: {exc}")
+        typer.echo(render(estimate, limit))
+        return
+    with llm_budget.enforce(limit):
+        _materialize([key.to_user_string() for key in main_selection.resolve(graph)], dataset,
+                     defaults=MAIN_JOB_CONFIG, overrides=overrides)
     try:
         spec = get_dataset(dataset)
     except DatasetError:
         spec = None
     with store.connect() as con:
         typer.echo(run_summary(con, dataset, started, spec))
+    if limit is not None:
+        typer.echo(f"LLM budget: {limit.status()}.")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ the UI afterwards."""
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -11,9 +12,32 @@ from typing import Any
 
 import dagster as dg
 
+from bridge_assets.llm.budget import BudgetExceeded
 from bridge_assets.paths import data_lake_dir
 
 LOG_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
+# Failures the command line reports itself in one message (a budget stop is an expected end,
+# not a crash): its console log leaves out their failure events, Dagster's stack traces included.
+REPORTED_BY_CLI = frozenset({BudgetExceeded.__name__})
+
+
+class _ReportedByCli(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        event = getattr(record, "dagster_meta", {}).get("dagster_event")
+        error = getattr(getattr(event, "event_specific_data", None), "error", None)
+        while error is not None:  # the asset's own error is a cause of Dagster's
+            if error.cls_name in REPORTED_BY_CLI:
+                return False
+            error = error.cause
+        return True
+
+
+@dg.logger(dg.colored_console_logger.config_schema,
+           description="Dagster's colored console log, less the failures the command line reports.")
+def console_logger(init_context: dg.InitLoggerContext) -> logging.Logger:
+    logger = dg.colored_console_logger.logger_fn(init_context)
+    logger.addFilter(_ReportedByCli())
+    return logger
 
 
 def instance() -> dg.DagsterInstance:
@@ -106,7 +130,7 @@ def run_config(defs: dg.Definitions, keys: Iterable[dg.AssetKey],
 def execute(defs: dg.Definitions, steps: list[Step], inst: dg.DagsterInstance,
             asset_config: dict[str, dict[str, Any]] | None = None,
             on_step: Callable[[Step, str | None], None] | None = None) -> list[dg.ExecuteInProcessResult]:
-    job = defs.resolve_implicit_global_asset_job_def()
+    job = defs.resolve_implicit_global_asset_job_def().with_logger_defs({"console": console_logger})
     results = []
     for step in steps:
         config = run_config(defs, step.keys, asset_config or {})

@@ -9,7 +9,8 @@ rest to the backend in chunks (64 requests by default), re-asks the replies that
 parsing (up to the profile's `parse_retries`), and appends each chunk's calls to the ledger
 in one short transaction, so a killed run repeats none of the calls already recorded. A
 call that still fails comes back with `error` set: callers must treat it as failed, never as
-a label.
+a label. Under an active budget (llm.budget) a chunk that would pass it is not sent:
+`BudgetExceeded` is raised instead, with the earlier chunks already recorded.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bridge_assets.llm import ledger
+from bridge_assets.llm import budget, ledger
 from bridge_assets.llm.backends import Backend, make_backend, model_id
 from bridge_assets.llm.parsing import check_schema, parse_reply
 from bridge_assets.llm.profiles import ModelProfile, get_profile
@@ -93,10 +94,12 @@ class LLMClient:
         todo = list(pending.items())
         for start in range(0, len(todo), self.chunk_size):  # recorded chunk by chunk: a killed
             chunk = dict(todo[start:start + self.chunk_size])  # run loses one chunk at most
+            budget.admit(self.profile, list(chunk.values()))
             answers = self._call(chunk)
             ledger.append([ledger.CallRecord(chunk[k], result, attempts) for k, (result, attempts) in answers.items()],
                           profile=self.profile.name, backend=self.profile.backend,
                           model=self.model_id, context=context, path=self.db_path)
+            budget.charge(self.profile, (result for result, _ in answers.values()))
             fresh.update(answers)
         results = [answered[k] if k in answered else fresh[k][0] for k in keys]
         self.stats.requests += len(requests)

@@ -66,6 +66,18 @@ class Sampling(BaseModel):
     max_tokens: int = 256
 
 
+class Prices(BaseModel):
+    """What a hosted model charges per million tokens; a profile without prices is free (local)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    input_per_million: float = Field(ge=0)
+    output_per_million: float = Field(ge=0)
+    currency: str = Field("USD", pattern=r"^[A-Z]{3}$")  # ISO 4217, e.g. USD, EUR
+
+    def cost(self, tokens_in: int, tokens_out: int) -> float:
+        return (tokens_in * self.input_per_million + tokens_out * self.output_per_million) / 1e6
+
+
 class ModelProfile(BaseModel):
     """One entry of models.yaml."""
 
@@ -87,6 +99,7 @@ class ModelProfile(BaseModel):
     retries: int = Field(3, ge=0)                      # openai: transport retries per request
     backoff_s: float = Field(0.5, ge=0)                # openai: first backoff, doubled each retry
     engine_args: dict[str, Any] = Field(default_factory=dict)  # vllm.LLM(**engine_args)
+    prices: Prices | None = None                       # None: free (a local model)
 
     @model_validator(mode="after")
     def _backend_fields(self) -> ModelProfile:

@@ -41,6 +41,14 @@ def _check_failures(failed: int, total: int, what: str, results: Sequence[LLMRes
                              f"(errors: {errors or 'no yes/no token in the reply'})")
 
 
+def rerank_requests(client: LLMClient, prompt: str, pairs: pl.DataFrame, query_texts: dict[str, str],
+                    doc_texts: dict[str, str]) -> list[LLMRequest]:
+    """The P(yes) request of each (query_id, doc_id) of `pairs`, in their order."""
+    return [client.request([("user", prompt.format(query=query_texts[q], document=doc_texts[d]))],
+                           purpose="rerank", max_tokens=RERANK_MAX_TOKENS, top_logprobs=TOP_LOGPROBS)
+            for q, d in pairs.select("query_id", "doc_id").iter_rows()]
+
+
 def llm_rerank(client: LLMClient, prompt: str, candidates: pl.DataFrame, query_texts: dict[str, str],
                doc_texts: dict[str, str], *, context: str | None = None,
                progress: Callable[[str], None] = log.info) -> tuple[pl.DataFrame, dict]:
@@ -51,9 +59,7 @@ def llm_rerank(client: LLMClient, prompt: str, candidates: pl.DataFrame, query_t
     counted in the returned metadata.
     """
     pairs = candidates.sort(["query_id", "rank"])
-    requests = [client.request([("user", prompt.format(query=query_texts[q], document=doc_texts[d]))],
-                               purpose="rerank", max_tokens=RERANK_MAX_TOKENS, top_logprobs=TOP_LOGPROBS)
-                for q, d in pairs.select("query_id", "doc_id").iter_rows()]
+    requests = rerank_requests(client, prompt, pairs, query_texts, doc_texts)
     results = _generate(client, requests, "llm re-rank", context, progress)
     p_yes = [yes_probability(r.logprobs) if r.ok else None for r in results]
     failed = sum(p is None for p in p_yes)
@@ -65,7 +71,7 @@ def llm_rerank(client: LLMClient, prompt: str, candidates: pl.DataFrame, query_t
     return rescored, {"pairs": len(results), "unscored_pairs": failed}
 
 
-def _passage_requests(client: LLMClient, prompt: str, query: str, params: RewriteParams) -> list[LLMRequest]:
+def passage_requests(client: LLMClient, prompt: str, query: str, params: RewriteParams) -> list[LLMRequest]:
     temperature = params.temperature if params.temperature is not None else client.profile.sampling.temperature
     if params.passages > 1 and temperature == 0:
         raise RetrievalError(f"{params.method}: {params.passages} passages per query need a "
@@ -97,7 +103,7 @@ def rewrite_queries(client: LLMClient, prompt: str, queries: pl.DataFrame, param
     the metadata (and more than half failing fails the run).
     """
     ids, texts = queries["query_id"].to_list(), queries["text"].to_list()
-    requests = [r for text in texts for r in _passage_requests(client, prompt, text, params)]
+    requests = [r for text in texts for r in passage_requests(client, prompt, text, params)]
     results = _generate(client, requests, params.method, context, progress)
     failed_calls = sum(not (r.ok and r.text.strip()) for r in results)
     _check_failures(failed_calls, len(results), params.method, results)

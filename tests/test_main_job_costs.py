@@ -1,0 +1,268 @@
+"""Cost before you spend, as a user meets it on the demo: `bridge run --dry-run` counts the pool
+and the LLM calls each stage will make before any is made, and `--budget` stops a run before
+the chunk that would pass it, the next run resuming from the ledger.
+
+The model is a scripted OpenAI-compatible server (the production client, ledger and backend
+talk to it) whose replies are deterministic, so the debate's rounds are known; the systems are
+BM25 and two that call the model too (HyDE, and an LLM re-ranker of BM25's top 3), on a small
+pool, from a registry folder of the test's own."""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import zlib
+
+import duckdb
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from bridge_assets.cli import BUDGET_EXIT, app
+from bridge_assets.costs import RunEstimate, StageCalls, estimate_run
+from bridge_assets.llm import budget as llm_budget
+from bridge_assets.llm.budget import Budget, BudgetError, BudgetExceeded, prompt_tokens
+from bridge_assets.llm.client import LLMClient
+from bridge_assets.llm.profiles import ModelConfigError, Prices, load_models_config
+from bridge_assets.llm.types import LLMRequest
+from bridge_assets.paths import RESOURCES_DIR
+from test_llm_client import ScriptedServer, completion, http_profile
+
+MODEL = "fake"
+PIPELINE = {
+    "candidate_pool": {"depth": 2, "query_limit": 3},
+    "filtered_pool": {"models": [MODEL]},
+    "debate_labels": {"models": [MODEL], "rounds": 3, "reason_words": 20, "adjudicate": True,
+                      "adjudicator_model": MODEL},
+    "rag_answers": {"model": MODEL, "systems": ["bm25"], "query_limit": 2},
+    "rag_judgments": {"model": MODEL},
+    "human_labels": {"allow_partial": True},
+}
+
+
+def crc(text: str) -> int:
+    return zlib.crc32(text.encode())
+
+
+def script(index: int, body: dict):
+    """Deterministic replies by what is asked (the reply's JSON schema): the filter keeps every
+    pair; debate agent A says yes, agent B agrees in the round its chunk's checksum names (1,
+    2, 3, or never: escalated to the adjudicator); RAG answers by checksum; the re-ranker's
+    yes/no with log-probabilities. Usage is reported at 4 characters a token."""
+    schema = (body.get("response_format") or {}).get("schema") or {}
+    fields = schema.get("properties", {})
+    user = body["messages"][-1]["content"]
+    if not schema and body.get("top_logprobs"):  # the re-ranker's P(yes)
+        p_yes = crc(user) % 100 / 100 + 0.005
+        top = [{"token": "yes", "logprob": math.log(p_yes)}, {"token": "no", "logprob": math.log(1 - p_yes)}]
+        return 200, completion("yes", logprobs=[{**top[0], "top_logprobs": top}]), 0
+    if "is_supported" in fields:
+        reply = {"is_supported": True}
+    elif "correct" in fields:
+        reply = {"correct": True}
+    elif "reference" in fields:
+        agent = re.search(r"You are agent (\w)", user).group(1)
+        round_number = int(re.search(r"This is round (\d)", user).group(1))
+        agrees = agent == "A" or crc(user.split("<<<", 1)[1].split(">>>", 1)[0]) % 4 + 1 == round_number
+        reply = {"reference": [], "reason": f"{agent} in round {round_number}",
+                 "response": "yes" if agrees else "no"}
+    elif "reason" in fields:
+        reply = {"reason": "weighed both sides", "response": "yes"}
+    else:  # a RAG answer or a HyDE passage: plain text
+        reply = "no relevant information" if crc(user) % 2 else "an answer from the passages"
+    content = reply if isinstance(reply, str) else json.dumps(reply)
+    payload = completion(content)
+    prompt = sum(len(m["content"]) for m in body["messages"])
+    payload["usage"] = {"prompt_tokens": prompt // 4, "completion_tokens": len(content) // 4 + 1}
+    return 200, payload, 0
+
+
+@pytest.fixture
+def demo(data_lake, tmp_path, monkeypatch):
+    """A temp lake and Dagster home, a registry folder (the demo with a small pool, BM25 and
+    HyDE, the fake model with prices) and the scripted server."""
+    folder = tmp_path / "registry"
+    folder.mkdir()
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    monkeypatch.setenv("DAGSTER_HOME", str(home))
+    monkeypatch.setenv("BRIDGE_REGISTRY_DIR", str(folder))
+    monkeypatch.delenv("BRIDGE_RETRIEVER_PROFILE", raising=False)
+    shipped = yaml.safe_load((RESOURCES_DIR / "datasets.yaml").read_text())["datasets"]["demo"]
+    demo_entry = {**shipped, "path": str(RESOURCES_DIR / "data" / "demo"), "pipeline": PIPELINE}
+    (folder / "datasets.yaml").write_text(yaml.safe_dump({"datasets": {"demo": demo_entry}}))
+    (folder / "retrievers.yaml").write_text(yaml.safe_dump({"profile": "costs", "systems": {
+        "bm25": {"kind": "bm25", "profiles": ["costs"], "parameters": {"k1": 0.9, "b": 0.4}},
+        "hyde": {"kind": "rewrite", "first_stage": "bm25", "llm": {"profile": MODEL},
+                 "profiles": ["costs"], "parameters": {"method": "hyde", "max_tokens": 64}},
+        "llm_rerank_bm25": {"kind": "rerank", "first_stage": "bm25", "llm": {"profile": MODEL},
+                            "profiles": ["costs"], "parameters": {"depth": 3}}}}))
+    with ScriptedServer(script) as server:
+        (folder / "models.yaml").write_text(yaml.safe_dump({"profiles": {MODEL: {
+            "backend": "openai", "model": "fake-model", "base_urls": [server.url], "timeout_s": 10,
+            "retries": 0, "structured_output": "json_object_schema",
+            "prices": {"input_per_million": 0.15, "output_per_million": 0.6, "currency": "USD"}}}}))
+        yield data_lake, server
+
+
+def bridge(*args: str):
+    result = CliRunner().invoke(app, list(args))
+    assert "Traceback" not in result.output and "Stack Trace" not in result.output, result.output
+    return result
+
+
+def ledger(lake, sql: str = "select purpose, count(*) from llm_calls group by 1") -> dict:
+    with duckdb.connect(str(lake / "bridge.duckdb"), read_only=True) as con:
+        return dict(con.execute(sql).fetchall())
+
+
+def stage(estimate: RunEstimate, name: str) -> StageCalls:
+    return next(s for s in estimate.stages if s.stage == name)
+
+
+def test_the_dry_run_counts_the_calls_the_run_makes(demo):
+    lake, server = demo
+    before = bridge("run", "-d", "demo", "--dry-run")
+    assert before.exit_code == 0, before.output
+    assert "must run first" in before.output and "ingest" in before.output
+    to_run = re.search(r"retrieval_run: (.*)", before.output).group(1)
+    assert sorted(to_run.split(", ")) == ["bm25", "hyde", "llm_rerank_bm25"]
+    assert "hyde calls fake: 1 call(s) per query" in before.output
+    assert "llm_rerank_bm25 calls fake: a call per query and re-ranked document (top-3)" in before.output
+    assert server.hits == 0 and not (lake / "bridge.duckdb").exists()
+
+    assert bridge("materialize", "-d", "demo", "retrieval_run").exit_code == 0
+    retrieval = ledger(lake)
+    assert set(retrieval) == {"hyde", "rerank"} and sum(retrieval.values()) == server.hits
+    dry = bridge("run", "-d", "demo", "--dry-run", "--budget", "1000")
+    assert dry.exit_code == 0, dry.output
+    assert "more than the budget: the run stops before the chunk that would pass it" in dry.output
+    assert re.search(r"Pool: \d+ pairs over 3 queries from 3 system", dry.output)
+    assert "filter" in dry.output and "debate round 1" in dry.output and "USD" in dry.output
+    assert server.hits == sum(retrieval.values())  # no model call
+    with duckdb.connect(str(lake / "bridge.duckdb"), read_only=True) as con:
+        assert not con.execute("select count(*) from information_schema.tables "
+                               "where table_name = 'candidate_pool'").fetchone()[0]
+
+    estimate = estimate_run("demo", PIPELINE)
+    pairs = estimate.pool.to_label
+    assert pairs > 0
+    # the retrieval systems' requests are rebuilt exactly: the ledger holds every one
+    hyde, rerank = stage(estimate, "retrieval hyde"), stage(estimate, "retrieval llm_rerank_bm25")
+    assert (hyde.answered, hyde.new, hyde.bound) == (retrieval["hyde"], 0, 0)
+    assert (rerank.answered, rerank.new, rerank.bound) == (retrieval["rerank"], 0, 0)
+    filtering = stage(estimate, "filter")
+    assert (filtering.answered, filtering.new, filtering.bound) == (0, pairs, 0)
+    first = stage(estimate, "debate round 1")
+    # its keys are known (pairs x agents), each asked if the filter keeps the pair
+    assert (first.answered, first.new, first.bound) == (0, 0, 2 * pairs)
+    assert stage(estimate, "debate round 2").bound == stage(estimate, "debate round 3").bound == 2 * pairs
+    assert stage(estimate, "adjudicator").bound == pairs
+    answers = stage(estimate, "rag_answers")
+    assert (answers.new, answers.bound) == (2, 0)  # bm25 on a sample of 2 queries
+    assert stage(estimate, "rag_judgments").bound == 2
+    assert all(s.prompt_tokens > 0 and s.reply_tokens > 0 for s in estimate.stages if s.to_make)
+
+    run = bridge("run", "-d", "demo")
+    assert run.exit_code == 0, run.output
+    calls = ledger(lake)
+    rounds = ledger(lake, """select t.round, count(distinct c.key) from llm_calls c
+                             join debate_turns t on t.call_key = c.key group by 1""")
+    assert calls["hyde"] == retrieval["hyde"] and calls["rerank"] == retrieval["rerank"]  # not asked again
+    assert calls["filter"] == filtering.new
+    assert rounds[1] == first.calls  # the script's filter keeps every pair
+    assert set(rounds) == {1, 2, 3}  # the script ends debates in every round
+    for later in (2, 3):
+        assert rounds[later] <= stage(estimate, f"debate round {later}").bound
+    assert 0 < calls["adjudicator"] <= stage(estimate, "adjudicator").bound
+    assert calls["rag_answer"] == answers.new
+    assert calls.get("rag_judgment", 0) <= stage(estimate, "rag_judgments").bound
+    assert server.hits == sum(calls.values())
+
+    # afterwards every call is known and answered: exact counts, nothing to make
+    again = estimate_run("demo", PIPELINE)
+    assert sum(s.to_make for s in again.stages) == 0
+    assert stage(again, "filter").answered == calls["filter"]
+    for r in (1, 2, 3):
+        assert stage(again, f"debate round {r}").answered == rounds[r]
+    assert stage(again, "adjudicator").answered == calls["adjudicator"]
+    assert stage(again, "rag_judgments").answered == calls.get("rag_judgment", 0)
+
+
+def test_a_budget_stops_before_the_chunk_that_would_pass_it_and_the_next_run_resumes(demo):
+    lake, server = demo
+    assert bridge("materialize", "-d", "demo", "retrieval_run").exit_code == 0
+    retrieval = ledger(lake)
+    estimate = estimate_run("demo", PIPELINE)
+    filtering = stage(estimate, "filter")
+    filter_cost = filtering.prompt_tokens + filtering.reply_tokens
+
+    tiny = bridge("run", "-d", "demo", "--budget", "10")
+    assert tiny.exit_code == BUDGET_EXIT, tiny.output
+    assert "budget reached: 0 tokens spent of 10 (10 left)" in tiny.output
+    assert f"the next {filtering.new} filter calls to fake" in tiny.output
+    assert "the next run resumes without asking them again" in tiny.output
+    assert ledger(lake) == retrieval and server.hits == sum(retrieval.values())  # nothing new asked
+
+    # room for the filter's chunk, not for the next one (the debate's first round or the RAG
+    # answers, whichever Dagster runs first)
+    stopped = bridge("run", "-d", "demo", "--budget", str(filter_cost))
+    assert stopped.exit_code == BUDGET_EXIT, stopped.output
+    calls, purpose = re.search(r"the next (\d+) (\w+) calls to fake", stopped.output).groups()
+    following = {"debate": "debate round 1", "rag_answer": "rag_answers"}[purpose]
+    assert int(calls) == stage(estimate, following).to_make
+    spent = re.search(r"budget reached: ([\d,]+) tokens spent of ([\d,]+) \(([\d,]+) left\)", stopped.output)
+    used, limit, left = (int(g.replace(",", "")) for g in spent.groups())
+    assert limit == filter_cost and used + left == limit and 0 < used <= filter_cost
+    assert ledger(lake) == {**retrieval, "filter": filtering.new}
+    with duckdb.connect(str(lake / "bridge.duckdb"), read_only=True) as con:
+        tables = {t for (t,) in con.execute("select table_name from information_schema.tables").fetchall()}
+    assert {"filter_votes", "filtered_pool"} <= tables
+    assert not tables & {"debate_labels", "debate_turns", "rag_answers"}
+
+    finished = bridge("run", "-d", "demo", "--budget", "10000000")
+    assert finished.exit_code == 0, finished.output
+    assert "LLM budget:" in finished.output
+    keys = ledger(lake, "select key, count(*) from llm_calls group by 1")
+    assert set(keys.values()) == {1}  # no call was asked twice
+    assert server.hits == len(keys)
+
+
+def test_the_budget_counts_money_at_the_profiles_prices(data_lake):
+    priced = http_profile("http://127.0.0.1:9/v1", name="priced",
+                          prices=Prices(input_per_million=1.0, output_per_million=2.0))
+    request = LLMRequest(messages=(("user", "x" * 4000),), max_tokens=500)
+    assert prompt_tokens(request) == 1000
+    budget = Budget(usd=0.0025)
+    budget.admit(priced, [request])  # 1000 x 1 + 500 x 2 = 2000 per million: 0.002 USD
+    with pytest.raises(BudgetExceeded, match=r"0.0000 USD spent of 0.0025"):
+        budget.admit(priced, [request, request])
+    free = http_profile("http://127.0.0.1:9/v1")
+    budget.admit(free, [request] * 100)  # a profile without prices costs nothing
+    euros = priced.model_copy(update={"prices": Prices(input_per_million=1.0, output_per_million=2.0,
+                                                       currency="EUR")})
+    with pytest.raises(BudgetError, match="priced in EUR: --budget-usd counts USD prices only"):
+        budget.admit(euros, [request])
+
+    client = LLMClient(priced, db_path=data_lake / "bridge.duckdb")
+    with llm_budget.enforce(Budget(tokens=1000)), pytest.raises(BudgetExceeded):
+        client.generate([request])  # 1,500 tokens at most: never sent (the URL is dead anyway)
+    assert client.stats.calls == 0
+
+
+
+def test_prices_are_optional_and_checked(tmp_path, monkeypatch):
+    monkeypatch.setenv("BRIDGE_REGISTRY_DIR", str(tmp_path))
+    assert load_models_config().profile("qwen-0.5b").prices is None  # local: free
+    (tmp_path / "models.yaml").write_text(
+        "profiles:\n  hosted:\n    backend: openai\n    model: m\n    base_urls: [http://h/v1]\n"
+        "    prices: {input_per_million: 0.15, output_per_million: 0.60}\n")
+    prices = load_models_config().profile("hosted").prices
+    assert prices.currency == "USD" and prices.cost(1_000_000, 500_000) == pytest.approx(0.45)
+    (tmp_path / "models.yaml").write_text(
+        "profiles:\n  hosted:\n    backend: openai\n    model: m\n    base_urls: [http://h/v1]\n"
+        "    prices: {input_per_million: -1, output_per_million: 0.60}\n")
+    with pytest.raises(ModelConfigError, match=r"(?s)models.yaml, line 2: .*'hosted'.*input_per_million"):
+        load_models_config()
