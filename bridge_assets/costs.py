@@ -365,7 +365,8 @@ def _debate_calls(estimate: RunEstimate, pairs: list[Pair], unsure: set[tuple[st
                          reason_words=debate_config.reason_words,
                          examples=fewshot_examples(debate_config.fewshot),
                          checks=debate_config.checks(len(pairs)),
-                         grade_consensus=debate_config.grade_consensus)
+                         grade_consensus=debate_config.grade_consensus,
+                         answer_first=debate_config.answer_first)
     reply = turn_max_tokens(debate_config.reason_words)
     open_turns: dict[tuple[str, str], int] = {}  # turns not answered yet, per pair
     for pair, history in outcome.histories().items():
