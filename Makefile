@@ -44,5 +44,8 @@ ui: setup
 	test -f data_lake/dagster_home/dagster.yaml || printf 'telemetry:\n  enabled: false\n' > data_lake/dagster_home/dagster.yaml
 	DAGSTER_HOME=$(CURDIR)/data_lake/dagster_home $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
+# Deletes what the pipeline rebuilds; never the votes store (data_lake/annotations/, or
+# $BRIDGE_VOTES_DB). A lake from before the votes store gets its votes moved out first.
 clean:
-	rm -rf data_lake/*.duckdb data_lake/parquet data_lake/dagster_home data_lake/reports
+	if [ -x $(BIN)/bridge ] && [ -f data_lake/bridge.duckdb ]; then BRIDGE_DATA_LAKE=$(CURDIR)/data_lake $(BIN)/bridge annotate migrate; fi
+	rm -rf data_lake/bridge.duckdb data_lake/bridge.duckdb.wal data_lake/parquet data_lake/dagster_home data_lake/reports

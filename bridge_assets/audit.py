@@ -352,14 +352,18 @@ def audit_command(
     """The whole story of one label: texts, systems and ranks, filter votes, debate turns,
     human votes, final label and source, models, prompt hashes and Dagster run ids."""
     from bridge_assets import orchestration, store
+    from bridge_assets.cli_errors import fail
+    from bridge_assets.human.votes_store import VotesConflict, copy_votes
+    from bridge_assets.resources import DuckDBStore
 
-    if not store.duckdb_path().exists():
-        typer.secho(f"error: no data lake at {store.duckdb_path()}", fg="red", err=True)
-        raise typer.Exit(2)
+    lake = DuckDBStore().lake
+    if not lake.duckdb.exists():
+        fail(f"no data lake at {lake.duckdb}")
     try:
-        with store.connect() as con:
+        with store.connect(lake.duckdb) as con:
+            # the pair's votes live in the votes store: copied in for the audit (read-only)
+            copy_votes(con, dataset, lake_db=lake.duckdb, votes_db=lake.votes_db)
             story = audit_pair(con, dataset, query, doc, instance=orchestration.instance())
-    except AuditError as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
+    except (AuditError, VotesConflict) as exc:
+        fail(str(exc))
     typer.echo(json.dumps(story, indent=2, default=str) if as_json else format_story(story).rstrip("\n"))

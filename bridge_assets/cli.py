@@ -8,9 +8,12 @@ import time
 import typer
 
 from bridge_assets.audit import audit_command
+from bridge_assets.cli_errors import fail as _fail
 from bridge_assets.evaluation.cli import label_eval_command
 from bridge_assets.human.cli import app as annotate_app
 from bridge_assets.ingest.cli import add_dataset_command
+from bridge_assets.lake_cli import app as lake_app
+from bridge_assets.lake_cli import sql_command
 from bridge_assets.llm.cli import models_app
 from bridge_assets.metrics.cli import eval_command
 from bridge_assets.qrels.cli import app as qrels_app
@@ -33,15 +36,12 @@ app.command("audit")(audit_command)
 app.add_typer(retrievers_app, name="retrievers")
 app.add_typer(runs_app, name="runs")
 app.command("label-eval")(label_eval_command)
+app.add_typer(lake_app, name="lake")
+app.command("sql")(sql_command)
 
 
 # `bridge run` stopped by its --budget / --budget-usd: not an error, the next run resumes
 BUDGET_EXIT = 3
-
-
-def _fail(message: str) -> None:
-    typer.secho(f"error: {message}", fg="red", err=True)
-    raise typer.Exit(2)
 
 
 @datasets_app.command("list")
@@ -49,10 +49,11 @@ def datasets_list() -> None:
     """Name, kind, source and (once ingested) counts of every registered dataset."""
     from bridge_assets import store
     from bridge_assets.ingest.registry import load_registry
+    from bridge_assets.resources import DuckDBStore
 
     counts: dict[str, dict[str, int]] = {}
-    if store.duckdb_path().exists():
-        with store.connect() as con:
+    if (path := DuckDBStore().path).exists():
+        with store.connect(path) as con:
             for table in ("corpus", "queries", "original_qrels"):
                 if store.table_exists(con, table):
                     for dataset, n in con.execute(
@@ -176,6 +177,7 @@ def run(
     from bridge_assets.ingest.errors import DatasetError
     from bridge_assets.ingest.registry import get_dataset
     from bridge_assets.llm import budget as llm_budget
+    from bridge_assets.resources import DuckDBStore
     from bridge_assets.summary import run_summary
 
     started = time.time()
@@ -202,8 +204,9 @@ def run(
         spec = get_dataset(dataset)
     except DatasetError:
         spec = None
-    with store.connect() as con:
-        typer.echo(run_summary(con, dataset, started, spec))
+    lake = DuckDBStore().lake
+    with store.connect(lake.duckdb) as con:
+        typer.echo(run_summary(con, dataset, started, spec, report=lake.reports(dataset) / "report.html"))
     if limit is not None:
         typer.echo(f"LLM budget: {limit.status()}.")
 

@@ -13,7 +13,7 @@ from typing import Any
 import dagster as dg
 
 from bridge_assets.llm.budget import BudgetExceeded
-from bridge_assets.paths import data_lake_dir
+from bridge_assets.resources import DuckDBStore
 
 LOG_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 # Failures the command line reports itself in one message (a budget stop is an expected end,
@@ -42,7 +42,7 @@ def console_logger(init_context: dg.InitLoggerContext) -> logging.Logger:
 
 def instance() -> dg.DagsterInstance:
     if "DAGSTER_HOME" not in os.environ:
-        home = data_lake_dir() / "dagster_home"
+        home = DuckDBStore().lake.dagster_home
         home.mkdir(parents=True, exist_ok=True)
         config = home / "dagster.yaml"
         if not config.exists():

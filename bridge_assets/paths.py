@@ -1,22 +1,79 @@
-"""Where things live: the project's resources and the runtime data lake."""
+"""Where things live: the project's resources and the runtime data lake.
+
+The data lake's location is decided in one place, `Lake.locate()`: the `DuckDBStore`
+resource's config (bridge_assets.resources), else `BRIDGE_DATA_LAKE`, else the project's
+`data_lake/`. The votes store (annotators, assignments, votes) is a DuckDB file of its own:
+`BRIDGE_VOTES_DB`, else `<data lake>/annotations/votes.duckdb`, so the pipeline's file can be
+rebuilt or deleted (`make clean`) without touching a vote.
+"""
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 RESOURCES_DIR = PROJECT_ROOT / "resources"
 SQL_DIR = PROJECT_ROOT / "sql"
 
+LAKE_ENV = "BRIDGE_DATA_LAKE"
+VOTES_ENV = "BRIDGE_VOTES_DB"
+
+
+@dataclass(frozen=True)
+class Lake:
+    """The runtime storage: the lake folder and the files and folders in it."""
+
+    folder: Path
+    votes_db: Path      # the votes store (annotators, assignments, votes)
+
+    @classmethod
+    def locate(cls, data_lake: str | Path = "", votes_db: str | Path = "") -> Lake:
+        """`data_lake` (empty: $BRIDGE_DATA_LAKE, else the project's data_lake/) and `votes_db`
+        (empty: $BRIDGE_VOTES_DB, else <data lake>/annotations/votes.duckdb); relative paths
+        are relative to the working directory."""
+        folder = Path(data_lake or os.environ.get(LAKE_ENV) or PROJECT_ROOT / "data_lake").resolve()
+        votes = Path(votes_db or os.environ.get(VOTES_ENV) or folder / "annotations" / "votes.duckdb")
+        return cls(folder, votes.resolve())
+
+    @property
+    def duckdb(self) -> Path:
+        """The pipeline's DuckDB file: one table per asset, and the LLM call ledger."""
+        return self.folder / "bridge.duckdb"
+
+    @property
+    def dagster_home(self) -> Path:
+        return self.folder / "dagster_home"
+
+    @property
+    def runs(self) -> Path:
+        """TREC run files written by `bridge retrievers export`."""
+        return self.folder / "runs"
+
+    @property
+    def indexes(self) -> Path:
+        return self.folder / "indexes"
+
+    @property
+    def downloads(self) -> Path:
+        return self.folder / "downloads"
+
+    def reports(self, dataset: str) -> Path:
+        return self.folder / "reports" / dataset
+
+    def exports(self, dataset: str) -> Path:
+        return self.folder / "exports" / dataset
+
 
 def data_lake_dir() -> Path:
-    """The runtime storage folder; `BRIDGE_DATA_LAKE` overrides the project's `data_lake/`."""
-    return Path(os.environ.get("BRIDGE_DATA_LAKE", PROJECT_ROOT / "data_lake")).resolve()
+    """The lake folder as configured by the environment (see Lake.locate)."""
+    return Lake.locate().folder
 
 
 def duckdb_path() -> Path:
-    return data_lake_dir() / "bridge.duckdb"
+    """The pipeline's DuckDB file as configured by the environment (see Lake.locate)."""
+    return Lake.locate().duckdb
 
 
 def read_sql(name: str) -> str:

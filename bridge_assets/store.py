@@ -14,9 +14,9 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import duckdb
 import polars as pl
@@ -27,11 +27,38 @@ LOCK_WAIT_SECONDS = 300.0
 # Test-only: seconds write_partitions sleeps inside its transaction, before the commit, so a test
 # can kill -9 the process mid-write (tests/test_faults_kill.py). Unset in normal use.
 TEST_PAUSE_ENV = "BRIDGE_TEST_PAUSE_IN_WRITE"
+T = TypeVar("T")
+
+
+class StoreBusy(duckdb.IOException):
+    """Another process held the file's lock for longer than the caller would wait."""
 
 
 def _is_lock_error(exc: Exception) -> bool:
     text = str(exc)
-    return "lock" in text.lower() and ("Conflicting" in text or "Could not set lock" in text)
+    # (the last: the file is open elsewhere in this process, e.g. by a concurrent short connection)
+    return ("lock" in text.lower() and ("Conflicting" in text or "Could not set lock" in text)) \
+        or "Unique file handle conflict" in text
+
+
+def _waiting(open_: Callable[[], T], path: Path, wait_seconds: float) -> T:
+    """`open_()`, retried with backoff while another process holds `path`'s lock; StoreBusy
+    once `wait_seconds` have passed."""
+    deadline = time.monotonic() + wait_seconds
+    # a short wait polls often: another process's lock comes and goes between its transactions
+    longest = max(0.02, min(1.0, wait_seconds / 20))
+    delay = min(0.05, longest)
+    while True:
+        try:
+            return open_()
+        except (duckdb.IOException, duckdb.ConnectionException, duckdb.BinderException) as exc:
+            if not _is_lock_error(exc):
+                raise
+            if time.monotonic() + delay > deadline:
+                raise StoreBusy(f"{path} is locked by another process (waited {wait_seconds:g} s): "
+                                f"{exc}") from exc
+            time.sleep(delay)
+            delay = min(delay * 2, longest)
 
 
 @contextlib.contextmanager
@@ -39,21 +66,24 @@ def connect(path: Path | None = None, *, wait_seconds: float = LOCK_WAIT_SECONDS
     """A short-lived connection; waits (with backoff) while another process holds the file."""
     path = Path(path or duckdb_path())
     path.parent.mkdir(parents=True, exist_ok=True)
-    deadline = time.monotonic() + wait_seconds
-    delay = 0.05
-    while True:
-        try:
-            con = duckdb.connect(str(path))
-            break
-        except (duckdb.IOException, duckdb.ConnectionException) as exc:
-            if not _is_lock_error(exc) or time.monotonic() > deadline:
-                raise
-            time.sleep(delay)
-            delay = min(delay * 2, 1.0)
+    con = _waiting(lambda: duckdb.connect(str(path)), path, wait_seconds)
     try:
         yield con
     finally:
         con.close()
+
+
+def attach(con: duckdb.DuckDBPyConnection, path: Path, alias: str, *, read_only: bool = True,
+           wait_seconds: float = LOCK_WAIT_SECONDS) -> None:
+    """ATTACH the DuckDB file `path` to `con` as `alias` (read-only by default), waiting like
+    connect() while another process writes it."""
+    mode = " (read_only)" if read_only else ""
+    _waiting(lambda: con.execute(f"attach '{_sql_string(path)}' as \"{alias}\"{mode}"), Path(path),
+             wait_seconds)
+
+
+def _sql_string(path: Path) -> str:
+    return str(path).replace("'", "''")
 
 
 def table_exists(con: duckdb.DuckDBPyConnection, table: str) -> bool:
@@ -108,3 +138,19 @@ def write_partitions(tables: Mapping[str, pl.DataFrame], keys: Mapping[str, Any]
 def read_frame(sql: str, params: list[Any] | None = None, path: Path | None = None) -> pl.DataFrame:
     with connect(path) as con:
         return con.execute(sql, params or []).pl()
+
+
+def dataset_snapshot(path: Path, dataset: str, tables: Sequence[str]) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB holding `dataset`'s rows of those `tables` that exist in the data
+    lake at `path`. Assets compute on it, so a long computation never holds the lake's
+    single-writer lock (other materializations wait for that lock while it is held). The
+    tables an asset passes here are the ones it declares as its Dagster deps (one tuple)."""
+    memory = duckdb.connect()
+    with connect(path) as con:
+        for table in tables:
+            if table_exists(con, table):
+                frame = con.execute(f'select * from "{table}" where dataset = ?', [dataset]).to_arrow_table()
+                memory.register("_snapshot", frame)
+                memory.execute(f'create table "{table}" as select * from _snapshot')
+                memory.unregister("_snapshot")
+    return memory

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,4 +30,22 @@ def data_lake(tmp_path, monkeypatch) -> Path:
     lake = tmp_path / "lake"
     lake.mkdir()
     monkeypatch.setenv("BRIDGE_DATA_LAKE", str(lake))
+    monkeypatch.delenv("BRIDGE_VOTES_DB", raising=False)  # the votes store: votes_db(lake)
     return lake
+
+
+def votes_db(lake: Path) -> Path:
+    """The votes store of a test lake (annotators, assignments, votes)."""
+    return lake / "annotations" / "votes.duckdb"
+
+
+@contextlib.contextmanager
+def annotations(lake: Path | None = None) -> Iterator:
+    """A connection to the test lake's votes store (read-write) with the pipeline's tables
+    readable, as the annotation app sees them; `lake` defaults to $BRIDGE_DATA_LAKE."""
+    from bridge_assets.human import votes_store
+
+    lake = Path(lake or os.environ["BRIDGE_DATA_LAKE"])
+    votes_store.prepare(lake / "bridge.duckdb", votes_db(lake))
+    with votes_store.connect(votes_db(lake), lake_db=lake / "bridge.duckdb") as con:
+        yield con

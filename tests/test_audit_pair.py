@@ -126,8 +126,9 @@ def test_pending_pair_and_unknown_pair(audited_lake):
 
 def test_stages_never_run_are_reported_not_materialized(labeled_lake):
     with store.connect() as con:
+        # (the votes are in the votes store: a plain lake connection never sees human_votes)
         for table in ("retrieval_run", "candidate_pool", "filter_votes", "filtered_pool", "debate_labels",
-                      "debate_turns", "human_labels", "human_votes", "llm_calls"):
+                      "debate_turns", "human_labels", "llm_calls"):
             con.execute(f"drop table {table}")
         story = audit_pair(con, DATASET, "q1", "d1")
     assert set(story["not_materialized"]) == {"retrieval_run", "candidate_pool", "filter_votes", "filtered_pool",

@@ -10,12 +10,12 @@ import duckdb
 import pytest
 from fastapi.testclient import TestClient
 
-from bridge_assets import store
 from bridge_assets.human import cli
 from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.app import AppSettings, create_app
 from bridge_assets.human.labels import compute_human_labels
 from bridge_assets.human.security import SESSION_COOKIE
+from conftest import annotations, votes_db
 from test_human_labels import CORPUS, DATASET, ESCALATED, QUERIES, reason, write_escalated_set
 
 SECRET = "a-test-secret-of-enough-length"
@@ -50,14 +50,14 @@ def answer(client: TestClient, label: str, comment: str = ""):
 
 
 def served_pair(lake, html: str) -> tuple[str, str, bool]:
-    with duckdb.connect(str(lake / "bridge.duckdb")) as con:
+    with duckdb.connect(str(votes_db(lake))) as con:
         return con.execute("select query_id, doc_id, is_attention_check from annotation_assignments "
                            "where assignment_id = ?", [assignment_of(html)]).fetchone()
 
 
 def expected_of(lake, html: str) -> int | None:
     """The answer the server expects for the served item (attention checks only)."""
-    with duckdb.connect(str(lake / "bridge.duckdb")) as con:
+    with duckdb.connect(str(votes_db(lake))) as con:
         return con.execute("select expected_label from annotation_assignments where assignment_id = ?",
                            [assignment_of(html)]).fetchone()[0]
 
@@ -68,7 +68,7 @@ def post_answer(client: TestClient, html: str, label: int | str):
 
 
 def votes(lake) -> list[tuple]:
-    with duckdb.connect(str(lake / "bridge.duckdb")) as con:
+    with duckdb.connect(str(votes_db(lake))) as con:
         return con.execute("select annotator_id, query_id, doc_id, label, is_attention_check, status, "
                            "with_history from human_votes order by vote_id").fetchall()
 
@@ -81,7 +81,7 @@ def lake(data_lake):
 
 @pytest.fixture
 def tokens(lake) -> dict[str, str]:
-    with store.connect() as con:
+    with annotations() as con:
         made = {name: add_annotator(con, name) for name in ("ann", "bob", "cat", "dan")}
         made["root"] = add_annotator(con, "root", admin=True)
     return made
@@ -127,7 +127,7 @@ def test_login_sets_an_httponly_strict_cookie_and_a_rotated_token_ends_the_sessi
     assert page.status_code == 200
     assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
     assert page.headers["x-frame-options"] == "DENY"
-    with store.connect() as con:
+    with annotations() as con:
         add_annotator(con, "ann", rotate=True)
     assert client.get("/annotate").status_code == 303
 
@@ -166,7 +166,7 @@ def test_each_pair_gets_three_distinct_annotators_and_nobody_sees_a_pair_twice(l
     late = make_client(lake)
     login(late, tokens["dan"])  # every pair has its three votes: nothing for a fourth person
     assert 'id="done"' in late.get("/annotate").text
-    with store.connect() as con:
+    with annotations() as con:
         result = compute_human_labels(con, DATASET)
     assert result.open_pairs == 0 and result.accepted_votes == 12
 
@@ -309,7 +309,7 @@ def test_failing_an_attention_check_flags_and_excludes_votes_since_the_last_pass
     assert unflag.status_code == 303
     assert 'id="vote-form"' in plain.get("/annotate").text      # may continue ...
     assert [v[5] for v in votes(lake)][2:4] == ["excluded", "excluded"]  # ... exclusions stay
-    with store.connect() as con:
+    with annotations() as con:
         assert compute_human_labels(con, DATASET).accepted_votes == 1
 
 
@@ -354,7 +354,7 @@ def test_admin_sees_progress_and_kappa_and_exports_votes(lake, tokens):
     admin = make_client(lake)
     login(admin, tokens["root"])
     page = admin.get("/admin").text
-    with store.connect() as con:
+    with annotations() as con:
         result = compute_human_labels(con, DATASET)
     assert f"{result.kappa:.3f}" in page and "100%" in page
     exported = admin.get("/admin/export.json")

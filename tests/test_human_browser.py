@@ -29,6 +29,7 @@ from bridge_assets.human.app import AppSettings, create_app
 from bridge_assets.human.assets import human_labels
 from bridge_assets.human.labels import compute_human_labels
 from bridge_assets.resources import DuckDBStore
+from conftest import annotations, votes_db
 from test_human_labels import DATASET, QUERIES, write_escalated_set
 
 # Debian's chromium (`make browser` installs it); BRIDGE_CHROMIUM points at another build.
@@ -68,7 +69,7 @@ def served(app):
 
 
 def served_item(lake, assignment_id: str) -> tuple[tuple[str, str], bool, int | None]:
-    with duckdb.connect(str(lake / "bridge.duckdb"), read_only=False) as con:
+    with duckdb.connect(str(votes_db(lake)), read_only=False) as con:
         query_id, doc_id, is_check, expected = con.execute(
             "select query_id, doc_id, is_attention_check, expected_label from annotation_assignments "
             "where assignment_id = ?", [assignment_id]).fetchone()
@@ -82,7 +83,7 @@ def test_three_annotators_label_the_queue_in_chromium_and_human_labels_holds_the
     from playwright.sync_api import sync_playwright
 
     write_escalated_set(data_lake)
-    with store.connect() as con:
+    with annotations() as con:
         tokens = {name: add_annotator(con, name) for name in ("alice", "bob", "carol")}
     app = create_app(AppSettings(db_path=data_lake / "bridge.duckdb", secret="browser-test-secret-123",
                                  attention_rate=0.25, seed=2))
@@ -136,7 +137,7 @@ def test_three_annotators_label_the_queue_in_chromium_and_human_labels_holds_the
         {name: sorted(PLAN) for name in tokens}
     assert checks >= 1  # attention checks were mixed in, and answered right
 
-    with store.connect() as con:
+    with annotations() as con:
         result = compute_human_labels(con, DATASET)
         comments = con.execute("select annotator_id, label, comment from human_votes "
                                "where not is_attention_check").fetchall()
@@ -177,8 +178,9 @@ def test_markup_in_chunk_query_answers_and_debate_is_shown_as_text_and_never_run
     from playwright.sync_api import sync_playwright
 
     write_escalated_set(data_lake)
-    with store.connect() as con:
+    with annotations() as con:
         token = add_annotator(con, "alice")
+    with store.connect() as con:
         con.execute("update queries set text = ?, answers = ? where query_id = 'q1'",
                     [HOSTILE["query"], HOSTILE["answers"]])
         con.execute("update corpus set text = ?, title = ? where doc_id = 'd5'",
@@ -222,6 +224,6 @@ def test_markup_in_chunk_query_answers_and_debate_is_shown_as_text_and_never_run
             assert page.evaluate("typeof window.__xss") == "undefined"
         finally:
             browser.close()
-    with store.connect() as con:
+    with annotations() as con:
         assert con.execute("select annotator_id, query_id, label from human_votes").fetchall() == \
             [("alice", "q1", 0)]

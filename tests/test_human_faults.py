@@ -22,6 +22,7 @@ from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.app import AppSettings, create_app
 from bridge_assets.human.security import SESSION_COOKIE
 from bridge_assets.human.transfer import ImportFailed, import_votes
+from conftest import annotations, votes_db
 from test_human_app import SECRET, answer, csrf_of, login, make_client, served_pair, votes
 from test_human_labels import write_escalated_set
 
@@ -34,7 +35,7 @@ def lake(data_lake):
 
 @pytest.fixture
 def tokens(lake) -> dict[str, str]:
-    with store.connect() as con:
+    with annotations() as con:
         made = {name: add_annotator(con, name) for name in ("ann", "bob")}
         made["root"] = add_annotator(con, "root", admin=True)
     return made
@@ -66,7 +67,7 @@ def test_a_rotated_token_ends_sessions_even_if_the_new_token_hashes_alike(lake, 
     client = make_client(lake)
     login(client, tokens["ann"])
     cookie = client.cookies[SESSION_COOKIE]
-    with store.connect() as con:
+    with annotations() as con:
         epoch = con.execute("select session_epoch from annotators where annotator_id = 'ann'").fetchone()[0]
         add_annotator(con, "ann", rotate=True)
         # same fingerprint as before: only the epoch can tell the old session from a new one
@@ -123,7 +124,7 @@ def test_an_item_whose_chunk_is_gone_is_dropped_and_the_next_one_served(lake, to
     with caplog.at_level(logging.WARNING, logger="bridge_assets.human.app"):
         page = client.get("/annotate")
     assert page.status_code == 200 and served_pair(lake, page.text)[:2] == ("q2", "d6")
-    with duckdb.connect(str(lake / "bridge.duckdb")) as con:
+    with duckdb.connect(str(votes_db(lake))) as con:
         dropped = con.execute("select doc_id, state from annotation_assignments "
                               "where doc_id = 'd5'").fetchall()
     assert dropped == [("d5", "dropped")]
@@ -217,7 +218,7 @@ def vote_file(annotator: str, **extra) -> bytes:
 
 
 def test_an_import_under_a_token_holders_name_is_refused(lake, tokens):
-    with store.connect() as con:
+    with annotations() as con:
         with pytest.raises(ImportFailed, match="record 1: annotator 'ann' logs in to the app"):
             import_votes(con, vote_file("ann"), "forged.json")
         with pytest.raises(ImportFailed, match="annotator 'bob' logs in"):
@@ -228,7 +229,7 @@ def test_an_import_under_a_token_holders_name_is_refused(lake, tokens):
 
 
 def test_an_override_imports_them_and_says_so_in_the_source(lake, tokens):
-    with store.connect() as con:
+    with annotations() as con:
         assert import_votes(con, vote_file("ann"), "paper.json", override=True) == 1
         assert import_votes(con, vote_file("ext"), "other.json", override=True) == 1
         sources = con.execute("select annotator_id, source from human_votes order by vote_id").fetchall()
@@ -257,7 +258,7 @@ def test_the_admin_page_and_the_command_refuse_them_too(lake, tokens, tmp_path):
 
 def test_deeply_nested_json_is_a_named_error_not_a_crash(lake):
     nested = b'[{"dataset": "demo",\n "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}]"
-    with store.connect() as con, pytest.raises(ImportFailed, match=r"deep\.json, line 2: JSON nested"):
+    with annotations() as con, pytest.raises(ImportFailed, match=r"deep\.json, line 2: JSON nested"):
         import_votes(con, nested, "deep.json")
 
 
@@ -269,7 +270,7 @@ def test_csv_export_cells_cannot_start_a_formula(lake, tokens, comment):
     client = make_client(lake)
     login(client, tokens["ann"])
     answer(client, "1", comment="placeholder")
-    with store.connect() as con:  # as an import could have stored it
+    with annotations() as con:  # as an import could have stored it
         con.execute("update human_votes set comment = ?", [comment])
     admin = make_client(lake)
     login(admin, tokens["root"])

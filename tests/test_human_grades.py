@@ -19,6 +19,7 @@ from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.labels import compute_human_labels
 from bridge_assets.human.tables import SCHEMA, ensure_schema
 from bridge_assets.human.transfer import ImportFailed, import_votes
+from conftest import annotations
 from test_human_app import answer, expected_of, login, make_client, post_answer, served_pair, votes
 from test_human_labels import DATASET, ESCALATED, vote, write_escalated_set
 
@@ -40,7 +41,7 @@ def lake(data_lake):
 
 @pytest.fixture
 def tokens(lake) -> dict[str, str]:
-    with store.connect() as con:
+    with annotations() as con:
         return {name: add_annotator(con, name) for name in ("ann", "bob", "cat")}
 
 
@@ -54,7 +55,7 @@ def tokens(lake) -> dict[str, str]:
 ])
 def test_human_label_is_the_median_grade(lake, grades, label, decided):
     pair = ESCALATED[0]
-    with store.connect() as con:
+    with annotations() as con:
         for n, value in enumerate(grades):
             vote(con, pair, f"a{n}", value)
         rows = {(r["query_id"], r["doc_id"]): r
@@ -68,7 +69,7 @@ def test_human_label_is_the_median_grade(lake, grades, label, decided):
 
 def test_fleiss_kappa_on_grades_and_weighted_kappa_per_annotator_pair_equal_the_libraries(lake):
     grades = {"ann": [3, 2, 0, 1], "bob": [2, 2, 0, 0], "cat": [3, 1, 1, 1]}
-    with store.connect() as con:
+    with annotations() as con:
         for annotator, values in grades.items():
             for pair, value in zip(ESCALATED, values, strict=True):
                 vote(con, pair, annotator, value)
@@ -133,7 +134,7 @@ def test_imported_grades_are_taken_for_graded_datasets_only(lake):
     rows = [{"dataset": DATASET, "query_id": q, "doc_id": d, "annotator_id": "ext", "label": "2"}
             for q, d in ESCALATED[:2]]
     content = json.dumps(rows).encode()
-    with store.connect() as con:
+    with annotations() as con:
         with pytest.raises(ImportFailed, match="label 2 is a grade, and dataset 'demo' is not graded"):
             import_votes(con, content, "grades.json")
         assert import_votes(con, content, "grades.json", graded=[DATASET]) == 2

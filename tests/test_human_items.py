@@ -15,6 +15,7 @@ import pytest
 from bridge_assets import store
 from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.items import highlight
+from conftest import annotations
 from test_human_app import expected_of, login, make_client, post_answer, served_pair
 from test_human_labels import CORPUS, ESCALATED, write_escalated_set
 
@@ -27,7 +28,7 @@ def lake(data_lake):
 
 @pytest.fixture
 def tokens(lake) -> dict[str, str]:
-    with store.connect() as con:
+    with annotations() as con:
         return {name: add_annotator(con, name) for name in ("ann", "bob", "cat", "dan")}
 
 

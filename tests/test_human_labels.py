@@ -23,6 +23,7 @@ from bridge_assets.human.labels import compute_human_labels
 from bridge_assets.human.tables import ensure_schema
 from bridge_assets.human.votes import insert_vote
 from bridge_assets.resources import DuckDBStore
+from conftest import annotations, votes_db
 
 DATASET = "demo"
 
@@ -170,7 +171,7 @@ def test_highlight_marks_each_agents_quotes_despite_whitespace_and_case():
 
 def test_majority_over_accepted_votes_with_coverage_kappa_and_open_pairs(escalated_lake):
     p1, p2, p3, p4 = ESCALATED
-    with store.connect() as con:
+    with annotations() as con:
         for pair, labels in ((p1, [1, 1, 0]), (p2, [0, 0, 0]), (p3, [1, 0])):
             for who, label in zip(("ann", "bob", "cat"), labels):
                 vote(con, pair, who, label)
@@ -185,7 +186,7 @@ def test_majority_over_accepted_votes_with_coverage_kappa_and_open_pairs(escalat
     assert rows[p2]["label"] == 0 and rows[p2]["agreement"] == 1.0 and set(rows) == {p1, p2}
     assert before.kappa == pytest.approx(statsmodels_fleiss_kappa(np.array([[1, 2], [3, 0]])))
 
-    with store.connect() as con:
+    with annotations() as con:
         vote(con, p3, "eve", 1)
         vote(con, p4, "ann", 1)
         vote(con, p4, "bob", 0)
@@ -194,14 +195,14 @@ def test_majority_over_accepted_votes_with_coverage_kappa_and_open_pairs(escalat
         after = compute_human_labels(con, DATASET)
     assert same != before.data_version  # a new vote changes the data version ...
     assert after.data_version != same and after.open_pairs == 0 and after.coverage == 1.0
-    with store.connect() as con:  # ... and nothing else does
+    with annotations() as con:  # ... and nothing else does
         assert compute_human_labels(con, DATASET).data_version == after.data_version
     assert dict(zip(after.labels["doc_id"], after.labels["label"])) == {"d5": 1, "d6": 0, "d7": 1, "d8": 1}
 
 
 def test_a_tie_keeps_the_pair_open_until_a_tie_breaking_vote(escalated_lake):
     pair = ESCALATED[0]
-    with store.connect() as con:
+    with annotations() as con:
         for who, label in (("ann", 1), ("bob", 0), ("cat", 1), ("dan", 0)):
             vote(con, pair, who, label)
         tied = compute_human_labels(con, DATASET)
@@ -220,7 +221,7 @@ def materialize(lake, allow_partial=False):
 
 
 def test_asset_refuses_open_pairs_unless_partial_is_asked_and_then_says_how_many(escalated_lake):
-    with store.connect() as con:
+    with annotations() as con:
         for who, label in (("ann", 1), ("bob", 1), ("cat", 0)):
             vote(con, ESCALATED[0], who, label)
     refused = materialize(escalated_lake)
@@ -243,14 +244,14 @@ def test_asset_refuses_open_pairs_unless_partial_is_asked_and_then_says_how_many
 def test_sensor_requests_a_run_once_every_pair_has_three_votes_and_again_when_votes_change(
         escalated_lake):
     context = dg.build_sensor_context(resources={"store": DuckDBStore(data_lake=str(escalated_lake))})
-    with store.connect() as con:
+    with annotations() as con:
         for pair in ESCALATED[:3]:
             for who in ("ann", "bob", "cat"):
                 vote(con, pair, who, 1)
     waiting = human_labels_sensor(context)
     assert isinstance(waiting, dg.SkipReason) and "demo: 1 of 4 escalated pairs still need votes" in \
         waiting.skip_message
-    with store.connect() as con:
+    with annotations() as con:
         for who, label in (("ann", 0), ("bob", 0), ("cat", 1)):
             vote(con, ESCALATED[3], who, label)
     first = human_labels_sensor(dg.build_sensor_context(
@@ -262,7 +263,7 @@ def test_sensor_requests_a_run_once_every_pair_has_three_votes_and_again_when_vo
     assert result.success
     event = result.asset_materializations_for_node("human_labels")[0]
     assert event.tags["dagster/data_version"] == request.run_key.rsplit(":", 1)[1]
-    with store.connect() as con:
+    with annotations() as con:
         vote(con, ESCALATED[3], "dan", 0)  # one more vote: a new state, a new run key
     again = human_labels_sensor(dg.build_sensor_context(
         resources={"store": DuckDBStore(data_lake=str(escalated_lake))}))
@@ -277,7 +278,7 @@ def test_add_annotator_prints_a_token_stored_only_as_a_hash(data_lake):
     assert result.exit_code == 0, result.output
     token = result.stdout.strip().splitlines()[-1]
     assert len(token) >= 40
-    with duckdb.connect(str(data_lake / "bridge.duckdb")) as con:
+    with duckdb.connect(str(votes_db(data_lake))) as con:
         rows = con.execute("select annotator_id, token_hash, is_admin from annotators").fetchall()
         dump = json.dumps(con.execute("select * from annotators").fetchall(), default=str)
     assert rows == [("alice", hashlib.sha256(token.encode()).hexdigest(), True)]

@@ -1,6 +1,7 @@
 """The annotation app under load (issue 13, item 15): annotators voting at once against a real
-uvicorn server on 127.0.0.1 while another process writes pipeline tables to the same DuckDB file.
-No vote is lost, no request fails, and the test prints the latency it saw."""
+uvicorn server on 127.0.0.1 while another process writes pipeline tables to the DuckDB file the
+pages read (the votes go to the votes store). No vote is lost, no request fails, and the test
+prints the latency it saw."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import pytest
 from bridge_assets import store
 from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.app import AppSettings, create_app
-from conftest import PROJECT_ROOT
+from conftest import PROJECT_ROOT, annotations, votes_db
 from test_human_browser import served
 
 DATASET = "load"
@@ -105,7 +106,7 @@ def csrf(page: str) -> str:
 def test_votes_under_load_with_a_pipeline_writing_the_same_file(data_lake, tmp_path, capsys,
                                                                 annotators, votes):
     pairs = write_pairs(votes)
-    with store.connect() as con:
+    with annotations() as con:
         people = [Annotator(f"a{i}", add_annotator(con, f"a{i}")) for i in range(annotators)]
     stop = tmp_path / "stop"
     writer = subprocess.Popen([sys.executable, "-c", WRITER, str(stop)], cwd=PROJECT_ROOT,
@@ -131,11 +132,12 @@ def test_votes_under_load_with_a_pipeline_writing_the_same_file(data_lake, tmp_p
     latencies = sorted(t for p in people for t in p.latencies)
     assert len(statuses) == annotators * (2 + 2 * votes)      # every thread ran to its end
     assert set(statuses) <= {200, 303}, sorted(set(statuses))  # no 500, no refusal
-    with duckdb.connect(str(data_lake / "bridge.duckdb")) as con:
+    with duckdb.connect(str(votes_db(data_lake))) as con:
         stored = con.execute("select annotator_id, query_id, doc_id from human_votes").fetchall()
         voted = con.execute("select a.annotator_id, a.assignment_id from annotation_assignments a "
                             "join human_votes v using (annotator_id, dataset, query_id, doc_id)"
                             ).fetchall()
+    with duckdb.connect(str(data_lake / "bridge.duckdb")) as con:
         last_write = con.execute("select count(*), min(score), max(score) from retrieval_run").fetchone()
     assert len(stored) == annotators * votes                  # no vote lost, none doubled
     for person in people:

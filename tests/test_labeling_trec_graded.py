@@ -20,7 +20,6 @@ import duckdb
 import pytest
 import pytrec_eval
 
-from bridge_assets import store
 from bridge_assets.analysis import assets as analysis_assets
 from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.assets import human_labels
@@ -28,7 +27,7 @@ from bridge_assets.ingest import assets as ingest_assets
 from bridge_assets.labeling import assets as labeling_assets
 from bridge_assets.qrels.assets import bridge_qrels
 from bridge_assets.resources import DuckDBStore
-from conftest import shared_data
+from conftest import annotations, shared_data
 from test_human_app import login, make_client, post_answer, served_pair
 from test_labeling_assets import ScriptedLLM, write_run
 from test_llm_client import ScriptedServer, completion
@@ -203,7 +202,7 @@ def test_graded_labels_of_a_trec_collection_flow_to_qrels_and_ndcg(data_lake, tm
     assert_metrics(data_lake, "refined_upper", {**REFINED, **{pair: 3 for pair in VOTES}})
 
     # people grade the two escalated pairs on the annotation page
-    with store.connect() as con:
+    with annotations() as con:
         tokens = {name: add_annotator(con, name) for name in ("ann", "bob", "cat")}
     for name, token in tokens.items():
         client = make_client(data_lake, graded=(DATASET,))
@@ -213,7 +212,8 @@ def test_graded_labels_of_a_trec_collection_flow_to_qrels_and_ndcg(data_lake, tm
             assert f'<p id="narrative">{NARRATIVE.format(id=query_id)}</p>' in page
             assert 'id="scale"' in page and "says: grade" in page
             assert post_answer(client, page, VOTES[(query_id, doc_id)][name]).status_code == 303
-    assert rows(data_lake, "select count(*), max(label) from human_votes") == [(6, 3)]
+    with annotations() as con:
+        assert con.execute("select count(*), max(label) from human_votes").fetchall() == [(6, 3)]
 
     materialize(data_lake, [human_labels])
     assert rows(data_lake, "select query_id, doc_id, label from human_labels order by 1") == \

@@ -28,6 +28,7 @@ from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.qrels.cli import app as qrels_app
 from bridge_assets.qrels.merge import build_bridge_qrels
 from bridge_assets.resources import DuckDBStore
+from conftest import annotations
 
 DATASET = "demo"
 SHORT = "Short note."
@@ -153,7 +154,7 @@ def write_labeled_lake(lake) -> None:
             "agent": pl.Utf8, "stance": pl.Utf8, "model": pl.Utf8, "reference": pl.List(pl.Utf8),
             "reason": pl.Utf8, "response": pl.Utf8, "call_key": pl.Utf8, "error": pl.Utf8}),
     }, {"dataset": DATASET}, path)
-    with store.connect(path) as con:
+    with annotations(lake) as con:  # the votes store
         ensure_schema(con)
         for (q, d), ballots in HUMAN_VOTES.items():
             for annotator, label in ballots.items():
@@ -193,8 +194,11 @@ def read(lake, sql: str) -> pl.DataFrame:
 # --- the merge -------------------------------------------------------------------------------------
 
 def test_sources_follow_the_documented_precedence_and_pending_pairs_are_not_labels(labeled_lake):
-    with store.connect() as con:
+    con = qrels_assets.qrels_inputs(DuckDBStore(), DATASET)  # what the asset reads, votes included
+    try:
         result = build_bridge_qrels(con, DATASET)
+    finally:
+        con.close()
     got = {(r["query_id"], r["doc_id"]): (r["relevance"], r["source"]) for r in result.qrels.iter_rows(named=True)}
     assert got == EXPECTED
     rows = {(r["query_id"], r["doc_id"]): r for r in result.qrels.iter_rows(named=True)}
@@ -203,7 +207,7 @@ def test_sources_follow_the_documented_precedence_and_pending_pairs_are_not_labe
     # provenance: debate turns' call keys, human vote ids (accepted, no attention check), adjudicator call
     assert rows[("q1", "d5")]["pair_key"] == pair_key("q1", "d5")
     assert rows[("q1", "d5")]["config_hash"] == "debate-cfg" and len(rows[("q1", "d5")]["call_keys"]) == 2
-    with store.connect() as con:
+    with annotations() as con:
         counted = [r[0] for r in con.execute(
             "select vote_id from human_votes where query_id = 'q3' and doc_id = 'd7' and status = 'accepted' "
             "order by vote_id").fetchall()]
@@ -224,9 +228,8 @@ def test_sources_follow_the_documented_precedence_and_pending_pairs_are_not_labe
 
 def test_merge_works_before_the_labeling_stages_ran(data_lake):
     write_labeled_lake(data_lake)
-    with store.connect() as con:
-        for table in ("debate_labels", "debate_turns", "human_labels", "human_votes", "filtered_pool",
-                      "filter_votes"):
+    with store.connect() as con:  # (the votes live in the votes store: not seen here)
+        for table in ("debate_labels", "debate_turns", "human_labels", "filtered_pool", "filter_votes"):
             con.execute(f"drop table {table}")
         result = build_bridge_qrels(con, DATASET)
     assert result.qrels.select("query_id", "doc_id", "relevance").rows() == sorted(ORIGINAL)

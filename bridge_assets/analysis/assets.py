@@ -2,8 +2,12 @@
 
 retrieval_metrics -> ranking_shift, significance; pool_saturation; partial_annotation_study;
 rag_answers -> rag_judgments -> rag_alignment. Each reads one dataset's rows into an
-in-memory DuckDB (views.dataset_snapshot), computes with the plain functions of this
+in-memory DuckDB (DuckDBStore.snapshot), computes with the plain functions of this
 package, and replaces its partition in one transaction.
+
+Lineage is declared once: READS names the tables each asset reads, and both its Dagster deps
+and its snapshot come from that tuple (tests/test_lineage.py checks that the computation reads
+nothing else).
 """
 
 # No `from __future__ import annotations`: Dagster resolves dg.Config annotations at runtime.
@@ -25,7 +29,7 @@ from bridge_assets.analysis.shift import DEFAULT_MEASURES as SHIFT_MEASURES
 from bridge_assets.analysis.shift import compute_ranking_shift
 from bridge_assets.analysis.significance import ALPHA, RESAMPLES, compute_significance
 from bridge_assets.analysis.significance import DEFAULT_MEASURES as SIGNIFICANCE_MEASURES
-from bridge_assets.analysis.views import ScopeInfo, dataset_snapshot
+from bridge_assets.analysis.views import ScopeInfo
 from bridge_assets.ingest.registry import GRADES, get_dataset
 from bridge_assets.labeling.calls import MeteredGenerate
 from bridge_assets.llm.resource import LLMResource
@@ -39,6 +43,26 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", dg.BetaWarning)
     RUN_DEP = dg.AssetDep("retrieval_run", partition_mapping=dg.MultiToSingleDimensionPartitionMapping(
         partition_dimension_name="dataset"))
+# The tables each asset reads (analysis_views: retrieval_run, original_qrels, bridge_qrels
+# unless refined=False, candidate_pool for the pooled scope, queries for every query).
+READS: dict[str, tuple[str, ...]] = {
+    "retrieval_metrics": ("retrieval_run", "original_qrels", "bridge_qrels", "candidate_pool", "queries"),
+    "ranking_shift": ("retrieval_metrics",),
+    "significance": ("retrieval_metrics",),
+    "pool_saturation": ("candidate_pool", "bridge_qrels", "retrieval_run", "original_qrels", "queries"),
+    "partial_annotation_study": ("bridge_qrels", "retrieval_run", "corpus", "candidate_pool",
+                                 "original_qrels", "queries"),
+    "rag_answers": ("retrieval_run", "queries", "corpus", "candidate_pool", "original_qrels"),
+    "rag_judgments": ("rag_answers", "queries"),
+    "rag_alignment": ("rag_judgments", "retrieval_metrics"),
+}
+
+
+def deps(asset: str) -> list:
+    """The Dagster deps of `asset`: its READS (retrieval_run through RUN_DEP)."""
+    return [RUN_DEP if table == "retrieval_run" else table for table in READS[asset]]
+
+
 ScopeField = Field("pooled", description="pooled: only the queries of the candidate pool (those "
                    "the pipeline re-judged; every query without a pool); all: every query.")
 
@@ -85,7 +109,7 @@ def metrics_summary(frame: pl.DataFrame, k: int) -> pl.DataFrame:
 
 
 @dg.asset(partitions_def=dataset_partitions, group_name=GROUP,
-          deps=[RUN_DEP, "original_qrels", "bridge_qrels", "candidate_pool"],
+          deps=deps("retrieval_metrics"),
           description="Every system on the original and on the refined qrels, per query and "
                       "averaged ('all'): Hit, Recall, P, MRR, nDCG @k, MAP, Judged@k, Hole@k "
                       "(trec_eval conventions). Long table: dataset, retriever, qrels_version, "
@@ -94,8 +118,7 @@ def retrieval_metrics(context: dg.AssetExecutionContext, config: RetrievalMetric
                       store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
     started = time.monotonic()
-    con = dataset_snapshot(store.path, dataset, ["retrieval_run", "original_qrels", "bridge_qrels",
-                                                 "candidate_pool", "queries"])
+    con = store.snapshot(dataset, READS["retrieval_metrics"])
     top_grade = GRADES[-1] if get_dataset(dataset).label_scale == "graded" else 1
     try:
         frame, info = compute_dataset_metrics(con, dataset, k=config.k, scope=config.scope,
@@ -115,13 +138,13 @@ class RankingShiftConfig(dg.Config):
     measures: list[str] = Field(list(SHIFT_MEASURES), description="retrieval_metrics measures to rank by.")
 
 
-@dg.asset(partitions_def=dataset_partitions, group_name=GROUP, deps=["retrieval_metrics"],
+@dg.asset(partitions_def=dataset_partitions, group_name=GROUP, deps=deps("ranking_shift"),
           description="System ranking before (original qrels) and after (refined qrels), per "
                       "measure: scores, places, rank changes, Kendall tau and tau-b.")
 def ranking_shift(context: dg.AssetExecutionContext, config: RankingShiftConfig,
                   store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
-    con = dataset_snapshot(store.path, dataset, ["retrieval_metrics"])
+    con = store.snapshot(dataset, READS["ranking_shift"])
     try:
         frame = compute_ranking_shift(con, dataset, config.measures)
     finally:
@@ -145,7 +168,7 @@ class SignificanceConfig(dg.Config):
     alpha: float = Field(ALPHA, gt=0, lt=1, description="Significance level of the Holm-corrected p-values.")
 
 
-@dg.asset(partitions_def=dataset_partitions, group_name=GROUP, deps=["retrieval_metrics"],
+@dg.asset(partitions_def=dataset_partitions, group_name=GROUP, deps=deps("significance"),
           description="Every pair of systems, per measure, on the original and on the refined qrels: "
                       "two-sided paired t-test and randomization test over the queries, p-values "
                       "Holm-Bonferroni corrected over the system pairs, significant at alpha. Long "
@@ -155,7 +178,7 @@ def significance(context: dg.AssetExecutionContext, config: SignificanceConfig,
                  store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
     started = time.monotonic()
-    con = dataset_snapshot(store.path, dataset, ["retrieval_metrics"])
+    con = store.snapshot(dataset, READS["significance"])
     try:
         frame = compute_significance(con, dataset, measures=config.measures, qrels_versions=config.qrels_versions,
                                      resamples=config.resamples, seed=config.seed, alpha=config.alpha)
@@ -181,7 +204,7 @@ class PoolSaturationConfig(dg.Config):
 
 
 @dg.asset(partitions_def=dataset_partitions, group_name=GROUP,
-          deps=["candidate_pool", "bridge_qrels", RUN_DEP, "original_qrels"],
+          deps=deps("pool_saturation"),
           description="Pool saturation from the stored labels (no LLM call): filled holes found "
                       "and growth rate GR(m) as systems are added (mean/std over seeded random "
                       "orders), and each system's marginal contribution MC(r) for Hit@10, "
@@ -190,8 +213,7 @@ def pool_saturation(context: dg.AssetExecutionContext, config: PoolSaturationCon
                     store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
     started = time.monotonic()
-    con = dataset_snapshot(store.path, dataset, ["candidate_pool", "bridge_qrels", "retrieval_run",
-                                                 "original_qrels", "queries"])
+    con = store.snapshot(dataset, READS["pool_saturation"])
     try:
         frame, info, holes = compute_pool_saturation(con, dataset, orders=config.orders, seed=config.seed,
                                                      measures=config.measures, k=config.k,
@@ -221,7 +243,7 @@ class PartialAnnotationConfig(dg.Config):
 
 
 @dg.asset(partitions_def=dataset_partitions, group_name=GROUP,
-          deps=["bridge_qrels", RUN_DEP, "corpus", "candidate_pool", "original_qrels"],
+          deps=deps("partial_annotation_study"),
           description="D-MERIT: Kendall tau-b and error rate between system rankings under partial "
                       "and full (refined) qrels: random single-relevant (x samples), most popular / "
                       "longest / shortest single-relevant, system-based single-relevant (base "
@@ -231,8 +253,7 @@ def partial_annotation_study(context: dg.AssetExecutionContext, config: PartialA
                              store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
     started = time.monotonic()
-    con = dataset_snapshot(store.path, dataset, ["bridge_qrels", "retrieval_run", "corpus",
-                                                 "candidate_pool", "original_qrels", "queries"])
+    con = store.snapshot(dataset, READS["partial_annotation_study"])
     try:
         frame, info, notes = compute_partial_annotation_study(
             con, dataset, measures=config.measures, samples=config.samples, fractions=config.fractions,
@@ -267,15 +288,14 @@ class RagAnswersConfig(dg.Config):
 
 
 @dg.asset(partitions_def=dataset_partitions, group_name=GROUP,
-          deps=[RUN_DEP, "queries", "corpus", "candidate_pool", "original_qrels"],
+          deps=deps("rag_answers"),
           description="Per system and query (a stable sample), an answer generated by the LLM "
                       "from that system's top-k chunks only, or 'no relevant information'.")
 def rag_answers(context: dg.AssetExecutionContext, config: RagAnswersConfig, store: DuckDBStore,
                 llm: LLMResource) -> dg.MaterializeResult:
     dataset = context.partition_key
     started = time.monotonic()
-    con = dataset_snapshot(store.path, dataset, ["retrieval_run", "queries", "corpus", "candidate_pool",
-                                                 "original_qrels"])
+    con = store.snapshot(dataset, READS["rag_answers"])
     try:
         contexts, info = rag.rag_contexts(con, dataset, depth=config.depth, query_limit=config.query_limit,
                                           systems=config.systems, scope=config.scope)
@@ -299,15 +319,19 @@ class RagJudgmentsConfig(dg.Config):
     max_tokens: int = Field(16, ge=4)
 
 
-@dg.asset(partitions_def=dataset_partitions, group_name=GROUP, deps=["rag_answers", "queries"],
+@dg.asset(partitions_def=dataset_partitions, group_name=GROUP, deps=deps("rag_judgments"),
           description="Each RAG answer judged True/False against the gold answers by the LLM "
                       "('no relevant information' is False without a call; failed calls stay NULL).")
 def rag_judgments(context: dg.AssetExecutionContext, config: RagJudgmentsConfig, store: DuckDBStore,
                   llm: LLMResource) -> dg.MaterializeResult:
     dataset = context.partition_key
     started = time.monotonic()
-    answers = store.read("select * from rag_answers where dataset = ? order by retriever, query_id", [dataset])
-    queries = store.read("select query_id, text, answers from queries where dataset = ?", [dataset])
+    con = store.snapshot(dataset, READS["rag_judgments"])
+    try:
+        answers = con.execute("select * from rag_answers order by retriever, query_id").pl()
+        queries = con.execute("select query_id, text, answers from queries").pl()
+    finally:
+        con.close()
     model = config.model or llm.profile_for("judge")
     generate = MeteredGenerate(llm.generate_fn(context.run_id, context.log.info))
     judgments = rag.judge_answers(answers, queries, generate, model, dataset, max_tokens=config.max_tokens)
@@ -324,14 +348,14 @@ class RagAlignmentConfig(dg.Config):
     k: int = Field(10, ge=1, description="Cutoff of Hit@k / nDCG@k (retrieval_metrics must hold it).")
 
 
-@dg.asset(partitions_def=dataset_partitions, group_name=GROUP, deps=["rag_judgments", "retrieval_metrics"],
+@dg.asset(partitions_def=dataset_partitions, group_name=GROUP, deps=deps("rag_alignment"),
           description="RAGAlign@k on original and refined qrels (agreement of Hit@k with the RAG "
                       "judgment), point-biserial correlation with nDCG@k, and the Pearson "
                       "correlation across systems.")
 def rag_alignment(context: dg.AssetExecutionContext, config: RagAlignmentConfig,
                   store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
-    con = dataset_snapshot(store.path, dataset, ["rag_judgments", "retrieval_metrics"])
+    con = store.snapshot(dataset, READS["rag_alignment"])
     try:
         frame = rag.compute_rag_alignment(con, dataset, k=config.k)
     finally:

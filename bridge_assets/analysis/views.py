@@ -21,15 +21,13 @@ Without a candidate pool, "pooled" falls back to every query. Scope "all" keeps 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 import duckdb
 
-from bridge_assets import store
-from bridge_assets.store import table_exists
+from bridge_assets.store import dataset_snapshot, table_exists
 
 Scope = Literal["pooled", "all"]
 # qrels version -> whether a pending pair is relevant in it (at the scale's top grade)
@@ -98,16 +96,4 @@ def analysis_views(con: duckdb.DuckDBPyConnection, dataset: str, scope: Scope = 
             con.execute(f"drop table if exists temp.{name}")
 
 
-def dataset_snapshot(path: Path, dataset: str, tables: Sequence[str]) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB holding `dataset`'s rows of those `tables` that exist in the data
-    lake at `path`. Analyses run on it, so a long computation never holds the lake's
-    single-writer lock (other materializations wait for that lock while it is held)."""
-    memory = duckdb.connect()
-    with store.connect(path) as con:
-        for table in tables:
-            if table_exists(con, table):
-                frame = con.execute(f'select * from "{table}" where dataset = ?', [dataset]).to_arrow_table()
-                memory.register("_snapshot", frame)
-                memory.execute(f'create table "{table}" as select * from _snapshot')
-                memory.unregister("_snapshot")
-    return memory
+__all__ = ["REFINED_BOUNDS", "MissingInput", "ScopeInfo", "analysis_views", "dataset_snapshot", "require_rows"]

@@ -18,9 +18,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
+from bridge_assets import registries
 from bridge_assets.labeling.pairs import Pair
 from bridge_assets.paths import PROJECT_ROOT, RESOURCES_DIR
 
@@ -192,13 +192,13 @@ class EvaluationRegistry(BaseModel):
 
 
 def load_registry(path: Path = REGISTRY_PATH) -> EvaluationRegistry:
-    """Parse goldsets.yaml; a malformed entry fails naming the file and the entry."""
+    """Parse goldsets.yaml (with the one YAML registry reader, bridge_assets.registries); a
+    malformed file or entry fails naming the file and the line or entry."""
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except FileNotFoundError:
-        raise GoldSetError("gold-set registry not found", path) from None
-    except yaml.YAMLError as exc:
-        raise GoldSetError(f"not valid YAML: {exc}", path) from None
+        raw = registries.read_file(path, PROJECT_ROOT).data
+    except registries.RegistryFileError as exc:
+        problem = "gold-set registry not found" if exc.problem == "registry file not found" else exc.problem
+        raise GoldSetError(problem, exc.file, exc.line) from None
     parsed = {}
     for section, model in (("goldsets", GoldSetSpec), ("methods", MethodSpec)):
         parsed[section] = {}

@@ -5,6 +5,12 @@ token. Every form post carries the session's CSRF token. Request bodies are limi
 anything parses them (small for forms, the upload limit on the import route only). Input is
 validated with pydantic, SQL is parameterized, and database work runs one request at a time on
 short DuckDB connections (DuckDB has one writer per file), off the event loop.
+
+The app writes only the votes store (human/votes_store.py); the pipeline's bridge.duckdb is
+attached read-only for the pages that show its tables. Recording a vote touches the votes store
+alone, so it never waits on a pipeline write. When a file stays locked longer than
+`busy_seconds` the app answers 503 (Retry-After); a vote refused so comes back as its form,
+the choice and the comment kept, to submit again.
 """
 
 # No `from __future__ import annotations`: FastAPI must see the real Depends() annotations of
@@ -31,8 +37,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.datastructures import FormData, Headers, UploadFile
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from bridge_assets import store
-from bridge_assets.human import annotators
+from bridge_assets.human import annotators, votes_store
 from bridge_assets.human.annotators import NAME_PATTERN, Annotator
 from bridge_assets.human.items import ItemNotFound, ItemView, load_item
 from bridge_assets.human.labels import compute_human_labels, datasets_with_escalations
@@ -40,10 +45,11 @@ from bridge_assets.human.queue import (Progress, QueueSettings, close_assignment
                                        progress)
 from bridge_assets.human.security import (SESSION_COOKIE, Clock, Session, SessionSigner,
                                           csrf_matches, fingerprint, logged_in_session, new_session)
-from bridge_assets.human.tables import ensure_schema
 from bridge_assets.human.transfer import (MAX_COMMENT, ImportFailed, ImportFormat, export_votes,
                                           import_votes)
 from bridge_assets.human.votes import VoteRejected, annotator_activity, record_vote
+from bridge_assets.paths import Lake
+from bridge_assets.store import StoreBusy
 
 TEMPLATES_DIR = Path(__file__).parent / "templates"
 IMPORT_PATH = "/admin/import"
@@ -54,7 +60,8 @@ log = logging.getLogger(__name__)
 class AppSettings(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    db_path: Path
+    db_path: Path                         # the pipeline's bridge.duckdb (read only)
+    votes_path: Path | None = None        # the votes store; None: where the lake's config puts it
     secret: str = Field(min_length=16, repr=False)
     with_history: bool = True
     attention_rate: float = Field(0.1, ge=0.0, le=1.0)
@@ -66,6 +73,11 @@ class AppSettings(BaseModel):
     seed: int | None = None               # attention-check draws; fixed in tests
     max_upload_bytes: int = 10 * 2**20
     max_form_bytes: int = 64 * 2**10      # every other body (a vote's comment is 2,000 chars at most)
+    busy_seconds: float = Field(3.0, gt=0)  # longest wait for a locked file before answering 503
+
+    @property
+    def votes_db(self) -> Path:
+        return self.votes_path or Lake.locate(self.db_path.parent).votes_db
 
     def body_limit(self, path: str) -> int:
         return self.max_upload_bytes + self.max_form_bytes if path == IMPORT_PATH else self.max_form_bytes
@@ -150,18 +162,24 @@ class BodyLimit:
 
 
 class Database:
-    """Runs database work in a worker thread, one call at a time, each on a short connection."""
+    """Runs database work in a worker thread, one call at a time, each on a short connection
+    to the votes store: `votes` on it alone, `run` with the pipeline's tables readable too.
+    A file locked for longer than `busy_seconds` raises StoreBusy."""
 
-    def __init__(self, path: Path):
-        self.path = path
+    def __init__(self, votes_path: Path, lake_path: Path, busy_seconds: float):
+        self.votes_path, self.lake_path, self.busy_seconds = votes_path, lake_path, busy_seconds
         self._lock = threading.Lock()
 
-    def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        with self._lock, store.connect(self.path) as con:
+    def _call(self, lake: bool, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        with self._lock, votes_store.connect(self.votes_path, lake_db=self.lake_path if lake else None,
+                                             wait_seconds=self.busy_seconds) as con:
             return fn(con, *args, **kwargs)
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        return await anyio.to_thread.run_sync(functools.partial(self._call, fn, *args, **kwargs))
+        return await anyio.to_thread.run_sync(functools.partial(self._call, True, fn, *args, **kwargs))
+
+    async def votes(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await anyio.to_thread.run_sync(functools.partial(self._call, False, fn, *args, **kwargs))
 
 
 def _validation_message(exc: ValidationError) -> str:
@@ -173,12 +191,14 @@ def create_app(settings: AppSettings, clock: Clock = time.time) -> FastAPI:
     app = FastAPI(title="BRIDGE annotation", docs_url=None, redoc_url=None, openapi_url=None)
     templates = Jinja2Templates(directory=str(TEMPLATES_DIR))
     signer = SessionSigner(settings.secret, settings.session_hours * 3600, clock)
-    db = Database(settings.db_path)
+    db = Database(settings.votes_db, settings.db_path, settings.busy_seconds)
     rng = random.Random(settings.seed)
     queue_settings = settings.queue
 
-    with store.connect(settings.db_path) as con:
-        ensure_schema(con)
+    moved = votes_store.prepare(settings.db_path, settings.votes_db)  # an old lake's votes move
+    if moved:
+        log.warning("moved %d votes from %s to the votes store %s", moved, settings.db_path,
+                    settings.votes_db)
 
     def with_cookie(response: Response, session: Session) -> Response:
         response.set_cookie(SESSION_COOKIE, signer.dump(session), max_age=signer.seconds_left(session),
@@ -206,7 +226,7 @@ def create_app(settings: AppSettings, clock: Clock = time.time) -> FastAPI:
         session = session_of(request)
         if session is None or not session.logged_in:
             raise LoginRequired()
-        annotator = await db.run(annotators.get_annotator, session.annotator_id)
+        annotator = await db.votes(annotators.get_annotator, session.annotator_id)
         if annotator is None or annotator.token_hash is None or \
                 fingerprint(annotator.token_hash) != session.fingerprint or \
                 annotator.session_epoch != session.epoch:
@@ -255,6 +275,18 @@ def create_app(settings: AppSettings, clock: Clock = time.time) -> FastAPI:
         return render(request, "message.html", session_of(request) or new_session(clock),
                       status=exc.status, title="Not accepted", message=exc.message)
 
+    def busy_headers(response: Response) -> Response:
+        response.headers["Retry-After"] = str(max(1, round(settings.busy_seconds)))
+        return response
+
+    @app.exception_handler(StoreBusy)
+    async def busy(request: Request, exc: StoreBusy):
+        log.warning("503 on %s %s: %s", request.method, request.url.path, exc)
+        return busy_headers(render(
+            request, "message.html", session_of(request) or new_session(clock), status=503,
+            title="Busy, try again", message="The data store is busy for a moment; nothing was "
+            "lost. Reload the page in a few seconds."))
+
     # --- login -----------------------------------------------------------------------------
 
     @app.get("/login")
@@ -272,7 +304,7 @@ def create_app(settings: AppSettings, clock: Clock = time.time) -> FastAPI:
             token = LoginForm.model_validate(dict(form)).token
         except ValidationError as exc:
             raise BadRequest(_validation_message(exc)) from None
-        annotator = await db.run(annotators.annotator_by_token, token)
+        annotator = await db.votes(annotators.annotator_by_token, token)
         if annotator is None:
             return render(request, "login.html", session, status=401, error="Unknown token.")
         return redirect("/annotate", logged_in_session(annotator.annotator_id, annotator.token_hash,
@@ -282,7 +314,7 @@ def create_app(settings: AppSettings, clock: Clock = time.time) -> FastAPI:
     async def logout(request: Request, viewer: Annotated[Viewer, Depends(current_viewer)]):
         await checked_form(request, viewer.session)
         # the cookie is stateless: a copy of it works until the epoch moves on
-        await db.run(annotators.end_sessions, viewer.annotator.annotator_id)
+        await db.votes(annotators.end_sessions, viewer.annotator.annotator_id)
         return redirect("/login", new_session(clock))
 
     # --- annotation ------------------------------------------------------------------------
@@ -315,20 +347,39 @@ def create_app(settings: AppSettings, clock: Clock = time.time) -> FastAPI:
         return render(request, "annotate.html", viewer.session, viewer=viewer, item=item,
                       progress=prog)
 
+    async def voter(request: Request) -> Viewer | None:
+        """The viewer, or None while the votes store is busy (the vote's form is then kept)."""
+        try:
+            return await current_viewer(request)
+        except StoreBusy as exc:
+            log.warning("503 on a vote: %s", exc)
+            return None
+
+    def kept_vote(request: Request, session: Session, answer: VoteForm, scale: str) -> Response:
+        """The vote's form again, its choice and comment kept, with a 503: submit it again."""
+        return busy_headers(render(request, "busy_vote.html", session, status=503, answer=answer,
+                                   scale="graded" if scale == "graded" or answer.label in "23" else "binary"))
+
     @app.post("/annotate")
-    async def vote(request: Request, viewer: Annotated[Viewer, Depends(current_viewer)]):
-        form = await checked_form(request, viewer.session)
+    async def vote(request: Request, viewer: Annotated[Viewer | None, Depends(voter)]):
+        session = viewer.session if viewer else session_of(request)
+        form = await checked_form(request, session)
         try:
             answer = VoteForm.model_validate(dict(form))
         except ValidationError as exc:
             raise BadRequest(_validation_message(exc)) from None
+        if viewer is None:
+            return kept_vote(request, session, answer, str(form.get("scale", "")))
         try:
-            await db.run(record_vote, assignment_id=answer.assignment_id,
-                         annotator_id=viewer.annotator.annotator_id,
-                         label=int(answer.label), comment=answer.comment or None,
-                         graded=settings.graded)
+            await db.votes(record_vote, assignment_id=answer.assignment_id,
+                           annotator_id=viewer.annotator.annotator_id,
+                           label=int(answer.label), comment=answer.comment or None,
+                           graded=settings.graded)
         except VoteRejected as exc:
             raise BadRequest(str(exc), exc.status) from None
+        except StoreBusy as exc:
+            log.warning("503 on a vote: %s", exc)
+            return kept_vote(request, viewer.session, answer, str(form.get("scale", "")))
         # the next item, or the paused page after a failed attention check
         return redirect("/annotate", viewer.session)
 
@@ -349,7 +400,7 @@ def create_app(settings: AppSettings, clock: Clock = time.time) -> FastAPI:
             query = ExportQuery.model_validate(dict(request.query_params))
         except ValidationError as exc:
             raise BadRequest(_validation_message(exc)) from None
-        body = await db.run(export_votes, fmt, query.dataset)
+        body = await db.votes(export_votes, fmt, query.dataset)
         media = "text/csv" if fmt == "csv" else "application/json"
         return Response(body, media_type=f"{media}; charset=utf-8", headers={
             "Content-Disposition": f'attachment; filename="human_votes.{fmt}"'})
@@ -392,7 +443,7 @@ def create_app(settings: AppSettings, clock: Clock = time.time) -> FastAPI:
         await checked_form(request, viewer.session)
         if not NAME_PATTERN.match(annotator_id):
             raise BadRequest("not an annotator name", 404)
-        if not await db.run(annotators.unflag, annotator_id):
+        if not await db.votes(annotators.unflag, annotator_id):
             raise BadRequest(f"no annotator {annotator_id!r}", 404)
         return redirect("/admin", viewer.session)
 

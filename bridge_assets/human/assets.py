@@ -11,6 +11,9 @@ from bridge_assets.human.labels import (REQUIRED_VOTES, HumanLabels, compute_hum
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.resources import DuckDBStore
 
+# The pipeline tables human_labels reads (its deps); the votes come from the votes store.
+READS = ("debate_labels",)
+
 
 class HumanLabelsConfig(dg.Config):
     allow_partial: bool = Field(
@@ -45,20 +48,23 @@ def _metadata(result: HumanLabels) -> dict:
 
 @dg.asset(
     partitions_def=dataset_partitions,
-    deps=["debate_labels"],
+    deps=list(READS),
     group_name="human",
     code_version="1",
     description=f"Median of {REQUIRED_VOTES} accepted human votes per escalated pair (the "
                 "majority of 0/1 votes, the middle grade of grades 0-3; from the annotation app's "
-                "append-only human_votes table), with Fleiss' kappa, the annotators' "
+                "append-only human_votes table in the votes store), with Fleiss' kappa, the annotators' "
                 "quadratic-weighted kappa and coverage. Its data version is a hash of the votes "
                 "it was built from.",
 )
 def human_labels(context: dg.AssetExecutionContext, config: HumanLabelsConfig,
                  store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
-    with store.connect() as con:
+    con = store.snapshot(dataset, READS, votes=True)
+    try:
         result = compute_human_labels(con, dataset)
+    finally:
+        con.close()
     metadata = _metadata(result)
     if result.open_pairs and not config.allow_partial:
         raise dg.Failure(
@@ -87,17 +93,20 @@ def human_labels_sensor(context: dg.SensorEvaluationContext, store: DuckDBStore)
     known = set(dataset_partitions.get_partition_keys())
     requests, waiting = [], []
     with store.connect() as con:
-        for dataset in datasets_with_escalations(con):
-            if dataset not in known:
-                continue
+        datasets = [d for d in datasets_with_escalations(con) if d in known]
+    for dataset in datasets:
+        con = store.snapshot(dataset, READS, votes=True)
+        try:
             result = compute_human_labels(con, dataset)
-            if result.open_pairs:
-                waiting.append(f"{dataset}: {result.open_pairs} of {result.escalated_pairs} "
-                               "escalated pairs still need votes")
-            else:
-                # one run per state of the votes: the key repeats until a vote changes
-                requests.append(dg.RunRequest(
-                    partition_key=dataset, run_key=f"human_labels:{dataset}:{result.data_version}"))
+        finally:
+            con.close()
+        if result.open_pairs:
+            waiting.append(f"{dataset}: {result.open_pairs} of {result.escalated_pairs} "
+                           "escalated pairs still need votes")
+        else:
+            # one run per state of the votes: the key repeats until a vote changes
+            requests.append(dg.RunRequest(
+                partition_key=dataset, run_key=f"human_labels:{dataset}:{result.data_version}"))
     if requests:
         return dg.SensorResult(run_requests=requests)
     return dg.SkipReason("; ".join(waiting) or "no escalated pairs yet")

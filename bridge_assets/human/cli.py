@@ -3,18 +3,36 @@
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Iterator
+from contextlib import contextmanager
 from enum import Enum
 from pathlib import Path
 
 import typer
 
+from bridge_assets.cli_errors import fail as _fail
+
 app = typer.Typer(help="Human annotation of escalated pairs (the annotation web app and its votes).",
                   no_args_is_help=True, add_completion=False)
 
 
-def _fail(message: str) -> None:
-    typer.secho(f"error: {message}", fg="red", err=True)
-    raise typer.Exit(2)
+@contextmanager
+def _votes(lake: bool = False) -> Iterator:
+    """A connection to the votes store (an old lake's votes moved in first), with the
+    pipeline's tables readable when `lake`."""
+    from bridge_assets.human import votes_store
+    from bridge_assets.resources import DuckDBStore
+
+    where = DuckDBStore()
+    try:
+        moved = votes_store.prepare(where.path, where.votes_path)
+    except votes_store.VotesConflict as exc:
+        _fail(str(exc))
+    if moved:
+        typer.secho(f"moved {moved} votes from {where.path} to the votes store {where.votes_path}",
+                    err=True)
+    with votes_store.connect(where.votes_path, lake_db=where.path if lake else None) as con:
+        yield con
 
 
 def is_loopback(host: str) -> bool:
@@ -52,16 +70,23 @@ def serve(
 
     from bridge_assets.human.app import AppSettings, create_app
     from bridge_assets.human.security import load_secret
+    from bridge_assets.human.votes_store import VotesConflict
     from bridge_assets.ingest.registry import graded_datasets
-    from bridge_assets.paths import data_lake_dir, duckdb_path
+    from bridge_assets.resources import DuckDBStore
 
-    settings = AppSettings(db_path=duckdb_path(), secret=load_secret(data_lake_dir()),
+    lake = DuckDBStore().lake
+    settings = AppSettings(db_path=lake.duckdb, votes_path=lake.votes_db, secret=load_secret(lake.folder),
                            with_history=with_history, attention_rate=attention_rate,
                            datasets=tuple(dataset) if dataset else None, graded=graded_datasets(),
                            secure_cookies=secure_cookies, session_hours=session_hours)
     typer.secho(f"annotation app on http://{host}:{port}/ ({'with' if with_history else 'without'} "
-                f"debate history) -> {settings.db_path}", fg="cyan", err=True)
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+                f"debate history) -> votes in {settings.votes_db}, pipeline {settings.db_path}",
+                fg="cyan", err=True)
+    try:
+        app_ = create_app(settings)
+    except VotesConflict as exc:
+        _fail(str(exc))
+    uvicorn.run(app_, host=host, port=port, log_level="info")
 
 
 @app.command("add-annotator")
@@ -71,18 +96,34 @@ def add_annotator(
     rotate: bool = typer.Option(False, "--rotate", help="Issue a new token for an existing annotator."),
 ) -> None:
     """Create an annotator and print their personal token (shown once; only its hash is kept)."""
-    from bridge_assets import store
     from bridge_assets.human.annotators import AnnotatorError
     from bridge_assets.human.annotators import add_annotator as add
 
     try:
-        with store.connect() as con:
+        with _votes() as con:
             token = add(con, name, admin=admin, rotate=rotate)
     except AnnotatorError as exc:
         _fail(str(exc))
     typer.secho(f"{'admin' if admin else 'annotator'} {name}: personal token (keep it secret, "
                 "it is shown only once):", err=True)
     typer.echo(token)
+
+
+@app.command()
+def migrate() -> None:
+    """Move the annotators, assignments and votes of a lake from before the votes store out of
+    bridge.duckdb into the votes store (every other command does it on first use; `make clean`
+    runs this first). Prints where the votes are."""
+    from bridge_assets.human import votes_store
+    from bridge_assets.resources import DuckDBStore
+
+    where = DuckDBStore()
+    try:
+        moved = votes_store.prepare(where.path, where.votes_path)
+    except votes_store.VotesConflict as exc:
+        _fail(str(exc))
+    typer.echo(f"moved {moved} votes from {where.path} to {where.votes_path}" if moved
+               else f"votes store: {where.votes_path} (nothing to move)")
 
 
 class ImportKind(str, Enum):
@@ -103,12 +144,11 @@ def import_(
              "becomes import:override:<file>)."),
 ) -> None:
     """Import votes collected elsewhere (validated; all or nothing)."""
-    from bridge_assets import store
     from bridge_assets.human.transfer import ImportFailed, import_votes
     from bridge_assets.ingest.registry import graded_datasets
 
     try:
-        with store.connect() as con:
+        with _votes(lake=True) as con:
             added = import_votes(con, file.read_bytes(), file.name, fmt.value, override=override,
                                  graded=graded_datasets())
     except ImportFailed as exc:
@@ -130,10 +170,9 @@ def export(
     dataset: str = typer.Option(None, "--dataset", "-d", help="Only this dataset's votes."),
 ) -> None:
     """Export every vote (accepted and excluded) as CSV or JSON."""
-    from bridge_assets import store
     from bridge_assets.human.transfer import export_votes
 
-    with store.connect() as con:
+    with _votes() as con:
         body = export_votes(con, fmt.value, dataset)
     if output:
         output.write_text(body)

@@ -15,7 +15,6 @@ import duckdb
 import polars as pl
 
 from bridge_assets.human.agreement import PairKappa, category_counts, fleiss_kappa, weighted_kappas
-from bridge_assets.human.tables import ensure_schema
 from bridge_assets.ingest.registry import GRADES
 from bridge_assets.paths import read_sql
 from bridge_assets.store import table_exists
@@ -67,8 +66,8 @@ class HumanLabels:
 
 def pair_tallies(con: duckdb.DuckDBPyConnection, dataset: str | None = None) -> pl.DataFrame:
     """One row per escalated pair (of `dataset`, or all): votes, majority label, decided.
-    Empty when the debate has not run yet."""
-    ensure_schema(con)
+    Empty when the debate has not run yet. `con` sees human_votes (the votes store, or a
+    snapshot's copy of it) and debate_labels."""
     if not table_exists(con, "debate_labels"):
         return pl.DataFrame(schema=TALLY_SCHEMA)
     frame = con.execute(read_sql("human_labels"),
@@ -94,8 +93,8 @@ def _kappa(first_votes: pl.DataFrame) -> tuple[float | None, int]:
 
 
 def compute_human_labels(con: duckdb.DuckDBPyConnection, dataset: str) -> HumanLabels:
-    """The majority label of every decided escalated pair of `dataset`, with agreement."""
-    ensure_schema(con)
+    """The majority label of every decided escalated pair of `dataset`, with agreement (`con`
+    as for pair_tallies)."""
     if not table_exists(con, "debate_labels"):
         raise MissingDebateLabels(f"human_labels for dataset '{dataset}': no debate_labels table "
                                   "yet; materialize debate_labels first")

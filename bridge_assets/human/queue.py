@@ -104,11 +104,14 @@ def _open_assignment(con: duckdb.DuckDBPyConnection, annotator_id: str) -> Assig
 
 
 def pair_is_decided(con: duckdb.DuckDBPyConnection, dataset: str, query_id: str, doc_id: str) -> bool:
-    row = con.execute(f"select decided from ({read_sql('human_labels')}) "
-                      "where query_id = $query_id and doc_id = $doc_id",
-                      {"dataset": dataset, "required_votes": REQUIRED_VOTES,
-                       "query_id": query_id, "doc_id": doc_id}).fetchone()
-    return bool(row and row[0])
+    """Whether the pair has its votes: REQUIRED_VOTES accepted ones and a median (the two middle
+    votes agree), as sql/human_labels.sql decides. Reads the votes store only, so that recording
+    a vote never waits on the pipeline's file."""
+    labels = sorted(row[0] for row in con.execute(
+        "select label from human_votes where dataset = ? and query_id = ? and doc_id = ? "
+        "and status = 'accepted' and not is_attention_check", [dataset, query_id, doc_id]).fetchall())
+    votes = len(labels)
+    return votes >= REQUIRED_VOTES and labels[(votes + 1) // 2 - 1] == labels[votes // 2]
 
 
 def close_assignment(con: duckdb.DuckDBPyConnection, assignment_id: str, state: str) -> None:

@@ -11,6 +11,8 @@ from typing import Any
 
 import typer
 
+from bridge_assets.cli_errors import fail as _fail
+
 # The options naming local files; written to the registry as absolute paths (a relative path
 # on the command line is relative to where the command runs, not to the registry file).
 PATH_OPTIONS = ("path", "corpus", "topics", "qrels", "answers", "queries", "known_holes")
@@ -64,8 +66,3 @@ def add_dataset_command(
         _fail(str(exc))
     typer.echo(f"added dataset '{name}' ({kind}) to {written}; `bridge run --dataset {name}` and the "
                f"UI see it from their next start")
-
-
-def _fail(message: str) -> None:
-    typer.secho(f"error: {message}", fg="red", err=True)
-    raise typer.Exit(2)

@@ -1,22 +1,11 @@
-"""Errors that name what is wrong with a user's input: the file, the line and the field."""
+"""Errors that name what is wrong with a user's input: the file, the line and the field.
+(DatasetError lives in bridge_assets.errors, shared with the TREC file readers.)"""
 
 from __future__ import annotations
 
-from pathlib import Path
+from bridge_assets.errors import DatasetError
 
-
-class DatasetError(ValueError):
-    """Bad dataset input, e.g. `queries.jsonl, line 7, field "_id": duplicate id "q3"`."""
-
-    def __init__(self, problem: str, file: Path | str | None = None, line: int | None = None,
-                 field: str | None = None):
-        self.problem, self.file, self.line, self.field = problem, file, line, field
-        where = [str(file)] if file else []
-        if line is not None:
-            where.append(f"line {line}")
-        if field:
-            where.append(f'field "{field}"')
-        super().__init__(f"{', '.join(where)}: {problem}" if where else problem)
+__all__ = ["DatasetError", "SourceUnreachable"]
 
 
 class SourceUnreachable(DatasetError):

@@ -14,37 +14,35 @@ Two caps guard against a broken file (a missing line break, a binary blob) passi
   MAX_TEXT_CHARS  one text (a document's text or title, a query, an id): 1,000,000 characters
 A dataset entry overrides them with `max_line_bytes` / `max_text_chars`, else the environment
 with BRIDGE_MAX_LINE_BYTES / BRIDGE_MAX_TEXT_CHARS. Exceeding one is a DatasetError too.
+(Reading lines and the caps: bridge_assets.text_files; TREC qrels: bridge_assets.trec_io.)
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import gzip
 import hashlib
 import json
-import os
 import re
-import zlib
-from collections.abc import Callable, Iterable, Iterator
-from contextvars import ContextVar
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 import polars as pl
 
 from bridge_assets.ingest.errors import DatasetError
 from bridge_assets.ingest.registry import DatasetSpec, QueryField
+from bridge_assets.text_files import MAX_LINE_BYTES, MAX_TEXT_CHARS, Limits, limits_for  # noqa: F401
+from bridge_assets.text_files import capped as _capped
+from bridge_assets.text_files import current_limits as _current_limits
+from bridge_assets.text_files import lines as _lines
+from bridge_assets.text_files import using_limits as _using_limits
+from bridge_assets.trec_io import QRELS_SCHEMA, read_trec_qrels
+from bridge_assets.trec_io import dedupe_qrels as _dedupe_qrels
+from bridge_assets.trec_io import parse_relevance as _relevance
 
 CORPUS_SCHEMA = {"doc_id": pl.Utf8, "title": pl.Utf8, "text": pl.Utf8}
 QUERIES_SCHEMA = {"query_id": pl.Utf8, "text": pl.Utf8, "answers": pl.List(pl.Utf8),
                   "description": pl.Utf8, "narrative": pl.Utf8}
-QRELS_SCHEMA = {"query_id": pl.Utf8, "doc_id": pl.Utf8, "relevance": pl.Int32}
-
-MAX_LINE_BYTES = 8 * 1024 * 1024
-MAX_TEXT_CHARS = 1_000_000
-_INT32 = (-(2**31), 2**31 - 1)
 # A JSON escape of a UTF-16 surrogate: json.loads turns a lone one into a str that is not
 # Unicode and that polars cannot store.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -60,111 +58,6 @@ class DatasetTables:
         return {"documents": self.corpus.height, "queries": self.queries.height,
                 "qrels": self.qrels.height,
                 "queries_with_answers": int((self.queries["answers"].list.len() > 0).sum())}
-
-
-# --- size caps -----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Limits:
-    """Caps on one line (bytes, its line break excluded) and on one text (characters)."""
-
-    line_bytes: int
-    text_chars: int
-
-
-def _env_cap(name: str, default: int) -> int:
-    raw = os.environ.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
-    if value <= 0:
-        raise DatasetError(f"{name}={raw!r} is not a positive whole number", field=name)
-    return value
-
-
-def limits_for(spec: DatasetSpec | None = None) -> Limits:
-    """The dataset entry's caps, else the environment's, else the module's defaults."""
-    line_bytes = _env_cap("BRIDGE_MAX_LINE_BYTES", MAX_LINE_BYTES)
-    text_chars = _env_cap("BRIDGE_MAX_TEXT_CHARS", MAX_TEXT_CHARS)
-    if spec is not None:
-        line_bytes = spec.max_line_bytes or line_bytes
-        text_chars = spec.max_text_chars or text_chars
-    return Limits(line_bytes, text_chars)
-
-
-# Set by load_dataset for the dataset being loaded, so every reader below sees its caps
-# without each loader passing them through.
-_LIMITS: ContextVar[Limits | None] = ContextVar("bridge_ingest_limits", default=None)
-
-
-@contextlib.contextmanager
-def _using_limits(limits: Limits) -> Iterator[None]:
-    token = _LIMITS.set(limits)
-    try:
-        yield
-    finally:
-        _LIMITS.reset(token)
-
-
-def _current_limits() -> Limits:
-    return _LIMITS.get() or limits_for()
-
-
-P = ParamSpec("P")
-T = TypeVar("T")
-
-
-def _capped(loader: Callable[P, T]) -> Callable[P, T]:
-    """Fix the caps for one call of `loader` (the environment's, unless load_dataset set the
-    dataset's), so each text checked does not read the environment again."""
-    @functools.wraps(loader)
-    def run(*args: P.args, **kwargs: P.kwargs) -> T:
-        if _LIMITS.get() is not None:
-            return loader(*args, **kwargs)
-        with _using_limits(limits_for()):
-            return loader(*args, **kwargs)
-    return run
-
-
-# --- reading helpers ---------------------------------------------------------------------
-
-def _decode(raw: str, path: Path, line: int) -> str:
-    """`raw` is the line's bytes as latin-1 characters (see _lines); UTF-8 decode them."""
-    data = raw.encode("latin-1")
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise DatasetError(f"not UTF-8 text (byte 0x{data[exc.start]:02x} at byte {exc.start + 1} "
-                           f"of the line): save the file as UTF-8", path, line) from None
-    return text.removeprefix("\ufeff") if line == 1 else text
-
-
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    """(line number, text without its line break) of each line of a UTF-8 file, gzip or not.
-
-    Read as latin-1, which maps each byte to one character: lines split where text mode would
-    split them (UTF-8 never has \n or \r inside a character), the cap counts bytes, and a byte
-    that is not UTF-8 is found on its own line instead of somewhere in a decoded block.
-    """
-    if not path.is_file():
-        raise DatasetError("file not found", path)
-    limit = _current_limits().line_bytes
-    number = 0
-    try:
-        with (gzip.open(path, "rt", encoding="latin-1") if path.suffix == ".gz"
-              else path.open(encoding="latin-1")) as handle:
-            while raw := handle.readline(limit + 1):
-                number += 1
-                body = raw.removesuffix("\n")
-                if len(body) > limit:
-                    raise DatasetError(f"line longer than {limit:,} bytes (raise the cap with "
-                                       f"max_line_bytes or BRIDGE_MAX_LINE_BYTES)", path, number)
-                yield number, _decode(body, path, number)
-    except (OSError, EOFError, zlib.error) as exc:  # e.g. a damaged or truncated gzip file
-        raise DatasetError(f"cannot read the file ({exc})", path, number + 1) from None
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -330,19 +223,6 @@ def _read_tsv(path: Path) -> Iterator[tuple[int, list[str]]]:
     return _tsv_rows(_lines(path))
 
 
-def _relevance(value: str, path: Path, line: int, field: str) -> int:
-    shown = value if len(value) <= 40 else f"{value[:40]}..."
-    try:
-        number = float(value)
-    except ValueError:
-        raise DatasetError(f'relevance "{shown}" is not a number', path, line, field) from None
-    # float() also takes inf, nan and 1e999; the column holds 32-bit whole numbers
-    if not number.is_integer() or not _INT32[0] <= number <= _INT32[1]:
-        raise DatasetError(f'relevance "{shown}" is not a whole number in 32-bit range',
-                           path, line, field)
-    return int(number)
-
-
 def read_beir_qrels(path: Path) -> tuple[pl.DataFrame, list[int]]:
     rows, lines = [], []
     for number, fields in _read_tsv(path):
@@ -354,32 +234,6 @@ def read_beir_qrels(path: Path) -> tuple[pl.DataFrame, list[int]]:
                      "relevance": _relevance(fields[2], path, number, "score")})
         lines.append(number)
     return _dedupe_qrels(_frame(rows, QRELS_SCHEMA), path, lines), lines
-
-
-def read_trec_qrels(path: Path) -> tuple[pl.DataFrame, list[int]]:
-    """TREC qrels: `qid iteration docid relevance`, whitespace separated."""
-    rows, lines = [], []
-    for number, line in _lines(path):
-        fields = line.split()
-        if not fields or fields[0].startswith("#"):  # trec_eval skips comment lines too
-            continue
-        if len(fields) != 4:
-            raise DatasetError(f"expected 4 columns (qid iter docid rel), got {len(fields)}",
-                               path, number)
-        rows.append({"query_id": fields[0], "doc_id": fields[2],
-                     "relevance": _relevance(fields[3], path, number, "rel")})
-        lines.append(number)
-    return _dedupe_qrels(_frame(rows, QRELS_SCHEMA), path, lines), lines
-
-
-def _dedupe_qrels(qrels: pl.DataFrame, path: Path, lines: list[int]) -> pl.DataFrame:
-    duplicated = qrels.select(pl.struct("query_id", "doc_id").is_duplicated()).to_series()
-    if duplicated.any():
-        index = int(duplicated.arg_true()[1] if duplicated.sum() > 1 else duplicated.arg_true()[0])
-        row = qrels.row(index, named=True)
-        raise DatasetError(f'duplicate judgment for query "{row["query_id"]}" and document '
-                           f'"{row["doc_id"]}"', path, lines[index])
-    return qrels
 
 
 def read_trec_topics(path: Path, query_field: QueryField = "title") -> pl.DataFrame:

@@ -18,7 +18,7 @@ from urllib.parse import urlparse
 from bridge_assets.ingest.errors import DatasetError, SourceUnreachable
 from bridge_assets.ingest.loaders import DatasetTables, load_beir_folder
 from bridge_assets.ingest.registry import DatasetSpec
-from bridge_assets.paths import data_lake_dir
+from bridge_assets.paths import Lake
 
 CONNECT_TIMEOUT_S = 5.0
 HF_ENDPOINT = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
@@ -47,7 +47,7 @@ def _socket_timeout(seconds: float) -> Iterator[None]:
 
 
 def _download_dir(spec: DatasetSpec) -> Path:
-    folder = data_lake_dir() / "downloads" / spec.name
+    folder = Lake.locate().downloads / spec.name
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 

@@ -4,13 +4,10 @@ from __future__ import annotations
 
 import typer
 
+from bridge_assets.cli_errors import fail as _fail
+
 models_app = typer.Typer(help="LLM profiles (resources/models.yaml) and their weights.",
                          no_args_is_help=True)
-
-
-def _fail(message: str) -> None:
-    typer.secho(f"error: {message}", fg="red", err=True)
-    raise typer.Exit(2)
 
 
 @models_app.command("list")

@@ -11,13 +11,13 @@ from pydantic import PrivateAttr
 from bridge_assets.llm.client import ClientStats, LLMClient
 from bridge_assets.llm.profiles import ROLES, load_models_config
 from bridge_assets.llm.types import LLMRequest, LLMResult
-from bridge_assets.paths import data_lake_dir
+from bridge_assets.resources import DuckDBStore
 
 
 class LLMResource(dg.ConfigurableResource):
     """Which profile each labeling role uses; empty = the `defaults` of resources/models.yaml."""
 
-    data_lake: str = ""            # where the call ledger lives (like DuckDBStore.data_lake)
+    data_lake: str = ""            # the lake whose call ledger to use (DuckDBStore's config; empty: its default)
     filter: list[str] = []         # the filter's models (the paper uses three)
     debate: str = ""               # the debating agents' model
     adjudicator: str = ""          # the LLM that resolves escalated debates
@@ -28,7 +28,8 @@ class LLMResource(dg.ConfigurableResource):
 
     @property
     def db_path(self) -> Path:
-        return (Path(self.data_lake) if self.data_lake else data_lake_dir()) / "bridge.duckdb"
+        """The call ledger's DuckDB file: where DuckDBStore puts the lake."""
+        return DuckDBStore(data_lake=self.data_lake).path
 
     def profiles_for(self, role: str) -> list[str]:
         if role not in ROLES:

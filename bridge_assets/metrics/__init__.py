@@ -3,8 +3,8 @@
 from bridge_assets.metrics.measures import (FAMILIES, PIPELINE_MEASURES, MeasureError,
                                             MeasureSelection, compute_measures,
                                             compute_retrieval_metrics, resolve_measures)
-from bridge_assets.metrics.trec_files import (TrecRun, evaluate_trec_files, read_trec_run,
-                                              trec_eval_lines)
+from bridge_assets.metrics.trec_files import evaluate_trec_files, trec_eval_lines
+from bridge_assets.trec_io import TrecRun, read_trec_run
 
 __all__ = ["FAMILIES", "PIPELINE_MEASURES", "MeasureError", "MeasureSelection", "TrecRun",
            "compute_measures", "compute_retrieval_metrics", "evaluate_trec_files",

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from bridge_assets.ingest.errors import DatasetError
+from bridge_assets.errors import DatasetError
 from bridge_assets.metrics.measures import MeasureError, resolve_measures
 from bridge_assets.metrics.trec_files import evaluate_trec_files, trec_eval_lines
 

@@ -8,14 +8,22 @@ import great_expectations as gx
 import polars as pl
 
 from bridge_assets.partitions import dataset_partitions
-from bridge_assets.qrels.exports import write_trec_qrels
 from bridge_assets.qrels.merge import BridgeQrels, add_missing_columns, build_bridge_qrels, stand_ins
 from bridge_assets.qrels.sources import IMPORT_TABLES, SOURCES, precedence_order
 from bridge_assets.quality import validate
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.store import table_exists
+from bridge_assets.trec_io import write_trec_qrels
 
 PENDING_SHOWN = 20
+# The pipeline tables bridge_qrels reads: its deps. It also reads what `bridge qrels import`
+# stored (IMPORT_TABLES, not assets) and the ids of the counted votes (the votes store).
+READS = ("original_qrels", "human_labels", "debate_labels", "debate_turns", "filtered_pool", "filter_votes")
+
+
+def qrels_inputs(store: DuckDBStore, dataset: str):
+    """An in-memory snapshot of everything bridge_qrels reads for `dataset` (close it)."""
+    return store.snapshot(dataset, (*READS, *IMPORT_TABLES), votes=True)
 
 
 def qrels_version(qrels: pl.DataFrame) -> str:
@@ -67,8 +75,7 @@ def _metadata(result: BridgeQrels, trec_path) -> dict:
 
 @dg.asset(
     partitions_def=dataset_partitions,
-    deps=["original_qrels", "human_labels", "debate_labels", "debate_turns", "filtered_pool",
-          "filter_votes"],
+    deps=list(READS),
     group_name="qrels",
     code_version="2",
     description="Refined qrels: the original gold plus every pair judged by humans, by DREAM "
@@ -83,12 +90,16 @@ def _metadata(result: BridgeQrels, trec_path) -> dict:
 )
 def bridge_qrels(context: dg.AssetExecutionContext, store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
-    with store.connect() as con:
+    con = qrels_inputs(store, dataset)
+    try:
         result = build_bridge_qrels(con, dataset)
+    finally:
+        con.close()
+    with store.connect() as con:
         add_missing_columns(con)
     store.write_partitions({"bridge_qrels": result.qrels}, dataset=dataset)
     trec_path = write_trec_qrels(result.qrels.filter(pl.col("source") != "pending"),
-                                 store.path.parent / "exports" / dataset / f"{dataset}.bridge.qrels")
+                                 store.lake.exports(dataset) / f"{dataset}.bridge.qrels")
     if result.pending.height:
         context.log.warning(f"{dataset}: {result.pending.height} escalated pair(s) await people "
                             f"(pending, not labels): bridge annotate serve --dataset {dataset}")

@@ -14,6 +14,7 @@ from typing import Any
 
 import typer
 
+from bridge_assets.cli_errors import fail as _fail
 from bridge_assets.qrels.exports import ExportError, ExportFormat
 from bridge_assets.qrels.imports import ImportFormat
 
@@ -26,16 +27,11 @@ def qrels() -> None:
     """The refined qrels (bridge_qrels) and their exports."""
 
 
-def _fail(message: str) -> None:
-    typer.secho(f"error: {message}", fg="red", err=True)
-    raise typer.Exit(2)
-
-
 def _require_lake() -> None:
-    from bridge_assets import store
+    from bridge_assets.resources import DuckDBStore
 
-    if not store.duckdb_path().exists():
-        _fail(f"no data lake at {store.duckdb_path()}")
+    if not (path := DuckDBStore().path).exists():
+        _fail(f"no data lake at {path}")
 
 
 @app.command("export")

@@ -22,6 +22,7 @@ import polars as pl
 
 from bridge_assets.ingest.registry import validate_dataset_name
 from bridge_assets.store import table_exists
+from bridge_assets.trec_io import write_trec_qrels
 
 
 class ExportFormat(str, Enum):
@@ -54,16 +55,6 @@ def write_jsonl(path: Path, records: Iterable[dict]) -> None:
     with path.open("w", encoding="utf-8") as handle:
         for record in records:
             handle.write(json.dumps(record, ensure_ascii=False) + "\n")
-
-
-def write_trec_qrels(qrels: pl.DataFrame, path: Path) -> Path:
-    """`qid 0 docid relevance` lines (judged-irrelevant pairs included), sorted."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("w", encoding="utf-8") as handle:
-        for query_id, doc_id, relevance in qrels.sort("query_id", "doc_id").select(
-                "query_id", "doc_id", "relevance").iter_rows():
-            handle.write(f"{query_id} 0 {doc_id} {relevance}\n")
-    return path
 
 
 def _corpus_records(corpus: pl.DataFrame) -> Iterable[dict]:

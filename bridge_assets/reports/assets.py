@@ -4,7 +4,6 @@
 import dagster as dg
 from pydantic import Field
 
-from bridge_assets.analysis.views import dataset_snapshot
 from bridge_assets.ingest.errors import DatasetError
 from bridge_assets.ingest.registry import DatasetSpec, get_dataset
 from bridge_assets.qrels.known_holes import read_known_holes
@@ -25,6 +24,7 @@ class ReportConfig(dg.Config):
     k: int = Field(10, ge=1, description="Cutoff of the @k measures shown (as retrieval_metrics).")
 
 
+# deps and reads: one tuple (REPORT_TABLES)
 @dg.asset(partitions_def=dataset_partitions, group_name="reports", deps=list(REPORT_TABLES),
           description="One HTML page (and its Markdown twin) per dataset with tables and PNG "
                       "figures: labels (found holes, pending pairs, unverified guesses apart, the "
@@ -35,10 +35,10 @@ class ReportConfig(dg.Config):
                       "materialized say so.")
 def report(context: dg.AssetExecutionContext, config: ReportConfig, store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
-    out = store.path.parent / "reports" / dataset
+    out = store.lake.reports(dataset)
     spec = dataset_spec(dataset)
     key = read_known_holes(spec.resolve(spec.known_holes, "known_holes")) if spec and spec.known_holes else None
-    con = dataset_snapshot(store.path, dataset, REPORT_TABLES)
+    con = store.snapshot(dataset, REPORT_TABLES)
     try:
         files = build_report(con, dataset, out, k=config.k, known_holes=key,
                              known_holes_source=spec.known_holes if key else None)

@@ -23,7 +23,7 @@ from typing import Any
 import polars as pl
 from filelock import FileLock
 
-from bridge_assets.paths import data_lake_dir
+from bridge_assets.paths import Lake
 
 log = logging.getLogger(__name__)
 
@@ -49,7 +49,7 @@ def artifact_key(corpus_hash: str, config: dict[str, Any]) -> str:
 
 
 def artifact_dir(dataset: str, family: str, key: str, lake: Path | None = None) -> Path:
-    return (lake or data_lake_dir()) / "indexes" / dataset / family / key
+    return (lake / "indexes" if lake else Lake.locate().indexes) / dataset / family / key
 
 
 def is_built(folder: Path) -> bool:

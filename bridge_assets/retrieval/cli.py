@@ -14,15 +14,12 @@ from typing import Any
 import typer
 import yaml
 
+from bridge_assets.cli_errors import fail as _fail
+
 app = typer.Typer(help="The retriever registry (resources/retrievers.yaml).", no_args_is_help=True,
                   add_completion=False)
 runs_app = typer.Typer(help="External runs (TREC run files) as retrieval systems.", no_args_is_help=True,
                        add_completion=False)
-
-
-def _fail(message: str) -> None:
-    typer.secho(f"error: {message}", fg="red", err=True)
-    raise typer.Exit(2)
 
 
 @app.command("list")
@@ -136,12 +133,13 @@ def export_run(
     out: Path = typer.Option(None, "--out", "-o", help="Default: <data lake>/runs/<dataset>.<retriever>.trec"),
 ) -> None:
     """Write a stored run (the `retrieval_run` table) as a TREC run file."""
-    from bridge_assets.paths import data_lake_dir
+    from bridge_assets.resources import DuckDBStore
     from bridge_assets.retrieval.runs import export_trec_run
 
-    out = out or data_lake_dir() / "runs" / f"{dataset}.{retriever}.trec"
+    lake = DuckDBStore().lake
+    out = out or lake.runs / f"{dataset}.{retriever}.trec"
     try:
-        path, rows = export_trec_run(dataset, retriever, out)
+        path, rows = export_trec_run(dataset, retriever, out, lake.duckdb)
     except LookupError as exc:
         _fail(str(exc))
     typer.echo(f"{rows} lines -> {path}")
@@ -191,7 +189,7 @@ def import_run(
     <data lake>/runs."""
     from bridge_assets.ingest.errors import DatasetError
     from bridge_assets.ingest.registry import get_dataset
-    from bridge_assets.metrics.trec_files import read_trec_run
+    from bridge_assets.trec_io import read_trec_run
     from bridge_assets.retrieval.errors import RegistryError
     from bridge_assets.retrieval.registry import load_registry, target_path
     from bridge_assets.retrieval.run_files import copy_run_file, register_run_file, runs_dir, validate_system_name

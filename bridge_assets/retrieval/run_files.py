@@ -1,6 +1,6 @@
 """External runs as systems: the `run_file` kind reads a TREC run file per dataset.
 
-A run file is read the way trec_eval reads it (bridge_assets.metrics.read_trec_run): the rank
+A run file is read the way trec_eval reads it (bridge_assets.trec_io.read_trec_run): the rank
 column is ignored, documents are ranked by score, a malformed line or a document retrieved
 twice for one query is an error naming the file and the line. Lines whose query or document
 the dataset does not know are skipped and counted (or, with `unknown_ids: error`, stop the
@@ -25,10 +25,10 @@ import polars as pl
 
 from bridge_assets import registries
 from bridge_assets.ingest.errors import DatasetError
-from bridge_assets.metrics.trec_files import read_trec_run
-from bridge_assets.paths import data_lake_dir
+from bridge_assets.paths import Lake
 from bridge_assets.retrieval.errors import RegistryError
 from bridge_assets.retrieval.registry import DATASET_PLACEHOLDER, RetrieverRegistry, append_system, load_registry
+from bridge_assets.trec_io import read_trec_run
 
 SUFFIXES = (".trec.gz", ".trec")
 # A system name read from a file name becomes a partition key and a file name again.
@@ -39,7 +39,7 @@ EXAMPLES = 5  # unknown ids quoted in the metadata and the log
 def runs_dir() -> Path:
     """Where run files are kept: `<registry dir>/runs` (BRIDGE_REGISTRY_DIR), else `<data lake>/runs`."""
     folder = registries.registry_dir()
-    return folder / "runs" if folder else data_lake_dir() / "runs"
+    return folder / "runs" if folder else Lake.locate().runs
 
 
 def validate_system_name(name: str) -> str:

@@ -11,6 +11,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from bridge_assets.trec_io import read_trec_run, write_trec_run
+
 RUN_SCHEMA = {"query_id": pl.String, "doc_id": pl.String, "rank": pl.Int32, "score": pl.Float64}
 SCORED_SCHEMA = {"query_id": pl.String, "doc_id": pl.String, "score": pl.Float64}
 
@@ -59,21 +61,14 @@ def rank_problems(run: pl.DataFrame, k: int) -> list[str]:
     return problems
 
 
-def write_trec(run: pl.DataFrame, path: Path, tag: str) -> Path:
-    """Write `run` as a TREC run file: `qid Q0 docid rank score tag`, one line per row."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    rows = run.sort(["query_id", "rank"]).select("query_id", "doc_id", "rank", "score").iter_rows()
-    path.write_text("".join(f"{q} Q0 {d} {r} {s:.6f} {tag}\n" for q, d, r, s in rows))
-    return path
+write_trec = write_trec_run  # `qid Q0 docid rank score tag` (bridge_assets.trec_io)
 
 
 def read_trec(path: Path) -> pl.DataFrame:
-    """A TREC run file as a run frame (the tag column dropped)."""
-    frame = pl.read_csv(path, separator=" ", has_header=False, schema={
-        "query_id": pl.String, "q0": pl.String, "doc_id": pl.String, "rank": pl.Int32,
-        "score": pl.Float64, "tag": pl.String})
-    return frame.select(list(RUN_SCHEMA))
+    """A TREC run file as a run frame, ranked by score as every system is (trec_eval's reading,
+    bridge_assets.trec_io.read_trec_run; the file's rank column is not trusted)."""
+    run = read_trec_run(path).frame
+    return top_k(run, run.group_by("query_id").len()["len"].max() or 1)
 
 
 def export_trec_run(dataset: str, retriever: str, path: Path, db_path: Path | None = None) -> tuple[Path, int]:

@@ -1,0 +1,178 @@
+"""The votes store: annotators, assignments and votes in a DuckDB file of their own.
+
+The pipeline's bridge.duckdb is rebuilt, deleted (`make clean`) and written by many processes;
+votes are people's work and outlive all of that. So the annotation app and `bridge annotate`
+write only the votes store (`DuckDBStore().votes_path`: `BRIDGE_VOTES_DB`, else
+`<data lake>/annotations/votes.duckdb`), reading the pipeline's tables (queries, chunks,
+debates) from bridge.duckdb attached read-only. The pipeline never writes the votes store: its
+steps that need votes (human_labels, bridge_qrels, the sensor, `bridge audit`) attach it
+read-only just long enough to copy one dataset's votes.
+
+A vote never waits on the pipeline: recording one reads and writes the votes store only.
+
+Lakes from before the split kept these tables in bridge.duckdb. Their first use (the app, a
+`bridge annotate` command, or a pipeline step that reads votes) moves them here, vote ids and
+token hashes kept, and drops them from the lake (`migrate`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import duckdb
+
+from bridge_assets import store
+from bridge_assets.human.tables import HUMAN_VOTES, SCHEMA, ensure_schema
+
+HUMAN_TABLES = ("annotators", "annotation_assignments", "human_votes")
+PIPELINE = "pipeline"   # the alias bridge.duckdb is attached under
+VOTES = "votes"         # the alias the votes store is attached under in a pipeline snapshot
+
+
+class VotesConflict(RuntimeError):
+    """The lake and the votes store both hold votes, and not the same ones."""
+
+
+def _ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def legacy_tables(con: duckdb.DuckDBPyConnection) -> list[str]:
+    """The human tables the lake of `con` still holds (lakes from before the votes store)."""
+    present = {row[0] for row in con.execute(
+        "select table_name from duckdb_tables() where database_name = current_database() "
+        "and schema_name = 'main' and not temporary").fetchall()}
+    return [table for table in HUMAN_TABLES if table in present]
+
+
+def _missing_rows(votes: duckdb.DuckDBPyConnection, table: str, frame) -> int:
+    """Rows of the lake's `frame` of `table` that the votes store lacks (compared whole)."""
+    columns = ", ".join(_ident(name) for name in frame.column_names)
+    votes.register("_legacy", frame)
+    try:
+        return votes.execute(f"select count(*) from (select {columns} from _legacy "
+                             f"except select {columns} from {table})").fetchone()[0]
+    finally:
+        votes.unregister("_legacy")
+
+
+def _fill(votes: duckdb.DuckDBPyConnection, frames: dict) -> None:
+    """Copy the lake's human tables into an empty votes store, vote ids kept (the id sequence
+    continues after the highest)."""
+    last = 0
+    if "human_votes" in frames:
+        votes.register("_legacy", frames["human_votes"])
+        last = votes.execute("select coalesce(max(vote_id), 0) from _legacy").fetchone()[0]
+        votes.unregister("_legacy")
+    votes.execute("begin transaction")
+    try:
+        votes.execute("drop table if exists human_votes")
+        votes.execute("drop sequence if exists human_vote_ids")
+        votes.execute(f"create sequence human_vote_ids start {int(last) + 1}")
+        votes.execute(SCHEMA)
+        for table in HUMAN_TABLES:
+            if table in frames:
+                votes.register("_legacy", frames[table])
+                votes.execute(f"insert into {table} by name select * from _legacy")
+                votes.unregister("_legacy")
+        votes.execute("commit")
+    except BaseException:
+        votes.execute("rollback")
+        raise
+
+
+def move_from(lake: duckdb.DuckDBPyConnection, votes_db: Path, *,
+              wait_seconds: float = store.LOCK_WAIT_SECONDS) -> int:
+    """Move the human tables of the lake `lake` is connected to (read-write) into the votes
+    store at `votes_db`, then drop them from the lake. Returns the votes moved (0: nothing to
+    move). Safe to repeat after a crash between the two steps: rows already in the votes store
+    are not copied twice. Refuses (VotesConflict) when both hold different votes."""
+    legacy = legacy_tables(lake)
+    if not legacy:
+        return 0
+    frames = {table: lake.execute(f'select * from "{table}"').to_arrow_table() for table in legacy}
+    with store.connect(votes_db, wait_seconds=wait_seconds) as votes:
+        ensure_schema(votes)
+        stored = sum(votes.execute(f"select count(*) from {table}").fetchone()[0] for table in HUMAN_TABLES)
+        if stored:
+            missing = {table: n for table, frame in frames.items() if (n := _missing_rows(votes, table, frame))}
+            if missing:
+                raise VotesConflict(
+                    f"both the data lake ({lake_path(lake)}) and the votes store ({votes_db}) hold "
+                    f"annotations, and the lake has rows the store lacks ({missing}). Export the "
+                    "lake's votes with an older BRIDGE (bridge annotate export), move or delete one "
+                    "of the two, and import them (bridge annotate import).")
+        else:
+            _fill(votes, frames)
+    lake.execute("begin transaction")
+    try:
+        for table in ("human_votes", "annotation_assignments", "annotators"):
+            if table in legacy:
+                lake.execute(f"drop table {table}")
+        lake.execute("drop sequence if exists human_vote_ids")
+        lake.execute("commit")
+    except BaseException:
+        lake.execute("rollback")
+        raise
+    return frames["human_votes"].num_rows if "human_votes" in frames else 0
+
+
+def lake_path(con: duckdb.DuckDBPyConnection) -> str:
+    return con.execute("select path from duckdb_databases() where database_name = current_database()"
+                       ).fetchone()[0]
+
+
+def migrate(lake_db: Path, votes_db: Path, *, wait_seconds: float = store.LOCK_WAIT_SECONDS) -> int:
+    """Move an old lake's annotators, assignments and votes into the votes store (a no-op once
+    done); returns the votes moved."""
+    if not Path(lake_db).exists():
+        return 0
+    with store.connect(lake_db, wait_seconds=wait_seconds) as lake:
+        return move_from(lake, votes_db, wait_seconds=wait_seconds)
+
+
+def prepare(lake_db: Path, votes_db: Path, *, wait_seconds: float = store.LOCK_WAIT_SECONDS) -> int:
+    """Before first use: move an old lake's votes in, and create the votes store's tables."""
+    moved = migrate(lake_db, votes_db, wait_seconds=wait_seconds)
+    with store.connect(votes_db, wait_seconds=wait_seconds) as votes:
+        ensure_schema(votes)
+    return moved
+
+
+@contextlib.contextmanager
+def connect(votes_db: Path, *, lake_db: Path | None = None,
+            wait_seconds: float = store.LOCK_WAIT_SECONDS) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A short connection to the votes store (read-write; call prepare() once first). With
+    `lake_db` (when the file exists), the pipeline's tables are readable too, by their plain
+    names: bridge.duckdb attached read-only. Waits at most `wait_seconds` for either file's
+    lock, then raises store.StoreBusy."""
+    with store.connect(votes_db, wait_seconds=wait_seconds) as con:
+        if lake_db is not None and Path(lake_db).exists():
+            store.attach(con, Path(lake_db), PIPELINE, wait_seconds=wait_seconds)
+            name = con.execute("select current_database()").fetchone()[0]
+            con.execute(f"set search_path = '{_ident(name)}.main,{PIPELINE}.main'")
+        yield con
+
+
+def copy_votes(con: duckdb.DuckDBPyConnection, dataset: str | None, *, lake_db: Path, votes_db: Path,
+               wait_seconds: float = store.LOCK_WAIT_SECONDS) -> None:
+    """Copy `dataset`'s votes (every dataset's with None) into `con` (an in-memory snapshot, or
+    a connection to the lake) as the temp table human_votes: the votes store attached
+    read-only for the copy only, an old lake's votes moved in first."""
+    migrate(lake_db, votes_db, wait_seconds=wait_seconds)
+    if not Path(votes_db).exists():
+        with store.connect(votes_db, wait_seconds=wait_seconds) as votes:
+            ensure_schema(votes)
+    store.attach(con, Path(votes_db), VOTES, wait_seconds=wait_seconds)
+    try:
+        if con.execute("select count(*) from duckdb_tables() where database_name = ? "
+                       "and table_name = 'human_votes'", [VOTES]).fetchone()[0]:
+            con.execute(f"create or replace temp table human_votes as select * from {VOTES}.human_votes "
+                        "where $dataset is null or dataset = $dataset", {"dataset": dataset})
+        else:  # a votes store nobody has opened yet
+            con.execute(HUMAN_VOTES.replace("create table if not exists", "create or replace temp table")
+                        .replace(" default nextval('human_vote_ids')", ""))
+    finally:
+        con.execute(f"detach {VOTES}")
