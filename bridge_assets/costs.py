@@ -41,8 +41,7 @@ from bridge_assets.labeling import pooling
 from bridge_assets.labeling.adjudicator import adjudicate
 from bridge_assets.labeling.assets import (ADJUDICATOR_MAX_TOKENS, CandidatePoolConfig, DebateConfig,
                                            FilterConfig)
-from bridge_assets.labeling.debate import (DEBATE_TEMPLATES, DebateOutcome, Turn, debate_agents,
-                                           fewshot_examples, run_debate, turn_max_tokens)
+from bridge_assets.labeling.debate import DebateOutcome, Turn, turn_max_tokens
 from bridge_assets.labeling.filter import filtered_pool, run_filter, votes_frame
 from bridge_assets.labeling.pairs import Pair, load_pairs
 from bridge_assets.llm import ledger
@@ -356,17 +355,11 @@ def _debate_calls(estimate: RunEstimate, pairs: list[Pair], unsure: set[tuple[st
     debate_config = DebateConfig(**_config(config, "debate_labels", "debate_turns"))
     rounds = debate_config.rounds
     models = debate_config.models or [llm.profile_for("debate")]
-    agents = debate_agents(models, debate_config.agents, debate_config.stance_order,
-                           template=DEBATE_TEMPLATES[debate_config.prompt])
+    agents = debate_config.debate_agents(models)
     purpose = "debate_paper" if debate_config.prompt == "paper" else "debate"
     stages = {(r, m): replay.stage(f"debate round {r}", m, purpose)
               for r in range(1, rounds + 1) for m in dict.fromkeys(a.model for a in agents)}
-    outcome = run_debate(pairs, agents, replay, rounds=rounds, temperature=debate_config.temperature,
-                         reason_words=debate_config.reason_words,
-                         examples=fewshot_examples(debate_config.fewshot),
-                         checks=debate_config.checks(len(pairs)),
-                         grade_consensus=debate_config.grade_consensus,
-                         answer_first=debate_config.answer_first)
+    outcome = debate_config.run(pairs, models, replay)
     reply = turn_max_tokens(debate_config.reason_words)
     open_turns: dict[tuple[str, str], int] = {}  # turns not answered yet, per pair
     for pair, history in outcome.histories().items():

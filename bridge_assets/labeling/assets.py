@@ -21,13 +21,14 @@ from pydantic import Field
 from bridge_assets.ingest.registry import get_dataset
 from bridge_assets.labeling import pooling
 from bridge_assets.labeling.adjudicator import ADJUDICATOR_TEMPLATE, adjudicate, adjudicator_schema
-from bridge_assets.labeling.calls import MeteredGenerate
-from bridge_assets.labeling.debate import (DEBATE_TEMPLATES, DebateChecks, debate_agents, debate_config_hash,
+from bridge_assets.labeling.calls import Generate, MeteredGenerate
+from bridge_assets.labeling.debate import (DEBATE_TEMPLATES, AgentConfig, DebateChecks, DebateOutcome,
+                                           debate_agents, debate_config_hash,
                                            escalation_count, fewshot_examples, labels_frame, run_debate,
                                            turns_frame)
 from bridge_assets.labeling.filter import filtered_pool as summarize_votes
 from bridge_assets.labeling.filter import run_filter, votes_frame
-from bridge_assets.labeling.pairs import load_pairs
+from bridge_assets.labeling.pairs import Pair, load_pairs
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.partitions import dataset_partitions
@@ -94,6 +95,18 @@ class DebateConfig(dg.Config):
                                if self.escalation_budget_ratio else 0) if b > 0]
         return DebateChecks(evidence=self.evidence_check, answer_presence=self.answer_check,
                             min_confidence=self.min_confidence, budget=min(budgets) if budgets else None)
+
+    def debate_agents(self, models: list[str]) -> tuple[AgentConfig, ...]:
+        return debate_agents(models, self.agents, self.stance_order, template=DEBATE_TEMPLATES[self.prompt])
+
+    def run(self, pairs: list[Pair], models: list[str], generate: Generate,
+            prompts: Prompts | None = None) -> DebateOutcome:
+        """The debate this configuration describes (the asset's and the dry run's one way)."""
+        return run_debate(pairs, self.debate_agents(models), generate, rounds=self.rounds,
+                          temperature=self.temperature, reason_words=self.reason_words,
+                          examples=fewshot_examples(self.fewshot), prompts=prompts,
+                          checks=self.checks(len(pairs)), grade_consensus=self.grade_consensus,
+                          answer_first=self.answer_first)
 
 
 def _previous_keys(store: DuckDBStore, table: str, columns: str, dataset: str) -> set[tuple]:
@@ -205,8 +218,7 @@ def debate(context: dg.AssetExecutionContext, config: DebateConfig, store: DuckD
                            "select query_id, doc_id from filtered_pool where dataset = $dataset and kept",
                            scale)
     models = config.models or [llm.profile_for("debate")]
-    agents = debate_agents(models, config.agents, config.stance_order,
-                           template=DEBATE_TEMPLATES[config.prompt])
+    agents = config.debate_agents(models)
     checks = config.checks(len(pairs))
     examples = fewshot_examples(config.fewshot)
     prompts = Prompts()
@@ -226,10 +238,7 @@ def debate(context: dg.AssetExecutionContext, config: DebateConfig, store: DuckD
                                      answer_first=config.answer_first)
     before = _previous_keys(store, "debate_labels", "pair_key, config_hash", dataset)
     generate = MeteredGenerate(llm.generate_fn(context.run_id, context.log.info))
-    outcome = run_debate(pairs, agents, generate, rounds=config.rounds,
-                         temperature=config.temperature, reason_words=config.reason_words,
-                         examples=examples, prompts=prompts, checks=checks,
-                         grade_consensus=config.grade_consensus, answer_first=config.answer_first)
+    outcome = config.run(pairs, models, generate, prompts)
     if adjudicator_model:
         outcome = adjudicate(outcome, pairs, adjudicator_model, generate, prompts=prompts,
                              max_tokens=ADJUDICATOR_MAX_TOKENS)
