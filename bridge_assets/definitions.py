@@ -7,6 +7,7 @@ import dagster as dg
 
 from bridge_assets.analysis import definitions as analysis
 from bridge_assets.evaluation import definitions as evaluation
+from bridge_assets.executors import executor_from_env
 from bridge_assets.human import definitions as human
 from bridge_assets.ingest import definitions as ingest
 from bridge_assets.labeling import definitions as labeling
@@ -29,5 +30,6 @@ _store = DuckDBStore()
 
 defs = dg.Definitions.merge(
     *(stage.defs for stage in STAGES),
-    dg.Definitions(resources={"store": _store, "llm": LLMResource(data_lake=_store.data_lake)}),
+    dg.Definitions(resources={"store": _store, "llm": LLMResource(data_lake=_store.data_lake)},
+                   executor=executor_from_env()),  # $BRIDGE_EXECUTOR: multiprocess (default) | dask
 )

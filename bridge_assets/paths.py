@@ -19,6 +19,19 @@ SQL_DIR = PROJECT_ROOT / "sql"
 
 LAKE_ENV = "BRIDGE_DATA_LAKE"
 VOTES_ENV = "BRIDGE_VOTES_DB"
+STORAGE_ENV = "BRIDGE_STORAGE"
+STORAGES = ("duckdb", "ducklake")
+# How the pipeline's tables are stored unless $BRIDGE_STORAGE says otherwise: "duckdb" (one
+# file, <lake>/bridge.duckdb) or "ducklake" (a DuckLake catalog + Parquet, bridge_assets.ducklake).
+DEFAULT_STORAGE = "duckdb"
+
+
+def storage() -> str:
+    """The storage backend in force: $BRIDGE_STORAGE, else DEFAULT_STORAGE."""
+    kind = (os.environ.get(STORAGE_ENV) or DEFAULT_STORAGE).strip().lower()
+    if kind not in STORAGES:
+        raise ValueError(f"{STORAGE_ENV}={kind!r}: expected one of {', '.join(STORAGES)}")
+    return kind
 
 
 @dataclass(frozen=True)
@@ -41,6 +54,12 @@ class Lake:
     def duckdb(self) -> Path:
         """The pipeline's DuckDB file: one table per asset, and the LLM call ledger."""
         return self.folder / "bridge.duckdb"
+
+    @property
+    def storage(self) -> str:
+        """duckdb or ducklake (see storage()); the pipeline's tables are reached through
+        store.connect(self.duckdb) either way."""
+        return storage()
 
     @property
     def dagster_home(self) -> Path:

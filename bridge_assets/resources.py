@@ -37,8 +37,16 @@ class DuckDBStore(dg.ConfigurableResource):
     def connect(self):
         return store.connect(self.path)
 
-    def write_partitions(self, tables: dict[str, pl.DataFrame], **keys: Any) -> None:
-        store.write_partitions(tables, keys, self.path)
+    def write_partitions(self, tables: dict[str, pl.DataFrame], **keys: Any) -> int | None:
+        """Replace one partition of `tables` in one transaction. Inside an asset, the lake
+        snapshot it wrote goes into the materialization's metadata (`lake_snapshot`: the
+        DuckLake snapshot id, "n/a" on a DuckDB file) and the run id into the snapshot."""
+        from bridge_assets.snapshots import current_run_info, record_snapshot
+
+        info = current_run_info()
+        snapshot = store.write_partitions(tables, keys, self.path, info=info)
+        record_snapshot(snapshot, tables)
+        return snapshot
 
     def read(self, sql: str, params: list[Any] | None = None) -> pl.DataFrame:
         return store.read_frame(sql, params, self.path)

@@ -1,17 +1,28 @@
-"""The DuckDB store every asset reads and writes.
+"""The store every asset reads and writes: one DuckDB file, or a DuckLake.
 
-DuckDB allows one writing process per file, and Dagster's multiprocess executor runs
+Which one is `paths.storage()` ($BRIDGE_STORAGE: duckdb, the default, or ducklake). Callers do
+not care: they pass the pipeline's path (`Lake.duckdb`, `<lake>/bridge.duckdb`, or None for
+the configured lake) to `connect()`, and get a connection on which the tables have their plain
+names. Any other DuckDB file (the votes store) is always opened as a plain DuckDB file.
+
+DuckDB file: one writing process per file, and Dagster's multiprocess executor runs
 partitions in parallel processes (dagster issues 16248/18746). So every access is a short
 connection that retries while another process holds the lock, and every write of an asset
 partition is one transaction: delete the partition's old rows, insert the new ones. A run
 that fails never leaves half a partition behind, and parallel runs queue for the lock
 instead of failing on it.
+
+DuckLake (bridge_assets.ducklake): nobody holds a lock; the same transaction is one snapshot,
+committed whole or not at all. A commit that lost a race to another writer is retried with
+backoff (`run_transaction`), then fails with StoreConflict. Each write records the Dagster run
+and partition in its snapshot, and returns the snapshot's id (lineage, `--as-of` exports).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import random
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -21,17 +32,66 @@ from typing import Any, TypeVar
 import duckdb
 import polars as pl
 
-from bridge_assets.paths import duckdb_path
+from bridge_assets import ducklake
+from bridge_assets.paths import duckdb_path, storage
 
 LOCK_WAIT_SECONDS = 300.0
 # Test-only: seconds write_partitions sleeps inside its transaction, before the commit, so a test
 # can kill -9 the process mid-write (tests/test_faults_kill.py). Unset in normal use.
 TEST_PAUSE_ENV = "BRIDGE_TEST_PAUSE_IN_WRITE"
+PIPELINE_FILE = "bridge.duckdb"  # Lake.duckdb's name: the path that stands for the pipeline's store
 T = TypeVar("T")
 
 
 class StoreBusy(duckdb.IOException):
     """Another process held the file's lock for longer than the caller would wait."""
+
+
+class StoreConflict(StoreBusy):
+    """A DuckLake commit kept losing races to other writers until the caller's deadline."""
+
+
+class StoreMismatch(RuntimeError):
+    """The lake folder holds the other storage than the one configured."""
+
+
+def lake_config(path: Path | None = None) -> ducklake.DuckLakeConfig | None:
+    """The DuckLake that `path` stands for, or None when it is a plain DuckDB file: with
+    BRIDGE_STORAGE=ducklake the pipeline's path (<lake>/bridge.duckdb, or None) means the
+    DuckLake of that lake folder; every other file (the votes store) stays a DuckDB file."""
+    path = Path(path or duckdb_path())
+    if path.name != PIPELINE_FILE or storage() != "ducklake":
+        return None
+    return ducklake.DuckLakeConfig.for_folder(path.parent)
+
+
+def exists(path: Path | None = None) -> bool:
+    """Whether the store at `path` (default: the configured lake) was ever written."""
+    path = Path(path or duckdb_path())
+    config = lake_config(path)
+    return config.exists() if config is not None else path.exists()
+
+
+def describe(path: Path | None = None) -> str:
+    """Where the store is, in words (for messages)."""
+    path = Path(path or duckdb_path())
+    config = lake_config(path)
+    if config is None:
+        return str(path)
+    return f"DuckLake ducklake:{config.catalog} (data {config.data_path})"
+
+
+def _check_storage(path: Path, config: ducklake.DuckLakeConfig | None) -> None:
+    """Refuse to start an empty store beside a lake kept in the other storage."""
+    if path.name != PIPELINE_FILE:
+        return
+    if config is None:
+        if not path.exists() and (path.parent / ducklake.CATALOG_FILE).exists():
+            raise StoreMismatch(f"{path.parent} holds a DuckLake ({ducklake.CATALOG_FILE}) and no "
+                                f"{PIPELINE_FILE}: set BRIDGE_STORAGE=ducklake to use it")
+    elif not config.exists() and path.exists():
+        raise StoreMismatch(f"{path} is a DuckDB lake and BRIDGE_STORAGE=ducklake: move it into the "
+                            f"DuckLake with `bridge lake migrate` (or unset BRIDGE_STORAGE)")
 
 
 def _is_lock_error(exc: Exception) -> bool:
@@ -63,10 +123,49 @@ def _waiting(open_: Callable[[], T], path: Path, wait_seconds: float) -> T:
 
 @contextlib.contextmanager
 def connect(path: Path | None = None, *, wait_seconds: float = LOCK_WAIT_SECONDS) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A short-lived connection; waits (with backoff) while another process holds the file."""
+    """A short-lived connection; waits (with backoff) while another process holds the file.
+    On DuckLake (see lake_config) a cursor of this process's lake instance, the lake in use."""
     path = Path(path or duckdb_path())
+    config = lake_config(path)
+    _check_storage(path, config)
+    if config is not None:
+        with ducklake.connect(config) as con:
+            yield con
+        return
+    with connect_file(path, wait_seconds=wait_seconds) as con:
+        yield con
+
+
+@contextlib.contextmanager
+def connect_file(path: Path, *, wait_seconds: float = LOCK_WAIT_SECONDS) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A short connection to the DuckDB file `path` itself, whatever the storage in force
+    (`bridge lake migrate` reads the old bridge.duckdb with it)."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     con = _waiting(lambda: duckdb.connect(str(path)), path, wait_seconds)
+    try:
+        yield con
+    finally:
+        con.close()
+
+
+@contextlib.contextmanager
+def connect_read_only(path: Path | None = None, *, snapshot: int | None = None,
+                      wait_seconds: float = LOCK_WAIT_SECONDS) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A connection that cannot change the store (`bridge sql`, exports); with `snapshot`, the
+    DuckLake as it was at that snapshot (time travel; DuckLake only)."""
+    path = Path(path or duckdb_path())
+    config = lake_config(path)
+    _check_storage(path, config)
+    if config is None:
+        if snapshot is not None:
+            raise StoreMismatch("time travel (--as-of) needs the DuckLake storage (BRIDGE_STORAGE=ducklake); "
+                                f"{path} is a plain DuckDB file and keeps no history")
+        if not path.exists():
+            raise FileNotFoundError(f"no data lake at {path}")
+        con = _waiting(lambda: duckdb.connect(str(path), read_only=True), path, wait_seconds)
+    else:
+        con = ducklake.new_instance(config, read_only=True, snapshot=snapshot)
     try:
         yield con
     finally:
@@ -76,7 +175,14 @@ def connect(path: Path | None = None, *, wait_seconds: float = LOCK_WAIT_SECONDS
 def attach(con: duckdb.DuckDBPyConnection, path: Path, alias: str, *, read_only: bool = True,
            wait_seconds: float = LOCK_WAIT_SECONDS) -> None:
     """ATTACH the DuckDB file `path` to `con` as `alias` (read-only by default), waiting like
-    connect() while another process writes it."""
+    connect() while another process writes it. The pipeline's path on DuckLake attaches the
+    DuckLake under `alias` (its extensions loaded into `con`)."""
+    config = lake_config(path)
+    if config is not None:
+        for name in ducklake.extensions_for(config):
+            ducklake.load_extension(con, name)
+        con.execute(config.attach_sql(alias, read_only=read_only))
+        return
     mode = " (read_only)" if read_only else ""
     _waiting(lambda: con.execute(f"attach '{_sql_string(path)}' as \"{alias}\"{mode}"), Path(path),
              wait_seconds)
@@ -118,21 +224,61 @@ def replace_partition(con: duckdb.DuckDBPyConnection, table: str, frame: pl.Data
         con.unregister("_incoming")
 
 
+def run_transaction(body: Callable[[duckdb.DuckDBPyConnection], T], path: Path | None = None, *,
+                    message: str = "", info: Mapping[str, Any] | None = None,
+                    wait_seconds: float = LOCK_WAIT_SECONDS, test_pause: bool = False) -> tuple[T, int | None]:
+    """`body(con)` in one transaction, committed or rolled back whole; returns its result and
+    the DuckLake snapshot the commit made (None on a DuckDB file, or when nothing changed).
+    On DuckLake a commit that lost a race to another writer is rolled back and the whole body
+    run again, with growing random waits, until `wait_seconds` have passed: then StoreConflict.
+    `message` and `info` label the snapshot (the Dagster run, the partition)."""
+    path = Path(path or duckdb_path())
+    config = lake_config(path)
+    deadline = time.monotonic() + wait_seconds
+    delay, attempt = 0.02, 0
+    while True:
+        attempt += 1
+        with connect(path, wait_seconds=wait_seconds) as con:
+            con.execute("begin transaction")
+            try:
+                if config is not None and (message or info):
+                    ducklake.set_commit_info(con, message, dict(info or {}))
+                result = body(con)
+                if test_pause and (pause := os.environ.get(TEST_PAUSE_ENV)):
+                    print(f"{TEST_PAUSE_ENV}: paused before commit", file=sys.stderr, flush=True)
+                    time.sleep(float(pause))
+                con.execute("commit")
+            except BaseException as exc:
+                with contextlib.suppress(duckdb.Error):
+                    con.execute("rollback")
+                if config is None or not isinstance(exc, duckdb.Error) or not ducklake.is_conflict(exc):
+                    raise
+                if time.monotonic() + delay > deadline:
+                    raise StoreConflict(
+                        f"{describe(path)}: the commit lost to other writers {attempt} times in "
+                        f"{wait_seconds:g} s ({message or 'write'}); the previous state is kept, "
+                        f"run it again: {exc}") from exc
+                time.sleep(delay * (0.5 + random.random()))
+                delay = min(delay * 2, 2.0)
+                continue
+            return result, (ducklake.last_committed_snapshot(con) if config is not None else None)
+
+
 def write_partitions(tables: Mapping[str, pl.DataFrame], keys: Mapping[str, Any],
-                     path: Path | None = None) -> None:
-    """Atomically replace one partition of several tables (all or nothing)."""
-    with connect(path) as con:
-        con.execute("begin transaction")
-        try:
-            for table, frame in tables.items():
-                replace_partition(con, table, frame, keys)
-            if pause := os.environ.get(TEST_PAUSE_ENV):
-                print(f"{TEST_PAUSE_ENV}: paused before commit", file=sys.stderr, flush=True)
-                time.sleep(float(pause))
-            con.execute("commit")
-        except BaseException:
-            con.execute("rollback")
-            raise
+                     path: Path | None = None, *, info: Mapping[str, Any] | None = None) -> int | None:
+    """Atomically replace one partition of several tables (all or nothing). Returns the
+    DuckLake snapshot it committed (None on a DuckDB file). `info` (the Dagster run id, ...)
+    is recorded with the snapshot."""
+    def body(con: duckdb.DuckDBPyConnection) -> None:
+        for table, frame in tables.items():
+            replace_partition(con, table, frame, keys)
+
+    partition = "|".join(f"{k}={v}" for k, v in keys.items())
+    _, snapshot = run_transaction(
+        body, path, message=f"write {', '.join(tables)} [{partition}]",
+        info={"tables": list(tables), "partition": {k: str(v) for k, v in keys.items()}, **(info or {})},
+        test_pause=True)
+    return snapshot
 
 
 def read_frame(sql: str, params: list[Any] | None = None, path: Path | None = None) -> pl.DataFrame:

@@ -14,7 +14,9 @@ from conftest import PROJECT_ROOT
 
 # Needed at run time without an import of their own.
 RUNTIME_ONLY = {"pyarrow": "polars' DuckDB and Arrow exchange", "python-multipart": "FastAPI's form parsing",
-                "dagster-webserver": "the UI (make ui: dagster dev)"}
+                "dagster-webserver": "the UI (make ui: dagster dev)",
+                "duckdb-extension-ducklake": "DuckLake storage: the extension file, loaded by path",
+                "duckdb-extension-sqlite-scanner": "DuckLake's SQLite catalog: the extension file"}
 
 
 def imported_distributions() -> dict[str, set[str]]:

@@ -6,7 +6,9 @@ with a reply is never sent again, even a reply that failed strict parsing (it st
 never a label); a call that got no reply (timeout, HTTP error) is. The table is append-only: a failed call stays
 recorded beside the later success, so the history of every key can be audited.
 Connections are short (one per lookup, one per batch write) and never held during model calls:
-DuckDB allows one writing process per file.
+DuckDB allows one writing process per file. On DuckLake (BRIDGE_STORAGE=ducklake) a batch is one
+snapshot whose rows stay in the catalog (data inlining) until FLUSH_ROWS of them are written out
+as one Parquet file, so a ledger of a million calls is not a million tiny files.
 """
 
 from __future__ import annotations
@@ -128,17 +130,41 @@ def append(records: Sequence[CallRecord], *, profile: str, backend: str, model: 
     }, schema_overrides={"context": pl.Utf8, "parsed_json": pl.Utf8, "logprobs_json": pl.Utf8,
                          "error": pl.Utf8, "tokens_in": pl.Int32, "tokens_out": pl.Int32,
                          "attempts": pl.Int32})
-    with store.connect(path) as con:
-        con.execute("begin transaction")
+    def insert(con) -> None:
+        con.execute(CREATE_TABLE)
+        con.register("_incoming_calls", frame.to_arrow())
         try:
-            con.execute(CREATE_TABLE)
-            con.register("_incoming_calls", frame.to_arrow())
             con.execute(f"insert into {TABLE} by name select * from _incoming_calls")
+        finally:
             con.unregister("_incoming_calls")
-            con.execute("commit")
-        except BaseException:
-            con.execute("rollback")
-            raise
+
+    # one transaction (on DuckLake: one snapshot, its rows inlined in the catalog; retried when
+    # another writer committed first)
+    store.run_transaction(insert, path)
+    _flush_now_and_then(len(records), path)
+
+
+# On DuckLake each append's rows stay in the catalog (data inlining: no Parquet file per chunk);
+# every FLUSH_ROWS rows appended by this process they are written out as one Parquet file.
+FLUSH_ROWS = 20_000
+_appended_since_flush = 0
+
+
+def _flush_now_and_then(rows: int, path: Path | None) -> None:
+    global _appended_since_flush
+    if store.lake_config(path) is None:
+        return
+    _appended_since_flush += rows
+    if _appended_since_flush < FLUSH_ROWS:
+        return
+    _appended_since_flush = 0
+    from bridge_assets import ducklake
+
+    try:  # maintenance: a conflict with another writer just leaves it for the next time
+        with store.connect(path) as con:
+            con.execute(f"CALL ducklake_flush_inlined_data('{ducklake.ALIAS}', table_name => '{TABLE}')")
+    except Exception:
+        pass
 
 
 def read_calls(path: Path | None = None) -> pl.DataFrame:

@@ -1,0 +1,230 @@
+"""`bridge sql` and `bridge lake ...`: the store without knowing how it is stored.
+
+    bridge sql "SELECT ..." [--as-of SNAPSHOT]   read-only SQL; a header line, then one
+                                                 tab-separated line per row
+    bridge lake info                             storage, catalog, data path, files per table
+    bridge lake migrate [--from FILE] [--keep]   a bridge.duckdb into the DuckLake
+    bridge lake snapshots [--limit N]            the DuckLake's snapshots and the runs behind them
+    bridge lake compact [--expire-older-than I]  flush inlined rows, merge small Parquet files
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import time
+from collections.abc import Iterable, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import typer
+
+from bridge_assets.cli_errors import fail
+
+app = typer.Typer(help="The lake's storage: DuckLake migration, snapshots, compaction.",
+                  no_args_is_help=True, add_completion=False)
+
+# Tables of a lake from before the votes store (human/votes_store.py moves them out first).
+HUMAN_TABLES = ("annotators", "annotation_assignments", "human_votes")
+
+
+def _cell(value: Any) -> str:
+    """One value as text: NULL empty; tab, newline and backslash escaped (PostgreSQL's COPY
+    text format), so every row stays one line."""
+    if value is None:
+        return ""
+    if isinstance(value, (list, dict, tuple)):
+        text = json.dumps(value, default=str, ensure_ascii=False)
+    else:
+        text = str(value)
+    return text.replace("\\", "\\\\").replace("\t", "\\t").replace("\n", "\\n").replace("\r", "\\r")
+
+
+def format_rows(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Iterable[str]:
+    yield "\t".join(_cell(c) for c in columns)
+    for row in rows:
+        yield "\t".join(_cell(v) for v in row)
+
+
+def sql_command(
+    query: str = typer.Argument(..., help="One SQL statement (tables by their plain names)."),
+    as_of: int | None = typer.Option(None, "--as-of", help="A DuckLake snapshot id: the lake as it was then."),
+) -> None:
+    """Run read-only SQL against the data lake (DuckDB file or DuckLake): a header line, then
+    one tab-separated line per row (NULL empty; tab, newline, backslash as \\t \\n \\\\)."""
+    from bridge_assets import ducklake, store
+
+    try:
+        with store.connect_read_only(snapshot=as_of) as con:
+            cursor = con.execute(query)
+            if cursor.description is None:
+                return
+            columns = [d[0] for d in cursor.description]
+            typer.echo(next(iter(format_rows(columns, []))))
+            while batch := cursor.fetchmany(10_000):
+                for line in list(format_rows(columns, batch))[1:]:
+                    typer.echo(line)
+    except (duckdb.Error, store.StoreMismatch, ducklake.LakeError, FileNotFoundError) as exc:
+        fail(str(exc).splitlines()[0] if "read-only" not in str(exc) else
+             f"bridge sql is read-only: {str(exc).splitlines()[0]}")
+
+
+def _lake_config(folder: Path | None = None):
+    from bridge_assets import ducklake
+    from bridge_assets.resources import DuckDBStore
+
+    return ducklake.DuckLakeConfig.for_folder(folder or DuckDBStore().lake.folder)
+
+
+@app.command("info")
+def info_command() -> None:
+    """Which storage is in force, where it lives, and the files of each DuckLake table."""
+    from bridge_assets import ducklake, store
+    from bridge_assets.paths import storage
+    from bridge_assets.resources import DuckDBStore
+
+    lake = DuckDBStore().lake
+    typer.echo(f"storage\t{storage()}")
+    typer.echo(f"lake folder\t{lake.folder}")
+    typer.echo(f"duckdb file\t{lake.duckdb}{'' if lake.duckdb.exists() else ' (absent)'}")
+    config = _lake_config(lake.folder)
+    typer.echo(f"ducklake catalog\tducklake:{config.catalog}{'' if config.exists() else ' (absent)'}")
+    typer.echo(f"ducklake data path\t{config.data_path}")
+    if store.lake_config() is not None and config.exists():
+        with store.connect() as con:
+            typer.echo(f"snapshot\t{ducklake.current_snapshot(con)}")
+            for table, counts in ducklake.file_counts(con).items():
+                typer.echo(f"table {table}\t{counts['files']} data files, {counts['delete_files']} delete files")
+
+
+@app.command("snapshots")
+def snapshots_command(limit: int = typer.Option(20, "--limit", "-n", help="The latest N (0: all).")) -> None:
+    """The DuckLake's snapshots, newest last: id, time, Dagster run, what it wrote."""
+    from bridge_assets import ducklake, store
+
+    if store.lake_config() is None:
+        fail("the lake is a DuckDB file (no snapshots): BRIDGE_STORAGE=ducklake after `bridge lake migrate`")
+    if not store.exists():
+        fail(f"no DuckLake at {store.describe()}")
+    with store.connect() as con:
+        rows = ducklake.snapshots(con)
+    typer.echo("snapshot\ttime\trun_id\tmessage")
+    for row in rows[-limit:] if limit else rows:
+        when = row["time"].strftime("%Y-%m-%d %H:%M:%S") if isinstance(row["time"], datetime) else row["time"]
+        typer.echo(f"{row['snapshot']}\t{when}\t{row.get('info', {}).get('run_id', '')}\t{row['message'] or ''}")
+
+
+@app.command("compact")
+def compact_command(
+    expire_older_than: str | None = typer.Option(
+        None, "--expire-older-than", help="Also expire snapshots older than this interval (e.g. "
+                                          "'30 days') and delete the files only they used: "
+                                          "time travel before then is gone."),
+) -> None:
+    """Flush inlined rows to Parquet, merge small files, rewrite files with many deletions."""
+    from bridge_assets import ducklake, store
+
+    if store.lake_config() is None or not store.exists():
+        fail(f"no DuckLake in force ({store.describe()}): set BRIDGE_STORAGE=ducklake")
+    with store.connect() as con:
+        counts = ducklake.compact(con, expire_older_than=expire_older_than)
+    before = sum(c["files"] + c["delete_files"] for c in counts["before"].values())
+    after = sum(c["files"] + c["delete_files"] for c in counts["after"].values())
+    typer.echo(f"files: {before} before, {after} after")
+
+
+def migrate(source: Path, config, *, votes_db: Path | None = None, keep: bool = False) -> dict[str, int]:
+    """Copy every table of the DuckDB lake `source` into the (new or empty) DuckLake `config`
+    in one transaction, check the row counts, then rename `source` to <name>.migrated (unless
+    `keep`). The source stays locked (its writers wait) while it is copied. Returns rows per
+    table. Annotators, assignments and votes go to the votes store first, not into the lake."""
+    from bridge_assets import ducklake, store
+
+    with store.connect_file(source) as con:  # the file itself, whatever BRIDGE_STORAGE says
+        if votes_db is not None:
+            try:
+                from bridge_assets.human import votes_store
+            except ImportError:  # a BRIDGE without the votes store: the votes move with the rest
+                pass
+            else:
+                votes_store.move_from(con, votes_db)
+        con.execute("checkpoint")
+        source_name = con.execute("select current_database()").fetchone()[0]
+        tables = [row[0] for row in con.execute(
+            "select table_name from duckdb_tables() where database_name = current_database() "
+            "and schema_name = 'main' and not temporary and not internal order by table_name").fetchall()]
+        views = con.execute("select view_name, sql from duckdb_views() where database_name = current_database() "
+                            "and schema_name = 'main' and not internal and not temporary").fetchall()
+        for name in ducklake.extensions_for(config):
+            ducklake.load_extension(con, name)
+        ducklake._prepare_catalog(config)
+        con.execute(config.attach_sql("migration_target"))
+        try:
+            present = [row[0] for row in con.execute(
+                "select table_name from duckdb_tables() where database_name = 'migration_target'").fetchall()]
+            if present:
+                raise ValueError(f"the DuckLake ducklake:{config.catalog} already holds tables "
+                                 f"({', '.join(sorted(present))}): migrate into a new lake only")
+            counts = {table: con.execute(f'select count(*) from "{table}"').fetchone()[0] for table in tables}
+            con.execute("begin transaction")
+            try:
+                con.execute("CALL ducklake_set_commit_message('migration_target', 'bridge', ?, extra_info => ?)",
+                            [f"bridge lake migrate from {source}",
+                             json.dumps({"migrated_from": str(source), "tables": tables})])
+                for table in tables:
+                    con.execute(f'create table migration_target.main."{table}" as '
+                                f'select * from "{source_name}".main."{table}"')
+                for name, sql in views:
+                    con.execute(sql.replace(f"CREATE VIEW {name}", f"CREATE VIEW migration_target.main.{name}", 1))
+                con.execute("commit")
+            except BaseException:
+                with contextlib.suppress(duckdb.Error):
+                    con.execute("rollback")
+                raise
+            copied = {table: con.execute(f'select count(*) from migration_target.main."{table}"').fetchone()[0]
+                      for table in tables}
+            if copied != counts:
+                raise RuntimeError(f"row counts differ after the copy: {counts} in the file, {copied} in the lake")
+            con.execute("CALL ducklake_flush_inlined_data('migration_target')")
+        finally:
+            con.execute(f'use "{source_name}"')
+            con.execute("detach migration_target")
+    if not keep:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        for suffix in ("", ".wal"):
+            old = source.with_name(source.name + suffix)
+            if old.exists():
+                old.rename(source.with_name(f"{source.name}.migrated-{stamp}{suffix}"))
+    ducklake.forget_instances()
+    return counts
+
+
+@app.command("migrate")
+def migrate_command(
+    source: Path | None = typer.Option(None, "--from", help="The DuckDB file to move (default: "
+                                                           "<data lake>/bridge.duckdb)."),
+    keep: bool = typer.Option(False, "--keep", help="Leave the DuckDB file where it is (default: "
+                                                    "renamed to bridge.duckdb.migrated-<time>)."),
+) -> None:
+    """Move a DuckDB lake (every table, the LLM call ledger included) into the DuckLake of the
+    data lake folder. Then run with BRIDGE_STORAGE=ducklake."""
+    from bridge_assets.resources import DuckDBStore
+
+    lake = DuckDBStore().lake
+    source = (source or lake.duckdb).resolve()
+    if not source.exists():
+        fail(f"no DuckDB lake at {source}")
+    config = _lake_config(lake.folder)
+    started = time.monotonic()
+    try:
+        counts = migrate(source, config, votes_db=lake.votes_db, keep=keep)
+    except (ValueError, RuntimeError, duckdb.Error) as exc:
+        fail(str(exc))
+    for table, rows in counts.items():
+        typer.echo(f"{table}\t{rows} rows")
+    typer.echo(f"moved {len(counts)} tables into ducklake:{config.catalog} (data {config.data_path}) in "
+               f"{time.monotonic() - started:.1f} s" + ("" if keep else f"; {source.name} renamed to "
+                                                                        f"{source.name}.migrated-*"))
+    typer.echo("use it with BRIDGE_STORAGE=ducklake")

@@ -1,0 +1,108 @@
+"""Which lake snapshot each materialization wrote (time travel for lineage).
+
+An asset writes its partition through `DuckDBStore.write_partitions`; on DuckLake the commit is
+one snapshot. This module links the two sides: the snapshot records the Dagster run (run id,
+asset, partition; `current_run_info`), and the materialization's metadata records the snapshot
+(`lake_snapshot`; "n/a" on a plain DuckDB file, which keeps no history; `record_snapshot`).
+`bridge audit` shows both per asset (`snapshot_of`), and `bridge qrels export --as-of RUN_ID`
+finds the snapshot a run committed (`ducklake.snapshot_of_run`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import dagster as dg
+
+METADATA_KEY = "lake_snapshot"
+NOT_AVAILABLE = "n/a"
+
+
+def _context() -> dg.AssetExecutionContext | None:
+    try:
+        return dg.AssetExecutionContext.get()
+    except Exception:  # outside an asset (CLI, tests, a check): nothing to record
+        return None
+
+
+def current_run_info() -> dict[str, Any]:
+    """The Dagster run, assets and partition of the asset being materialized now ({} outside one)."""
+    context = _context()
+    if context is None:
+        return {}
+    info: dict[str, Any] = {"run_id": context.run_id}
+    try:
+        info["assets"] = sorted(key.to_user_string() for key in context.selected_asset_keys)
+    except Exception:
+        pass
+    try:
+        if context.has_partition_key:
+            info["partition_key"] = str(context.partition_key)
+    except Exception:
+        pass
+    return info
+
+
+def record_snapshot(snapshot: int | None, tables: Iterable[str]) -> None:
+    """Put `snapshot` into the metadata of the asset being materialized now: every selected
+    output whose asset is one of `tables` (a multi-asset writing several), else its only one."""
+    context = _context()
+    if context is None:
+        return
+    value = snapshot if snapshot is not None else NOT_AVAILABLE
+    op = context.op_execution_context
+    try:
+        keys = list(context.selected_asset_keys)
+        names = {key.to_user_string(): context.assets_def.get_output_name_for_asset_key(key) for key in keys}
+    except Exception:
+        names = {}
+    written = [names[t] for t in tables if t in names]
+    try:
+        if written:
+            for output in written:
+                op.add_output_metadata({METADATA_KEY: value}, output_name=output)
+        elif len(names) == 1:
+            op.add_output_metadata({METADATA_KEY: value}, output_name=next(iter(names.values())))
+        elif not names:
+            op.add_output_metadata({METADATA_KEY: value})
+    except Exception as exc:  # metadata is lineage, never a reason to fail the write
+        context.log.warning(f"could not record {METADATA_KEY}={value}: {exc}")
+
+
+def snapshot_of(record: Any) -> int | str | None:
+    """The `lake_snapshot` of a materialization event record (instance.fetch_materializations),
+    or None when it predates this metadata."""
+    try:
+        value = record.asset_materialization.metadata.get(METADATA_KEY)
+    except AttributeError:
+        return None
+    if value is None:
+        return None
+    value = getattr(value, "value", value)
+    return value
+
+
+def resolve_as_of(value: str, path=None) -> int:
+    """A DuckLake snapshot from `--as-of`: a snapshot id (digits), else a Dagster run id (or a
+    unique prefix of one): the last snapshot that run committed. ValueError when neither."""
+    from bridge_assets import ducklake, store
+
+    if store.lake_config(path) is None:
+        raise ValueError("--as-of needs the DuckLake storage (BRIDGE_STORAGE=ducklake): a DuckDB "
+                         "file keeps no earlier states")
+    with store.connect(path) as con:
+        if value.strip().isdigit():
+            snapshot = int(value)
+            known = {s["snapshot"] for s in ducklake.snapshots(con)}
+            if snapshot not in known:
+                raise ValueError(f"no snapshot {snapshot} in the lake (it has {min(known)}..{max(known)})")
+            return snapshot
+        try:
+            snapshot = ducklake.snapshot_of_run(con, value.strip())
+        except ducklake.LakeError as exc:
+            raise ValueError(str(exc)) from exc
+    if snapshot is None:
+        raise ValueError(f"no lake snapshot was written by a run '{value}' (bridge lake snapshots lists "
+                         "them; runs from before DuckLake have none)")
+    return snapshot
