@@ -27,6 +27,7 @@ from bridge_assets.labeling.evidence import quote_matches
 from bridge_assets.labeling.pairs import chunk_text
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.llm.parsing import canonical_json
+from bridge_assets.snapshots import snapshot_of
 from bridge_assets.store import table_exists
 
 # Assets whose latest materialization of the dataset's partition the story names.
@@ -106,7 +107,9 @@ def _dagster_runs(instance: dg.DagsterInstance, dataset: str, retrievers: list[s
         if records:
             runs.append({"asset": asset, "partition": partition, "run_id": records[0].run_id,
                          "materialized_at": datetime.fromtimestamp(records[0].timestamp, UTC)
-                         .strftime("%Y-%m-%d %H:%M:%S UTC")})
+                         .strftime("%Y-%m-%d %H:%M:%S UTC"),
+                         # the lake snapshot that materialization wrote (DuckLake id; "n/a" on DuckDB)
+                         "snapshot": snapshot_of(records[0])})
     return runs
 
 
@@ -338,7 +341,8 @@ def format_story(story: dict[str, Any]) -> str:
     runs = story["dagster_runs"]
     section("Dagster runs", [_line(r["asset"] if r["partition"] == story["dataset"] else
                                    f"{r['asset']} {r['partition'].split('|')[-1]}",
-                                   f"{r['run_id']}  {r['materialized_at']}")
+                                   f"{r['run_id']}  {r['materialized_at']}"
+                                   + (f"  snapshot {r['snapshot']}" if r.get("snapshot") is not None else ""))
                              for r in runs] if runs else ["  no materialization recorded in the Dagster instance"])
     return "\n".join(out).rstrip() + "\n"
 
@@ -357,8 +361,8 @@ def audit_command(
     from bridge_assets.resources import DuckDBStore
 
     lake = DuckDBStore().lake
-    if not lake.duckdb.exists():
-        fail(f"no data lake at {lake.duckdb}")
+    if not store.exists(lake.duckdb):
+        fail(f"no data lake at {store.describe(lake.duckdb)}")
     try:
         with store.connect(lake.duckdb) as con:
             # the pair's votes live in the votes store: copied in for the audit (read-only)

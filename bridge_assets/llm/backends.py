@@ -7,6 +7,7 @@ retries. Parsing, parse retries and the call ledger belong to `LLMClient`.
 
 from __future__ import annotations
 
+import asyncio
 import atexit
 import json
 import itertools
@@ -18,7 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import httpx
-from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import AsyncRetrying, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from bridge_assets.llm.ledger import call_key
 from bridge_assets.llm.profiles import ModelProfile
@@ -273,14 +274,18 @@ class LlamaCppBackend:
 class HTTPStatusFailure(Exception):
     """A reply with an error status; 429 and 5xx are worth retrying, other 4xx are not."""
 
-    def __init__(self, response: httpx.Response):
-        self.retryable = response.status_code == 429 or response.status_code >= 500
-        super().__init__(f"HTTP {response.status_code} from {response.request.url}: "
-                         f"{response.text[:300]}")
+    def __init__(self, response: httpx.Response | None = None, *, status: int = 0, url: str = "", text: str = ""):
+        if response is not None:
+            status, url, text = response.status_code, str(response.request.url), response.text
+        self.retryable = status == 429 or status >= 500
+        super().__init__(f"HTTP {status} from {url}: {text[:300]}")
 
 
 def _transient(exc: BaseException) -> bool:
-    return isinstance(exc, httpx.TransportError) or (isinstance(exc, HTTPStatusFailure) and exc.retryable)
+    import aiohttp
+
+    return isinstance(exc, (httpx.TransportError, aiohttp.ClientConnectionError, aiohttp.ClientPayloadError,
+                            TimeoutError)) or (isinstance(exc, HTTPStatusFailure) and exc.retryable)
 
 
 def response_format(style: str, schema: dict[str, Any]) -> dict[str, Any] | None:
@@ -296,7 +301,10 @@ class OpenAIHTTPBackend:
 
     Up to `concurrency` requests in flight; each retried with exponential backoff on timeouts,
     connection errors, HTTP 429 and 5xx; successive attempts and successive requests rotate
-    over `base_urls`, so one dead replica only slows things down.
+    over `base_urls`, so one dead replica only slows things down. A batch is sent from one
+    asyncio event loop (a thread of its own, kept across batches): 64 threads fighting for the
+    GIL managed 500 requests/s against an instant server; aiohttp on the loop, 5,000 (httpx's
+    async client: 230). A single request goes through httpx.
     """
 
     name = "openai"
@@ -309,9 +317,14 @@ class OpenAIHTTPBackend:
         headers = {}
         if profile.api_key_env and os.environ.get(profile.api_key_env):
             headers["Authorization"] = f"Bearer {os.environ[profile.api_key_env]}"
-        self._http = httpx.Client(
-            headers=headers, timeout=httpx.Timeout(profile.timeout_s, connect=min(10.0, profile.timeout_s)),
-            limits=httpx.Limits(max_connections=profile.concurrency))
+        self._headers = headers
+        self._timeout = httpx.Timeout(profile.timeout_s, connect=min(10.0, profile.timeout_s))
+        self._http = httpx.Client(headers=headers, timeout=self._timeout,
+                                  limits=httpx.Limits(max_connections=profile.concurrency))
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._session = None  # aiohttp.ClientSession, created on the loop
+        self._loop_lock = threading.Lock()
 
     def _body(self, request: LLMRequest) -> dict[str, Any]:
         body: dict[str, Any] = {"model": self.profile.model, "messages": chat_messages(request),
@@ -341,11 +354,26 @@ class OpenAIHTTPBackend:
                         wait=wait_exponential(multiplier=self.profile.backoff_s, max=30),
                         retry=retry_if_exception(_transient), reraise=True)(attempt)
 
-    def _one(self, request: LLMRequest) -> LLMResult:
-        key = call_key(self.name, self.model_id, request)
-        started = time.perf_counter()
+    async def _apost(self, first_url: int, body: dict[str, Any]) -> dict[str, Any]:
+        """_post on the event loop: the same retries, waits and rotation over base_urls."""
+        url_index = itertools.count(first_url)
+        async for attempt in AsyncRetrying(stop=stop_after_attempt(self.profile.retries + 1),
+                                           wait=wait_exponential(multiplier=self.profile.backoff_s, max=30),
+                                           retry=retry_if_exception(_transient), reraise=True):
+            with attempt:
+                url = f"{self._urls[next(url_index) % len(self._urls)]}/chat/completions"
+                async with self._session.post(url, json=body) as response:
+                    text = await response.text()
+                    if response.status >= 400:
+                        raise HTTPStatusFailure(status=response.status, url=url, text=text)
+                    return json.loads(text)
+        raise AssertionError("unreachable")  # tenacity re-raises the last error
+
+    def _result(self, key: str, request: LLMRequest, payload: dict[str, Any] | None,
+                error: Exception | None, started: float) -> LLMResult:
         try:
-            payload = self._post(next(self._next_url), self._body(request))
+            if error is not None:
+                raise error
             choice = payload["choices"][0]
             text = choice["message"]["content"]
             if text is None:
@@ -361,13 +389,63 @@ class OpenAIHTTPBackend:
             tokens_in=usage.get("prompt_tokens") or 0, tokens_out=usage.get("completion_tokens") or 0,
             latency_s=time.perf_counter() - started)
 
+    def _one(self, request: LLMRequest) -> LLMResult:
+        key = call_key(self.name, self.model_id, request)
+        started = time.perf_counter()
+        try:
+            payload, error = self._post(next(self._next_url), self._body(request)), None
+        except Exception as exc:
+            payload, error = None, exc
+        return self._result(key, request, payload, error, started)
+
+    async def _aone(self, request: LLMRequest, slots: asyncio.Semaphore) -> LLMResult:
+        key = call_key(self.name, self.model_id, request)
+        body = self._body(request)
+        async with slots:
+            started = time.perf_counter()
+            try:
+                payload, error = await self._apost(next(self._next_url), body), None
+            except Exception as exc:
+                payload, error = None, exc
+        return self._result(key, request, payload, error, started)
+
+    async def _agenerate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
+        if self._session is None:  # created on the loop that uses it
+            import aiohttp
+
+            self._session = aiohttp.ClientSession(
+                headers=self._headers, connector=aiohttp.TCPConnector(limit=self.profile.concurrency),
+                timeout=aiohttp.ClientTimeout(total=self.profile.timeout_s,
+                                              connect=min(10.0, self.profile.timeout_s)))
+        slots = asyncio.Semaphore(self.profile.concurrency)
+        return list(await asyncio.gather(*(self._aone(r, slots) for r in requests)))
+
+    def _event_loop(self) -> asyncio.AbstractEventLoop:
+        with self._loop_lock:
+            if self._loop is None:
+                self._loop = asyncio.new_event_loop()
+                self._loop_thread = threading.Thread(target=self._loop.run_forever, name="llm-http",
+                                                     daemon=True)
+                self._loop_thread.start()
+                atexit.register(self.close)  # close the session even when nobody calls close()
+            return self._loop
+
     def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
         if len(requests) <= 1 or self.profile.concurrency == 1:
             return [self._one(r) for r in requests]
-        with ThreadPoolExecutor(max_workers=min(self.profile.concurrency, len(requests))) as pool:
-            return list(pool.map(self._one, requests))
+        return asyncio.run_coroutine_threadsafe(self._agenerate(requests), self._event_loop()).result()
 
     def close(self) -> None:
+        with self._loop_lock:
+            loop, self._loop = self._loop, None
+        if loop is not None:
+            atexit.unregister(self.close)
+            if self._session is not None:
+                asyncio.run_coroutine_threadsafe(self._session.close(), loop).result(timeout=30)
+                self._session = None
+            loop.call_soon_threadsafe(loop.stop)
+            self._loop_thread.join(timeout=30)
+            loop.close()
         self._http.close()
 
 

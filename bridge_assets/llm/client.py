@@ -7,7 +7,8 @@
 `generate` answers keys the ledger already holds from the ledger (no model call), sends the
 rest to the backend in chunks (64 requests by default), re-asks the replies that fail strict
 parsing (up to the profile's `parse_retries`), and appends each chunk's calls to the ledger
-in one short transaction, so a killed run repeats none of the calls already recorded. A
+in one short transaction (in the background, while the next chunk is asked), so a killed run
+repeats none of the calls already recorded. A
 call that still fails comes back with `error` set: callers must treat it as failed, never as
 a label. Under an active budget (llm.budget) a chunk that would pass it is not sent:
 `BudgetExceeded` is raised instead, with the earlier chunks already recorded.
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,6 +50,10 @@ class ClientStats:
         return values
 
 
+# Chunks that may wait for the ledger while one append is being committed.
+QUEUED_CHUNKS = 4
+
+
 class LLMClient:
     """Calls one models.yaml profile through its backend, with the DuckDB ledger as cache."""
 
@@ -60,6 +66,12 @@ class LLMClient:
         self.model_id = model_id(self.profile)
         self.stats = ClientStats()
         self._backend: Backend | None = None
+        self._ledger_writer: ThreadPoolExecutor | None = None
+
+    def _writer(self) -> ThreadPoolExecutor:
+        if self._ledger_writer is None:
+            self._ledger_writer = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ledger")
+        return self._ledger_writer
 
     @property
     def backend(self) -> Backend:
@@ -92,15 +104,39 @@ class LLMClient:
                 pending.setdefault(key, request)  # identical requests in a batch: one call
         fresh: dict[str, tuple[LLMResult, int]] = {}
         todo = list(pending.items())
-        for start in range(0, len(todo), self.chunk_size):  # recorded chunk by chunk: a killed
-            chunk = dict(todo[start:start + self.chunk_size])  # run loses one chunk at most
-            budget.admit(self.profile, list(chunk.values()))
-            answers = self._call(chunk)
-            ledger.append([ledger.CallRecord(chunk[k], result, attempts) for k, (result, attempts) in answers.items()],
-                          profile=self.profile.name, backend=self.profile.backend,
-                          model=self.model_id, context=context, path=self.db_path)
-            budget.charge(self.profile, (result for result, _ in answers.values()))
-            fresh.update(answers)
+        # Recorded as the chunks return, in the background while the next chunk is asked: one
+        # append in flight at most; the chunks that return meanwhile wait and go together in the
+        # next append (at most QUEUED_CHUNKS of them, then the client waits). A slow model gets
+        # one transaction per chunk; an instant server is never idled by the ledger's commits.
+        # A killed run loses the chunks not yet committed (QUEUED_CHUNKS + 1 at most), and a
+        # failed append stops the batch.
+        writing: Future | None = None
+        queued: list[ledger.CallRecord] = []
+
+        def flush(wait: bool) -> None:
+            nonlocal writing, queued
+            if writing is not None and (wait or writing.done() or len(queued) >= QUEUED_CHUNKS * self.chunk_size):
+                writing.result()
+                writing = None
+            if writing is None and queued:
+                writing = self._writer().submit(
+                    ledger.append, queued, profile=self.profile.name, backend=self.profile.backend,
+                    model=self.model_id, context=context, path=self.db_path)
+                queued = []
+
+        try:
+            for start in range(0, len(todo), self.chunk_size):
+                chunk = dict(todo[start:start + self.chunk_size])
+                budget.admit(self.profile, list(chunk.values()))
+                answers = self._call(chunk)
+                queued.extend(ledger.CallRecord(chunk[k], result, attempts)
+                              for k, (result, attempts) in answers.items())
+                flush(wait=False)
+                budget.charge(self.profile, (result for result, _ in answers.values()))
+                fresh.update(answers)
+        finally:  # everything answered is recorded before generate() returns or raises
+            flush(wait=True)
+            flush(wait=True)
         results = [answered[k] if k in answered else fresh[k][0] for k in keys]
         self.stats.requests += len(requests)
         self.stats.cache_hits += sum(1 for k in keys if k in answered)
@@ -141,6 +177,9 @@ class LLMClient:
         return final
 
     def close(self) -> None:
+        if self._ledger_writer is not None:
+            self._ledger_writer.shutdown(wait=True)
+            self._ledger_writer = None
         if self._backend is not None:
             self._backend.close()
             self._backend = None

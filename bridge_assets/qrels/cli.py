@@ -30,8 +30,10 @@ def qrels() -> None:
 def _require_lake() -> None:
     from bridge_assets.resources import DuckDBStore
 
-    if not (path := DuckDBStore().path).exists():
-        _fail(f"no data lake at {path}")
+    from bridge_assets import store
+
+    if not store.exists(path := DuckDBStore().path):
+        _fail(f"no data lake at {store.describe(path)}")
 
 
 @app.command("export")
@@ -43,18 +45,26 @@ def export(
     out: Path = typer.Option(..., "--out", "-o",
                              help="Target: a file for trec (a folder gets <dataset>.bridge.qrels), "
                                   "else a folder."),
+    as_of: str | None = typer.Option(None, "--as-of", metavar="RUN_ID|SNAPSHOT",
+                                     help="The qrels as they were then: after the last lake snapshot "
+                                          "of that Dagster run (an id or a unique prefix), or at that "
+                                          "DuckLake snapshot id (needs BRIDGE_STORAGE=ducklake)."),
 ) -> None:
     """Write the refined qrels of DATASET (materialize bridge_qrels first)."""
     from bridge_assets import store
     from bridge_assets.ingest.errors import DatasetError
     from bridge_assets.qrels.exports import export_qrels
+    from bridge_assets.snapshots import resolve_as_of
 
     _require_lake()
     try:
-        with store.connect() as con:
+        snapshot = resolve_as_of(as_of) if as_of else None
+        with store.connect_read_only(snapshot=snapshot) if snapshot is not None else store.connect() as con:
             written = export_qrels(con, dataset, fmt, out)
-    except (ExportError, DatasetError) as exc:
+    except (ExportError, DatasetError, ValueError) as exc:
         _fail(str(exc))
+    if snapshot is not None:
+        typer.echo(f"as of lake snapshot {snapshot}", err=True)
     typer.echo(str(written))
 
 
