@@ -235,7 +235,7 @@ def synthetic_tables(fraction: float):
     return corpus, queries, qrels, runs
 
 
-def run_child(fraction: float, lake: Path, port: int, out: Path) -> None:
+def run_child(fraction: float, lake: Path, port: int, out: Path, skip: set[str]) -> None:
     lake.mkdir(parents=True, exist_ok=True)
     registry = lake / "registry"
     registry.mkdir(exist_ok=True)
@@ -260,6 +260,9 @@ def run_child(fraction: float, lake: Path, port: int, out: Path) -> None:
     results: list[dict] = []
 
     def stage(name: str, fn) -> None:
+        if name in skip:
+            print(f"  {name:<11}  skipped", flush=True)
+            return
         calls_before = ledger_rows()
         with PeakRSS() as rss:
             started = time.perf_counter()
@@ -334,11 +337,12 @@ def run_child(fraction: float, lake: Path, port: int, out: Path) -> None:
 
 # --- the parent: both fractions, the table, the last line ------------------------------------
 
-def child(fraction: float, lake: Path, port: int, storage: str | None) -> dict:
+def child(fraction: float, lake: Path, port: int, storage: str | None, skip: list[str]) -> dict:
     out = lake.with_suffix(".json")
     env = {**os.environ, **({"BRIDGE_STORAGE": storage} if storage else {})}
     subprocess.run([sys.executable, __file__, "--child", str(fraction), "--lake", str(lake),
-                    "--port", str(port), "--out", str(out)], check=True, env=env, cwd=PROJECT_ROOT)
+                    "--port", str(port), "--out", str(out), *(f"--skip={s}" for s in skip)],
+                   check=True, env=env, cwd=PROJECT_ROOT)
     return json.loads(out.read_text())
 
 
@@ -349,6 +353,9 @@ def main() -> None:
                         help="The store (default: BRIDGE_STORAGE, else duckdb).")
     parser.add_argument("--no-growth", action="store_true", help="Skip the run at fraction/10.")
     parser.add_argument("--keep", type=Path, default=None, help="Keep the lakes in this folder.")
+    parser.add_argument("--skip", action="append", default=[], metavar="STAGE",
+                        help="Leave a stage out (repeatable), e.g. --skip signif: 3,600 scipy "
+                             "permutation tests of 10,000 resamples, 2.4 s each at 3,657 queries.")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--child", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--lake", type=Path, help=argparse.SUPPRESS)
@@ -359,7 +366,7 @@ def main() -> None:
         serve(args.serve)
         return
     if args.child is not None:
-        run_child(args.child, args.lake, args.port, args.out)
+        run_child(args.child, args.lake, args.port, args.out, set(args.skip))
         return
 
     port = free_port()
@@ -367,8 +374,8 @@ def main() -> None:
     folder = args.keep or Path(tempfile.mkdtemp(prefix="bench_scale_"))
     folder.mkdir(parents=True, exist_ok=True)
     try:
-        small = None if args.no_growth else child(args.fraction / 10, folder / "small", port, args.storage)
-        big = child(args.fraction, folder / "big", port, args.storage)
+        small = None if args.no_growth else child(args.fraction / 10, folder / "small", port, args.storage, args.skip)
+        big = child(args.fraction, folder / "big", port, args.storage, args.skip)
     finally:
         server.terminate()
         server.wait(10)
