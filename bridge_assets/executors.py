@@ -1,6 +1,6 @@
 """Which Dagster executor runs the asset jobs' steps: one machine, or a Dask cluster.
 
-    BRIDGE_EXECUTOR=multiprocess   (default) Dagster's multiprocess executor: a fresh process
+    BRIDGE_EXECUTOR=multiprocess   (Dagster's default) its multiprocess executor: a fresh process
                                    per step on this machine (`dagster dev`, `dagster job execute`)
     BRIDGE_EXECUTOR=dask           dagster-dask: each step is a task on a Dask cluster;
         BRIDGE_DASK_SCHEDULER=tcp://host:8786   an existing cluster (`dask scheduler` +
@@ -11,9 +11,15 @@
 
 Steps still write through the store: with BRIDGE_STORAGE=ducklake (a Postgres catalog and an
 object-store data path when the workers are on other machines) they commit their partitions in
-parallel. Measured on the demo (ingest + BM25 retrieval partitions, README "Scaling past one
-machine"): the multiprocess executor is faster on one machine, so it stays the default.
-`bridge run` / `bridge materialize` keep running in-process, one partition after the other.
+parallel. Measured on one 2-core machine (`scripts/bench_executors.py`, the demo's ingest and 11
+retrieval partitions run one after the other, offline_fast profile): in-process 220 s, largest
+process 1635 MiB; multiprocess 457 s, largest step process 1335 MiB; dask (2 workers) 464 s,
+largest worker 1458 MiB; tables identical. A step process pays 20-25 s of start-up (it imports
+the definitions again), so on one machine the separate processes only pay off where steps run
+side by side or a step's models must not share memory with another's; on a cluster they are
+the point. Hence `bridge run` / `bridge materialize` run in-process, one partition after the
+other, and the UI, schedules and sensors keep Dagster's default (multiprocess) unless
+BRIDGE_EXECUTOR says otherwise.
 """
 
 from __future__ import annotations
