@@ -91,7 +91,8 @@ def demo(data_lake, tmp_path, monkeypatch):
     monkeypatch.setenv("BRIDGE_REGISTRY_DIR", str(folder))
     monkeypatch.delenv("BRIDGE_RETRIEVER_PROFILE", raising=False)
     shipped = yaml.safe_load((RESOURCES_DIR / "datasets.yaml").read_text())["datasets"]["demo"]
-    demo_entry = {**shipped, "path": str(RESOURCES_DIR / "data" / "demo"), "pipeline": PIPELINE}
+    demo_entry = {**shipped, "path": str(RESOURCES_DIR / "data" / "demo"), "pipeline": PIPELINE,
+                  "known_holes": str(RESOURCES_DIR / "data" / "demo" / "holes.jsonl")}
     (folder / "datasets.yaml").write_text(yaml.safe_dump({"datasets": {"demo": demo_entry}}))
     (folder / "retrievers.yaml").write_text(yaml.safe_dump({"profile": "costs", "systems": {
         "bm25": {"kind": "bm25", "profiles": ["costs"], "parameters": {"k1": 0.9, "b": 0.4}},
