@@ -70,7 +70,9 @@ def tables(names) -> dict[str, list[tuple]]:
     with store.connect() as con:
         for name in names:
             columns = [c for c, *_ in con.execute(f"describe {name}").fetchall() if c not in VOLATILE]
-            out[name] = con.execute(f"select {', '.join(columns)} from {name} order by all").fetchall()
+            rows = con.execute(f"select {', '.join(columns)} from {name} order by all").fetchall()
+            # Sums of doubles may add up in another order on another storage: equal to 1e-12.
+            out[name] = [tuple(round(v, 12) if isinstance(v, float) else v for v in row) for row in rows]
     return out
 
 

@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 import textwrap
-import time
 
 import dagster as dg
 import duckdb
@@ -83,11 +82,12 @@ def test_a_vote_never_waits_on_a_pipeline_write_and_lands_in_the_votes_store(lak
     assert page.status_code == 200
     pipeline = Held(lake / "bridge.duckdb")  # a pipeline step writing its partition
     try:
-        started = time.monotonic()
         voted = client.post("/annotate", data={"csrf_token": csrf_of(page.text), "label": "1",
                                                "assignment_id": assignment_of(page.text),
                                                "comment": "while the pipeline writes"})
-        assert voted.status_code == 303 and time.monotonic() - started < 0.5
+        # 303, not 503: the vote never needed the pipeline's file, held all along (the next
+        # page, which does need it, is refused after busy_seconds). No wall-clock bound.
+        assert voted.status_code == 303
         # the next page shows the pipeline's tables: busy, said so, nothing lost
         busy = client.get("/annotate")
         assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
