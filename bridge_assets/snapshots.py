@@ -10,6 +10,7 @@ finds the snapshot a run committed (`ducklake.snapshot_of_run`).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -22,7 +23,7 @@ NOT_AVAILABLE = "n/a"
 def _context() -> dg.AssetExecutionContext | None:
     try:
         return dg.AssetExecutionContext.get()
-    except Exception:  # outside an asset (CLI, tests, a check): nothing to record
+    except dg.DagsterError:  # outside an asset (CLI, tests, a check): nothing to record
         return None
 
 
@@ -32,15 +33,12 @@ def current_run_info() -> dict[str, Any]:
     if context is None:
         return {}
     info: dict[str, Any] = {"run_id": context.run_id}
-    try:
+    # An op without assets or partitions (a check, a plain op) has neither: the info says less.
+    with contextlib.suppress(dg.DagsterError):
         info["assets"] = sorted(key.to_user_string() for key in context.selected_asset_keys)
-    except Exception:
-        pass
-    try:
+    with contextlib.suppress(dg.DagsterError):
         if context.has_partition_key:
             info["partition_key"] = str(context.partition_key)
-    except Exception:
-        pass
     return info
 
 
@@ -55,7 +53,7 @@ def record_snapshot(snapshot: int | None, tables: Iterable[str]) -> None:
     try:
         keys = list(context.selected_asset_keys)
         names = {key.to_user_string(): context.assets_def.get_output_name_for_asset_key(key) for key in keys}
-    except Exception:
+    except dg.DagsterError:  # not an asset op: the metadata goes on its only output
         names = {}
     written = [names[t] for t in tables if t in names]
     try:

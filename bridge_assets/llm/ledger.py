@@ -15,16 +15,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
+import duckdb
 import polars as pl
 
 from bridge_assets import store
 from bridge_assets.llm.parsing import canonical_json
 from bridge_assets.llm.types import LLMRequest, LLMResult, TokenLogprob
+
+logger = logging.getLogger(__name__)
 
 TABLE = "llm_calls"
 
@@ -163,8 +167,8 @@ def _flush_now_and_then(rows: int, path: Path | None) -> None:
     try:  # maintenance: a conflict with another writer just leaves it for the next time
         with store.connect(path) as con:
             con.execute(f"CALL ducklake_flush_inlined_data('{ducklake.ALIAS}', table_name => '{TABLE}')")
-    except Exception:
-        pass
+    except duckdb.Error as exc:  # StoreBusy and StoreConflict are duckdb errors too
+        logger.warning("the LLM ledger's inlined rows were not flushed to Parquet this time: %s", exc)
 
 
 def read_calls(path: Path | None = None) -> pl.DataFrame:
