@@ -122,6 +122,18 @@ def _waiting(open_: Callable[[], T], path: Path, wait_seconds: float) -> T:
 
 
 @contextlib.contextmanager
+def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConnection]:
+    """BEGIN ... COMMIT on `con`; any exception rolls back and propagates."""
+    con.execute("begin transaction")
+    try:
+        yield con
+        con.execute("commit")
+    except BaseException:
+        con.execute("rollback")
+        raise
+
+
+@contextlib.contextmanager
 def connect(path: Path | None = None, *, wait_seconds: float = LOCK_WAIT_SECONDS) -> Iterator[duckdb.DuckDBPyConnection]:
     """A short-lived connection; waits (with backoff) while another process holds the file.
     On DuckLake (see lake_config) a cursor of this process's lake instance, the lake in use."""

@@ -66,8 +66,7 @@ def _fill(votes: duckdb.DuckDBPyConnection, frames: dict) -> None:
         votes.register("_legacy", frames["human_votes"])
         last = votes.execute("select coalesce(max(vote_id), 0) from _legacy").fetchone()[0]
         votes.unregister("_legacy")
-    votes.execute("begin transaction")
-    try:
+    with store.transaction(votes):
         votes.execute("drop table if exists human_votes")
         votes.execute("drop sequence if exists human_vote_ids")
         votes.execute(f"create sequence human_vote_ids start {int(last) + 1}")
@@ -77,10 +76,6 @@ def _fill(votes: duckdb.DuckDBPyConnection, frames: dict) -> None:
                 votes.register("_legacy", frames[table])
                 votes.execute(f"insert into {table} by name select * from _legacy")
                 votes.unregister("_legacy")
-        votes.execute("commit")
-    except BaseException:
-        votes.execute("rollback")
-        raise
 
 
 def move_from(lake: duckdb.DuckDBPyConnection, votes_db: Path, *,
@@ -106,16 +101,11 @@ def move_from(lake: duckdb.DuckDBPyConnection, votes_db: Path, *,
                     "of the two, and import them (bridge annotate import).")
         else:
             _fill(votes, frames)
-    lake.execute("begin transaction")
-    try:
+    with store.transaction(lake):
         for table in ("human_votes", "annotation_assignments", "annotators"):
             if table in legacy:
                 lake.execute(f"drop table {table}")
         lake.execute("drop sequence if exists human_vote_ids")
-        lake.execute("commit")
-    except BaseException:
-        lake.execute("rollback")
-        raise
     return frames["human_votes"].num_rows if "human_votes" in frames else 0
 
 
