@@ -53,6 +53,30 @@ def test_pair_p_values_are_paired_t_tests_and_identical_systems_have_none():
     assert bucket_of(p).tolist()[-1] == "undefined" and bucket_of(np.array([0.049]))[0] == "0.01<=p<0.05"
 
 
+def test_vectorised_statistics_equal_scipys_on_random_scores_with_ties():
+    rng = np.random.default_rng(3)
+    full = rng.integers(0, 4, size=(7, 30)) / 4  # few distinct values: many ties, some identical rows
+    full[5] = full[4]
+    full[6] = full[3] + 0.25  # a constant difference: p = 0
+    first, second = np.triu_indices(7, k=1)
+    p = pair_p_values(full)
+    for k, (i, j) in enumerate(zip(first, second)):
+        if (i, j) == (4, 5):
+            assert np.isnan(p[k])
+        elif (i, j) == (3, 6):
+            assert p[k] == 0.0
+        else:
+            assert p[k] == pytest.approx(stats.ttest_rel(full[i], full[j]).pvalue, rel=1e-12)
+    means = full.mean(axis=1)
+    draws = rng.integers(0, 3, size=(50, 7)).astype(float)
+    draws[0] = 1.0  # every system tied: tau-b undefined
+    rows = {(r["p_bucket"], r["statistic"]): r for r in compare_rankings(means, draws, p)}
+    expected = np.array([stats.kendalltau(means, row, variant="b").statistic for row in draws])
+    assert np.isnan(expected[0])
+    assert rows[("all", "kendall_tau_b")]["mean"] == pytest.approx(np.nanmean(expected), rel=1e-12)
+    assert rows[("all", "kendall_tau_b")]["std"] == pytest.approx(np.nanstd(expected), rel=1e-12)
+
+
 def test_partial_annotation_study_matches_the_hand_computed_settings(labeled_lake):
     config = {"samples": 200, "fractions": [0.5, 1.0], "sweep_samples": 5, "seed": 1,
               "measures": ["recall_10", "ndcg_cut_10"]}
@@ -119,3 +143,49 @@ def test_settings_are_checked_before_any_work(labeled_lake):
             compute_partial_annotation_study(con, DATASET, fractions=[0.0, 0.5])
         with pytest.raises(LookupError, match="no bridge_qrels rows; materialize bridge_qrels"):
             compute_partial_annotation_study(con, DATASET)
+
+
+def test_fraction_draws_score_as_evaluating_each_drawn_qrels_on_the_whole_rankings():
+    """The fraction setting scores each distinct (query, kept documents) subset once, on rankings
+    cut to the measures' depth; every draw's system means must equal evaluating that draw's own
+    qrels with the metrics core on the uncut rankings (deep runs with tied scores)."""
+    import duckdb
+
+    from bridge_assets.analysis.partial import _fraction_means, _study_run, draw_fraction_subsets, load_study_data
+    from bridge_assets.metrics import compute_measures, resolve_measures
+
+    rng = np.random.default_rng(7)
+    systems, n_queries, depth = ["s1", "s2", "s3", "s4"], 6, 30
+    docs = [f"d{j:02d}" for j in range(40)]
+    run = [(s, f"q{q}", d, float(rng.integers(0, 12)))  # few distinct scores: ties by doc id
+           for s in systems for q in range(n_queries) for d in rng.choice(docs, depth, replace=False)]
+    relevant = [(f"q{q}", d) for q in range(n_queries) for d in rng.choice(docs, q + 1, replace=False)]
+    con = duckdb.connect()
+    con.execute("create table analysis_run (dataset varchar, retriever varchar, query_id varchar, doc_id varchar, "
+                "rank integer, score double)")
+    con.executemany("insert into analysis_run values ('x', ?, ?, ?, 0, ?)", run)
+    con.execute("create table analysis_refined_qrels (dataset varchar, query_id varchar, doc_id varchar, relevance integer)")
+    con.executemany("insert into analysis_refined_qrels values ('x', ?, ?, 1)", relevant)
+    con.execute("create table corpus (dataset varchar, doc_id varchar, title varchar, text varchar)")
+    measures, fractions, draws = ["ndcg_cut_10", "recall_10", "success_5"], [0.3, 0.5, 1.0], 4
+    with _study_run(con, measures):
+        assert con.execute("select max(c) from (select count(*) c from study_run group by retriever, query_id)").fetchone()[0] <= 10
+        data = load_study_data(con, "x", measures)
+        means = _fraction_means(con, data, measures, fractions, draws, np.random.default_rng(11))
+    _, subset_docs, chosen = draw_fraction_subsets(data.candidates, fractions, draws, np.random.default_rng(11))
+    assert len(subset_docs) < chosen[:, :, [q for q, c in enumerate(data.candidates) if len(c) > 1]].size
+    for f, fraction in enumerate(fractions):
+        for d in range(draws):
+            qrels = pl.DataFrame([("x", data.queries[q], doc, 1) for q in range(n_queries)
+                                  for doc in subset_docs[chosen[f, d, q]]],
+                                 schema=["dataset", "query_id", "doc_id", "relevance"], orient="row")
+            kept = [len(subset_docs[chosen[f, d, q]]) for q in range(n_queries)]
+            assert kept == [max(1, int(np.ceil(fraction * len(c)))) for c in data.candidates]
+            con.register("draw_qrels", qrels.to_arrow())
+            values = compute_measures(con, resolve_measures(measures), run="analysis_run", qrels="draw_qrels",
+                                      complete=True, per_query=False)
+            con.unregister("draw_qrels")
+            for measure in measures:
+                expected = [values.filter((pl.col("retriever") == s) & (pl.col("measure") == measure))["value"][0]
+                            for s in data.systems]
+                assert means[(fraction, measure)][d] == pytest.approx(expected, abs=1e-12), (fraction, d, measure)

@@ -13,7 +13,8 @@ ranking with the full one:
   one (base_system NULL) with mean and std over the bases.
 - fraction: each query keeps ceil(f * n) of its n relevant documents at random, for every f
   in `fractions`, `sweep_samples` draws each.
-Statistics (mean and std over the draws): kendall_tau_b (scipy) between the full and the
+Statistics (mean and std over the draws): kendall_tau_b (scipy's tau-b, computed for all draws
+at once from the pairs' order signs) between the full and the
 partial system scores, and error_rate: the share of system pairs whose order differs (a pair
 tied on one side and not on the other counts as an error). Per paired t-test bucket (p-value
 of the two systems' per-query scores on the full qrels, scipy.stats.ttest_rel; 'undefined'
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -80,60 +82,119 @@ def _registered(con: duckdb.DuckDBPyConnection, frames: dict[str, pl.DataFrame])
 
 
 def _per_query(con: duckdb.DuckDBPyConnection, measures: Sequence[str], run: str, qrels: str) -> pl.DataFrame:
-    values = compute_measures(con, resolve_measures(measures), run=run, qrels=qrels, complete=True,
-                              per_query=True)
+    """Per-query values of the systems that answered; the callers' arrays start at 0, which is
+    trec_eval -c's score for a query a system did not answer (asking the SQL for -c instead
+    stalled DuckDB 1.5.5 on the bench lake at 366 queries, see scripts/bench_scale.py)."""
+    selection = resolve_measures(measures)
+    values = compute_measures(con, selection, run=run, qrels=qrels, per_query=True, max_docs=selection.depth)
     return values.filter(pl.col("query_id") != "all")
 
 
+@contextlib.contextmanager
+def _study_run(con: duckdb.DuckDBPyConnection, measures: Sequence[str]) -> Iterator[None]:
+    """Temp table study_run: the rankings of the queries with a relevant document, cut to the
+    depth the measures read (each ranking in trec_eval's order, score descending and ties by
+    doc id descending, as retrieval_metrics.sql forms it). Every subset evaluation copies its
+    query's rankings, so this cut (10 of 100 documents at the paper's shape) saves most of the
+    study's work."""
+    depth = resolve_measures(measures).depth
+    cut = "" if depth is None else (
+        f"qualify row_number() over (partition by retriever, query_id order by score desc, doc_id desc) <= {depth}")
+    con.execute(f"""create or replace temp table study_run as
+                    select retriever, query_id, doc_id, score from analysis_run
+                    where query_id in (select query_id from analysis_refined_qrels where relevance >= 1)
+                    {cut}""")
+    try:
+        yield
+    finally:
+        con.execute("drop table if exists study_run")
+
+
+def subset_scores(con: duckdb.DuckDBPyConnection, measures: Sequence[str], systems: Sequence[str],
+                  query_ids: Sequence[str], subsets: Sequence[Sequence[str]]) -> dict[str, np.ndarray]:
+    """measure -> (len(subsets), systems): each system's score on query_ids[k] when subsets[k]
+    are its only relevant documents; all subsets in one evaluation by the metrics core (each
+    subset is a `dataset` of its own). Reads the temp table study_run; a system without a
+    ranking for the query scores 0 (trec_eval -c)."""
+    scores = {m: np.zeros((len(subsets), len(systems))) for m in measures}
+    if not subsets:
+        return scores
+    keys = [str(k) for k in range(len(subsets))]
+    qrels = pl.DataFrame({"dataset": keys, "query_id": list(query_ids), "doc_id": [list(d) for d in subsets]},
+                         schema={"dataset": pl.Utf8, "query_id": pl.Utf8, "doc_id": pl.List(pl.Utf8)})
+    qrels = qrels.explode("doc_id").with_columns(pl.lit(1).alias("relevance"))
+    variants = qrels.select("dataset", "query_id").unique()
+    with _registered(con, {"study_subset_qrels": qrels, "study_subsets": variants}):
+        con.execute("""create or replace temp view study_subset_run as
+                       select v.dataset, r.retriever, r.query_id, r.doc_id, r.score
+                       from study_run r join study_subsets v using (query_id)""")
+        try:
+            values = _per_query(con, measures, "study_subset_run", "study_subset_qrels")
+        finally:
+            con.execute("drop view if exists study_subset_run")
+    system_index = {s: i for i, s in enumerate(systems)}
+    for (measure,), group in values.group_by("measure"):
+        rows = group["dataset"].cast(pl.Int64).to_numpy()
+        columns = group["retriever"].replace_strict(system_index, return_dtype=pl.Int64).to_numpy()
+        scores[measure][rows, columns] = group["value"].to_numpy()
+    return scores
+
+
 def load_study_data(con: duckdb.DuckDBPyConnection, dataset: str, measures: Sequence[str]) -> StudyData:
-    """Scores on the full qrels and on every single-relevant qrels; reads the analysis views."""
+    """Scores on the full qrels and on every single-relevant qrels; reads the analysis views
+    and the temp table study_run."""
     features = con.execute(read_sql("partial_annotation_study"), {"dataset": dataset}).pl()
     systems = [r[0] for r in con.execute("select distinct retriever from analysis_run order by 1").fetchall()]
     grouped = features.group_by("query_id", maintain_order=True).agg(pl.col("doc_id"))
     queries, candidates = grouped["query_id"].to_list(), grouped["doc_id"].to_list()
     system_index = {s: i for i, s in enumerate(systems)}
     query_index = {q: i for i, q in enumerate(queries)}
-    doc_index = [{d: j for j, d in enumerate(docs)} for docs in candidates]
-    relevant = features.select("query_id", "doc_id")
-    with _registered(con, {"study_relevant": relevant}):
+    with _registered(con, {"study_relevant": features.select("query_id")}):
         con.execute("""create or replace temp view study_full_qrels as
                        select * from analysis_refined_qrels
                        where query_id in (select query_id from study_relevant)""")
-        con.execute("""create or replace temp view study_single_qrels as
-                       select doc_id as dataset, query_id, doc_id, 1 as relevance from study_relevant""")
-        con.execute("""create or replace temp view study_single_run as
-                       select s.doc_id as dataset, r.retriever, r.query_id, r.doc_id, r.score
-                       from analysis_run r join study_relevant s using (query_id)""")
         try:
             full_values = _per_query(con, measures, "analysis_run", "study_full_qrels")
-            single_values = _per_query(con, measures, "study_single_run", "study_single_qrels")
         finally:
-            for view in ("study_full_qrels", "study_single_qrels", "study_single_run"):
-                con.execute(f"drop view if exists {view}")
+            con.execute("drop view if exists study_full_qrels")
     full = {m: np.zeros((len(systems), len(queries))) for m in measures}
     for _, retriever, query_id, measure, value in full_values.iter_rows():
         full[measure][system_index[retriever], query_index[query_id]] = value
-    single = {m: [np.zeros((len(systems), len(docs))) for docs in candidates] for m in measures}
-    for doc_id, retriever, query_id, measure, value in single_values.iter_rows():
-        q = query_index[query_id]
-        single[measure][q][system_index[retriever], doc_index[q][doc_id]] = value
+    # one subset per relevant document, in (query, doc) order: each query's form one block
+    singles = subset_scores(con, measures, systems, features["query_id"].to_list(),
+                            [[d] for d in features["doc_id"]])
+    bounds = np.cumsum([0] + [len(docs) for docs in candidates])
+    single = {m: [singles[m][bounds[q]:bounds[q + 1]].T for q in range(len(queries))] for m in measures}
     return StudyData(systems, queries, candidates, full, single, features)
 
 
 # --- comparing rankings --------------------------------------------------------------------
 
 def pair_p_values(full: np.ndarray) -> np.ndarray:
-    """Paired t-test p-value of every system pair (i < j, triu order) over the queries. Where
-    the per-query difference is constant the t statistic is 0/0 (identical systems: NaN) or
-    infinite (p = 0), so those are set directly."""
-    values = []
-    for i, j in zip(*np.triu_indices(full.shape[0], k=1)):
-        diff = full[i] - full[j]
-        if np.allclose(diff, diff[0]):
-            values.append(float("nan") if np.isclose(diff[0], 0.0) else 0.0)
-        else:
-            values.append(float(stats.ttest_rel(full[i], full[j]).pvalue))
-    return np.array(values, dtype=float)
+    """Paired t-test p-value of every system pair (i < j, triu order) over the queries, in one
+    vectorised scipy call. Where the per-query difference is constant the t statistic is 0/0
+    (identical systems: NaN) or infinite (p = 0), so those are set directly."""
+    first, second = np.triu_indices(full.shape[0], k=1)
+    if not len(first):
+        return np.array([], dtype=float)
+    diff = full[first] - full[second]
+    constant = np.isclose(diff, diff[:, :1]).all(axis=1)
+    with np.errstate(divide="ignore", invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the constant rows, overwritten below
+        values = np.asarray(stats.ttest_rel(full[first], full[second], axis=1).pvalue, dtype=float)
+    values[constant] = np.where(np.isclose(diff[constant, 0], 0.0), np.nan, 0.0)
+    return values
+
+
+def kendall_tau_b_of_signs(full_signs: np.ndarray, partial_signs: np.ndarray) -> np.ndarray:
+    """Kendall's tau-b of each draw against the full ranking from the pairs' order signs:
+    (concordant - discordant) / sqrt((pairs - ties in full) * (pairs - ties in the draw)), the
+    definition scipy.stats.kendalltau(variant="b") computes; NaN where either side is all ties.
+    `full_signs` (pairs,), `partial_signs` (draws, pairs); one pass for all draws."""
+    numerator = (partial_signs * full_signs).sum(axis=1)
+    denominator = np.sqrt(np.count_nonzero(full_signs) * np.count_nonzero(partial_signs, axis=1).astype(float))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(denominator > 0, numerator / np.where(denominator > 0, denominator, 1.0), np.nan)
 
 
 def bucket_of(p_values: np.ndarray) -> np.ndarray:
@@ -151,7 +212,7 @@ def compare_rankings(full_means: np.ndarray, partial_means: np.ndarray,
     full_signs = np.sign(full_means[:, None] - full_means[None, :])[upper]
     partial_signs = np.sign(partial_means[:, :, None] - partial_means[:, None, :])[:, upper[0], upper[1]]
     errors = partial_signs != full_signs
-    taus = np.array([stats.kendalltau(full_means, row, variant="b").statistic for row in partial_means])
+    taus = kendall_tau_b_of_signs(full_signs, partial_signs)
     draws = len(partial_means)
     rows = [
         {"p_bucket": "all", "statistic": "kendall_tau_b", "values": taus, "pairs": len(full_signs)},
@@ -212,47 +273,46 @@ def _system_choice(data: StudyData, base: str, rng: np.random.Generator) -> tupl
     return np.array([choice]), found
 
 
+def draw_fraction_subsets(candidates: Sequence[Sequence[str]], fractions: Sequence[float], draws: int,
+                          rng: np.random.Generator) -> tuple[list[int], list[list[str]], np.ndarray]:
+    """The fraction setting's draws: query q keeps ceil(f * n) of its n relevant documents,
+    chosen at random, in each of `draws` draws per fraction. Returns the distinct (query, kept
+    documents) subsets, as query positions and document lists, and per (fraction, draw, query)
+    the index of its subset. Draws repeat subsets (a query with 2 relevant documents has 3
+    possible ones), and each distinct subset is evaluated once."""
+    chosen = np.zeros((len(fractions), draws, len(candidates)), dtype=np.int64)
+    subset_query: list[int] = []
+    subset_docs: list[list[str]] = []
+    sizes = np.array([len(docs) for docs in candidates])
+    for n in np.unique(sizes):
+        members = np.flatnonzero(sizes == n)  # the queries with n relevant documents, drawn together
+        masks = np.zeros((len(fractions), draws, len(members), n), dtype=bool)
+        for f, fraction in enumerate(fractions):
+            keep = max(1, math.ceil(fraction * n))
+            picked = rng.random((draws, len(members), n)).argsort(axis=2)[:, :, :keep]
+            np.put_along_axis(masks[f], picked, True, axis=2)
+        keyed = np.concatenate([np.broadcast_to(members[None, None, :, None], masks.shape[:3] + (1,)),
+                                masks.astype(np.int64)], axis=3).reshape(-1, n + 1)
+        distinct, inverse = np.unique(keyed, axis=0, return_inverse=True)
+        chosen[:, :, members] = len(subset_query) + inverse.reshape(masks.shape[:3])
+        for row in distinct:
+            subset_query.append(int(row[0]))
+            subset_docs.append([candidates[row[0]][j] for j in np.flatnonzero(row[1:])])
+    return subset_query, subset_docs, chosen
+
+
 def _fraction_means(con: duckdb.DuckDBPyConnection, data: StudyData, measures: Sequence[str],
                     fractions: Sequence[float], draws: int, rng: np.random.Generator) -> dict[tuple[float, str], np.ndarray]:
-    """(fraction, measure) -> system means (draws, systems). Only queries with several relevant
-    documents vary; the others keep their full scores."""
-    multi = [q for q, docs in enumerate(data.candidates) if len(docs) > 1]
-    rows = []
-    for fraction in fractions:
-        for draw in range(draws):
-            variant = f"{fraction!r}#{draw}"
-            for q in multi:
-                docs = data.candidates[q]
-                keep = max(1, math.ceil(fraction * len(docs)))
-                for j in rng.choice(len(docs), size=keep, replace=False):
-                    rows.append((variant, data.queries[q], docs[j]))
-    if multi:
-        qrels = pl.DataFrame(rows, schema={"dataset": pl.Utf8, "query_id": pl.Utf8, "doc_id": pl.Utf8},
-                             orient="row").with_columns(pl.lit(1).alias("relevance"))
-        variants = qrels.select("dataset").unique()
-        with _registered(con, {"study_fraction_qrels": qrels, "study_variants": variants}):
-            con.execute("""create or replace temp view study_fraction_run as
-                           select v.dataset, r.retriever, r.query_id, r.doc_id, r.score
-                           from analysis_run r cross join study_variants v
-                           where r.query_id in (select distinct query_id from study_fraction_qrels)""")
-            try:
-                values = _per_query(con, measures, "study_fraction_run", "study_fraction_qrels")
-            finally:
-                con.execute("drop view if exists study_fraction_run")
-    else:
-        values = pl.DataFrame(schema={"dataset": pl.Utf8, "retriever": pl.Utf8, "query_id": pl.Utf8,
-                                      "measure": pl.Utf8, "value": pl.Float64})
-    # a system's mean = (its full scores on the single-relevant queries + its scores on the
-    # drawn qrels of the others) / queries; no row for a system = score 0 (complete evaluation)
-    single_queries = [q for q, docs in enumerate(data.candidates) if len(docs) == 1]
-    system_index = {s: i for i, s in enumerate(data.systems)}
-    totals = {(fraction, measure): np.tile(data.full[measure][:, single_queries].sum(axis=1), (draws, 1))
-              for fraction in fractions for measure in measures}
-    sums = values.group_by("dataset", "retriever", "measure").agg(pl.col("value").sum())
-    for variant, retriever, measure, value in sums.iter_rows():
-        fraction_text, draw = variant.rsplit("#", 1)
-        totals[(float(fraction_text), measure)][int(draw), system_index[retriever]] += value
-    return {key: total / len(data.queries) for key, total in totals.items()}
+    """(fraction, measure) -> system means (draws, systems): each distinct subset scored once,
+    every draw's mean gathered from those scores. Reads the temp table study_run."""
+    subset_query, subset_docs, chosen = draw_fraction_subsets(data.candidates, fractions, draws, rng)
+    scores = subset_scores(con, measures, data.systems, [data.queries[q] for q in subset_query], subset_docs)
+    means = {}
+    for measure in measures:
+        totals = scores[measure][chosen].sum(axis=2)  # (fractions, draws, queries, systems) -> over queries
+        for f, fraction in enumerate(fractions):
+            means[(fraction, measure)] = totals[f] / len(data.queries)
+    return means
 
 
 def _rows(setting: str, measure: str, comparison: list[dict], *, systems: int, queries: int,
@@ -335,7 +395,8 @@ def compute_partial_annotation_study(
     if bad:
         raise ValueError(f"partial_annotation_study: fractions must lie in (0, 1], got {bad}")
     require_rows(con, "corpus", dataset, "partial_annotation_study")
-    with analysis_views(con, dataset, scope, asset="partial_annotation_study") as info:
+    with (analysis_views(con, dataset, scope, asset="partial_annotation_study") as info,
+          _study_run(con, measures)):
         data = load_study_data(con, dataset, measures)
         if len(data.systems) < 2 or not data.queries:
             rows, notes = [], {"systems": len(data.systems), "study_queries": len(data.queries),

@@ -91,6 +91,14 @@ class MeasureSelection:
     def uses(self, family: str) -> bool:
         return any(f.name == family for f in self.family_of.values())
 
+    @property
+    def depth(self) -> int | None:
+        """How deep a ranking these measures read: the largest cutoff when every measure is a
+        cutoff measure (their values are then the same under trec_eval's -M depth), else None."""
+        if self.cutoffs and all(f.params == "cutoff" for f in self.family_of.values()):
+            return max(self.cutoffs)
+        return None
+
 
 def _param_name(family: MeasureFamily, value: float) -> str:
     # trec_eval: "%s_%ld" for cutoffs, "%s_%3.2f" for recall levels
