@@ -19,6 +19,8 @@ from datetime import UTC, datetime
 
 import duckdb
 
+from bridge_assets.store import transaction
+
 HUMAN_VOTES = """
 create table if not exists human_votes (
     vote_id bigint primary key default nextval('human_vote_ids'),
@@ -85,17 +87,12 @@ def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
 def _allow_grades(con: duckdb.DuckDBPyConnection) -> None:
     """Rebuild human_votes with the graded check, keeping every row and vote id: DuckDB cannot
     drop a check constraint. One transaction: a failure leaves the table as it was."""
-    con.execute("begin transaction")
-    try:
+    with transaction(con):
         con.execute("create temp table human_votes_binary as select * from human_votes")
         con.execute("drop table human_votes")
         con.execute(HUMAN_VOTES)
         con.execute("insert into human_votes by name select * from human_votes_binary")
         con.execute("drop table human_votes_binary")
-        con.execute("commit")
-    except BaseException:
-        con.execute("rollback")
-        raise
 
 
 def utc_now() -> datetime:

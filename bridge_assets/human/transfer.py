@@ -32,7 +32,7 @@ from bridge_assets.human import annotators
 from bridge_assets.human.tables import ensure_schema
 from bridge_assets.human.votes import insert_vote, votes_frame
 from bridge_assets.ingest.registry import validate_dataset_name
-from bridge_assets.store import table_exists
+from bridge_assets.store import table_exists, transaction
 
 MAX_COMMENT = 2000
 ImportFormat = Literal["auto", "csv", "json", "label-studio"]
@@ -358,8 +358,7 @@ def import_votes(con: duckdb.DuckDBPyConnection, content: bytes, source: str,
                    if r.annotator_id in holders]
     if errors:
         raise ImportFailed(source, errors, tuple(sorted(holders)) if not override else ())
-    con.execute("begin transaction")
-    try:
+    with transaction(con):
         for _, r in records:
             annotators.ensure_external_annotator(con, r.annotator_id)
             origin = "import:override" if r.annotator_id in holders else "import"
@@ -368,10 +367,6 @@ def import_votes(con: duckdb.DuckDBPyConnection, content: bytes, source: str,
                         with_history=r.with_history, is_attention_check=r.is_attention_check,
                         expected_label=r.expected_label, status=r.status,
                         source=f"{origin}:{source}"[:300], created_at=r.created_at)
-        con.execute("commit")
-    except BaseException:
-        con.execute("rollback")
-        raise
     return len(records)
 
 

@@ -23,6 +23,7 @@ from bridge_assets.human import annotators
 from bridge_assets.human.queue import close_assignment, get_assignment, pair_is_decided
 from bridge_assets.human.tables import ensure_schema, utc_now
 from bridge_assets.ingest.registry import GRADES
+from bridge_assets.store import transaction
 
 
 class VoteRejected(Exception):
@@ -95,15 +96,11 @@ def record_vote(con: duckdb.DuckDBPyConnection, *, assignment_id: str, annotator
     changes nothing.
     """
     ensure_schema(con)
-    con.execute("begin transaction")
     try:
-        receipt = _record(con, assignment_id, annotator_id, label, comment, graded)
-        con.execute("commit")
-        return receipt
-    except BaseException as exc:
-        con.execute("rollback")
-        if isinstance(exc, PairCompleted):  # refuse the vote, but stop serving the item
-            close_assignment(con, assignment_id, "dropped")
+        with transaction(con):
+            return _record(con, assignment_id, annotator_id, label, comment, graded)
+    except PairCompleted:  # refuse the vote (rolled back), but stop serving the item
+        close_assignment(con, assignment_id, "dropped")
         raise
 
 

@@ -30,7 +30,7 @@ from bridge_assets.ingest.loaders import read_beir_qrels, read_jsonl
 from bridge_assets.ingest.registry import validate_dataset_name
 from bridge_assets.qrels.sources import (SourceError, ensure_tables, place, precedences, registered,
                                          validate_source_name)
-from bridge_assets.store import table_exists
+from bridge_assets.store import table_exists, transaction
 from bridge_assets.trec_io import read_trec_qrels
 
 UnknownIds = Literal["skip", "error"]
@@ -193,17 +193,12 @@ def import_qrels(con: duckdb.DuckDBPyConnection, dataset: str, path: Path, sourc
         "unknown_document_lines": unknown_doc.height, "not_original_lines": not_original.height,
         "imported_at": now}])
     ensure_tables(con)
-    con.execute("begin transaction")
-    try:
+    with transaction(con):
         for table, frame in (("imported_qrels", stored), ("qrels_sources", entry)):
             con.execute(f"delete from {table} where dataset = ? and source = ?", [dataset, source])
             con.register("_incoming", frame.to_arrow())
             con.execute(f"insert into {table} by name select * from _incoming")
             con.unregister("_incoming")
-        con.execute("commit")
-    except BaseException:
-        con.execute("rollback")
-        raise
     return ImportReport(
         dataset=dataset, source=source, file=file, format=fmt.value, precedence=precedence,
         verified=verified, corrects_original=corrects_original, lines=rows.height, stored=stored.height,
@@ -217,15 +212,10 @@ def remove_source(con: duckdb.DuckDBPyConnection, dataset: str, source: str) -> 
     """Delete an imported source of `dataset` and its judgments; how many judgments went."""
     if source not in registered(con, dataset)["source"].to_list():
         raise QrelsImportError(f"dataset '{dataset}' has no imported source '{source}'")
-    con.execute("begin transaction")
-    try:
+    with transaction(con):
         removed = con.execute("delete from imported_qrels where dataset = ? and source = ?",
                               [dataset, source]).fetchone()[0]
         con.execute("delete from qrels_sources where dataset = ? and source = ?", [dataset, source])
-        con.execute("commit")
-    except BaseException:
-        con.execute("rollback")
-        raise
     return removed
 
 
