@@ -84,7 +84,7 @@ def _registered(con: duckdb.DuckDBPyConnection, frames: dict[str, pl.DataFrame])
 def _per_query(con: duckdb.DuckDBPyConnection, measures: Sequence[str], run: str, qrels: str) -> pl.DataFrame:
     """Per-query values of the systems that answered; the callers' arrays start at 0, which is
     trec_eval -c's score for a query a system did not answer (asking the SQL for -c instead
-    stalled DuckDB 1.5.5 on the bench lake at 366 queries, see scripts/bench_scale.py)."""
+    stalled DuckDB 1.5.5 on the bench lake at 366 queries; docs/scale.md)."""
     selection = resolve_measures(measures)
     values = compute_measures(con, selection, run=run, qrels=qrels, per_query=True, max_docs=selection.depth)
     return values.filter(pl.col("query_id") != "all")
