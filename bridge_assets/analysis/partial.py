@@ -149,7 +149,7 @@ def load_study_data(con: duckdb.DuckDBPyConnection, dataset: str, measures: Sequ
     queries, candidates = grouped["query_id"].to_list(), grouped["doc_id"].to_list()
     system_index = {s: i for i, s in enumerate(systems)}
     query_index = {q: i for i, q in enumerate(queries)}
-    with _registered(con, {"study_relevant": features.select("query_id")}):
+    with _registered(con, {"study_relevant": features.select("query_id").unique()}):
         con.execute("""create or replace temp view study_full_qrels as
                        select * from analysis_refined_qrels
                        where query_id in (select query_id from study_relevant)""")
@@ -193,8 +193,8 @@ def kendall_tau_b_of_signs(full_signs: np.ndarray, partial_signs: np.ndarray) ->
     `full_signs` (pairs,), `partial_signs` (draws, pairs); one pass for all draws."""
     numerator = (partial_signs * full_signs).sum(axis=1)
     denominator = np.sqrt(np.count_nonzero(full_signs) * np.count_nonzero(partial_signs, axis=1).astype(float))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(denominator > 0, numerator / np.where(denominator > 0, denominator, 1.0), np.nan)
+    with np.errstate(divide="ignore", invalid="ignore"):  # 0/0 where a side is all ties: NaN
+        return np.where(denominator > 0, numerator / denominator, np.nan)
 
 
 def bucket_of(p_values: np.ndarray) -> np.ndarray:
