@@ -1,7 +1,10 @@
 """significance: paired t-test and randomization test between every pair of systems, Holm-corrected
 over the pairs, on the original and the refined qrels. p-values checked against scipy called
-directly (and an exact enumeration of the query-wise swaps), Holm against a hand computation;
-the asset on the small labeled lake of test_qrels_bridge; the report section's verdicts."""
+directly: equal where the randomization test is exact (and an exact enumeration of the query-wise
+swaps), within Monte-Carlo error of scipy's where it draws random swaps (our own shared sign
+matrix, not scipy's draws); many pairs at once, in any chunks, as one at a time; Holm against a
+hand computation; the asset on the small labeled lake of test_qrels_bridge; the report section's
+verdicts."""
 
 from __future__ import annotations
 
@@ -16,7 +19,8 @@ import pytest
 from scipy import stats
 
 from bridge_assets.analysis import assets as analysis_assets
-from bridge_assets.analysis.significance import SIGNIFICANCE_SCHEMA, compute_significance, holm, paired_tests
+from bridge_assets.analysis.significance import (SIGNIFICANCE_SCHEMA, compute_significance, holm, paired_tests,
+                                                 paired_tests_many, randomization_tests)
 from bridge_assets.analysis.views import MissingInput
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.reports.build import significance_section
@@ -50,6 +54,11 @@ def mean_difference(x, y, axis):
     return np.mean(x - y, axis=axis)
 
 
+def scipy_randomization(a, b, resamples, rng=0):
+    return stats.permutation_test((np.asarray(a, dtype=float), np.asarray(b, dtype=float)), mean_difference,
+                                  vectorized=True, permutation_type="samples", n_resamples=resamples, rng=rng)
+
+
 def test_p_values_equal_scipys_on_a_hand_made_example():
     con = connection(metrics_table(VALUES))
     frame = compute_significance(con, "toy", measures=["ndcg_cut_10"], qrels_versions=["original"])
@@ -62,9 +71,8 @@ def test_p_values_equal_scipys_on_a_hand_made_example():
         assert row["queries"] == 6 and row["mean_a"] == pytest.approx(np.mean(a))
         if row["test"] == "paired_t":
             expected = stats.ttest_rel(a, b)
-        else:
-            expected = stats.permutation_test((np.array(a), np.array(b)), mean_difference, vectorized=True,
-                                              permutation_type="samples", n_resamples=10_000, rng=0)
+        else:  # 2^6 swaps, fewer than 10,000 resamples: exact, scipy's draws play no part
+            expected = scipy_randomization(a, b, 10_000)
         assert row["statistic"] == pytest.approx(expected.statistic, rel=1e-12)
         assert row["p_value"] == pytest.approx(expected.pvalue, rel=1e-12)
     # alpha beats beta on every query: t = mean(d) / (sd(d) / sqrt(n)), by hand
@@ -84,13 +92,111 @@ def test_randomization_is_exact_when_the_swaps_are_few():
     exact = sum(m >= observed - 1e-12 for m in means) / len(means)
     assert paired_tests(a, b, resamples=10_000, seed=0)["randomization"][1] == pytest.approx(exact)
     assert paired_tests(a, b, resamples=10_000, seed=99)["randomization"][1] == pytest.approx(exact)
-    # fewer resamples than swaps: random, reproducible from the seed, scipy's with that rng
-    ten = np.linspace(0.1, 1.0, 10)
-    other = ten[::-1] * 0.9
-    once = paired_tests(ten, other, resamples=200, seed=3)["randomization"][1]
-    assert once == paired_tests(ten, other, resamples=200, seed=3)["randomization"][1]
-    assert once == stats.permutation_test((ten, other), mean_difference, vectorized=True,
-                                          permutation_type="samples", n_resamples=200, rng=3).pvalue
+
+
+def pair(rng: np.random.Generator, n: int, effect: float, *, decimals: int | None = None):
+    """Two systems' per-query values in [0, 1], b about `effect` below a; rounded: ties and zeros."""
+    a = np.clip(rng.uniform(0.0, 1.0, n), 0, 1)
+    b = np.clip(a - effect + rng.normal(0.0, 0.25, n), 0, 1)
+    return (a, b) if decimals is None else (np.round(a, decimals), np.round(b, decimals))
+
+
+def test_randomization_equals_scipys_exact_test_when_the_swaps_are_few():
+    """2^n <= resamples: all 2^n sign vectors, no adjustment, scipy's tolerance for ties."""
+    rng = np.random.default_rng(7)
+    cases = [pair(rng, n, effect, decimals=1) for n in (2, 5, 9, 13) for effect in (0.0, 0.3)]
+    cases += [(np.array(v), np.array(v)) for v in ([0.2, 0.7, 0.7], [0.0] * 8)]  # identical systems
+    cases += [(np.array([1, 1, 0.5, 1, 0, 1]), np.array([0.5, 1, 0.5, 0.5, 0.5, 0]))]  # exact ties on 0
+    cases += [(np.array([0.3, 0.1, 0.6, 0.9]), np.array([0.1, 0.3, 0.9, 0.6]))]  # mean difference 0
+    for a, b in cases:
+        expected = scipy_randomization(a, b, 10_000)
+        statistic, p_value = paired_tests(a, b, resamples=10_000, seed=5)["randomization"]
+        assert statistic == pytest.approx(float(expected.statistic), rel=1e-12, abs=1e-15), (a, b)
+        assert p_value == pytest.approx(float(expected.pvalue), rel=1e-12), (a, b)
+    same = paired_tests([0.2, 0.7, 0.7], [0.2, 0.7, 0.7])["randomization"]
+    assert same == (0.0, 1.0)
+    # one query (scipy refuses it): the two signs give +-d, so p = 1
+    assert paired_tests([0.9], [0.2])["randomization"] == (pytest.approx(0.7), 1.0)
+    # exact up to 2^n = resamples, random from one fewer (scipy's threshold): a p-value on 1/1024
+    a, b = pair(rng, 10, 0.2, decimals=2)
+    exact = scipy_randomization(a, b, 1024).pvalue
+    assert paired_tests(a, b, resamples=1024)["randomization"][1] == pytest.approx(exact, rel=1e-12)
+    assert (exact * 1024) % 1 == pytest.approx(0) and paired_tests(a, b, resamples=1023)["randomization"][1] != exact
+
+
+@pytest.mark.parametrize(("n", "effect", "decimals"), [(30, 0.0, None), (80, 0.0, 1), (60, 0.2, None),
+                                                     (200, 0.06, 2)])
+def test_random_randomization_is_within_monte_carlo_error_of_scipys(n, effect, decimals):
+    """2^n > resamples: our own random signs (200,000, in several chunks) against scipy's 100,000
+    random swaps. The tolerance is 4 standard errors of the difference of the two estimates (under
+    0.015 here), below what a wrong convention would move (one-sided, a wrong tie rule on the
+    rounded values, a - b vs b - a on some queries)."""
+    a, b = pair(np.random.default_rng(n), n, effect, decimals=decimals)
+    statistic, ours = paired_tests(a, b, resamples=200_000, seed=0)["randomization"]
+    expected = scipy_randomization(a, b, 100_000, rng=1)
+    assert statistic == pytest.approx(float(expected.statistic), rel=1e-12)
+    one_sided = min(max(float(expected.pvalue), ours) / 2, 0.5)
+    tolerance = 4 * 2 * math.sqrt(one_sided * (1 - one_sided) * (1 / 200_000 + 1 / 100_000)) + 1e-4
+    assert abs(ours - expected.pvalue) < tolerance, (ours, expected.pvalue, tolerance)
+    if effect:  # a real effect: small p
+        assert ours < 0.01 and expected.pvalue < 0.01
+    else:
+        assert ours > 0.05 and expected.pvalue > 0.05
+
+
+def test_random_randomization_extremes_equal_scipys():
+    """Where no random draw can matter the two are equal: a beats b on every query by the same
+    margin (only the all-plus signs reach it: p = 2 / (resamples + 1), the observed arrangement
+    counted), identical systems (every resample ties: p = 1)."""
+    a = np.linspace(0.0, 0.8, 40)
+    assert paired_tests(a + 0.2, a, resamples=500)["randomization"][1] == \
+        scipy_randomization(a + 0.2, a, 500).pvalue == 2 / 501
+    assert paired_tests(a, a, resamples=500)["randomization"] == (0.0, 1.0) == \
+        (0.0, float(scipy_randomization(a, a, 500).pvalue))
+
+
+def test_many_pairs_at_once_equal_one_at_a_time_in_any_chunks():
+    """One shared sign matrix: a pair's p-value does not depend on the other pairs tested with it,
+    nor on how the resamples are chunked."""
+    rng = np.random.default_rng(11)
+    for n, resamples in ((40, 2_000), (7, 10_000)):  # random, exact
+        cases = [pair(rng, n, effect, decimals=2) for effect in (0.0, 0.0, 0.05, 0.1, 0.3)]
+        cases.append((cases[0][0], cases[0][0]))  # identical systems
+        a, b = np.stack([c[0] for c in cases]), np.stack([c[1] for c in cases])
+        together = paired_tests_many(a, b, resamples=resamples, seed=4)
+        for batch_values in (1, 3 * n + 1, 10_000_000):  # one resample per chunk, a few, all
+            chunked = randomization_tests(a - b, resamples=resamples, seed=4, batch_values=batch_values)
+            assert np.array_equal(chunked[1], together["randomization"][1]), (n, batch_values)
+        for i, (x, y) in enumerate(cases):
+            alone = paired_tests(x, y, resamples=resamples, seed=4)
+            assert alone["randomization"] == (together["randomization"][0][i], together["randomization"][1][i])
+            t_test = stats.ttest_rel(x, y) if i < len(cases) - 1 else None
+            if t_test is not None:
+                assert together["paired_t"][0][i] == pytest.approx(t_test.statistic, rel=1e-12)
+                assert together["paired_t"][1][i] == pytest.approx(t_test.pvalue, rel=1e-12)
+                assert alone["paired_t"][1] == pytest.approx(t_test.pvalue, rel=1e-12)
+        assert math.isnan(together["paired_t"][1][-1]) and together["randomization"][1][-1] == 1.0
+    # through the table: every pair of four systems on 40 queries, as paired_tests gives it alone
+    values = {f"s{i}": list(np.round(rng.uniform(0, 1, 40), 2)) for i in range(4)}
+    frame = compute_significance(connection(metrics_table(values)), "toy", measures=["ndcg_cut_10"],
+                                 qrels_versions=["original"], resamples=2_000, seed=4)
+    assert frame.height == 6 * 2
+    order = sorted(range(40), key=lambda i: f"q{i}")  # the queries in query_id order, as paired
+    for row in frame.iter_rows(named=True):
+        a, b = (np.array(values[row[side]])[order] for side in ("system_a", "system_b"))
+        alone = paired_tests(a, b, resamples=2_000, seed=4)
+        assert (row["statistic"], row["p_value"]) == pytest.approx(alone[row["test"]], rel=1e-12)
+        if row["test"] == "randomization":
+            assert row["p_value"] == alone["randomization"][1]
+
+
+def test_random_randomization_is_reproducible_from_the_seed():
+    a, b = pair(np.random.default_rng(3), 50, 0.03)
+    once = paired_tests(a, b, resamples=2_000, seed=3)["randomization"][1]
+    assert once == paired_tests(a, b, resamples=2_000, seed=3)["randomization"][1]
+    other = paired_tests(a, b, resamples=2_000, seed=4)["randomization"][1]
+    assert other != once and abs(other - once) < 0.05  # another draw, the same test
+    assert 0.05 < once < 0.95
 
 
 def test_t_test_p_value_is_ranx_compares():
@@ -172,9 +278,8 @@ def test_significance_asset_on_the_labeled_lake(labeled_lake):
     # refined (test_analysis_metrics): bm25 1, 1, .5, 1 against splade .5, 1, .5, .5 on q1..q4
     bm25, splade = [1, 1, 0.5, 1], [0.5, 1, 0.5, 0.5]
     assert rows[("refined", "paired_t")]["p_value"] == pytest.approx(stats.ttest_rel(bm25, splade).pvalue)
-    assert rows[("refined", "randomization")]["p_value"] == pytest.approx(
-        stats.permutation_test((np.array(bm25), np.array(splade)), mean_difference, vectorized=True,
-                               permutation_type="samples", rng=0).pvalue)
+    assert rows[("refined", "randomization")]["p_value"] == pytest.approx(  # 2^4 swaps: exact
+        scipy_randomization(bm25, splade, 10_000).pvalue, rel=1e-12)
     assert rows[("refined", "randomization")]["mean_a"] == pytest.approx(0.875)
     # four queries cannot make anything significant after Holm: the smallest exact p is 2/16
     assert not frame["significant"].any()
