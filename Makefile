@@ -44,8 +44,10 @@ ui: setup
 	test -f data_lake/dagster_home/dagster.yaml || printf 'telemetry:\n  enabled: false\n' > data_lake/dagster_home/dagster.yaml
 	DAGSTER_HOME=$(CURDIR)/data_lake/dagster_home $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
-# Deletes what the pipeline rebuilds; never the votes store (data_lake/annotations/, or
-# $BRIDGE_VOTES_DB). A lake from before the votes store gets its votes moved out first.
+# Deletes what the pipeline rebuilds, in either storage (the DuckLake's SQLite catalog and
+# Parquet files, or a DuckDB file); never the votes store (data_lake/annotations/, or
+# $BRIDGE_VOTES_DB). A DuckDB lake from before the votes store gets its votes moved out first.
+# (A Postgres catalog or object-store data path is not touched: drop those where they live.)
 clean:
-	if [ -x $(BIN)/bridge ] && [ -f data_lake/bridge.duckdb ]; then BRIDGE_DATA_LAKE=$(CURDIR)/data_lake $(BIN)/bridge annotate migrate; fi
-	rm -rf data_lake/bridge.duckdb data_lake/bridge.duckdb.wal data_lake/parquet data_lake/dagster_home data_lake/reports
+	if [ -x $(BIN)/bridge ] && [ -f data_lake/bridge.duckdb ]; then BRIDGE_STORAGE=duckdb BRIDGE_DATA_LAKE=$(CURDIR)/data_lake $(BIN)/bridge annotate migrate; fi
+	rm -rf data_lake/bridge.duckdb data_lake/bridge.duckdb.wal data_lake/ducklake.sqlite data_lake/ducklake.sqlite-wal data_lake/ducklake.sqlite-shm data_lake/ducklake data_lake/dagster_home data_lake/reports

@@ -52,7 +52,7 @@ def datasets_list() -> None:
     from bridge_assets.resources import DuckDBStore
 
     counts: dict[str, dict[str, int]] = {}
-    if (path := DuckDBStore().path).exists():
+    if store.exists(path := DuckDBStore().path):
         with store.connect(path) as con:
             for table in ("corpus", "queries", "original_qrels"):
                 if store.table_exists(con, table):
@@ -103,12 +103,16 @@ def _budget_stop(exc: Exception) -> None:
 def _materialize(assets: list[str], dataset: str | None, defaults: dict[str, dict] | None = None,
                  overrides: dict[str, dict] | None = None) -> None:
     """Run `assets` with config: `defaults` < the dataset's `pipeline:` entry < `overrides`."""
-    from bridge_assets import orchestration
+    from bridge_assets import orchestration, store
     from bridge_assets.definitions import defs
     from bridge_assets.llm.budget import BudgetExceeded
     from bridge_assets.resources import DuckDBStore
     from bridge_assets.retrieval.sensors import sync_partitions
 
+    try:
+        store.check()
+    except store.StoreMismatch as exc:
+        _fail(str(exc))
     inst = orchestration.instance()
     asset_config = _asset_config(dataset, defaults, overrides)
     sync = sync_partitions(inst, DuckDBStore())  # what the registry sensor does when a daemon runs

@@ -177,8 +177,9 @@ def estimate_run(dataset: str, config: Mapping[str, Mapping[str, Any]]) -> RunEs
     """What the main job would do on `dataset` with `config` (asset name -> config fields)."""
     path = duckdb_path()
     estimate = RunEstimate(dataset)
-    replay = LedgerReplay(path if path.exists() else None)
-    con = dataset_snapshot(path, dataset, INPUTS) if path.exists() else duckdb.connect()
+    written = store.exists(path)
+    replay = LedgerReplay(path if written else None)
+    con = dataset_snapshot(path, dataset, INPUTS) if written else duckdb.connect()
     with contextlib.closing(con):
         _estimate(estimate, con, config, replay)
     typical = _typical_replies(replay.db_path)

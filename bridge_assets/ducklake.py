@@ -1,4 +1,5 @@
-"""DuckLake: the data lake as a catalog plus Parquet files (`BRIDGE_STORAGE=ducklake`).
+"""DuckLake: the data lake as a catalog plus Parquet files (the default storage;
+`BRIDGE_STORAGE=duckdb` is the one-file alternative).
 
 DuckLake (https://ducklake.select) is DuckDB's own lakehouse format: the tables' metadata lives
 in a SQL catalog (a SQLite or DuckDB file, or Postgres) and their rows in Parquet files under a

@@ -9,7 +9,7 @@
                                                 (default 2), one thread each
     BRIDGE_EXECUTOR=in_process     every step in the run's own process
 
-Steps still write through the store: with BRIDGE_STORAGE=ducklake (a Postgres catalog and an
+Steps still write through the store: on the DuckLake (the default storage; a Postgres catalog and an
 object-store data path when the workers are on other machines) they commit their partitions in
 parallel. Measured on one 2-core machine (`scripts/bench_executors.py`, the demo's ingest and 11
 retrieval partitions run one after the other, offline_fast profile): in-process 220 s, largest

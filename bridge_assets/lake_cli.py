@@ -22,6 +22,7 @@ import duckdb
 import typer
 
 from bridge_assets.cli_errors import fail
+from bridge_assets.paths import storage
 
 app = typer.Typer(help="The lake's storage: DuckLake migration, snapshots, compaction.",
                   no_args_is_help=True, add_completion=False)
@@ -82,7 +83,6 @@ def _lake_config(folder: Path | None = None):
 def info_command() -> None:
     """Which storage is in force, where it lives, and the files of each DuckLake table."""
     from bridge_assets import ducklake, store
-    from bridge_assets.paths import storage
     from bridge_assets.resources import DuckDBStore
 
     lake = DuckDBStore().lake
@@ -105,7 +105,8 @@ def snapshots_command(limit: int = typer.Option(20, "--limit", "-n", help="The l
     from bridge_assets import ducklake, store
 
     if store.lake_config() is None:
-        fail("the lake is a DuckDB file (no snapshots): BRIDGE_STORAGE=ducklake after `bridge lake migrate`")
+        fail("the lake is a DuckDB file (BRIDGE_STORAGE=duckdb): it keeps no snapshots; `bridge lake migrate` "
+             "moves it into a DuckLake (the default storage)")
     if not store.exists():
         fail(f"no DuckLake at {store.describe()}")
     with store.connect() as con:
@@ -127,7 +128,7 @@ def compact_command(
     from bridge_assets import ducklake, store
 
     if store.lake_config() is None or not store.exists():
-        fail(f"no DuckLake in force ({store.describe()}): set BRIDGE_STORAGE=ducklake")
+        fail(f"no DuckLake in force ({store.describe()}): unset BRIDGE_STORAGE=duckdb (DuckLake is the default)")
     with store.connect() as con:
         counts = ducklake.compact(con, expire_older_than=expire_older_than)
     before = sum(c["files"] + c["delete_files"] for c in counts["before"].values())
@@ -209,7 +210,7 @@ def migrate_command(
                                                     "renamed to bridge.duckdb.migrated-<time>)."),
 ) -> None:
     """Move a DuckDB lake (every table, the LLM call ledger included) into the DuckLake of the
-    data lake folder. Then run with BRIDGE_STORAGE=ducklake."""
+    data lake folder (the default storage; unset BRIDGE_STORAGE=duckdb if you had set it)."""
     from bridge_assets.resources import DuckDBStore
 
     lake = DuckDBStore().lake
@@ -227,4 +228,5 @@ def migrate_command(
     typer.echo(f"moved {len(counts)} tables into ducklake:{config.catalog} (data {config.data_path}) in "
                f"{time.monotonic() - started:.1f} s" + ("" if keep else f"; {source.name} renamed to "
                                                                         f"{source.name}.migrated-*"))
-    typer.echo("use it with BRIDGE_STORAGE=ducklake")
+    if storage() != "ducklake":
+        typer.echo("use it: unset BRIDGE_STORAGE=duckdb (DuckLake is the default)")

@@ -21,9 +21,10 @@ LAKE_ENV = "BRIDGE_DATA_LAKE"
 VOTES_ENV = "BRIDGE_VOTES_DB"
 STORAGE_ENV = "BRIDGE_STORAGE"
 STORAGES = ("duckdb", "ducklake")
-# How the pipeline's tables are stored unless $BRIDGE_STORAGE says otherwise: "duckdb" (one
-# file, <lake>/bridge.duckdb) or "ducklake" (a DuckLake catalog + Parquet, bridge_assets.ducklake).
-DEFAULT_STORAGE = "duckdb"
+# How the pipeline's tables are stored unless $BRIDGE_STORAGE says otherwise: "ducklake" (a
+# DuckLake: SQLite catalog + Parquet under the lake folder, bridge_assets.ducklake; many writers,
+# snapshots) or "duckdb" (one file, <lake>/bridge.duckdb, one writer at a time).
+DEFAULT_STORAGE = "ducklake"
 
 
 def storage() -> str:

@@ -1,6 +1,6 @@
 """The store every asset reads and writes: one DuckDB file, or a DuckLake.
 
-Which one is `paths.storage()` ($BRIDGE_STORAGE: duckdb, the default, or ducklake). Callers do
+Which one is `paths.storage()` ($BRIDGE_STORAGE: ducklake, the default, or duckdb). Callers do
 not care: they pass the pipeline's path (`Lake.duckdb`, `<lake>/bridge.duckdb`, or None for
 the configured lake) to `connect()`, and get a connection on which the tables have their plain
 names. Any other DuckDB file (the votes store) is always opened as a plain DuckDB file.
@@ -33,7 +33,7 @@ import duckdb
 import polars as pl
 
 from bridge_assets import ducklake
-from bridge_assets.paths import duckdb_path, storage
+from bridge_assets.paths import STORAGE_ENV, duckdb_path, storage
 
 LOCK_WAIT_SECONDS = 300.0
 # Test-only: seconds write_partitions sleeps inside its transaction, before the commit, so a test
@@ -88,10 +88,19 @@ def _check_storage(path: Path, config: ducklake.DuckLakeConfig | None) -> None:
     if config is None:
         if not path.exists() and (path.parent / ducklake.CATALOG_FILE).exists():
             raise StoreMismatch(f"{path.parent} holds a DuckLake ({ducklake.CATALOG_FILE}) and no "
-                                f"{PIPELINE_FILE}: set BRIDGE_STORAGE=ducklake to use it")
+                                f"{PIPELINE_FILE}, and {STORAGE_ENV}=duckdb: unset {STORAGE_ENV} "
+                                f"(DuckLake is the default) to use it")
     elif not config.exists() and path.exists():
-        raise StoreMismatch(f"{path} is a DuckDB lake and BRIDGE_STORAGE=ducklake: move it into the "
-                            f"DuckLake with `bridge lake migrate` (or unset BRIDGE_STORAGE)")
+        raise StoreMismatch(f"{path} is a DuckDB-file lake (from an older BRIDGE, or {STORAGE_ENV}="
+                            f"duckdb) and the storage in force is DuckLake: move it into the DuckLake "
+                            f"with `bridge lake migrate`, or keep it with {STORAGE_ENV}=duckdb")
+
+
+def check(path: Path | None = None) -> None:
+    """Raise StoreMismatch when the lake folder holds the other storage than the one in force
+    (before a run starts, so it stops with what to do instead of failing in its first step)."""
+    path = Path(path or duckdb_path())
+    _check_storage(path, lake_config(path))
 
 
 def _is_lock_error(exc: Exception) -> bool:

@@ -350,7 +350,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fraction", type=float, default=0.1, help="Share of the 3,657 queries (1 = the paper).")
     parser.add_argument("--storage", choices=["duckdb", "ducklake"], default=None,
-                        help="The store (default: BRIDGE_STORAGE, else duckdb).")
+                        help="The store (default: BRIDGE_STORAGE, else ducklake).")
     parser.add_argument("--no-growth", action="store_true", help="Skip the run at fraction/10.")
     parser.add_argument("--keep", type=Path, default=None, help="Keep the lakes in this folder.")
     parser.add_argument("--skip", action="append", default=[], metavar="STAGE",

@@ -34,6 +34,13 @@ def data_lake(tmp_path, monkeypatch) -> Path:
     return lake
 
 
+@pytest.fixture
+def duckdb_storage(monkeypatch) -> None:
+    """The DuckDB-file storage (BRIDGE_STORAGE=duckdb) whatever the default: for what only a
+    DuckDB file has (its write lock) and for lakes from before DuckLake."""
+    monkeypatch.setenv("BRIDGE_STORAGE", "duckdb")
+
+
 def votes_db(lake: Path) -> Path:
     """The votes store of a test lake (annotators, assignments, votes)."""
     return lake / "annotations" / "votes.duckdb"

@@ -12,10 +12,11 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from bridge_assets import orchestration, store
+from bridge_assets import ducklake, orchestration, store
 from bridge_assets.audit import audit_command, audit_pair, format_story
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.llm.parsing import canonical_json
+from bridge_assets.paths import storage
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.resources import DuckDBStore
 from test_qrels_bridge import DATASET, MODEL, QUERIES, labeled_lake, turn_call  # noqa: F401  (fixture)
@@ -77,9 +78,15 @@ def test_debate_pair_json_for_machines(audited_lake):
     assert story["final"]["call_keys"] == keys
     assert {c["key"] for c in story["llm_calls"]} == set(keys)  # the filter call keys are not in the ledger
     assert all(c["model"] == MODEL and c["run_id"] == "run-debate-1" for c in story["llm_calls"])
-    assert {"asset": "bridge_qrels", "partition": DATASET, "run_id": run_id, "snapshot": "n/a"} == \
-        {k: v for k, v in next(r for r in story["dagster_runs"] if r["asset"] == "bridge_qrels").items()
-         if k != "materialized_at"}  # a DuckDB file keeps no snapshots (DuckLake: the snapshot id)
+    qrels_run = next(r for r in story["dagster_runs"] if r["asset"] == "bridge_qrels")
+    assert {"asset": "bridge_qrels", "partition": DATASET, "run_id": run_id} == \
+        {k: v for k, v in qrels_run.items() if k not in ("materialized_at", "snapshot")}
+    if storage() == "ducklake":  # the snapshot its write committed
+        with store.connect_read_only() as con:
+            assert isinstance(qrels_run["snapshot"], int)
+            assert qrels_run["snapshot"] == ducklake.snapshot_of_run(con, run_id)
+    else:
+        assert qrels_run["snapshot"] == "n/a"  # a DuckDB file keeps no snapshots
     assert story["not_materialized"] == []
 
 

@@ -237,7 +237,7 @@ def test_migrate_moves_every_table_and_the_ledger(data_lake, monkeypatch):
     assert not (data_lake / "bridge.duckdb").exists()
     assert list(data_lake.glob("bridge.duckdb.migrated-*"))
     # the old storage now refuses the folder instead of starting an empty file
-    with pytest.raises(store.StoreMismatch, match="BRIDGE_STORAGE=ducklake"):
+    with pytest.raises(store.StoreMismatch, match="unset BRIDGE_STORAGE"):
         with store.connect():
             pass
 

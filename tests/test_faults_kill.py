@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 import dagster as dg
-import duckdb
 import pytest
 
+from bridge_assets import store
 from bridge_assets.ingest.assets import ingest_dataset
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.store import TEST_PAUSE_ENV
@@ -58,7 +58,7 @@ def complete(dataset: str, env: dict[str, str]) -> None:
 
 def snapshot(lake: Path) -> dict[str, list[tuple]]:
     """Every row of the ingest tables that exist."""
-    with duckdb.connect(str(lake / "bridge.duckdb")) as con:
+    with store.connect(lake / "bridge.duckdb") as con:
         present = {r[0] for r in con.execute("select table_name from information_schema.tables").fetchall()}
         return {t: con.execute(f"select * from {t} order by all").fetchall() for t in TABLES if t in present}
 
@@ -79,7 +79,7 @@ def test_kill_9_inside_a_partition_write_keeps_the_previous_tables_and_the_next_
 
     ingest_in_process()
     fresh = snapshot(data_lake)
-    with duckdb.connect(str(data_lake / "bridge.duckdb")) as con:  # a state no run would write
+    with store.connect(data_lake / "bridge.duckdb") as con:  # a state no run would write
         con.execute("update corpus set text = 'left by the previous run' "
                     "where doc_id = (select min(doc_id) from corpus)")
         con.execute("delete from queries where query_id = (select min(query_id) from queries)")
@@ -117,5 +117,5 @@ def test_kill_9_in_a_first_write_and_in_a_big_replacement_through_the_cli(tmp_pa
     complete("mine", env)
     after = snapshot(data_lake)
     assert [len(after[t]) for t in TABLES] == [BIG_CORPUS + 2, 1, 1]
-    with duckdb.connect(str(data_lake / "bridge.duckdb")) as con:
+    with store.connect(data_lake / "bridge.duckdb") as con:
         assert con.execute("select text from corpus where doc_id = 'd1'").fetchone() == ("changed",)

@@ -152,7 +152,7 @@ def test_three_annotators_label_the_queue_in_chromium_and_human_labels_holds_the
     assert materialized.success
     meta = materialized.asset_materializations_for_node("human_labels")[0].metadata
     assert meta["coverage"].value == 1.0 and meta["fleiss_kappa"].value == pytest.approx(result.kappa)
-    with duckdb.connect(str(data_lake / "bridge.duckdb")) as con:
+    with store.connect(data_lake / "bridge.duckdb") as con:
         rows = con.execute("select query_id, doc_id, label, votes from human_labels "
                            "where dataset = ?", [DATASET]).fetchall()
     assert {(q, d): label for q, d, label, _ in rows} == MAJORITY and {r[3] for r in rows} == {3}

@@ -229,14 +229,14 @@ def test_asset_refuses_open_pairs_unless_partial_is_asked_and_then_says_how_many
     failure = refused.get_step_failure_events()[0].step_failure_data.error.message
     assert "human_labels for dataset 'demo': 3 of 4 escalated pairs still need votes" in failure
     assert "allow_partial" in failure
-    with duckdb.connect(str(escalated_lake / "bridge.duckdb")) as con:
+    with store.connect(escalated_lake / "bridge.duckdb") as con:
         assert not store.table_exists(con, "human_labels")
 
     partial = materialize(escalated_lake, allow_partial=True)
     assert partial.success
     meta = partial.asset_materializations_for_node("human_labels")[0].metadata
     assert meta["open_pairs"].value == 3 and meta["coverage"].value == 0.25
-    with duckdb.connect(str(escalated_lake / "bridge.duckdb")) as con:
+    with store.connect(escalated_lake / "bridge.duckdb") as con:
         assert con.execute("select query_id, doc_id, label, votes from human_labels").fetchall() == \
             [("q1", "d5", 1, 3)]
 

@@ -137,7 +137,7 @@ def test_votes_under_load_with_a_pipeline_writing_the_same_file(data_lake, tmp_p
         voted = con.execute("select a.annotator_id, a.assignment_id from annotation_assignments a "
                             "join human_votes v using (annotator_id, dataset, query_id, doc_id)"
                             ).fetchall()
-    with duckdb.connect(str(data_lake / "bridge.duckdb")) as con:
+    with store.connect(data_lake / "bridge.duckdb") as con:
         last_write = con.execute("select count(*), min(score), max(score) from retrieval_run").fetchone()
     assert len(stored) == annotators * votes                  # no vote lost, none doubled
     for person in people:

@@ -11,6 +11,7 @@ import dagster as dg
 import duckdb
 import pytest
 
+from bridge_assets import store
 from bridge_assets.ingest import assets as ingest_assets
 from bridge_assets.ingest import checks as ingest_checks
 from bridge_assets.resources import DuckDBStore
@@ -38,16 +39,15 @@ def test_ingest_writes_tables_named_after_assets_and_checks_pass(data_lake):
     assert result.success
     assert check_results(result) == {"corpus_is_valid": True, "queries_are_valid": True,
                                      "original_qrels_are_valid": True}
-    con = duckdb.connect(str(data_lake / "bridge.duckdb"))
-    queries = con.execute("select count(*) from queries where dataset = 'demo'").fetchone()[0]
-    qrels = con.execute("select count(*) from original_qrels where dataset = 'demo'").fetchone()[0]
-    docs = con.execute("select count(*) from corpus where dataset = 'demo'").fetchone()[0]
+    with store.connect(data_lake / "bridge.duckdb") as con:
+        queries = con.execute("select count(*) from queries where dataset = 'demo'").fetchone()[0]
+        qrels = con.execute("select count(*) from original_qrels where dataset = 'demo'").fetchone()[0]
+        docs = con.execute("select count(*) from corpus where dataset = 'demo'").fetchone()[0]
     assert queries == qrels and docs > 200
     # materializing again replaces the partition instead of appending to it
-    con.close()
     assert materialize_demo(data_lake).success
-    con = duckdb.connect(str(data_lake / "bridge.duckdb"))
-    assert con.execute("select count(*) from corpus").fetchone()[0] == docs
+    with store.connect(data_lake / "bridge.duckdb") as con:
+        assert con.execute("select count(*) from corpus").fetchone()[0] == docs
 
 
 @pytest.mark.parametrize("corruption, failing_check", [
@@ -59,7 +59,7 @@ def test_ingest_writes_tables_named_after_assets_and_checks_pass(data_lake):
 ])
 def test_asset_check_fails_on_a_corrupted_table(data_lake, corruption, failing_check):
     assert materialize_demo(data_lake).success
-    with duckdb.connect(str(data_lake / "bridge.duckdb")) as con:
+    with store.connect(data_lake / "bridge.duckdb") as con:
         con.execute(corruption)
     result = materialize_demo(data_lake, selection=dg.AssetSelection.checks(*CHECKS))
     outcomes = check_results(result)
@@ -85,7 +85,7 @@ def test_bad_input_fails_the_run_naming_the_line_and_keeps_previous_tables(tmp_p
     second = bridge_cli("materialize", "--dataset", "mine", "corpus", env_extra=env)
     assert second.returncode != 0
     assert "corpus.jsonl, line 2: malformed JSON" in second.stderr
-    with duckdb.connect(str(data_lake / "bridge.duckdb")) as con:
+    with store.connect(data_lake / "bridge.duckdb") as con:
         assert con.execute("select text from corpus where doc_id = 'd1'").fetchone()[0] == \
             "Paris is the capital of France."
         assert con.execute("select count(*) from queries").fetchone()[0] == 2
@@ -113,7 +113,7 @@ def test_parallel_partitions_with_the_multiprocess_executor_share_the_duckdb_fil
     for run, output in zip(runs, outputs):
         assert run.returncode == 0, output[-3000:]
         assert "multiprocess" in output and "RUN_SUCCESS" in output
-    with duckdb.connect(str(data_lake / "bridge.duckdb")) as con:
+    with store.connect(data_lake / "bridge.duckdb") as con:
         counts = dict(con.execute("select dataset, count(*) from queries group by 1").fetchall())
     assert counts["nq_open_mini"] == 2655 and counts["demo"] >= 10
 

@@ -8,6 +8,7 @@ import yaml
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
+from bridge_assets import store
 from bridge_assets.human.transfer import parse_votes
 from bridge_assets.ingest.errors import DatasetError
 from bridge_assets.ingest.registry import DatasetSpec, load_registry, validate_dataset_name
@@ -53,7 +54,8 @@ def test_export_refuses_an_invalid_name_before_writing(tmp_path):
 
 
 def test_export_command_reports_an_invalid_name(data_lake, tmp_path):
-    duckdb.connect(str(data_lake / "bridge.duckdb")).close()
+    with store.connect(data_lake / "bridge.duckdb"):
+        pass  # an empty store: the command gets as far as the name
     result = CliRunner().invoke(qrels_app, ["export", "-d", "../x", "-o", str(tmp_path / "out")])
     assert result.exit_code == 2
     assert "invalid dataset name '../x'" in result.output

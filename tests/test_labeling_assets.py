@@ -12,10 +12,10 @@ import json
 import re
 
 import dagster as dg
-import duckdb
 import polars as pl
 import pytest
 
+from bridge_assets import store
 from bridge_assets.ingest import assets as ingest_assets
 from bridge_assets.labeling import assets as labeling_assets
 from bridge_assets.labeling import checks as labeling_checks
@@ -118,7 +118,7 @@ def checks_passed(result) -> dict[str, bool]:
 
 
 def table(lake, sql: str) -> pl.DataFrame:
-    with duckdb.connect(str(lake / "bridge.duckdb")) as con:
+    with store.connect(lake / "bridge.duckdb") as con:
         return con.execute(sql).pl()
 
 
@@ -238,7 +238,7 @@ def test_a_failing_server_fails_pairs_and_votes_without_labels(data_lake):
 
 
 def corrupt_and_check(lake, sql: str) -> dict[str, bool]:
-    with duckdb.connect(str(lake / "bridge.duckdb")) as con:
+    with store.connect(lake / "bridge.duckdb") as con:
         con.execute(sql)
     result = dg.materialize([*LABELING, *CHECKS],  # checks read whole tables: no partition
                             resources={"store": DuckDBStore(data_lake=str(lake)), "llm": LLMResource()},

@@ -4,9 +4,9 @@ pairs of the demo dataset. Few, short calls: this machine has two shared cores."
 from __future__ import annotations
 
 import dagster as dg
-import duckdb
 import pytest
 
+from bridge_assets import store
 from bridge_assets.ingest import assets as ingest_assets
 from bridge_assets.labeling import assets as labeling_assets
 from bridge_assets.labeling import checks as labeling_checks
@@ -36,7 +36,7 @@ def demo_lake(data_lake, monkeypatch):
 
 
 def test_real_debate_records_its_calls_and_a_rerun_makes_none(demo_lake):
-    with duckdb.connect(str(demo_lake / "bridge.duckdb")) as con:
+    with store.connect(demo_lake / "bridge.duckdb") as con:
         pairs = load_pairs(con, "demo", "select 'q02' as query_id, 'pydoc-return-1' as doc_id")
     client = LLMClient(PROFILE)
     outcome = run_debate(pairs, debate_agents([PROFILE]), lambda p, r: client.generate(r),

@@ -16,10 +16,10 @@ import re
 from collections import defaultdict
 
 import dagster as dg
-import duckdb
 import pytest
 import pytrec_eval
 
+from bridge_assets import store
 from bridge_assets.analysis import assets as analysis_assets
 from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.assets import human_labels
@@ -128,7 +128,7 @@ def materialize(lake, assets, run_config=None, *, succeeds: bool = True, **resou
 
 
 def rows(lake, sql: str) -> list[tuple]:
-    with duckdb.connect(str(lake / "bridge.duckdb")) as con:
+    with store.connect(lake / "bridge.duckdb") as con:
         return con.execute(sql).fetchall()
 
 

@@ -27,7 +27,7 @@ def test_a_relative_bridge_data_lake_is_where_the_ledger_the_store_and_the_llm_r
     key = ledger.call_key("llama_cpp", "m", request)
     ledger.append([ledger.CallRecord(request, LLMResult(key=key, text="here"), 1)],
                   profile="p", backend="llama_cpp", model="m", context=None)  # no path: the default
-    assert expected.exists() and ledger.lookup([key])[key].text == "here"
+    assert store.exists(expected) and ledger.lookup([key])[key].text == "here"
     with store.connect(expected) as con:
         assert con.execute("select count(*) from llm_calls").fetchone()[0] == 1
 

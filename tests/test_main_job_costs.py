@@ -14,11 +14,11 @@ import math
 import re
 import zlib
 
-import duckdb
 import pytest
 import yaml
 from typer.testing import CliRunner
 
+from bridge_assets import store
 from bridge_assets.cli import BUDGET_EXIT, app
 from bridge_assets.costs import RunEstimate, StageCalls, estimate_run
 from bridge_assets.llm import budget as llm_budget
@@ -115,7 +115,7 @@ def bridge(*args: str):
 
 
 def ledger(lake, sql: str = "select purpose, count(*) from llm_calls group by 1") -> dict:
-    with duckdb.connect(str(lake / "bridge.duckdb"), read_only=True) as con:
+    with store.connect_read_only(lake / "bridge.duckdb") as con:
         return dict(con.execute(sql).fetchall())
 
 
@@ -143,7 +143,7 @@ def test_the_dry_run_counts_the_calls_the_run_makes(demo):
     assert re.search(r"Pool: \d+ pairs over 3 queries from 3 system", dry.output)
     assert "filter" in dry.output and "debate round 1" in dry.output and "USD" in dry.output
     assert server.hits == sum(retrieval.values())  # no model call
-    with duckdb.connect(str(lake / "bridge.duckdb"), read_only=True) as con:
+    with store.connect_read_only(lake / "bridge.duckdb") as con:
         assert not con.execute("select count(*) from information_schema.tables "
                                "where table_name = 'candidate_pool'").fetchone()[0]
 
@@ -218,7 +218,7 @@ def test_a_budget_stops_before_the_chunk_that_would_pass_it_and_the_next_run_res
     used, limit, left = (int(g.replace(",", "")) for g in spent.groups())
     assert limit == filter_cost and used + left == limit and 0 < used <= filter_cost
     assert ledger(lake) == {**retrieval, "filter": filtering.new}
-    with duckdb.connect(str(lake / "bridge.duckdb"), read_only=True) as con:
+    with store.connect_read_only(lake / "bridge.duckdb") as con:
         tables = {t for (t,) in con.execute("select table_name from information_schema.tables").fetchall()}
     assert {"filter_votes", "filtered_pool"} <= tables
     assert not tables & {"debate_labels", "debate_turns", "rag_answers"}

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 
 import dagster as dg
-import duckdb
 import pytest
 import yaml
 
@@ -66,8 +65,7 @@ def test_an_added_retriever_is_benchmarked_and_debated_only_where_it_is_new(grow
     store = DuckDBStore(data_lake=str(lake))
     assert sync_partitions(instance, store).add == ["bm25"]
     run_main_job(instance)
-    database = str(lake / "bridge.duckdb")
-    with duckdb.connect(database, read_only=True) as con:
+    with store.connect() as con:
         pool_before = set(con.execute("select query_id, doc_id from candidate_pool").fetchall())
         calls_before = {key for (key,) in con.execute("select key from llm_calls").fetchall()}
         assert con.execute("select distinct retriever from retrieval_metrics").fetchall() == [("bm25",)]
@@ -85,7 +83,7 @@ def test_an_added_retriever_is_benchmarked_and_debated_only_where_it_is_new(grow
     instance.add_dynamic_partitions("retriever", added)  # what the daemon does with the request
 
     run_main_job(instance)
-    with duckdb.connect(database, read_only=True) as con:
+    with store.connect() as con:
         pool_after = set(con.execute("select query_id, doc_id from candidate_pool").fetchall())
         new_pairs = pool_after - pool_before
         assert new_pairs, "MiniLM's top-2 differs from BM25's on the sampled queries"

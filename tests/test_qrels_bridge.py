@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 
 import dagster as dg
-import duckdb
 import polars as pl
 import pytest
 from typer.testing import CliRunner
@@ -187,7 +186,7 @@ def materialize_qrels(lake) -> dg.ExecuteInProcessResult:
 
 
 def read(lake, sql: str) -> pl.DataFrame:
-    with duckdb.connect(str(lake / "bridge.duckdb")) as con:
+    with store.connect(lake / "bridge.duckdb") as con:
         return con.execute(sql).pl()
 
 

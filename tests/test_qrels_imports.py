@@ -8,7 +8,6 @@ Builds on the labeled lake of test_qrels_bridge (its EXPECTED qrels)."""
 from __future__ import annotations
 
 import dagster as dg
-import duckdb
 import pytest
 from typer.testing import CliRunner
 
@@ -50,7 +49,7 @@ def imported(lake, path, source: str, **options):
 def fresh_lake_like(lake, fresh):
     """A new data lake with `lake`'s corpus, queries and original qrels only (nothing labelled)."""
     fresh.mkdir()
-    with duckdb.connect(str(lake / "bridge.duckdb")) as con:
+    with store.connect(lake / "bridge.duckdb") as con:
         tables = {t: con.execute(f"select * from {t}").pl() for t in ("corpus", "queries", "original_qrels")}
     store.write_partitions(tables, {"dataset": DATASET}, fresh / "bridge.duckdb")
     return fresh

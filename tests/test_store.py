@@ -1,4 +1,5 @@
-"""DuckDB single-writer handling: a second process waits for the lock instead of failing."""
+"""The store: on the DuckDB-file storage (BRIDGE_STORAGE=duckdb) a second process waits for the
+file's lock instead of failing; on either storage a partition write is all or nothing."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def hold_lock(path, seconds):
     return proc
 
 
-def test_connect_waits_while_another_process_holds_the_file(tmp_path):
+def test_connect_waits_while_another_process_holds_the_file(tmp_path, duckdb_storage):
     path = tmp_path / "bridge.duckdb"
     holder = hold_lock(path, 2)
     started = time.monotonic()
@@ -40,7 +41,7 @@ def test_connect_waits_while_another_process_holds_the_file(tmp_path):
     holder.wait()
 
 
-def test_connect_gives_up_after_its_deadline(tmp_path):
+def test_connect_gives_up_after_its_deadline(tmp_path, duckdb_storage):
     path = tmp_path / "bridge.duckdb"
     holder = hold_lock(path, 5)
     with pytest.raises(duckdb.IOException, match="lock"):

@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 import time
 
-import duckdb
 import httpx
 import pytest
 
+from bridge_assets import store
 from bridge_assets.webserver import dagster_webserver
 
 LAUNCH = """
@@ -73,5 +73,5 @@ def test_materialize_button_path_runs_the_ingest_of_a_dataset(webserver, data_la
             break
         time.sleep(2)
     assert status == "SUCCESS"
-    with duckdb.connect(str(data_lake / "bridge.duckdb")) as con:
+    with store.connect(data_lake / "bridge.duckdb") as con:
         assert con.execute("select count(*) from queries where dataset = 'demo'").fetchone()[0] == 12

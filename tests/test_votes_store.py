@@ -75,7 +75,8 @@ def token(lake) -> str:
         return add_annotator(con, "ann")
 
 
-def test_a_vote_never_waits_on_a_pipeline_write_and_lands_in_the_votes_store(lake, token):
+def test_a_vote_never_waits_on_a_pipeline_write_and_lands_in_the_votes_store(duckdb_storage, lake, token):
+    """On a DuckDB file, the one storage whose writer locks readers out."""
     client = make_client(lake, busy_seconds=0.5)
     login(client, token)
     page = client.get("/annotate")
@@ -147,7 +148,8 @@ def test_a_vote_on_a_locked_votes_store_gets_503_with_its_choice_and_comment_kep
 # --- an old lake: its votes move on first use ------------------------------------------------------
 
 def write_old_lake(lake) -> str:
-    """The human tables where they were before the votes store: in bridge.duckdb."""
+    """The human tables where they were before the votes store: in bridge.duckdb (a DuckDB-file
+    lake: DuckLake came after the votes store; the tests using it ask for duckdb_storage)."""
     write_escalated_set(lake)
     with store.connect(lake / "bridge.duckdb") as con:
         ensure_schema(con)
@@ -160,7 +162,7 @@ def write_old_lake(lake) -> str:
     return token
 
 
-def test_an_old_lakes_votes_move_to_the_votes_store_when_the_app_starts(data_lake):
+def test_an_old_lakes_votes_move_to_the_votes_store_when_the_app_starts(duckdb_storage, data_lake):
     token = write_old_lake(data_lake)
     client = make_client(data_lake)  # first use
     assert not tables(data_lake / "bridge.duckdb") & HUMAN_TABLES
@@ -174,7 +176,7 @@ def test_an_old_lakes_votes_move_to_the_votes_store_when_the_app_starts(data_lak
     assert done.exit_code == 0 and "nothing to move" in done.output
 
 
-def test_the_pipeline_moves_them_too_and_human_labels_counts_them(data_lake):
+def test_the_pipeline_moves_them_too_and_human_labels_counts_them(duckdb_storage, data_lake):
     write_old_lake(data_lake)
     with store.connect() as con:  # a third vote completes the first pair
         insert_vote(con, dataset=DATASET, query_id=ESCALATED[0][0], doc_id=ESCALATED[0][1],
@@ -189,7 +191,7 @@ def test_the_pipeline_moves_them_too_and_human_labels_counts_them(data_lake):
     assert len(stored_votes(data_lake)) == 3
 
 
-def test_a_move_cut_short_finishes_without_doubling_and_different_votes_are_refused(data_lake):
+def test_a_move_cut_short_finishes_without_doubling_and_different_votes_are_refused(duckdb_storage, data_lake):
     write_old_lake(data_lake)
     assert CliRunner().invoke(cli.app, ["migrate"]).output.startswith("moved 2 votes")
     # as if the process died after copying and before dropping the lake's tables
@@ -220,8 +222,9 @@ def make_clean(project) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=300)
 
 
-def test_make_clean_never_removes_the_votes(tmp_path):
-    """The Makefile's own clean target, run in a copy of the project (its .venv linked)."""
+def test_make_clean_never_removes_the_votes(tmp_path, duckdb_storage, monkeypatch):
+    """The Makefile's own clean target, run in a copy of the project (its .venv linked): on an
+    old DuckDB-file lake, then on the DuckLake the pipeline writes now."""
     project = tmp_path / "project"
     project.mkdir()
     shutil.copy(PROJECT_ROOT / "Makefile", project / "Makefile")
@@ -238,14 +241,17 @@ def test_make_clean_never_removes_the_votes(tmp_path):
     kept = stored_votes(lake)
     assert [v[1] for v in kept] == ["bob", "cat"]
 
+    monkeypatch.setenv("BRIDGE_STORAGE", "ducklake")
     write_escalated_set(lake)  # the pipeline runs again; people vote in the votes store
+    assert (lake / "ducklake.sqlite").exists() and (lake / "ducklake").is_dir()
     with annotations(lake) as con:
         insert_vote(con, dataset=DATASET, query_id="q2", doc_id="d6", annotator_id="dan", label=0,
                     comment="after", with_history=True, is_attention_check=False, expected_label=None,
                     status="accepted", source="app")
     second = make_clean(project)
     assert second.returncode == 0, second.stdout + second.stderr
-    assert not (lake / "bridge.duckdb").exists()
+    assert not (lake / "ducklake.sqlite").exists() and not (lake / "ducklake").exists()
+    assert not store.exists(lake / "bridge.duckdb")
     assert stored_votes(lake) == [*kept, (3, "dan", "q2", "d6", 0, "after")]
     with duckdb.connect(str(votes_db(lake)), read_only=True) as con:
         assert con.execute("select annotator_id from annotators").fetchall() == [("ann",)]

@@ -117,7 +117,7 @@ def lake_path(con: duckdb.DuckDBPyConnection) -> str:
 def migrate(lake_db: Path, votes_db: Path, *, wait_seconds: float = store.LOCK_WAIT_SECONDS) -> int:
     """Move an old lake's annotators, assignments and votes into the votes store (a no-op once
     done); returns the votes moved."""
-    if not Path(lake_db).exists():
+    if not store.exists(Path(lake_db)):
         return 0
     with store.connect(lake_db, wait_seconds=wait_seconds) as lake:
         return move_from(lake, votes_db, wait_seconds=wait_seconds)
@@ -135,11 +135,11 @@ def prepare(lake_db: Path, votes_db: Path, *, wait_seconds: float = store.LOCK_W
 def connect(votes_db: Path, *, lake_db: Path | None = None,
             wait_seconds: float = store.LOCK_WAIT_SECONDS) -> Iterator[duckdb.DuckDBPyConnection]:
     """A short connection to the votes store (read-write; call prepare() once first). With
-    `lake_db` (when the file exists), the pipeline's tables are readable too, by their plain
+    `lake_db` (once the pipeline's store exists), the pipeline's tables are readable too, by their plain
     names: bridge.duckdb attached read-only. Waits at most `wait_seconds` for either file's
     lock, then raises store.StoreBusy."""
     with store.connect(votes_db, wait_seconds=wait_seconds) as con:
-        if lake_db is not None and Path(lake_db).exists():
+        if lake_db is not None and store.exists(Path(lake_db)):
             store.attach(con, Path(lake_db), PIPELINE, wait_seconds=wait_seconds)
             name = con.execute("select current_database()").fetchone()[0]
             con.execute(f"set search_path = '{_ident(name)}.main,{PIPELINE}.main'")

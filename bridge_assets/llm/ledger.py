@@ -6,7 +6,7 @@ with a reply is never sent again, even a reply that failed strict parsing (it st
 never a label); a call that got no reply (timeout, HTTP error) is. The table is append-only: a failed call stays
 recorded beside the later success, so the history of every key can be audited.
 Connections are short (one per lookup, one per batch write) and never held during model calls:
-DuckDB allows one writing process per file. On DuckLake (BRIDGE_STORAGE=ducklake) a batch is one
+a DuckDB file (BRIDGE_STORAGE=duckdb) allows one writing process. On DuckLake (the default) a batch is one
 snapshot whose rows stay in the catalog (data inlining) until FLUSH_ROWS of them are written out
 as one Parquet file, so a ledger of a million calls is not a million tiny files.
 """

@@ -48,7 +48,7 @@ def export(
     as_of: str | None = typer.Option(None, "--as-of", metavar="RUN_ID|SNAPSHOT",
                                      help="The qrels as they were then: after the last lake snapshot "
                                           "of that Dagster run (an id or a unique prefix), or at that "
-                                          "DuckLake snapshot id (needs BRIDGE_STORAGE=ducklake)."),
+                                          "DuckLake snapshot id (the DuckLake storage, the default)."),
 ) -> None:
     """Write the refined qrels of DATASET (materialize bridge_qrels first)."""
     from bridge_assets import store
