@@ -354,8 +354,8 @@ def main() -> None:
     parser.add_argument("--no-growth", action="store_true", help="Skip the run at fraction/10.")
     parser.add_argument("--keep", type=Path, default=None, help="Keep the lakes in this folder.")
     parser.add_argument("--skip", action="append", default=[], metavar="STAGE",
-                        help="Leave a stage out (repeatable), e.g. --skip signif: 3,600 scipy "
-                             "permutation tests of 10,000 resamples, 2.4 s each at 3,657 queries.")
+                        help="Leave a stage out (repeatable), e.g. --skip signif (the report "
+                             "then has no significance section).")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--child", type=float, help=argparse.SUPPRESS)
     parser.add_argument("--lake", type=Path, help=argparse.SUPPRESS)
