@@ -18,7 +18,7 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-from bridge_assets import store
+from bridge_assets import ducklake, store
 from bridge_assets.human import app as app_module
 from bridge_assets.human import cli, votes_store
 from bridge_assets.human.annotators import add_annotator
@@ -255,3 +255,36 @@ def test_make_clean_never_removes_the_votes(tmp_path, duckdb_storage, monkeypatc
     assert stored_votes(lake) == [*kept, (3, "dan", "q2", "d6", 0, "after")]
     with duckdb.connect(str(votes_db(lake)), read_only=True) as con:
         assert con.execute("select annotator_id from annotators").fetchall() == [("ann",)]
+
+
+def test_on_ducklake_the_votes_store_is_attached_beside_the_lake_for_one_call_only(lake, monkeypatch):
+    """The app's every page opens the votes store with the pipeline's tables: on DuckLake that
+    is the process's lake instance (extensions loaded once) with the votes file attached for the
+    call, and detached after it, whatever happened inside."""
+    monkeypatch.setenv("BRIDGE_STORAGE", "ducklake")
+    votes_store.prepare(lake / "bridge.duckdb", votes_db(lake))
+    with store.connect() as con:
+        debated = con.execute("select count(*) from debate_labels").fetchone()[0]
+
+    def attached() -> set[str]:
+        with store.connect() as con:
+            return {row[0] for row in con.execute("select database_name from duckdb_databases()").fetchall()}
+
+    for name in ("eve", "fay"):
+        with votes_store.connect(votes_db(lake), lake_db=lake / "bridge.duckdb") as con:
+            assert con.execute("select count(*) from debate_labels").fetchone()[0] == debated > 0
+            in_use = {row[0] for row in con.execute("select database_name from duckdb_databases()").fetchall()}
+            assert {ducklake.ALIAS, votes_store.VOTES} <= in_use  # the lake's own instance
+            add_annotator(con, name)  # written to the votes store, not the lake
+        assert votes_store.VOTES not in attached()
+    with pytest.raises(duckdb.Error):
+        with votes_store.connect(votes_db(lake), lake_db=lake / "bridge.duckdb") as con:
+            con.execute("begin transaction")
+            con.execute("select * from no_such_table")
+    assert votes_store.VOTES not in attached()
+    with store.connect() as con:
+        in_lake = {row[0] for row in con.execute(
+            "select table_name from duckdb_tables() where database_name = current_database()").fetchall()}
+    assert "debate_labels" in in_lake and not in_lake & HUMAN_TABLES
+    with duckdb.connect(str(votes_db(lake)), read_only=True) as con:
+        assert con.execute("select annotator_id from annotators order by 1").fetchall() == [("eve",), ("fay",)]

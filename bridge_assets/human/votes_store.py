@@ -18,12 +18,13 @@ token hashes kept, and drops them from the lake (`migrate`).
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import duckdb
 
-from bridge_assets import store
+from bridge_assets import ducklake, store
 from bridge_assets.human.tables import HUMAN_VOTES, SCHEMA, ensure_schema
 
 HUMAN_TABLES = ("annotators", "annotation_assignments", "human_votes")
@@ -135,15 +136,45 @@ def prepare(lake_db: Path, votes_db: Path, *, wait_seconds: float = store.LOCK_W
 def connect(votes_db: Path, *, lake_db: Path | None = None,
             wait_seconds: float = store.LOCK_WAIT_SECONDS) -> Iterator[duckdb.DuckDBPyConnection]:
     """A short connection to the votes store (read-write; call prepare() once first). With
-    `lake_db` (once the pipeline's store exists), the pipeline's tables are readable too, by their plain
-    names: bridge.duckdb attached read-only. Waits at most `wait_seconds` for either file's
-    lock, then raises store.StoreBusy."""
+    `lake_db` (once the pipeline's store exists), the pipeline's tables are readable too, by
+    their plain names: bridge.duckdb attached read-only, or the votes store attached beside
+    the process's DuckLake. Waits at most `wait_seconds` for either file's lock, then raises
+    store.StoreBusy."""
+    config = store.lake_config(Path(lake_db)) if lake_db is not None else None
+    if config is not None and config.exists():
+        with _beside_the_lake(votes_db, config, wait_seconds) as con:
+            yield con
+        return
     with store.connect(votes_db, wait_seconds=wait_seconds) as con:
         if lake_db is not None and store.exists(Path(lake_db)):
             store.attach(con, Path(lake_db), PIPELINE, wait_seconds=wait_seconds)
             name = con.execute("select current_database()").fetchone()[0]
             con.execute(f"set search_path = '{_ident(name)}.main,{PIPELINE}.main'")
         yield con
+
+
+# One call at a time per process: an instance attaches a file once.
+_BESIDE_THE_LAKE = threading.Lock()
+
+
+@contextlib.contextmanager
+def _beside_the_lake(votes_db: Path, config: ducklake.DuckLakeConfig,
+                     wait_seconds: float) -> Iterator[duckdb.DuckDBPyConnection]:
+    """On DuckLake: a cursor of this process's DuckLake instance with the votes store attached
+    (read-write, in use, for this call only). Loading the DuckLake extensions into a fresh
+    connection costs ~0.2 s (their signature checks), which every page of the annotation app
+    would pay; the instance has them loaded once."""
+    with _BESIDE_THE_LAKE, ducklake.connect(config) as con:
+        store.attach(con, Path(votes_db), VOTES, read_only=False, wait_seconds=wait_seconds)
+        try:
+            con.execute(f"use {VOTES}")
+            con.execute(f"set search_path = '{VOTES}.main,{ducklake.ALIAS}.main'")
+            yield con
+        finally:
+            with contextlib.suppress(duckdb.Error):
+                con.execute("rollback")  # a transaction the caller left open (none: an error, ignored)
+            con.execute(f'use "{ducklake.ALIAS}"')
+            con.execute(f"detach {VOTES}")
 
 
 def copy_votes(con: duckdb.DuckDBPyConnection, dataset: str | None, *, lake_db: Path, votes_db: Path,
@@ -155,6 +186,12 @@ def copy_votes(con: duckdb.DuckDBPyConnection, dataset: str | None, *, lake_db: 
     if not Path(votes_db).exists():
         with store.connect(votes_db, wait_seconds=wait_seconds) as votes:
             ensure_schema(votes)
+    with _BESIDE_THE_LAKE:  # `con` may be a cursor of the process's DuckLake instance
+        _copy_attached(con, dataset, votes_db, wait_seconds)
+
+
+def _copy_attached(con: duckdb.DuckDBPyConnection, dataset: str | None, votes_db: Path,
+                   wait_seconds: float) -> None:
     store.attach(con, Path(votes_db), VOTES, wait_seconds=wait_seconds)
     try:
         if con.execute("select count(*) from duckdb_tables() where database_name = ? "
