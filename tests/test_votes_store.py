@@ -102,6 +102,46 @@ def test_a_vote_never_waits_on_a_pipeline_write_and_lands_in_the_votes_store(duc
     assert HUMAN_TABLES <= tables(votes_db(lake))
 
 
+# Writes a DuckLake partition from another process and keeps its transaction open (the rows
+# written, nothing committed) until a line arrives on its stdin; then commits.
+WRITING = textwrap.dedent("""
+    import sys
+    import polars as pl
+    from bridge_assets import store
+    with store.connect() as con:
+        con.execute("begin transaction")
+        store.replace_partition(con, "corpus", pl.DataFrame({"dataset": ["other"], "doc_id": ["x"],
+                                                             "title": [""], "text": ["x"]}), {"dataset": "other"})
+        print("writing", flush=True)
+        sys.stdin.readline()
+        con.execute("commit")
+""")
+
+
+def test_on_ducklake_a_page_and_a_vote_are_served_while_a_pipeline_write_is_open(lake, token, monkeypatch):
+    """The default storage has no lock for the app to wait on: a page and a vote while another
+    process holds a write transaction open on the lake."""
+    monkeypatch.setenv("BRIDGE_STORAGE", "ducklake")
+    client = make_client(lake, busy_seconds=0.5)
+    login(client, token)
+    writer = subprocess.Popen([sys.executable, "-c", WRITING], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env={**os.environ, "BRIDGE_DATA_LAKE": str(lake)})
+    try:
+        assert writer.stdout.readline().strip() == "writing"
+        page = client.get("/annotate")
+        assert page.status_code == 200
+        voted = client.post("/annotate", data={"csrf_token": csrf_of(page.text), "label": "1",
+                                               "assignment_id": assignment_of(page.text),
+                                               "comment": "while the lake is written"})
+        assert voted.status_code == 303 and client.get("/annotate").status_code == 200
+    finally:
+        writer.communicate("\n", timeout=60)
+    assert writer.returncode == 0
+    assert [v[1:] for v in stored_votes(lake)] == [("ann", *ESCALATED[0], 1, "while the lake is written")]
+    with store.connect() as con:  # the writer's commit went through after the app's reads
+        assert con.execute("select count(*) from corpus where dataset = 'other'").fetchone()[0] == 1
+
+
 def kept_form(page: str) -> dict[str, str]:
     comment = re.search(r'<textarea name="comment"[^>]*>(.*?)</textarea>', page, re.S).group(1)
     chosen = re.findall(r'<button type="submit" name="label" value="(\d)"\s+class="[^"]*"\s+'
