@@ -87,7 +87,7 @@ def _label_keys():
     import dagster as dg
 
     from bridge_assets.definitions import defs
-    from bridge_assets.labeling.definitions import GROUP
+    from bridge_assets.labeling.assets import GROUP
 
     graph = defs.resolve_asset_graph()
     return sorted(dg.AssetSelection.groups(GROUP).resolve(graph), key=lambda k: k.to_user_string())
@@ -175,6 +175,8 @@ class TreeMonitor(threading.Thread):
         self.root = psutil.Process(pid)
         self.peaks: dict[int, int] = {}
         self.names: dict[int, str] = {}
+        self.finished = 0  # runs the driver has reported done (set by the parent)
+        self.run_of: dict[int, int] = {}  # pid -> index of the run in progress when it appeared
         self.peak_sum = 0
         self.peak_sum_count = 0
         self.stopping = threading.Event()
@@ -211,6 +213,7 @@ class TreeMonitor(threading.Thread):
             total += rss
             if proc.pid not in self.names:
                 self.names[proc.pid] = self._label(proc)
+                self.run_of[proc.pid] = self.finished
             self.peaks[proc.pid] = max(self.peaks.get(proc.pid, 0), rss)
         if total > self.peak_sum:
             self.peak_sum, self.peak_sum_count = total, alive
@@ -247,14 +250,20 @@ def bench(executor: str, args, root: Path) -> dict:
                                   stderr=subprocess.PIPE, text=True)
         monitor = TreeMonitor(driver.pid)
         monitor.start()
+        runs: list[str] = []  # the driver's runs, in the order they finished
         for line in driver.stderr:  # the driver's own progress lines; Dagster's log goes to the file
             if line.startswith(PROGRESS):
                 print("  " + line[len(PROGRESS):], end="", file=sys.stderr, flush=True)
+                runs.append(line[len(PROGRESS):].split("  ")[0].strip())
+                monitor.finished = len(runs)
             else:
                 log_file.write(line)
         driver.wait()
         monitor.stop()
     wall = time.monotonic() - started
+    for pid, index in monitor.run_of.items():  # a step's process, named after its run
+        if pid != driver.pid and index < len(runs):
+            monitor.names[pid] = f"{monitor.names[pid]} ({runs[index]})"
     top = sorted(monitor.peaks.items(), key=lambda item: -item[1])[:6]
     print("  largest processes (peak RSS): " + ", ".join(
         f"{monitor.names.get(pid, '?')} {rss / MIB:.0f} MiB" for pid, rss in top), file=sys.stderr, flush=True)
