@@ -328,3 +328,14 @@ def test_on_ducklake_the_votes_store_is_attached_beside_the_lake_for_one_call_on
     assert "debate_labels" in in_lake and not in_lake & HUMAN_TABLES
     with duckdb.connect(str(votes_db(lake)), read_only=True) as con:
         assert con.execute("select annotator_id from annotators order by 1").fetchall() == [("eve",), ("fay",)]
+
+
+def test_an_old_duckdb_lake_under_the_ducklake_default_is_refused_with_what_to_do(data_lake, monkeypatch):
+    """Its votes are in bridge.duckdb, which the DuckLake default does not read: `bridge annotate`
+    says to run `bridge lake migrate` (it moves the votes first) instead of starting empty."""
+    monkeypatch.setenv("BRIDGE_STORAGE", "duckdb")
+    write_old_lake(data_lake)
+    monkeypatch.setenv("BRIDGE_STORAGE", "ducklake")
+    refused = CliRunner().invoke(cli.app, ["migrate"])
+    assert refused.exit_code == 2 and "bridge lake migrate" in refused.output
+    assert not votes_db(data_lake).exists() and HUMAN_TABLES <= tables(data_lake / "bridge.duckdb")

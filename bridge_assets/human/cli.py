@@ -10,6 +10,7 @@ from pathlib import Path
 
 import typer
 
+from bridge_assets import store
 from bridge_assets.cli_errors import fail as _fail
 
 app = typer.Typer(help="Human annotation of escalated pairs (the annotation web app and its votes).",
@@ -26,7 +27,7 @@ def _votes(lake: bool = False) -> Iterator:
     where = DuckDBStore()
     try:
         moved = votes_store.prepare(where.path, where.votes_path)
-    except votes_store.VotesConflict as exc:
+    except (votes_store.VotesConflict, store.StoreMismatch) as exc:
         _fail(str(exc))
     if moved:
         typer.secho(f"moved {moved} votes from {where.path} to the votes store {where.votes_path}",
@@ -84,7 +85,7 @@ def serve(
                 fg="cyan", err=True)
     try:
         app_ = create_app(settings)
-    except VotesConflict as exc:
+    except (VotesConflict, store.StoreMismatch) as exc:
         _fail(str(exc))
     uvicorn.run(app_, host=host, port=port, log_level="info")
 
@@ -120,7 +121,7 @@ def migrate() -> None:
     where = DuckDBStore()
     try:
         moved = votes_store.prepare(where.path, where.votes_path)
-    except votes_store.VotesConflict as exc:
+    except (votes_store.VotesConflict, store.StoreMismatch) as exc:
         _fail(str(exc))
     typer.echo(f"moved {moved} votes from {where.path} to {where.votes_path}" if moved
                else f"votes store: {where.votes_path} (nothing to move)")

@@ -125,7 +125,10 @@ def migrate(lake_db: Path, votes_db: Path, *, wait_seconds: float = store.LOCK_W
 
 
 def prepare(lake_db: Path, votes_db: Path, *, wait_seconds: float = store.LOCK_WAIT_SECONDS) -> int:
-    """Before first use: move an old lake's votes in, and create the votes store's tables."""
+    """Before first use: move an old lake's votes in, and create the votes store's tables.
+    A lake folder kept in the other storage than the one in force raises store.StoreMismatch
+    (an old bridge.duckdb under the DuckLake default: `bridge lake migrate` moves its votes)."""
+    store.check(Path(lake_db))
     moved = migrate(lake_db, votes_db, wait_seconds=wait_seconds)
     with store.connect(votes_db, wait_seconds=wait_seconds) as votes:
         ensure_schema(votes)
