@@ -127,7 +127,8 @@ def test_retrieval_run_asset_writes_the_partition_and_passes_its_check(data_lake
         assert materialization.metadata["config_hash"].value == load_registry().config_hash("bm25", 10)
 
     run = store.read_frame("select * from retrieval_run")
-    assert set(run.columns) == {"dataset", "retriever", "query_id", "doc_id", "rank", "score", "config_hash"}
+    assert set(run.columns) == {"dataset", "retriever", "query_id", "doc_id", "rank", "score", "config_hash",
+                                "inputs_hash"}
     assert run.group_by("query_id").agg(pl.col("rank").sort())["rank"].to_list() == [list(range(1, 11))] * 12
     path, rows = export_trec_run("demo", "bm25", tmp_path / "demo.bm25.trec")
     assert rows == 120 and read_trec(path).height == 120
@@ -135,11 +136,38 @@ def test_retrieval_run_asset_writes_the_partition_and_passes_its_check(data_lake
 
     # a run with a repeated rank and an unknown document fails the check
     with store.connect() as con:
-        con.execute("insert into retrieval_run values ('demo', 'bm25', 'q01', 'no-such-doc', 1, 0.5, 'x')")
+        con.execute("insert into retrieval_run values ('demo', 'bm25', 'q01', 'no-such-doc', 1, 0.5, 'x', 'y')")
     outcome = retrieval_run_is_valid(store=DuckDBStore(data_lake=str(data_lake)))
     assert outcome.passed is False
     failed = " ".join(outcome.metadata)
     assert "doc_known" in failed and "rank" in failed
+
+
+def test_a_reranker_partition_reads_its_first_stage_from_the_lake_when_current(registry_file, data_lake):
+    """minilm_rerank_bm25 at depth 10 (= bm25's stored k): the bm25 partition's rows are reused,
+    so the re-ranker's process needs no JVM; a changed query set makes it run bm25 again."""
+    registry_file.write_text(registry_file.read_text().replace(
+        "first_stage: bm25\n    model: all-minilm-l6-v2\n",
+        "first_stage: bm25\n    model: all-minilm-l6-v2\n    parameters: {depth: 10}\n"))
+    resources = {"store": DuckDBStore(data_lake=str(data_lake)), "llm": LLMResource(data_lake=str(data_lake))}
+
+    def materialize(instance, retriever):
+        key = dg.MultiPartitionKey({"dataset": "demo", "retriever": retriever})
+        result = dg.materialize([retrieval_run], partition_key=key, instance=instance, resources=resources)
+        return result.asset_materializations_for_node("retrieval_run")[0].metadata["details"].value
+
+    with dg.instance_for_test() as instance:
+        dg.materialize([ingest_dataset], partition_key="demo", instance=instance, resources=resources)
+        instance.add_dynamic_partitions("retriever", ["bm25", "minilm_rerank_bm25"])
+        assert materialize(instance, "minilm_rerank_bm25")["first_stage"]["bm25"]["stored_run_reused"] is False
+        materialize(instance, "bm25")
+        details = materialize(instance, "minilm_rerank_bm25")
+        assert details["first_stage"] == {"bm25": {"depth": 10, "stored_run_reused": True}}
+        assert "indexes" not in details or "bm25-lucene" not in details["indexes"]  # no Lucene opened
+
+        with store.connect() as con:  # the queries changed since bm25 ran: its run is not current
+            con.execute("update queries set text = text || ' ?' where query_id = 'q01'")
+        assert materialize(instance, "minilm_rerank_bm25")["first_stage"]["bm25"]["stored_run_reused"] is False
 
 
 def test_rebenchmark_schedule_requests_every_partition(registry_file):

@@ -102,6 +102,50 @@ def test_reranker_only_reorders_its_first_stage(demo_slice, lake, registry, dept
         first.filter(pl.col("rank") <= 10).select("query_id", "doc_id", "rank"))  # it did reorder
 
 
+def _stored(result, run=None):
+    """What the retrieval_run asset hands a re-ranker: a system's stored rows with what made them."""
+    return (run if run is not None else result.run).with_columns(
+        config_hash=pl.lit(result.config_hash), inputs_hash=pl.lit(result.inputs_hash))
+
+
+def test_reranker_takes_a_current_stored_first_stage_and_reruns_a_stale_one(demo_slice, lake, registry):
+    corpus, queries = demo_slice
+    depth = registry.defaults.k  # the first stage's stored run (its default k) is deep enough
+    spec = registry.system("minilm_rerank_bm25")
+    registry = registry.model_copy(update={"systems": {**registry.systems, "minilm_rerank_bm25": spec.model_copy(
+        update={"parameters": {"depth": depth}})}})
+    first = run_retriever("demo", "bm25", corpus, queries, registry=registry, lake=lake)
+    fresh = run_retriever("demo", "minilm_rerank_bm25", corpus, queries, registry=registry, lake=lake)
+    assert fresh.metadata["first_stage"] == {"bm25": {"depth": depth, "stored_run_reused": False}}
+
+    reused = run_retriever("demo", "minilm_rerank_bm25", corpus, queries, registry=registry, lake=lake,
+                           stored_run=lambda system: _stored(first) if system == "bm25" else None)
+    assert reused.metadata["first_stage"]["bm25"]["stored_run_reused"] is True
+    assert reused.run.equals(fresh.run)
+
+    # proof the rows came from the store: a document planted in the stored run is re-ranked
+    q01 = queries["query_id"][0]
+    outside = corpus.filter(~pl.col("doc_id").is_in(first.run.filter(pl.col("query_id") == q01)["doc_id"]
+                                                        .to_list()))["doc_id"][0]
+    planted = first.run.with_columns(doc_id=pl.when((pl.col("query_id") == q01) & (pl.col("rank") == 1))
+                                     .then(pl.lit(outside)).otherwise(pl.col("doc_id")))
+    taken = run_retriever("demo", "minilm_rerank_bm25", corpus, queries, registry=registry, lake=lake,
+                          stored_run=lambda system: _stored(first, planted))
+    assert outside in taken.run.filter(pl.col("query_id") == q01)["doc_id"].to_list()
+
+    # made from other queries, by another configuration, or too shallow: run again
+    other_queries = queries.with_columns(text=pl.col("text") + " ?")
+    stale = [_stored(first).with_columns(inputs_hash=pl.lit(run_retriever(
+                 "demo", "bm25", corpus, other_queries, registry=registry, lake=lake).inputs_hash)),
+             _stored(first).with_columns(config_hash=pl.lit(registry.config_hash("bm25", 5))),
+             _stored(run_retriever("demo", "bm25", corpus, queries, k=3, registry=registry, lake=lake))]
+    for rows in stale:
+        again = run_retriever("demo", "minilm_rerank_bm25", corpus, queries, registry=registry, lake=lake,
+                              stored_run=lambda system, rows=rows: rows)
+        assert again.metadata["first_stage"]["bm25"]["stored_run_reused"] is False
+        assert again.run.equals(fresh.run)
+
+
 def test_every_fast_offline_system_ranks_1_to_k_on_the_demo_slice(demo_slice, lake, registry):
     corpus, queries = demo_slice
     for name in registry.profile_systems("offline_fast"):

@@ -21,9 +21,9 @@ from bridge_assets.resources import DuckDBStore
 from bridge_assets.retrieval.errors import RetrievalError
 from bridge_assets.retrieval.registry import load_registry
 from bridge_assets.retrieval.runs import rank_problems
-from bridge_assets.retrieval.systems import run_retriever
+from bridge_assets.retrieval.systems import STORED_COLUMNS, run_retriever
 
-RUN_COLUMNS = ["dataset", "retriever", "query_id", "doc_id", "rank", "score", "config_hash"]
+RUN_COLUMNS = ["dataset", "retriever", "query_id", "doc_id", "rank", "score", "config_hash", "inputs_hash"]
 
 
 class RetrievalRunConfig(dg.Config):
@@ -55,15 +55,26 @@ def retrieval_run(context: dg.AssetExecutionContext, config: RetrievalRunConfig,
     queries = store.read("select query_id, text from queries where dataset = ? order by query_id", [dataset])
     if queries.is_empty():
         raise RetrievalError(f"{dataset}: no queries; materialize `queries` first")
+    def stored_run(system: str) -> pl.DataFrame:
+        """The lake's run of `system` on this dataset (none from before runs recorded their inputs)."""
+        with store.connect() as con:
+            found = con.execute("select count(*) from information_schema.columns where "
+                                "table_name = 'retrieval_run' and column_name = 'inputs_hash'").fetchone()[0]
+            if not found:
+                return pl.DataFrame(schema=dict.fromkeys(STORED_COLUMNS, pl.String))
+            return con.execute(f"select {', '.join(STORED_COLUMNS)} from retrieval_run where dataset = ? "
+                               "and retriever = ?", [dataset, system]).pl()
+
     started = time.monotonic()
     result = run_retriever(dataset, retriever, corpus, queries, k=config.k or None, registry=registry,
                            lake=store.path.parent, llm_client=llm.client, llm_context=context.run_id,
-                           progress=context.log.info)
+                           progress=context.log.info, stored_run=stored_run)
     problems = rank_problems(result.run, result.metadata["k"])
     if problems:  # never store a run that breaks the contract downstream relies on
         raise RetrievalError(f"{retriever} on {dataset}: " + "; ".join(problems))
     frame = result.run.with_columns(dataset=pl.lit(dataset), retriever=pl.lit(retriever),
-                                    config_hash=pl.lit(result.config_hash)).select(RUN_COLUMNS)
+                                    config_hash=pl.lit(result.config_hash),
+                                    inputs_hash=pl.lit(result.inputs_hash)).select(RUN_COLUMNS)
     store.write_partitions({"retrieval_run": frame}, dataset=dataset, retriever=retriever)
     llm_stats = {name: stats.as_metadata() for name, stats in llm.stats().items()}
     spec = registry.system(retriever)

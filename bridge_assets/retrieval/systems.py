@@ -3,11 +3,15 @@
 Plain functions, no Dagster: the `retrieval_run` asset, the CLI, the benchmark script and the
 tests all call `run_retriever`. Systems compose: a re-ranker runs its first stage to the
 re-rank depth, a fusion runs its inputs, a rewrite runs its first stage on rewritten queries.
-Indexes and embeddings come from the per-(dataset, encoder) cache (see cache.py).
+Indexes and embeddings come from the per-(dataset, encoder) cache (see cache.py). Where the
+caller can read stored runs (the `retrieval_run` asset), a re-ranker takes its first stage's
+stored run when the current configuration made it from the same corpus and queries, instead of
+running that stage (and loading its models) again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from collections.abc import Callable
@@ -42,6 +46,7 @@ class RunContext:
     llm_client: Callable[[str], Any] | None = None              # profile -> LLMClient
     llm_context: str | None = None                              # recorded with new LLM calls
     metadata: dict[str, Any] = field(default_factory=dict)      # indexes built/reused, LLM counts
+    stored_run: Callable[[str], pl.DataFrame] | None = None     # system -> its stored rows (STORED_COLUMNS)
 
     @cached_property
     def corpus_hash(self) -> str:
@@ -62,6 +67,37 @@ class RunContext:
         meta = cache.read_meta(folder)
         self.metadata.setdefault("indexes", {})[family] = {
             "path": str(folder), "built_now": built, "build_seconds": meta.get("build_seconds")}
+
+
+def inputs_fingerprint(corpus_hash: str, queries: pl.DataFrame) -> str:
+    """What a run was computed from besides its configuration: the corpus and the queries."""
+    digest = hashlib.sha256(corpus_hash.encode())
+    for query_id, text in queries.select("query_id", "text").sort("query_id").iter_rows():
+        digest.update(f"\x00{query_id}\x01{text}".encode())
+    return digest.hexdigest()[:16]
+
+
+# What `RunContext.stored_run` returns for a system: its stored run with what made it.
+STORED_COLUMNS = ["query_id", "doc_id", "rank", "score", "config_hash", "inputs_hash"]
+
+
+def stored_first_stage(ctx: RunContext, system: str, queries: pl.DataFrame, depth: int) -> pl.DataFrame | None:
+    """`system`'s stored run cut to `depth`, when its current configuration made it, from these
+    corpus and queries, at least that deep (its k is the system's default or its deepest rank);
+    None otherwise. Equal to running it again, up to ties at the cut-off."""
+    if ctx.stored_run is None:
+        return None
+    rows = ctx.stored_run(system)
+    made_by = rows.select("config_hash", "inputs_hash").unique()
+    if rows.is_empty() or made_by.height != 1:
+        return None
+    config_hash, inputs_hash = made_by.row(0)
+    if inputs_hash != inputs_fingerprint(ctx.corpus_hash, queries):
+        return None
+    ks = {ctx.registry.system_k(system), int(rows["rank"].max())}
+    if not any(k >= depth and ctx.registry.config_hash(system, k) == config_hash for k in ks):
+        return None
+    return rows.filter(pl.col("rank") <= depth).select(RUN_SCHEMA.keys()).cast(RUN_SCHEMA)
 
 
 def _bm25(ctx: RunContext, spec: SystemSpec, queries: pl.DataFrame, k: int) -> pl.DataFrame:
@@ -126,7 +162,13 @@ def _fusion(ctx: RunContext, spec: SystemSpec, queries: pl.DataFrame, k: int) ->
 def _rerank(ctx: RunContext, spec: SystemSpec, queries: pl.DataFrame, k: int) -> pl.DataFrame:
     params = spec.params()
     depth = params.depth or ctx.registry.defaults.rerank_depth
-    first = retrieve(ctx, spec.first_stage, queries, depth)
+    first = stored_first_stage(ctx, spec.first_stage, queries, depth)
+    ctx.metadata.setdefault("first_stage", {})[spec.first_stage] = {
+        "depth": depth, "stored_run_reused": first is not None}
+    if first is None:
+        first = retrieve(ctx, spec.first_stage, queries, depth)
+    else:
+        ctx.progress(f"{spec.first_stage}: its stored run is current, top-{depth} taken from it")
     query_texts = dict(zip(queries["query_id"].to_list(), queries["text"].to_list()))
     if spec.llm:
         from bridge_assets.retrieval.llm_systems import llm_rerank
@@ -145,9 +187,8 @@ def _rerank(ctx: RunContext, spec: SystemSpec, queries: pl.DataFrame, k: int) ->
         embedded, encoder = embeddings(ctx, spec.model, spec.name)
         vectors = encoder.encode_queries(queries["text"].to_list(), ctx.registry.defaults.batch_size)
         row_of = {q: i for i, q in enumerate(queries["query_id"].to_list())}
-        docs = np.asarray(embedded.matrix)[embedded.positions(first["doc_id"].to_list())]
-        qs = vectors[[row_of[q] for q in first["query_id"].to_list()]]
-        scores = np.einsum("nd,nd->n", qs, docs)
+        scores = dense.pair_scores(embedded, embedded.positions(first["doc_id"].to_list()), vectors,
+                                   np.array([row_of[q] for q in first["query_id"].to_list()]))
     return top_k(first.with_columns(score=pl.Series(scores, dtype=pl.Float64)), k)
 
 
@@ -197,25 +238,31 @@ def retrieve(ctx: RunContext, system: str, queries: pl.DataFrame, k: int) -> pl.
 class RunResult:
     run: pl.DataFrame            # query_id, doc_id, rank, score
     config_hash: str
+    inputs_hash: str             # inputs_fingerprint of the corpus and queries
     metadata: dict[str, Any]
 
 
 def run_retriever(dataset: str, system: str, corpus: pl.DataFrame, queries: pl.DataFrame, *,
                   k: int | None = None, registry: RetrieverRegistry | None = None, lake: Path | None = None,
                   llm_client: Callable[[str], Any] | None = None, llm_context: str | None = None,
-                  progress: Callable[[str], None] = log.info) -> RunResult:
+                  progress: Callable[[str], None] = log.info,
+                  stored_run: Callable[[str], pl.DataFrame] | None = None) -> RunResult:
     """Run `system` on `dataset`'s queries over its corpus; the top-k per query and provenance.
 
     corpus: doc_id, title, text; queries: query_id, text. k defaults to the system's (`system_k`).
+    stored_run(system) -> that system's stored rows (STORED_COLUMNS), empty if none: re-rankers
+    reuse a current first stage from it.
     """
     registry = registry or load_registry()
     k = k or registry.system_k(system)
     if corpus.is_empty():
         raise RetrievalError(f"{dataset}: the corpus is empty; materialize `corpus` first")
-    ctx = RunContext(dataset, corpus, registry, lake, progress, llm_client, llm_context)
+    ctx = RunContext(dataset, corpus, registry, lake, progress, llm_client, llm_context, stored_run=stored_run)
+    queries = queries.select("query_id", "text")
     started = time.perf_counter()
-    run = retrieve(ctx, system, queries.select("query_id", "text"), k)
+    run = retrieve(ctx, system, queries, k)
     seconds = time.perf_counter() - started
     ctx.metadata.update({"queries": queries.height, "rows": run.height, "k": k, "seconds": round(seconds, 3),
                          "queries_per_second": round(queries.height / max(seconds, 1e-9), 2)})
-    return RunResult(run, registry.config_hash(system, k), ctx.metadata)
+    return RunResult(run, registry.config_hash(system, k), inputs_fingerprint(ctx.corpus_hash, queries),
+                     ctx.metadata)
