@@ -71,15 +71,21 @@ def test_greedy_log_probs_equal_llama_cpps_own_without_logits_all(small_model):
     log-probabilities (which need logits_all there)."""
     from bridge_assets.llm.backends import LlamaCppBackend, _greedy_with_logprobs, chat_messages
 
-    backend = LlamaCppBackend(get_profile("qwen-0.5b"))
+    from llama_cpp import Llama
+
+    profile = get_profile("qwen-0.5b")
+    backend = LlamaCppBackend(profile)
     client = LLMClient("qwen-0.5b")
+    # the reference outside the backend's cache, which keeps one model resident at a time
+    reference_model = Llama(model_path=str(small_model.path), n_ctx=profile.context_size, n_threads=2,
+                            logits_all=True, verbose=False)
     questions = ["Is Paris the capital of France?", "Is Lyon the capital of France?"]
     for question in questions:
         request = client.request([("system", "Answer with one word: yes or no, then say why."),
                                   ("user", question)], max_tokens=4, top_logprobs=5)
         # from an empty KV cache on both sides: a reused prefix (either implementation) moves
         # the low digits (measured here: up to 0.04 on the runner-up log-probs)
-        fast_model, reference_model = backend._model(logits_all=False), backend._model(logits_all=True)
+        fast_model = backend._model(logits_all=False)
         fast_model.reset()
         reference_model.reset()
         fast_text, fast, tokens_in, tokens_out = _greedy_with_logprobs(fast_model, request)
@@ -94,6 +100,7 @@ def test_greedy_log_probs_equal_llama_cpps_own_without_logits_all(small_model):
             assert ours.logprob == pytest.approx(theirs["logprob"], abs=1e-3)
             expected = {alt["token"]: float(alt["logprob"]) for alt in theirs["top_logprobs"]}
             assert ours.top == pytest.approx(expected, abs=1e-3)
+    reference_model.close()
 
 
 @pytest.fixture
@@ -133,6 +140,20 @@ def test_a_prompt_longer_than_the_context_is_a_recorded_failure(small_model):
     [result] = client.generate([client.request([("user", "word " * 800)], max_tokens=4)])
     assert not result.ok and "context window" in result.error
     assert read_calls()["error"].to_list() == [result.error]
+
+
+def test_one_llama_cpp_model_is_resident_at_a_time(small_model):
+    """Two profiles one after the other (here the same file at two context sizes): asking for
+    the second closes the first, whose memory would otherwise stay held beside it."""
+    from bridge_assets.llm import backends
+
+    short, longer = (LLMClient(get_profile("qwen-0.5b").model_copy(update={"context_size": n}))
+                     for n in (512, 1024))
+    for n, client in enumerate((short, longer, short), start=2):  # new questions: no ledger answers
+        [result] = client.generate([client.request([("system", SYSTEM), ("user", f"Is {n} + {n} = {2 * n}?")],
+                                                    max_tokens=8, json_schema=YES_NO)])
+        assert result.ok and not result.cached, result.error
+        assert [key[1] for key in backends._LLAMA_MODELS] == [client.profile.context_size]
 
 
 def test_llm_resource_inside_a_dagster_materialization(small_model):

@@ -65,6 +65,7 @@ _LLAMA_LOCK = threading.Lock()
 
 def _close_llama_models() -> None:
     for model in _LLAMA_MODELS.values():
+        _CHAT_FORMATTERS.pop(id(model), None)
         model.close()
     _LLAMA_MODELS.clear()
 
@@ -73,7 +74,13 @@ atexit.register(_close_llama_models)  # llama.cpp prints a harmless but noisy er
 
 
 def _llama(path: str, n_ctx: int, threads: int, logits_all: bool):
-    """One loaded model per (file, context, logits mode) per process, loaded on first use.
+    """The loaded model of (file, context, logits mode), loaded on first use. Call with
+    _LLAMA_LOCK held, and keep holding it while the model runs.
+
+    One model is resident per process: asking for another closes the one loaded. Requests run
+    one after another here anyway, so a second resident model only adds its memory (the 0.5B
+    beside the 1.5B took the demo past 4 GiB), while loading again from the page cache takes
+    about a second.
 
     llama-cpp-python returns log-probabilities only with `logits_all`, which makes every prompt
     token pay for the vocabulary projection and keeps an n_ctx x vocabulary score array (2.5 GB
@@ -83,6 +90,8 @@ def _llama(path: str, n_ctx: int, threads: int, logits_all: bool):
     key = (path, n_ctx, threads, logits_all)
     if key not in _LLAMA_MODELS:
         from llama_cpp import Llama
+
+        _close_llama_models()
 
         _LLAMA_MODELS[key] = Llama(model_path=path, n_ctx=n_ctx, n_threads=threads,
                                    n_threads_batch=threads, logits_all=logits_all, verbose=False)
@@ -215,12 +224,12 @@ class LlamaCppBackend:
         self.model_id = model_id(profile)
 
     def _model(self, logits_all: bool):
+        """This profile's model; call with _LLAMA_LOCK held (another profile may close it)."""
         from bridge_assets.llm.weights import provision
 
-        with _LLAMA_LOCK:
-            path = str(provision(self.profile).path)
-            threads = self.profile.threads or os.cpu_count() or 1
-            return _llama(path, self.profile.context_size, threads, logits_all)
+        path = str(provision(self.profile).path)
+        threads = self.profile.threads or os.cpu_count() or 1
+        return _llama(path, self.profile.context_size, threads, logits_all)
 
     def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
         return [self._one(request) for request in requests]
@@ -229,7 +238,6 @@ class LlamaCppBackend:
         key = call_key(self.name, self.model_id, request)
         if request.top_logprobs is not None and request.temperature == 0:
             return self._greedy_logprobs(key, request)
-        model = self._model(logits_all=request.top_logprobs is not None)
         kwargs: dict[str, Any] = dict(
             messages=chat_messages(request), max_tokens=request.max_tokens,
             temperature=request.temperature, seed=request.seed, stop=list(request.stop) or None,
@@ -240,7 +248,8 @@ class LlamaCppBackend:
             kwargs.update(logprobs=True, top_logprobs=request.top_logprobs)
         started = time.perf_counter()
         try:
-            with _LLAMA_LOCK:  # a Llama object is not thread-safe
+            with _LLAMA_LOCK:  # a Llama object is not thread-safe, and one is resident at a time
+                model = self._model(logits_all=request.top_logprobs is not None)
                 reply = model.create_chat_completion(**kwargs)
         except ValueError as exc:  # e.g. the prompt does not fit the context window
             return LLMResult(key=key, error=f"llama.cpp: {exc}",
@@ -255,11 +264,11 @@ class LlamaCppBackend:
             latency_s=time.perf_counter() - started)
 
     def _greedy_logprobs(self, key: str, request: LLMRequest) -> LLMResult:
-        model = self._model(logits_all=False)
         started = time.perf_counter()
         try:
             with _LLAMA_LOCK:
-                text, logprobs, tokens_in, tokens_out = _greedy_with_logprobs(model, request)
+                text, logprobs, tokens_in, tokens_out = _greedy_with_logprobs(self._model(logits_all=False),
+                                                                              request)
         except ValueError as exc:
             return LLMResult(key=key, error=f"llama.cpp: {exc}", latency_s=time.perf_counter() - started)
         return LLMResult(key=key, text=text, logprobs=logprobs, tokens_in=tokens_in,
