@@ -4,6 +4,9 @@ many datasets and systems in one query, rank-only runs, holes, -c/-M, refusals."
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+import textwrap
 import warnings
 
 import duckdb
@@ -272,3 +275,31 @@ def test_refusals_name_the_problem():
         compute_retrieval_metrics(con, run="twice", qrels="qrels", measures=["hole"])
     with pytest.raises(ValueError, match="cannot read 'missing_table'"):
         compute_retrieval_metrics(con, run="missing_table", qrels="qrels")
+
+
+def test_complete_on_a_few_hundred_queries_finishes():
+    """-c with every query's values on 366 queries x 100 documents, 6 judged queries unanswered:
+    DuckDB 1.5.5's join-order optimizer made this statement stall for minutes (0.3 s without
+    it). In a subprocess, so that a stall fails the test instead of hanging the suite."""
+    script = textwrap.dedent("""
+        import duckdb
+        from bridge_assets.metrics.measures import compute_measures, resolve_measures
+        con = duckdb.connect()
+        con.execute('''create table retrieval_run as
+            select 'bench' as dataset, 'sys' as retriever, printf('q%05d', q) as query_id,
+                   printf('d%05d_%03d', q, j) as doc_id, (j + 1)::integer as rank, -j::double as score
+            from range(366) t(q), range(100) s(j)''')
+        con.execute('''create table original_qrels as
+            select 'bench' as dataset, printf('q%05d', q) as query_id,
+                   printf('d%05d_%03d', q, (q * 7) % 100) as doc_id, 1 as relevance
+            from range(372) t(q)''')
+        values = compute_measures(con, resolve_measures(["official"]), complete=True, per_query=True)
+        summary = dict(values.filter(values["query_id"] == "all").select("measure", "value").iter_rows())
+        print(summary["num_q"], summary["recip_rank"])
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    num_q, recip_rank = map(float, done.stdout.split())
+    # the relevant document of query q sits at rank (7q mod 100) + 1; 6 judged queries score 0
+    expected = sum(1 / ((q * 7) % 100 + 1) for q in range(366)) / 372
+    assert num_q == 372 and recip_rank == pytest.approx(expected)
