@@ -20,9 +20,7 @@ GOLD = PROJECT_ROOT / "resources" / "goldsets" / "nq_scifact_mini" / "goldset.js
 
 
 @pytest.fixture
-def lake(data_lake, monkeypatch):
-    # The joined weights are shared by every test: the project's models folder.
-    monkeypatch.setenv("BRIDGE_MODELS_DIR", str(PROJECT_ROOT / "data_lake" / "models"))
+def lake(data_lake):
     weights.provision(get_profile("qwen-0.5b"))
     return data_lake
 

@@ -16,7 +16,6 @@ from bridge_assets.llm import LLMClient, get_profile, weights
 from bridge_assets.llm.ledger import read_calls
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.resources import DuckDBStore
-from conftest import PROJECT_ROOT
 from test_labeling_assets import metadata, write_run
 
 pytest.importorskip("llama_cpp")
@@ -25,9 +24,7 @@ PROFILE = "qwen-0.5b"
 
 
 @pytest.fixture
-def demo_lake(data_lake, monkeypatch):
-    # The joined weights are shared by every test (half a gigabyte): the project's models folder.
-    monkeypatch.setenv("BRIDGE_MODELS_DIR", str(PROJECT_ROOT / "data_lake" / "models"))
+def demo_lake(data_lake):
     weights.provision(get_profile(PROFILE))
     store = DuckDBStore(data_lake=str(data_lake))
     assert dg.materialize([ingest_assets.ingest_dataset], partition_key="demo",

@@ -16,7 +16,6 @@ from bridge_assets.paths import RESOURCES_DIR
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.retrieval.registry import append_system
 from bridge_assets.retrieval.sensors import retriever_registry_sensor, sync_partitions
-from conftest import PROJECT_ROOT
 
 pytest.importorskip("llama_cpp")
 
@@ -36,7 +35,6 @@ CONFIG = {
 @pytest.fixture
 def growth_lake(data_lake, tmp_path, monkeypatch):
     """A data lake, a Dagster instance and a registry whose profile holds BM25 only."""
-    monkeypatch.setenv("BRIDGE_MODELS_DIR", str(PROJECT_ROOT / "data_lake" / "models"))
     weights.provision(get_profile(MODEL))
     registry = yaml.safe_load((RESOURCES_DIR / "retrievers.yaml").read_text())
     bm25 = {**registry["systems"]["bm25"], "profiles": ["growth"]}
