@@ -83,6 +83,21 @@ def test_dense_run_equals_brute_force_cosine_in_numpy(demo_slice, lake, registry
         np.testing.assert_allclose(got["score"].to_numpy(), cosine[i, expected], atol=1e-5)
 
 
+def test_pair_scores_in_chunks_equal_one_gather(tmp_path, monkeypatch):
+    """A re-ranking bi-encoder scores (query, document) pairs a chunk at a time; chunks of 3 over
+    10 pairs (the last one short) give what gathering every pair at once gives."""
+    from bridge_assets.retrieval import dense
+
+    rng = np.random.default_rng(1)
+    matrix = rng.normal(size=(7, 4)).astype(np.float32)
+    embedded = dense.Embeddings(tmp_path, np.array([f"d{i}" for i in range(7)]), matrix, "dot")
+    queries = rng.normal(size=(3, 4)).astype(np.float32)
+    doc_positions, query_rows = rng.integers(0, 7, size=10), rng.integers(0, 3, size=10)
+    monkeypatch.setattr(dense, "PAIR_CHUNK", 3)
+    got = dense.pair_scores(embedded, doc_positions, queries, query_rows)
+    np.testing.assert_allclose(got, np.einsum("nd,nd->n", queries[query_rows], matrix[doc_positions]), rtol=1e-6)
+
+
 @pytest.mark.parametrize("depth", [10, 20])
 def test_reranker_only_reorders_its_first_stage(demo_slice, lake, registry, depth):
     corpus, queries = demo_slice

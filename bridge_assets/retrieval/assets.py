@@ -55,6 +55,7 @@ def retrieval_run(context: dg.AssetExecutionContext, config: RetrievalRunConfig,
     queries = store.read("select query_id, text from queries where dataset = ? order by query_id", [dataset])
     if queries.is_empty():
         raise RetrievalError(f"{dataset}: no queries; materialize `queries` first")
+
     def stored_run(system: str) -> pl.DataFrame:
         """The lake's run of `system` on this dataset (none from before runs recorded their inputs)."""
         with store.connect() as con:
