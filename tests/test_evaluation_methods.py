@@ -158,6 +158,31 @@ def test_dream_with_one_round_escalates_the_disagreements():
     assert (m.recall_relevant, m.recall_irrelevant) == (1.0, None)
 
 
+
+def test_a_prefilter_labels_what_it_drops_and_dream_debates_only_the_rest():
+    # as the pipeline's filtered_pool: the oracle filter drops a2 (its "no" is the label); its
+    # call on b2 fails, which keeps the pair (b2's debate fails too and is escalated)
+    model = OracleModel(fail={"other chunk b2"})
+    result = run("dream", model, rounds=1, prefilter=("filter-model",))
+    assert [i.detail for i in result.items] == ["consensus@1", "filtered", "consensus@1", "failed@1"]
+    assert [i.label for i in result.items] == [1, 0, 1, None]
+    assert model.calls.count(("filter-model", "filter")) == 4
+    assert len([c for c in model.calls if c[0] == "debate-model"]) == 6  # 3 kept pairs x 2 agents
+    assert result.models == ["debate-model", "prefilter:filter-model"]
+    assert result.extra["prefiltered"] == 1
+    m = result.metrics
+    assert (m.escalated, m.recall_irrelevant, m.recall_relevant, m.bacc) == (1, 1.0, 1.0, 1.0)
+    # without it, the stubborn agent A makes both irrelevant pairs disagreements
+    assert run("dream", rounds=1).metrics.escalated == 2
+
+
+def test_a_filter_no_on_a_relevant_pair_counts_against_the_method():
+    model = OracleModel(is_relevant=lambda chunk: chunk != "RELEVANT chunk b1" and "RELEVANT" in chunk)
+    result = run("judge", model, prefilter=("filter-model",))
+    b1 = next(i for i in result.items if i.id == "b1")
+    assert (b1.label, b1.escalated, b1.detail) == (0, False, "filtered")
+    assert result.metrics.recall_relevant == 0.5
+
 def test_dream_escalations_can_go_to_the_adjudicator():
     model = OracleModel()
     result = run("dream", model, rounds=1, resolve="adjudicator")

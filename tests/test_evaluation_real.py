@@ -54,11 +54,17 @@ def test_label_eval_lara_with_the_real_model_and_again_from_the_cache(lake):
 
 @pytest.mark.slow
 def test_label_eval_judge_and_dream_with_the_real_model(lake):
-    judge = label_eval("--method", "judge", "--limit", "2", "--max-tokens", "96")
+    judge = label_eval("--method", "judge", "--limit", "2", "--reason-words", "10")
     assert judge["n"] == 2 and judge["calls"] == 2 and judge["escalation_ratio"] <= 0.5
-    dream = label_eval("--method", "dream", "--limit", "2", "--rounds", "1", "--max-tokens", "96")
+    dream = label_eval("--method", "dream", "--limit", "2", "--rounds", "1", "--reason-words", "10")
     assert dream["calls"] == 4 and len(dream["stability"]) == 1
     assert dream["stability"][0]["debating"] == 2
+    # the pipeline's order: the filter first, the debate on what it keeps
+    piped = label_eval("--method", "dream", "--limit", "2", "--rounds", "1", "--reason-words", "10",
+                       "--prefilter", "qwen-0.5b")
+    assert piped["models"] == "qwen-0.5b,prefilter:qwen-0.5b"
+    kept = piped["stability"][0]["debating"]
+    assert piped["calls"] == 2 + 2 * kept and piped["new_calls"] == 2  # the debate turns are cached
 
 
 def test_label_eval_rejects_an_unknown_method():

@@ -57,6 +57,9 @@ def label_eval_command(
     budget_ratio: float = typer.Option(None, "--budget-ratio", min=0.0, max=1.0,
                                        help="dream: escalate at most this share of the pairs, least "
                                             "confident first; the others get the agents' pooled vote."),
+    prefilter: list[str] = typer.Option(None, "--prefilter", help="judge/dream: a filter profile run "
+                                        "first, as the pipeline does: a pair it says no to is labelled "
+                                        "not relevant, only the others are judged (repeatable)."),
     limit: int = typer.Option(None, "--limit", min=1, help="Only the first N triplets, classes alternating."),
     shard: str = typer.Option(None, "--shard", help="K/N: only every N-th of the (limited) triplets, "
                               "starting at the K-th (0-based). Run the N shards in parallel to fill "
@@ -82,7 +85,7 @@ def label_eval_command(
                           prompt=prompt, fewshot=fewshot, answer_first=answer_first,
                           reason_words=reason_words, evidence_check=evidence_check,
                           answer_check=answer_check, min_confidence=min_confidence,
-                          budget_ratio=budget_ratio)
+                          budget_ratio=budget_ratio, prefilter=tuple(prefilter or ()))
         triplets = stratified_head(read_goldset(gold), limit)
         if shard:
             index, count = _shard(shard)

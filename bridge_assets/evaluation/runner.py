@@ -139,35 +139,23 @@ def run_method(spec: MethodSpec, triplets: Sequence[GoldTriplet], generate: Gene
     stability: list[dict[str, Any]] = []
     scores: list[float | None] = [None] * len(triplets)
     if spec.method in ("judge", "dream"):
-        pairs = [t.pair() for t in triplets]
-        examples = fewshot_examples(spec.fewshot)
-        if spec.method == "judge":
-            outcome = run_judge(pairs, _single(spec, models), meter, temperature=spec.temperature,
-                                reason_words=spec.reason_words, examples=examples, prompts=prompts)
-        else:
-            agents = debate_agents(models, spec.agents, spec.stance_order,
-                                   template=DEBATE_TEMPLATES[spec.prompt])
-            checks = DebateChecks(
-                evidence=spec.evidence_check, answer_presence=spec.answer_check,
-                min_confidence=spec.min_confidence,
-                budget=None if spec.budget_ratio is None else escalation_count(len(pairs), spec.budget_ratio))
-            outcome = run_debate(pairs, agents, meter, rounds=spec.rounds, temperature=spec.temperature,
-                                 reason_words=spec.reason_words, examples=examples, prompts=prompts,
-                                 checks=checks, answer_first=spec.answer_first)
-            if spec.resolve == "adjudicator":
-                adjudicator = spec.adjudicator or profiles_for("adjudicator")[0]
-                outcome = adjudicate(outcome, pairs, adjudicator, meter, prompts=prompts)
-                models = [*models, f"adjudicator:{adjudicator}"]
-            stability = consensus_stability(outcome, gold)
-            extra["consensus_by_round"] = outcome.consensus_by_round()
-        labels = [label.label for label in outcome.labels]
-        escalated = [label.outcome in ("escalated", "failed") for label in outcome.labels]
-        resolved = [label.adjudicator_label for label in outcome.labels] \
-            if spec.resolve == "adjudicator" else list(gold)
-        details = [f"{label.outcome}@{label.rounds_used}"
-                   + "".join(f" {flag}" for flag in label.flags if flag not in ("failed", "disagreement"))
-                   for label in outcome.labels]
-        extra["flags"] = outcome.flag_counts()
+        kept = list(range(len(triplets)))
+        if spec.prefilter:
+            # As the pipeline does (filtered_pool before debate_labels): a pair every filter
+            # model says no to is labelled not relevant by the filter; the rest go on.
+            kept = prefilter_kept(triplets, list(spec.prefilter), meter, prompts)
+            extra["prefiltered"] = len(triplets) - len(kept)
+        labels: list[int | None] = [0] * len(triplets)
+        escalated = [False] * len(triplets)
+        resolved: list[int | None] = [None] * len(triplets)
+        details: list[str | None] = ["filtered"] * len(triplets)
+        judged = _judge_or_debate(spec, [triplets[i] for i in kept], models, meter, prompts,
+                                  profiles_for, extra)
+        for i, label, escalation, resolution, detail in zip(kept, *judged.columns(), strict=True):
+            labels[i], escalated[i], resolved[i], details[i] = label, escalation, resolution, detail
+        models = [*models, *(f"prefilter:{name}" for name in spec.prefilter),
+                  *([f"adjudicator:{judged.adjudicator}"] if judged.adjudicator else [])]
+        stability = judged.stability
     elif spec.method == "filter":
         votes = run_filter([t.pair() for t in triplets], [_single(spec, models)], meter, prompts=prompts)
         labels = [None if v.is_supported is None else int(v.is_supported) for v in votes]
@@ -206,6 +194,68 @@ def run_method(spec: MethodSpec, triplets: Sequence[GoldTriplet], generate: Gene
                               escalated, [r if e else None for r, e in zip(resolved, escalated)])
     return MethodResult(spec, models, items, metrics, meter.cost(time.perf_counter() - started),
                         extra, stability)
+
+
+def prefilter_kept(triplets: Sequence[GoldTriplet], filter_models: list[str], generate: Generate,
+                   prompts: Prompts) -> list[int]:
+    """Indices of the triplets the filter keeps: dropped only when every model says no (a
+    failed vote keeps the pair), as sql/filtered_pool.sql decides."""
+    votes = run_filter([t.pair() for t in triplets], filter_models, generate, prompts=prompts)
+    n = len(triplets)
+    return [i for i in range(n)
+            if any(votes[k * n + i].is_supported is not False for k in range(len(filter_models)))]
+
+
+@dataclass
+class _Judged:
+    """A judge's or a debate's outcome on the triplets it was given, in their order."""
+
+    labels: list[int | None]
+    escalated: list[bool]
+    resolved: list[int | None]
+    details: list[str | None]
+    stability: list[dict[str, Any]]
+    adjudicator: str = ""
+
+    def columns(self) -> tuple[list, ...]:
+        return self.labels, self.escalated, self.resolved, self.details
+
+
+def _judge_or_debate(spec: MethodSpec, triplets: Sequence[GoldTriplet], models: list[str],
+                     meter: CostMeter, prompts: Prompts, profiles_for: ProfilesFor,
+                     extra: dict[str, Any]) -> _Judged:
+    pairs = [t.pair() for t in triplets]
+    gold = [t.label for t in triplets]
+    examples = fewshot_examples(spec.fewshot)
+    stability: list[dict[str, Any]] = []
+    adjudicator = ""
+    if spec.method == "judge":
+        outcome = run_judge(pairs, _single(spec, models), meter, temperature=spec.temperature,
+                            reason_words=spec.reason_words, examples=examples, prompts=prompts)
+    else:
+        agents = debate_agents(models, spec.agents, spec.stance_order,
+                               template=DEBATE_TEMPLATES[spec.prompt])
+        checks = DebateChecks(
+            evidence=spec.evidence_check, answer_presence=spec.answer_check,
+            min_confidence=spec.min_confidence,
+            budget=None if spec.budget_ratio is None else escalation_count(len(pairs), spec.budget_ratio))
+        outcome = run_debate(pairs, agents, meter, rounds=spec.rounds, temperature=spec.temperature,
+                             reason_words=spec.reason_words, examples=examples, prompts=prompts,
+                             checks=checks, answer_first=spec.answer_first)
+        if spec.resolve == "adjudicator":
+            adjudicator = spec.adjudicator or profiles_for("adjudicator")[0]
+            outcome = adjudicate(outcome, pairs, adjudicator, meter, prompts=prompts)
+        stability = consensus_stability(outcome, gold)
+        extra["consensus_by_round"] = outcome.consensus_by_round()
+    labels = [label.label for label in outcome.labels]
+    escalated = [label.outcome in ("escalated", "failed") for label in outcome.labels]
+    resolved = [label.adjudicator_label for label in outcome.labels] \
+        if spec.resolve == "adjudicator" else list(gold)
+    details = [f"{label.outcome}@{label.rounds_used}"
+               + "".join(f" {flag}" for flag in label.flags if flag not in ("failed", "disagreement"))
+               for label in outcome.labels]
+    extra["flags"] = outcome.flag_counts()
+    return _Judged(labels, escalated, resolved, details, stability, adjudicator)
 
 
 def consensus_stability(outcome: DebateOutcome, gold: Sequence[int]) -> list[dict[str, Any]]:
