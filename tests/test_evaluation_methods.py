@@ -158,7 +158,6 @@ def test_dream_with_one_round_escalates_the_disagreements():
     assert (m.recall_relevant, m.recall_irrelevant) == (1.0, None)
 
 
-
 def test_a_prefilter_labels_what_it_drops_and_dream_debates_only_the_rest():
     # as the pipeline's filtered_pool: the oracle filter drops a2 (its "no" is the label); its
     # call on b2 fails, which keeps the pair (b2's debate fails too and is escalated)
@@ -182,6 +181,7 @@ def test_a_filter_no_on_a_relevant_pair_counts_against_the_method():
     b1 = next(i for i in result.items if i.id == "b1")
     assert (b1.label, b1.escalated, b1.detail) == (0, False, "filtered")
     assert result.metrics.recall_relevant == 0.5
+
 
 def test_dream_escalations_can_go_to_the_adjudicator():
     model = OracleModel()

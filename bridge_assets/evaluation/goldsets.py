@@ -162,7 +162,8 @@ class MethodSpec(BaseModel):
     min_confidence: float = Field(0.0, ge=0.0, le=1.0)  # weakest agent's P(its answer)
     budget_ratio: float | None = Field(None, ge=0.0, le=1.0)  # human budget: escalate at most this share
     # judge/dream: filter profiles run first, as the pipeline's filtered_pool does: a pair
-    # every one of them says no to is labelled 0 by the filter, only the rest are judged
+    # every one of them says no to is labelled 0 by the filter, only the rest are judged (and
+    # budget_ratio is then a share of those, as the pipeline's escalation_budget_ratio)
     prefilter: tuple[str, ...] = ()
     # lara
     escalation_ratio: float = Field(0.035, ge=0.0, le=1.0)
