@@ -66,30 +66,16 @@ def datasets_list() -> None:
         typer.echo(f"{name:<16}{spec.kind:<16}{cells[0]:>10}{cells[1]:>9}{cells[2]:>8}  {spec.source}")
 
 
-# The main job's own defaults: human_labels takes whatever votes exist, so a run always
-# completes; pairs still awaiting people stay pending (never labels) and metrics bound them.
-MAIN_JOB_CONFIG = {"human_labels": {"allow_partial": True}}
-
-
-def _merge(*configs: dict[str, dict]) -> dict[str, dict]:
-    merged: dict[str, dict] = {}
-    for config in configs:
-        for asset, fields in config.items():
-            merged.setdefault(asset, {}).update(fields)
-    return merged
-
-
-def _asset_config(dataset: str | None, defaults: dict[str, dict] | None = None,
-                  overrides: dict[str, dict] | None = None) -> dict[str, dict]:
-    """Config per asset: `defaults` < the dataset's `pipeline:` entry < `overrides`."""
+def _dry_run_config(dataset: str, overrides: dict[str, dict]) -> dict[str, dict]:
+    """What the run's assets will resolve for `dataset` (run_settings): its `pipeline:` entry
+    under the command's explicit settings."""
     from bridge_assets.ingest.errors import DatasetError
-    from bridge_assets.ingest.registry import get_dataset
+    from bridge_assets.run_settings import dataset_pipeline, merge
 
     try:
-        dataset_config = get_dataset(dataset).pipeline if dataset else {}
+        return merge(dataset_pipeline(dataset), overrides)
     except DatasetError as exc:
         _fail(str(exc))
-    return _merge(defaults or {}, dataset_config, overrides or {})
 
 
 def _budget_stop(exc: Exception) -> None:
@@ -100,47 +86,39 @@ def _budget_stop(exc: Exception) -> None:
     raise typer.Exit(BUDGET_EXIT)
 
 
-def _materialize(assets: list[str], dataset: str | None, defaults: dict[str, dict] | None = None,
-                 overrides: dict[str, dict] | None = None) -> None:
-    """Run `assets` with config: `defaults` < the dataset's `pipeline:` entry < `overrides`."""
+def _materialize(assets: list[str], dataset: str | None, overrides: dict[str, dict] | None = None,
+                 stale_only: bool = False):
+    """Run `assets` through orchestration.materialize with progress lines; `overrides` is the
+    explicit run config (the dataset's `pipeline:` entry is applied inside the run)."""
     from bridge_assets import orchestration, store
-    from bridge_assets.definitions import defs
     from bridge_assets.llm.budget import BudgetExceeded
-    from bridge_assets.resources import DuckDBStore
-    from bridge_assets.retrieval.sensors import sync_partitions
 
-    try:
-        store.check()
-    except store.StoreMismatch as exc:
-        _fail(str(exc))
-    inst = orchestration.instance()
-    asset_config = _asset_config(dataset, defaults, overrides)
-    sync = sync_partitions(inst, DuckDBStore())  # what the registry sensor does when a daemon runs
-    if sync.add or sync.delete:
-        typer.secho(f"retrievers: added {sync.add or 'none'}, retired {sync.delete or 'none'}", err=True)
-    try:
-        steps = orchestration.plan(defs, assets, dataset, inst)
-    except ValueError as exc:
-        _fail(str(exc))
-    total = sum(len(s.partition_keys) for s in steps)
-    done = 0
+    total, done = 0, 0
+
+    def planned(steps: int) -> None:
+        nonlocal total
+        total = steps
 
     def progress(step, partition_key):
         nonlocal done
         done += 1
         names = ", ".join(k.to_user_string() for k in step.keys)
-        typer.secho(f"[{done}/{total}] {names}" + (f"  ({partition_key})" if partition_key else ""),
-                    fg="cyan", err=True)
+        where = f"  ({partition_key})" if partition_key else ""
+        typer.secho(f"[{done}/{total}] {names}{where}", fg="cyan", err=True)
 
     try:
-        orchestration.execute(defs, steps, inst, asset_config, on_step=progress)
-    except Exception as exc:  # Dagster wraps the asset's own error: show the user the root cause
-        cause = exc
-        while getattr(cause, "__cause__", None) is not None:
-            cause = cause.__cause__
-        if isinstance(cause, BudgetExceeded):
-            _budget_stop(cause)
-        _fail(f"{type(cause).__name__}: {cause}")
+        outcome = orchestration.materialize(assets, dataset, asset_config=overrides or {},
+                                            stale_only=stale_only, on_step=progress, on_plan=planned)
+    except store.StoreMismatch as exc:
+        _fail(str(exc))
+    except BudgetExceeded as exc:
+        _budget_stop(exc)
+    except Exception as exc:  # an unknown asset or dataset, or the asset's own error: one line
+        _fail(f"{type(exc).__name__}: {exc}")
+    if outcome.added_retrievers or outcome.retired_retrievers:
+        typer.secho(f"retrievers: added {outcome.added_retrievers or 'none'}, retired "
+                    f"{outcome.retired_retrievers or 'none'}", err=True)
+    return outcome
 
 
 @app.command()
@@ -175,7 +153,9 @@ def run(
                                      help="The same in US dollars, at the `prices:` of the LLM "
                                           "profiles (a profile without prices costs nothing)."),
 ) -> None:
-    """The main job: the whole pipeline for one dataset, then a short summary."""
+    """The main job: the whole pipeline for one dataset, then a short summary. Only what is
+    missing or out of date runs (an upstream change, changed settings, a changed retriever
+    entry, new votes); with nothing changed it says so and runs nothing."""
     from bridge_assets import store
     from bridge_assets.definitions import defs, main_selection
     from bridge_assets.ingest.errors import DatasetError
@@ -196,14 +176,17 @@ def run(
         from bridge_assets.costs import estimate_run, render
 
         try:
-            estimate = estimate_run(dataset, _asset_config(dataset, MAIN_JOB_CONFIG, overrides))
+            estimate = estimate_run(dataset, _dry_run_config(dataset, overrides))
         except (ValueError, LookupError, RuntimeError) as exc:
             _fail(f"{type(exc).__name__}: {exc}")
         typer.echo(render(estimate, limit))
         return
     with llm_budget.enforce(limit):
-        _materialize([key.to_user_string() for key in main_selection.resolve(graph)], dataset,
-                     defaults=MAIN_JOB_CONFIG, overrides=overrides)
+        outcome = _materialize([key.to_user_string() for key in main_selection.resolve(graph)], dataset,
+                               overrides=overrides, stale_only=True)
+    if not outcome.results:
+        typer.secho(f"nothing changed: every asset of {dataset} is up to date "
+                    f"({outcome.planned} partition steps checked)", fg="green", err=True)
     try:
         spec = get_dataset(dataset)
     except DatasetError:

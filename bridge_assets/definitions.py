@@ -5,6 +5,7 @@ at this module's scope.)"""
 
 import dagster as dg
 
+from bridge_assets import automation
 from bridge_assets.analysis import definitions as analysis
 from bridge_assets.evaluation import definitions as evaluation
 from bridge_assets.executors import executor_from_env
@@ -21,8 +22,10 @@ STAGES = [ingest, retrieval, labeling, human, qrels, analysis, reports, evaluati
 
 # What `make run` / `bridge run` materializes for one dataset: the whole pipeline. The labeler
 # evaluation runs on gold sets, not datasets, so it is left out; human_labels runs with
-# whatever votes exist (the sensor refreshes it, and everything after it, as votes arrive).
+# whatever votes exist (the votes sensor refreshes it, and everything after it, as votes arrive).
 main_selection = dg.AssetSelection.all() - dg.AssetSelection.groups(evaluation.GROUP)
+# What the daemon keeps current by itself: everything after the retrieval runs (automation.py).
+automated_selection = automation.automated(main_selection)
 
 # One store: it decides where the lake (and the votes store) lives; the LLM call ledger is in
 # that lake.
@@ -31,5 +34,6 @@ _store = DuckDBStore()
 defs = dg.Definitions.merge(
     *(stage.defs for stage in STAGES),
     dg.Definitions(resources={"store": _store, "llm": LLMResource(data_lake=_store.data_lake)},
+                   sensors=[automation.sensor(automated_selection)],
                    executor=executor_from_env()),  # $BRIDGE_EXECUTOR: multiprocess (default) | dask
-)
+).map_resolved_asset_specs(func=automation.with_condition, selection=automated_selection)

@@ -1,6 +1,14 @@
 """Run assets from the command line the way the UI does: on the Dagster instance in
 $DAGSTER_HOME (default `<data lake>/dagster_home`), so runs, partitions and lineage show in
-the UI afterwards."""
+the UI afterwards.
+
+`materialize` is the command line's one way in (`bridge run`, `bridge materialize`, `bridge
+runs import`, `bridge qrels import`): it plans the steps, runs them in process, and raises the
+asset's own error when one fails. The settings each asset runs with are resolved inside the
+run (bridge_assets.run_settings), so the command line passes only what its user typed. With
+`stale_only`, a partition runs only when it is missing, Dagster marks it stale (an upstream
+data version or code version changed), its settings changed, or an input outside the lake
+changed (a retriever's registry entry, the votes)."""
 
 from __future__ import annotations
 
@@ -12,6 +20,7 @@ from typing import Any
 
 import dagster as dg
 
+from bridge_assets import run_settings
 from bridge_assets.llm.budget import BudgetExceeded
 from bridge_assets.resources import DuckDBStore
 
@@ -127,18 +136,169 @@ def run_config(defs: dg.Definitions, keys: Iterable[dg.AssetKey],
     return {**LOG_CONFIG, "ops": ops} if ops else dict(LOG_CONFIG)
 
 
+def root_cause(exc: BaseException) -> BaseException:
+    """The asset's own error inside the errors Dagster wraps it in."""
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    return exc
+
+
+# --- what is out of date ------------------------------------------------------------------------
+
+def _latest_metadata(inst: dg.DagsterInstance, key: dg.AssetKey, partition_key: str | None
+                     ) -> dict[str, Any] | None:
+    """The metadata of the partition's latest materialization; None when it has none."""
+    records = inst.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition_key] if partition_key else None),
+        limit=1).records
+    if not records:
+        return None
+    materialization = records[0].asset_materialization
+    return {name: value.value for name, value in materialization.metadata.items()} if materialization else {}
+
+
+def _config_class(assets_def: dg.AssetsDefinition) -> type[dg.Config] | None:
+    compute = assets_def.op.compute_fn
+    decorated = getattr(compute, "has_config_arg", None) and compute.has_config_arg()
+    if not decorated:
+        return None
+    annotation = compute.get_config_arg().annotation
+    return annotation if isinstance(annotation, type) and issubclass(annotation, dg.Config) else None
+
+
+def _external_change(key: dg.AssetKey, partition_key, metadata: dict[str, Any], store: DuckDBStore) -> str | None:
+    """An input outside the lake's assets that changed since the materialization, or calls an
+    automation run deferred (an explicit run makes them)."""
+    name = key.to_user_string()
+    if metadata.get("deferred_calls"):
+        return f"{metadata['deferred_calls']} LLM calls were deferred by the automation cap"
+    if name == "retrieval_run":
+        from bridge_assets.retrieval.registry import load_registry
+
+        retriever = partition_key.keys_by_dimension["retriever"]
+        k = (metadata.get("details") or {}).get("k")  # a changed k is a settings change
+        if metadata.get("config_hash") != load_registry().config_hash(retriever, k):
+            return f"{retriever}'s registry entry changed"
+    if name == "human_labels":
+        from bridge_assets.human.assets import votes_version
+
+        if metadata.get("votes_version") != votes_version(store, partition_key):
+            return "the votes changed"
+    if name == "bridge_qrels":
+        from bridge_assets.qrels.assets import imports_version
+
+        if metadata.get("imports_version") != imports_version(store, partition_key):
+            return "imported judgments changed (bridge qrels import / remove)"
+    return None
+
+
+def out_of_date(defs: dg.Definitions, inst: dg.DagsterInstance, key: dg.AssetKey, partition_key,
+                asset_config: dict[str, dict[str, Any]] | None = None,
+                store: DuckDBStore | None = None) -> str | None:
+    """Why the asset's partition must be materialized, or None when it is current."""
+    # Dagster's own staleness, as the UI shows it (its resolver is not public API)
+    from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
+    from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
+    from dagster._time import get_current_datetime
+
+    metadata = _latest_metadata(inst, key, partition_key)
+    if metadata is None:
+        return "missing"
+    graph = defs.resolve_asset_graph()
+    view = AssetGraphView(temporal_context=TemporalContext(effective_dt=get_current_datetime(),
+                                                           last_event_id=None),
+                          instance=inst, asset_graph=graph)
+    resolver = CachingStaleStatusResolver(inst, graph, loading_context=view)
+    if resolver.get_status(key, partition_key) == StaleStatus.STALE:
+        causes = resolver.get_stale_root_causes(key, partition_key)
+        return "stale: " + "; ".join(sorted({cause.reason for cause in causes})) if causes else "stale"
+    assets_def = graph.get(key).assets_def
+    config_class = _config_class(assets_def)
+    if config_class is not None and partition_key is not None:
+        names = [k.to_user_string() for k in assets_def.keys]
+        explicit = run_settings.merge(*({n: (asset_config or {}).get(n, {})} for n in names))
+        explicit_fields = {f: v for fields in explicit.values() for f, v in fields.items()}
+        expected = run_settings.resolve(config_class, run_settings.dataset_of(partition_key), names,
+                                        explicit_fields)
+        if metadata.get("settings_hash") != expected.hash:
+            return "its settings changed"
+    return _external_change(key, partition_key, metadata, store or DuckDBStore())
+
+
 def execute(defs: dg.Definitions, steps: list[Step], inst: dg.DagsterInstance,
             asset_config: dict[str, dict[str, Any]] | None = None,
-            on_step: Callable[[Step, str | None], None] | None = None) -> list[dg.ExecuteInProcessResult]:
+            on_step: Callable[[Step, str | None], None] | None = None,
+            stale_only: bool = False) -> list[dg.ExecuteInProcessResult]:
+    """Run the steps in process. With `stale_only`, each step's assets are checked just before
+    it runs (what ran before may have changed their inputs) and only those out of date run,
+    with the members of a multi-asset that cannot be subset."""
     job = defs.resolve_implicit_global_asset_job_def().with_logger_defs({"console": console_logger})
+    graph = defs.resolve_asset_graph()
     results = []
     for step in steps:
-        config = run_config(defs, step.keys, asset_config or {})
         for partition_key in step.partition_keys:
+            keys = step.keys
+            if stale_only:
+                keys = [k for k in step.keys if out_of_date(defs, inst, k, partition_key, asset_config)]
+                if not keys:
+                    continue
+                keys = sorted(set(dg.AssetSelection.assets(*keys).required_multi_asset_neighbors()
+                                  .resolve(graph)) & set(step.keys), key=lambda k: k.to_user_string())
             if on_step:
-                on_step(step, partition_key)
-            result = job.execute_in_process(instance=inst, asset_selection=step.keys,
-                                            partition_key=partition_key, run_config=config,
+                on_step(Step(keys, [partition_key]), partition_key)
+            result = job.execute_in_process(instance=inst, asset_selection=keys,
+                                            partition_key=partition_key,
+                                            run_config=run_config(defs, keys, asset_config or {}),
                                             raise_on_error=True)
             results.append(result)
     return results
+
+
+@dataclass
+class Materialized:
+    results: list[dg.ExecuteInProcessResult]
+    planned: int  # partition steps planned
+    added_retrievers: list[str]
+    retired_retrievers: list[str]
+
+    def metadata(self, asset: str) -> dict[str, Any]:
+        """The last materialization metadata of `asset` in these runs."""
+        for result in reversed(self.results):
+            events = [e for e in result.get_asset_materialization_events()
+                      if e.asset_key.to_user_string() == asset]
+            if events:
+                return {n: v.value for n, v in events[-1].materialization.metadata.items()}
+        raise LookupError(f"{asset} was not materialized")
+
+
+def materialize(assets: Iterable[str], dataset: str | None, *,
+                asset_config: dict[str, dict[str, Any]] | None = None,
+                partition_key: dg.MultiPartitionKey | None = None,
+                with_missing_upstream: bool = True, stale_only: bool = False,
+                on_step: Callable[[Step, str | None], None] | None = None,
+                on_plan: Callable[[int], None] | None = None) -> Materialized:
+    """Materialize `assets` (all when empty) for `dataset` (all when None) on the instance:
+    the retriever partitions synced with the registry first (what its sensor does under the
+    daemon), missing upstream partitions added, `asset_config` as the explicit run config
+    (each asset's settings are resolved in the run: its defaults < the dataset's `pipeline:`
+    entry < this). `partition_key`: only that retrieval_run partition. Raises the asset's own
+    error (not Dagster's wrapper) when one fails; ValueError for unknown assets or datasets."""
+    from bridge_assets import store as lake_store
+    from bridge_assets.definitions import defs
+    from bridge_assets.retrieval.sensors import sync_partitions
+
+    lake_store.check()
+    inst = instance()
+    sync = sync_partitions(inst, DuckDBStore())
+    steps = plan(defs, list(assets), dataset, inst, with_missing_upstream=with_missing_upstream)
+    if partition_key is not None:
+        steps = [Step(step.keys, [partition_key]) if step.partition_keys and
+                 isinstance(step.partition_keys[0], dg.MultiPartitionKey) else step for step in steps]
+    planned = sum(len(step.partition_keys) for step in steps)
+    if on_plan:
+        on_plan(planned)
+    try:
+        results = execute(defs, steps, inst, asset_config, on_step=on_step, stale_only=stale_only)
+    except Exception as exc:  # Dagster wraps the asset's own error
+        raise root_cause(exc) from None
+    return Materialized(results, planned, sync.add, sync.delete)

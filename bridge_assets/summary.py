@@ -15,6 +15,7 @@ from pathlib import Path
 import duckdb
 
 from bridge_assets.ingest.registry import DatasetSpec
+from bridge_assets.labeling.debate import FLAG_DEFERRED
 from bridge_assets.qrels.known_holes import read_known_holes, score_known_holes
 from bridge_assets.store import table_exists
 
@@ -79,8 +80,12 @@ def _escalations(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
             where dataset = ? and outcome in ('escalated', 'failed'))
         group by flag order by 2 desc, 1""", [dataset]) if "flags" in columns else []  # older lakes
     why = ", ".join(f"{flag} {n}" for flag, n in reasons)
-    return [f"debated pairs {total}; escalated {escalated} ({escalated / total:.1%})"
-            + (f": {why}" if why else "")]
+    lines = [f"debated pairs {total}; escalated {escalated} ({escalated / total:.1%})" + (f": {why}" if why else "")]
+    deferred = dict(reasons).get(FLAG_DEFERRED)
+    if deferred:
+        lines.append(f"  {deferred} deferred by the automation cap (automation.llm_calls_per_run of the "
+                     f"dataset): an explicit `bridge run --dataset {dataset}` labels them")
+    return lines
 
 
 def _rank_changes(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:

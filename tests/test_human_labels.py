@@ -241,33 +241,34 @@ def test_asset_refuses_open_pairs_unless_partial_is_asked_and_then_says_how_many
             [("q1", "d5", 1, 3)]
 
 
-def test_sensor_requests_a_run_once_every_pair_has_three_votes_and_again_when_votes_change(
-        escalated_lake):
-    context = dg.build_sensor_context(resources={"store": DuckDBStore(data_lake=str(escalated_lake))})
-    with annotations() as con:
-        for pair in ESCALATED[:3]:
-            for who in ("ann", "bob", "cat"):
-                vote(con, pair, who, 1)
-    waiting = human_labels_sensor(context)
-    assert isinstance(waiting, dg.SkipReason) and "demo: 1 of 4 escalated pairs still need votes" in \
-        waiting.skip_message
-    with annotations() as con:
-        for who, label in (("ann", 0), ("bob", 0), ("cat", 1)):
-            vote(con, ESCALATED[3], who, label)
-    first = human_labels_sensor(dg.build_sensor_context(
-        resources={"store": DuckDBStore(data_lake=str(escalated_lake))}))
-    [request] = first.run_requests
-    assert request.partition_key == DATASET and request.run_key.startswith("human_labels:demo:")
+def test_sensor_requests_a_run_whenever_the_votes_differ_from_human_labels(escalated_lake, tmp_path):
+    lake_store = DuckDBStore(data_lake=str(escalated_lake))
+    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+        def tick():
+            return human_labels_sensor(dg.build_sensor_context(instance=instance, resources={"store": lake_store}))
 
-    result = materialize(escalated_lake)
-    assert result.success
-    event = result.asset_materializations_for_node("human_labels")[0]
-    assert event.tags["dagster/data_version"] == request.run_key.rsplit(":", 1)[1]
-    with annotations() as con:
-        vote(con, ESCALATED[3], "dan", 0)  # one more vote: a new state, a new run key
-    again = human_labels_sensor(dg.build_sensor_context(
-        resources={"store": DuckDBStore(data_lake=str(escalated_lake))}))
-    assert again.run_requests[0].run_key != request.run_key
+        with annotations() as con:  # three of the four escalated pairs get their votes
+            for pair in ESCALATED[:3]:
+                for who in ("ann", "bob", "cat"):
+                    vote(con, pair, who, 1)
+        # no waiting for the fourth pair: what is decided goes into the benchmark now
+        [request] = tick().run_requests
+        assert request.partition_key == DATASET and request.run_key.startswith("human_labels:demo:")
+        assert tick().run_requests[0].run_key == request.run_key  # the same state, the same key
+
+        result = dg.materialize([human_labels], partition_key=DATASET, instance=instance,
+                                resources={"store": lake_store})
+        assert result.success  # partial by default: the open pair stays pending
+        event = result.asset_materializations_for_node("human_labels")[0]
+        assert event.tags["dagster/data_version"] == request.run_key.rsplit(":", 1)[1]
+        assert event.metadata["open_pairs"].value == 1
+        skipped = tick()  # human_labels holds these votes: nothing to run
+        assert isinstance(skipped, dg.SkipReason) and "every dataset" in skipped.skip_message
+
+        with annotations() as con:
+            vote(con, ESCALATED[3], "dan", 0)  # one more vote: a new state, a new run key
+        again = tick()
+        assert again.run_requests[0].run_key != request.run_key
 
 
 # --- the `bridge annotate` commands -------------------------------------------------------------

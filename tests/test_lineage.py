@@ -89,7 +89,8 @@ RUNS: dict[str, tuple[dg.AssetsDefinition, list[dict]]] = {
     "partial_annotation_study": (analysis_assets.partial_annotation_study,
                                  [{"samples": 3, "sweep_samples": 2, "scope": scope} for scope in ("pooled", "all")]),
     "rag_answers": (analysis_assets.rag_answers,
-                    [{"model": "m", "query_limit": 0, "scope": scope} for scope in ("pooled", "all")]),
+                    [{"model": "m", "query_limit": 0, "systems": [], "scope": scope}
+                     for scope in ("pooled", "all")]),
     "rag_judgments": (analysis_assets.rag_judgments, [{"model": "m"}]),
     "rag_alignment": (analysis_assets.rag_alignment, [{}]),
     "report": (report_assets.report, [{}, KNOWN_HOLES]),

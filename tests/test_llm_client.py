@@ -456,3 +456,25 @@ def test_a_killed_run_repeats_no_recorded_call(data_lake):
     calls = read_calls()
     assert calls.height == 5 and calls["key"].n_unique() == 5
     assert calls["created_at"].n_unique() == 3  # one transaction per chunk: 1 + 2 on the rerun
+
+
+# --- the automation run's call cap -------------------------------------------------------------
+
+def test_a_call_cap_defers_the_calls_past_it_unsent_and_unrecorded(data_lake):
+    from bridge_assets.llm import budget
+
+    with ScriptedServer(always((200, completion('{"response": "yes"}'), 0))) as server:
+        client = LLMClient(http_profile(server.url))
+        client.generate([ask(client, "cached")])  # answered before: free under any cap
+        requests = [ask(client, "cached")] + [ask(client, f"new {i}") for i in range(4)]
+        with budget.enforce(budget.Budget(calls=2)) as cap:
+            results = client.generate(requests, context="automation-run")
+        assert server.hits == 1 + 2
+        assert [r.cached for r in results] == [True, False, False, False, False]
+        assert [r.ok for r in results] == [True, True, True, False, False]
+        assert [r.error for r in results[3:]] == [budget.DEFERRED] * 2
+        assert cap.spent_calls == 2 and cap.deferred_calls == 2
+        # deferred calls are not in the ledger: the next (explicit) run asks them
+        assert read_calls().height == 3
+        again = client.generate(requests, context="explicit-run")
+        assert all(r.ok for r in again) and server.hits == 5

@@ -37,7 +37,6 @@ PIPELINE = {
                       "adjudicator_model": MODEL},
     "rag_answers": {"model": MODEL, "systems": ["bm25"], "query_limit": 2},
     "rag_judgments": {"model": MODEL},
-    "human_labels": {"allow_partial": True},
 }
 
 

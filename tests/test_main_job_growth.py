@@ -26,8 +26,8 @@ CONFIG = {
     "filtered_pool": {"models": [MODEL], "max_tokens": 32},
     "debate_labels": {"models": [MODEL], "rounds": 1, "reason_words": 15, "adjudicate": True,
                       "adjudicator_model": MODEL},
-    "human_labels": {"allow_partial": True},
-    "rag_answers": {"model": MODEL, "query_limit": 1, "max_tokens": 16},
+    # every system (the demo's own entry names two): explicit run config wins over it
+    "rag_answers": {"model": MODEL, "query_limit": 1, "max_tokens": 16, "systems": []},
     "rag_judgments": {"model": MODEL},
 }
 

@@ -19,6 +19,7 @@ import dagster as dg
 import polars as pl
 from pydantic import Field
 
+from bridge_assets import automation, run_settings
 from bridge_assets.analysis import rag
 from bridge_assets.analysis.partial import DEFAULT_FRACTIONS, compute_partial_annotation_study
 from bridge_assets.analysis.partial import DEFAULT_MEASURES as PARTIAL_MEASURES
@@ -117,6 +118,8 @@ def metrics_summary(frame: pl.DataFrame, k: int) -> pl.DataFrame:
 def retrieval_metrics(context: dg.AssetExecutionContext, config: RetrievalMetricsConfig,
                       store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
+    settings = run_settings.for_run(context, config)
+    config = settings.config
     started = time.monotonic()
     con = store.snapshot(dataset, READS["retrieval_metrics"])
     top_grade = GRADES[-1] if get_dataset(dataset).label_scale == "graded" else 1
@@ -128,7 +131,7 @@ def retrieval_metrics(context: dg.AssetExecutionContext, config: RetrievalMetric
         con.close()
     store.write_partitions({"retrieval_metrics": frame}, dataset=dataset)
     return dg.MaterializeResult(metadata={
-        "dagster/row_count": frame.height, **_scope_metadata(info), "k": config.k,
+        **settings.metadata(), "dagster/row_count": frame.height, **_scope_metadata(info), "k": config.k,
         "relevance_level": config.relevance_level,
         "summary": dg.MetadataValue.md(_markdown(metrics_summary(frame, config.k))),
         "time_s": _seconds(started)})
@@ -144,6 +147,8 @@ class RankingShiftConfig(dg.Config):
 def ranking_shift(context: dg.AssetExecutionContext, config: RankingShiftConfig,
                   store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
+    settings = run_settings.for_run(context, config)
+    config = settings.config
     con = store.snapshot(dataset, READS["ranking_shift"])
     try:
         frame = compute_ranking_shift(con, dataset, config.measures)
@@ -152,7 +157,7 @@ def ranking_shift(context: dg.AssetExecutionContext, config: RankingShiftConfig,
     store.write_partitions({"ranking_shift": frame}, dataset=dataset)
     taus = frame.unique("measure", maintain_order=True).select("measure", "kendall_tau", "kendall_tau_b")
     return dg.MaterializeResult(metadata={
-        "dagster/row_count": frame.height, "systems": frame["retriever"].n_unique(),
+        **settings.metadata(), "dagster/row_count": frame.height, "systems": frame["retriever"].n_unique(),
         "moved_systems": frame.filter(pl.col("rank_change") != 0)["retriever"].n_unique(),
         "robustly_moved_systems": frame.filter(pl.col("robust_rank_change") != 0)["retriever"].n_unique(),
         "kendall_tau": dg.MetadataValue.md(_markdown(taus))})
@@ -177,6 +182,8 @@ class SignificanceConfig(dg.Config):
 def significance(context: dg.AssetExecutionContext, config: SignificanceConfig,
                  store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
+    settings = run_settings.for_run(context, config)
+    config = settings.config
     started = time.monotonic()
     con = store.snapshot(dataset, READS["significance"])
     try:
@@ -188,7 +195,7 @@ def significance(context: dg.AssetExecutionContext, config: SignificanceConfig,
     counts = frame.group_by("measure", "qrels_version", "test", maintain_order=True).agg(
         pl.len().alias("pairs"), pl.col("significant").sum().alias("significant"))
     return dg.MaterializeResult(metadata={
-        "dagster/row_count": frame.height, "systems": len(set(frame["system_a"]) | set(frame["system_b"])),
+        **settings.metadata(), "dagster/row_count": frame.height, "systems": len(set(frame["system_a"]) | set(frame["system_b"])),
         "resamples": config.resamples, "seed": config.seed, "alpha": config.alpha,
         "significant_pairs": dg.MetadataValue.md(_markdown(counts)), "time_s": _seconds(started)})
 
@@ -212,6 +219,8 @@ class PoolSaturationConfig(dg.Config):
 def pool_saturation(context: dg.AssetExecutionContext, config: PoolSaturationConfig,
                     store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
+    settings = run_settings.for_run(context, config)
+    config = settings.config
     started = time.monotonic()
     con = store.snapshot(dataset, READS["pool_saturation"])
     try:
@@ -225,7 +234,7 @@ def pool_saturation(context: dg.AssetExecutionContext, config: PoolSaturationCon
     contributions = frame.filter(pl.col("statistic") == "marginal_contribution") \
         .pivot(on="measure", index="retriever", values="value")
     return dg.MaterializeResult(metadata={
-        "dagster/row_count": frame.height, **_scope_metadata(info), "holes": holes,
+        **settings.metadata(), "dagster/row_count": frame.height, **_scope_metadata(info), "holes": holes,
         "orders": config.orders, "seed": config.seed,
         "last_growth_rate": dg.MetadataValue.float(last_growth["value"][0])
         if last_growth.height and last_growth["value"][0] is not None else "undefined",
@@ -252,6 +261,8 @@ class PartialAnnotationConfig(dg.Config):
 def partial_annotation_study(context: dg.AssetExecutionContext, config: PartialAnnotationConfig,
                              store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
+    settings = run_settings.for_run(context, config)
+    config = settings.config
     started = time.monotonic()
     con = store.snapshot(dataset, READS["partial_annotation_study"])
     try:
@@ -269,7 +280,7 @@ def partial_annotation_study(context: dg.AssetExecutionContext, config: PartialA
                             & (pl.col("statistic") == "kendall_tau_b")) \
         .select("setting", "fraction", "measure", "mean", "std")
     return dg.MaterializeResult(metadata={
-        "dagster/row_count": frame.height, **_scope_metadata(info), **notes,
+        **settings.metadata(), "dagster/row_count": frame.height, **_scope_metadata(info), **notes,
         **({"base_system_found_relevant": found} if found else {}),
         "kendall_tau_b": dg.MetadataValue.md(_markdown(headline)), "time_s": _seconds(started)})
 
@@ -294,6 +305,8 @@ class RagAnswersConfig(dg.Config):
 def rag_answers(context: dg.AssetExecutionContext, config: RagAnswersConfig, store: DuckDBStore,
                 llm: LLMResource) -> dg.MaterializeResult:
     dataset = context.partition_key
+    settings = run_settings.for_run(context, config)
+    config = settings.config
     started = time.monotonic()
     con = store.snapshot(dataset, READS["rag_answers"])
     try:
@@ -303,14 +316,15 @@ def rag_answers(context: dg.AssetExecutionContext, config: RagAnswersConfig, sto
         con.close()
     model = config.model or llm.profile_for("judge")
     generate = MeteredGenerate(llm.generate_fn(context.run_id, context.log.info))
-    answers = rag.generate_answers(contexts, generate, model, dataset, settings=rag.AnswerSettings(
-        depth=config.depth, passage_chars=config.passage_chars, max_tokens=config.max_tokens))
+    with automation.llm_cap(context, llm.db_path) as capped:
+        answers = rag.generate_answers(contexts, generate, model, dataset, settings=rag.AnswerSettings(
+            depth=config.depth, passage_chars=config.passage_chars, max_tokens=config.max_tokens))
     store.write_partitions({"rag_answers": answers}, dataset=dataset)
     return dg.MaterializeResult(metadata={
-        "dagster/row_count": answers.height, **_scope_metadata(info), "model": model,
+        **settings.metadata(), "dagster/row_count": answers.height, **_scope_metadata(info), "model": model,
         "answered_queries": answers["query_id"].n_unique(),
         "no_information": int(answers["no_information"].sum() or 0),
-        "failed": int(answers["error"].is_not_null().sum()), **generate.stats.as_metadata(),
+        "failed": int(answers["error"].is_not_null().sum()), **generate.stats.as_metadata(), **capped,
         "time_s": _seconds(started)})
 
 
@@ -325,6 +339,8 @@ class RagJudgmentsConfig(dg.Config):
 def rag_judgments(context: dg.AssetExecutionContext, config: RagJudgmentsConfig, store: DuckDBStore,
                   llm: LLMResource) -> dg.MaterializeResult:
     dataset = context.partition_key
+    settings = run_settings.for_run(context, config)
+    config = settings.config
     started = time.monotonic()
     con = store.snapshot(dataset, READS["rag_judgments"])
     try:
@@ -334,13 +350,14 @@ def rag_judgments(context: dg.AssetExecutionContext, config: RagJudgmentsConfig,
         con.close()
     model = config.model or llm.profile_for("judge")
     generate = MeteredGenerate(llm.generate_fn(context.run_id, context.log.info))
-    judgments = rag.judge_answers(answers, queries, generate, model, dataset, max_tokens=config.max_tokens)
+    with automation.llm_cap(context, llm.db_path) as capped:
+        judgments = rag.judge_answers(answers, queries, generate, model, dataset, max_tokens=config.max_tokens)
     store.write_partitions({"rag_judgments": judgments}, dataset=dataset)
     decided = judgments.filter(pl.col("judgment").is_not_null())
     return dg.MaterializeResult(metadata={
-        "dagster/row_count": judgments.height, "model": model, "judged": decided.height,
+        **settings.metadata(), "dagster/row_count": judgments.height, "model": model, "judged": decided.height,
         "correct": int(decided["judgment"].sum() or 0),
-        "undecided": judgments.height - decided.height, **generate.stats.as_metadata(),
+        "undecided": judgments.height - decided.height, **generate.stats.as_metadata(), **capped,
         "time_s": _seconds(started)})
 
 
@@ -355,6 +372,8 @@ class RagAlignmentConfig(dg.Config):
 def rag_alignment(context: dg.AssetExecutionContext, config: RagAlignmentConfig,
                   store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
+    settings = run_settings.for_run(context, config)
+    config = settings.config
     con = store.snapshot(dataset, READS["rag_alignment"])
     try:
         frame = rag.compute_rag_alignment(con, dataset, k=config.k)
@@ -363,4 +382,4 @@ def rag_alignment(context: dg.AssetExecutionContext, config: RagAlignmentConfig,
     store.write_partitions({"rag_alignment": frame}, dataset=dataset)
     overall = frame.filter(pl.col("retriever") == "all").select("qrels_version", "statistic", "value", "p_value")
     return dg.MaterializeResult(metadata={
-        "dagster/row_count": frame.height, "summary": dg.MetadataValue.md(_markdown(overall))})
+        **settings.metadata(), "dagster/row_count": frame.height, "summary": dg.MetadataValue.md(_markdown(overall))})

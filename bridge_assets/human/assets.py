@@ -1,5 +1,5 @@
-"""Dagster wiring: the `human_labels` asset, its job and the sensor that runs it once a
-dataset's escalated pairs all have their votes."""
+"""Dagster wiring: the `human_labels` asset, its job and the sensor that runs it (and what
+follows it) whenever a dataset's votes change."""
 
 # No `from __future__ import annotations` here: Dagster resolves the Config annotation at import.
 
@@ -8,6 +8,7 @@ from pydantic import Field
 
 from bridge_assets.human.labels import (REQUIRED_VOTES, HumanLabels, compute_human_labels,
                                         datasets_with_escalations)
+from bridge_assets import run_settings
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.resources import DuckDBStore
 
@@ -16,9 +17,12 @@ READS = ("debate_labels",)
 
 
 class HumanLabelsConfig(dg.Config):
+    # True by default: pending pairs are never labels and the metrics bound them, so the
+    # benchmark follows the votes as they arrive instead of waiting for the last one.
     allow_partial: bool = Field(
-        False, description="Materialize even though some escalated pairs still lack votes; "
-                           "only the complete pairs get a label and the metadata says how many are open.")
+        True, description="Materialize even though some escalated pairs still lack votes (only "
+                          "the complete pairs get a label; the metadata says how many are open); "
+                          "false: fail until every escalated pair has its votes.")
 
 
 def _metadata(result: HumanLabels) -> dict:
@@ -60,12 +64,14 @@ def _metadata(result: HumanLabels) -> dict:
 def human_labels(context: dg.AssetExecutionContext, config: HumanLabelsConfig,
                  store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
+    settings = run_settings.for_run(context, config)
+    config = settings.config
     con = store.snapshot(dataset, READS, votes=True)
     try:
         result = compute_human_labels(con, dataset)
     finally:
         con.close()
-    metadata = _metadata(result)
+    metadata = {**settings.metadata(), **_metadata(result)}
     if result.open_pairs and not config.allow_partial:
         raise dg.Failure(
             description=f"human_labels for dataset '{dataset}': {result.open_pairs} of "
@@ -79,6 +85,15 @@ def human_labels(context: dg.AssetExecutionContext, config: HumanLabelsConfig,
     return dg.MaterializeResult(metadata=metadata, data_version=dg.DataVersion(result.data_version))
 
 
+def votes_version(store: DuckDBStore, dataset: str) -> str:
+    """The data version human_labels would have now: a hash of the dataset's counted votes."""
+    con = store.snapshot(dataset, READS, votes=True)
+    try:
+        return compute_human_labels(con, dataset).data_version
+    finally:
+        con.close()
+
+
 human_labels_job = dg.define_asset_job(
     "human_labels_job", selection=dg.AssetSelection.assets(human_labels).downstream(),
     partitions_def=dataset_partitions,
@@ -87,26 +102,25 @@ human_labels_job = dg.define_asset_job(
 
 @dg.sensor(job=human_labels_job, minimum_interval_seconds=60,
            default_status=dg.DefaultSensorStatus.RUNNING,
-           description="Runs human_labels_job for a dataset once every escalated pair has its "
-                       f"{REQUIRED_VOTES} accepted votes (again whenever the votes change).")
+           description="Runs human_labels_job (human_labels and everything after it) for a dataset "
+                       "whenever its votes changed: one run per state of the votes, however many "
+                       "arrived since the last tick; pairs still waiting for votes stay pending "
+                       "and the metrics bound them.")
 def human_labels_sensor(context: dg.SensorEvaluationContext, store: DuckDBStore):
     known = set(dataset_partitions.get_partition_keys())
-    requests, waiting = [], []
+    requests = []
     with store.connect() as con:
         datasets = [d for d in datasets_with_escalations(con) if d in known]
     for dataset in datasets:
-        con = store.snapshot(dataset, READS, votes=True)
-        try:
-            result = compute_human_labels(con, dataset)
-        finally:
-            con.close()
-        if result.open_pairs:
-            waiting.append(f"{dataset}: {result.open_pairs} of {result.escalated_pairs} "
-                           "escalated pairs still need votes")
-        else:
-            # one run per state of the votes: the key repeats until a vote changes
-            requests.append(dg.RunRequest(
-                partition_key=dataset, run_key=f"human_labels:{dataset}:{result.data_version}"))
+        version = votes_version(store, dataset)
+        built = context.instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=human_labels.key, asset_partitions=[dataset]), limit=1).records
+        materialization = built[0].asset_materialization if built else None
+        if materialization and materialization.metadata.get("votes_version") == dg.MetadataValue.text(version):
+            continue  # human_labels already holds these votes
+        # the key repeats until a vote changes, so Dagster launches one run per state
+        requests.append(dg.RunRequest(partition_key=dataset, run_key=f"human_labels:{dataset}:{version}"))
     if requests:
         return dg.SensorResult(run_requests=requests)
-    return dg.SkipReason("; ".join(waiting) or "no escalated pairs yet")
+    return dg.SkipReason("the votes of every dataset are in human_labels" if datasets
+                         else "no escalated pairs yet")

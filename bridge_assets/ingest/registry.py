@@ -40,6 +40,16 @@ def validate_dataset_name(name: str) -> str:
     return name
 
 
+class AutomationSettings(BaseModel):
+    """What the daemon's automation may spend on a dataset (bridge_assets.automation)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    # LLM calls one automation run may make (cached calls are free). 0: new pairs stay pending
+    # for people or an explicit `bridge run`; the benchmark tables still refresh.
+    llm_calls_per_run: int = Field(0, ge=0)
+
+
 class DatasetSpec(BaseModel):
     """One dataset entry. Which fields are needed depends on `kind` (see datasets.yaml)."""
 
@@ -69,6 +79,7 @@ class DatasetSpec(BaseModel):
     # Per-asset configuration the main job uses for this dataset, e.g.
     # {"candidate_pool": {"depth": 3}}: the fields of each asset's Config class.
     pipeline: dict[str, dict[str, Any]] = Field(default_factory=dict)
+    automation: AutomationSettings = Field(default_factory=AutomationSettings)
     # Size caps of the loaders (bridge_assets.ingest.loaders), when the defaults are too tight.
     max_line_bytes: int | None = Field(None, gt=0)
     max_text_chars: int | None = Field(None, gt=0)

@@ -31,6 +31,7 @@ from bridge_assets.labeling.filter import run_filter, votes_frame
 from bridge_assets.labeling.pairs import Pair, load_pairs
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.llm.resource import LLMResource
+from bridge_assets import automation, run_settings
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.store import table_exists
@@ -139,6 +140,8 @@ def _seconds(started: float) -> float:
 def candidate_pool(context: dg.AssetExecutionContext, config: CandidatePoolConfig,
                    store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
+    settings = run_settings.for_run(context, config)
+    config = settings.config
     started = time.monotonic()
     before = _previous_keys(store, "candidate_pool", "query_id, doc_id", dataset)
     with store.connect() as con:
@@ -147,7 +150,8 @@ def candidate_pool(context: dg.AssetExecutionContext, config: CandidatePoolConfi
     pairs = set(zip(pool["query_id"], pool["doc_id"]))
     systems = sorted({s for row in pool["systems"] for s in row})
     return dg.MaterializeResult(metadata={
-        "dagster/row_count": pool.height, "pairs": pool.height, "new_pairs": len(pairs - before),
+        **settings.metadata(), "dagster/row_count": pool.height, "pairs": pool.height,
+        "new_pairs": len(pairs - before),
         "queries": pool["query_id"].n_unique(), "systems": len(systems),
         "system_names": ", ".join(systems), "depth": config.depth,
         "judged_pairs": int(pool["in_original_qrels"].sum()), "time_s": _seconds(started)},
@@ -166,6 +170,8 @@ def candidate_pool(context: dg.AssetExecutionContext, config: CandidatePoolConfi
 def filter_pool(context: dg.AssetExecutionContext, config: FilterConfig, store: DuckDBStore,
                 llm: LLMResource):
     dataset = context.partition_key
+    settings = run_settings.for_run(context, config)
+    config = settings.config
     started = time.monotonic()
     judged = "" if config.label_judged_pairs else "and not in_original_qrels"
     with store.connect() as con:
@@ -175,18 +181,19 @@ def filter_pool(context: dg.AssetExecutionContext, config: FilterConfig, store: 
     before = _previous_keys(store, "filter_votes", "pair_key", dataset)
     models = config.models or llm.profiles_for("filter")
     generate = MeteredGenerate(llm.generate_fn(context.run_id, context.log.info))
-    votes = votes_frame(run_filter(pairs, models, generate, max_tokens=config.max_tokens), dataset)
+    with automation.llm_cap(context, llm.db_path) as capped:
+        votes = votes_frame(run_filter(pairs, models, generate, max_tokens=config.max_tokens), dataset)
     pool = summarize_votes(votes)
     store.write_partitions({"filter_votes": votes, "filtered_pool": pool}, dataset=dataset)
     kept = int(pool["kept"].sum()) if pool.height else 0
     stats = generate.stats.as_metadata()
     yield dg.MaterializeResult(asset_key="filtered_pool", metadata={
-        "dagster/row_count": pool.height, "pairs": len(pairs),
+        **settings.metadata(), "dagster/row_count": pool.height, "pairs": len(pairs),
         "new_pairs": len({p.key for p in pairs} - {k for (k,) in before}),
-        "kept": kept, "dropped": pool.height - kept, "models": ", ".join(models), **stats,
+        "kept": kept, "dropped": pool.height - kept, "models": ", ".join(models), **stats, **capped,
         "time_s": _seconds(started)}, data_version=data_version(pool))
     yield dg.MaterializeResult(asset_key="filter_votes", metadata={
-        "dagster/row_count": votes.height,
+        **settings.metadata(), "dagster/row_count": votes.height,
         "failed_votes": int(votes["is_supported"].is_null().sum()), "models": ", ".join(models)},
         data_version=data_version(votes))
 
@@ -208,6 +215,8 @@ def _share(part: int, whole: int) -> float:
 def debate(context: dg.AssetExecutionContext, config: DebateConfig, store: DuckDBStore,
            llm: LLMResource):
     dataset = context.partition_key
+    settings = run_settings.for_run(context, config)
+    config = settings.config
     started = time.monotonic()
     scale = get_dataset(dataset).label_scale
     if scale == "graded" and config.fewshot:
@@ -238,10 +247,11 @@ def debate(context: dg.AssetExecutionContext, config: DebateConfig, store: DuckD
                                      answer_first=config.answer_first)
     before = _previous_keys(store, "debate_labels", "pair_key, config_hash", dataset)
     generate = MeteredGenerate(llm.generate_fn(context.run_id, context.log.info))
-    outcome = config.run(pairs, models, generate, prompts)
-    if adjudicator_model:
-        outcome = adjudicate(outcome, pairs, adjudicator_model, generate, prompts=prompts,
-                             max_tokens=ADJUDICATOR_MAX_TOKENS)
+    with automation.llm_cap(context, llm.db_path) as capped:
+        outcome = config.run(pairs, models, generate, prompts)
+        if adjudicator_model:
+            outcome = adjudicate(outcome, pairs, adjudicator_model, generate, prompts=prompts,
+                                 max_tokens=ADJUDICATOR_MAX_TOKENS)
     labels = labels_frame(outcome, dataset, config_hash)
     turns = turns_frame(outcome, dataset)
     store.write_partitions({"debate_labels": labels, "debate_turns": turns}, dataset=dataset)
@@ -250,7 +260,7 @@ def debate(context: dg.AssetExecutionContext, config: DebateConfig, store: DuckD
     escalated, failed = outcome.count("escalated"), outcome.count("failed")
     consensus = outcome.consensus_by_round()
     metadata: dict[str, Any] = {
-        "dagster/row_count": n, "pairs": n,
+        **settings.metadata(), "dagster/row_count": n, "pairs": n,
         "new_pairs": len({(p.key, config_hash) for p in pairs} - before),
         "config_hash": config_hash, "agents": ", ".join(f"{a.name}:{a.stance}:{a.model}" for a in agents),
         "rounds": config.rounds, "label_scale": scale,
@@ -262,12 +272,13 @@ def debate(context: dg.AssetExecutionContext, config: DebateConfig, store: DuckD
         "escalation_ratio": _share(escalated + failed, n),
         **{f"escalated_{flag}": count for flag, count in outcome.flag_counts().items()},
         "checks": ", ".join(f"{k}={v}" for k, v in checks.as_config().items()),
-        **generate.stats.as_metadata(), "time_s": _seconds(started)}
+        **generate.stats.as_metadata(), **capped, "time_s": _seconds(started)}
     if adjudicator_model:
         metadata["adjudicated"] = int(labels["adjudicator_label"].is_not_null().sum())
         metadata["adjudicator_failures"] = int(labels["adjudicator_error"].is_not_null().sum())
     yield dg.MaterializeResult(asset_key="debate_labels", metadata=metadata,
                                data_version=data_version(labels))
     yield dg.MaterializeResult(asset_key="debate_turns", metadata={
-        "dagster/row_count": turns.height, "failed_turns": int(turns["error"].is_not_null().sum())},
+        **settings.metadata(), "dagster/row_count": turns.height,
+        "failed_turns": int(turns["error"].is_not_null().sum())},
         data_version=data_version(turns))

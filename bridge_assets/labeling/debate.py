@@ -46,6 +46,7 @@ from bridge_assets.labeling.evidence import (DEFAULT_MIN_RATIO, answer_in_chunk,
                                              evidence_status)
 from bridge_assets.labeling.pairs import Pair
 from bridge_assets.labeling.prompts import Prompts, worked_examples
+from bridge_assets.llm.budget import DEFERRED
 from bridge_assets.llm.scores import field_yes_probability
 from bridge_assets.llm.types import LLMRequest, LLMResult
 
@@ -74,6 +75,15 @@ FLAG_FAILED = "failed"
 FLAG_EVIDENCE = "unverified_evidence"
 FLAG_ANSWER = "answer_absent"
 FLAG_CONFIDENCE = "low_confidence"
+# A turn an automation run's LLM call cap left unasked: the pair waits (pending), and the next
+# explicit run asks it.
+FLAG_DEFERRED = "deferred"
+
+
+def failure_flags(turns: Sequence[Turn]) -> tuple[str, ...]:
+    """Why a pair failed: its calls were deferred by an automation cap, or they failed."""
+    errors = {t.error for t in turns if t.response is None}
+    return (FLAG_DEFERRED,) if errors == {DEFERRED} else (FLAG_FAILED,)
 
 
 def reply_budget(max_tokens: int) -> int:
@@ -371,7 +381,7 @@ def decide_graded(pair: Pair, turns: Sequence[Turn], round_number: int, last_rou
                   if checks and answer_check_applies(checks.answer_presence, pair.answers) else None)
     if any(t.response is None for t in turns):
         return PairLabel(pair.query_id, pair.doc_id, pair.key, None, "failed", round_number,
-                         flags=(FLAG_FAILED,), **common)
+                         flags=failure_flags(turns), **common)
     grades = [int(t.response) for t in turns]  # type: ignore[arg-type]
     if max(grades) - min(grades) > (1 if consensus == "within_one" else 0):
         if not last_round:
@@ -406,7 +416,7 @@ def decide(pair: Pair, turns: Sequence[Turn], round_number: int, last_round: boo
     responses = {t.response for t in turns}
     if None in responses:
         return PairLabel(pair.query_id, pair.doc_id, pair.key, None, "failed", round_number,
-                         flags=(FLAG_FAILED,), **common)
+                         flags=failure_flags(turns), **common)
     if len(responses) > 1:
         if not last_round:
             return None

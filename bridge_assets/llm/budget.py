@@ -10,6 +10,11 @@ asking them again.
 Estimates: a prompt at 4 characters a token (no tokenizer is loaded: llama.cpp's needs the
 weights, a hosted model's is not at hand), a reply at its max_tokens (an upper bound). The
 spend counts the tokens the backend reports.
+
+Automation runs (bridge_assets.automation) get a cap on the number of calls instead, which
+*defers* rather than stops: the calls past it are not sent and come back as failed results
+with error DEFERRED (never recorded in the ledger, so an explicit run asks them later); the
+pairs they touch stay pending, and the rest of the run goes on.
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from bridge_assets.llm.types import LLMRequest, LLMResult
 
 CHARS_PER_TOKEN = 4
 CURRENCY = "USD"  # what --budget-usd counts
+# The error of a call an automation run's cap left unsent (a pair it touches stays pending).
+DEFERRED = "deferred: the automation run's LLM call cap was reached"
 
 
 def prompt_tokens(request: LLMRequest) -> int:
@@ -42,12 +49,23 @@ class Budget:
 
     tokens: int | None = None
     usd: float | None = None
+    calls: int | None = None  # calls sent at most; those past it are deferred, not an error
     spent_tokens: int = 0
     spent_usd: float = 0.0
+    spent_calls: int = 0
+    deferred_calls: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
-    def admit(self, profile: ModelProfile, requests: Sequence[LLMRequest]) -> None:
-        """Raise BudgetExceeded when `requests`, at their estimated most, would pass a limit."""
+    def admit(self, profile: ModelProfile, requests: Sequence[LLMRequest]) -> int:
+        """How many of `requests` (a prefix) may be sent: all of them, or fewer under the call
+        cap (the rest are deferred). Raise BudgetExceeded when they would pass the token or
+        money limit, at their estimated most."""
+        if self.calls is not None:
+            with self._lock:
+                admitted = max(0, min(len(requests), self.calls - self.spent_calls))
+                self.spent_calls += admitted
+                self.deferred_calls += len(requests) - admitted
+            requests = requests[:admitted]
         tokens_in = sum(prompt_tokens(r) for r in requests)
         tokens_out = sum(r.max_tokens for r in requests)
         usd = self._usd(profile, tokens_in, tokens_out)
@@ -56,6 +74,7 @@ class Budget:
             over_usd = self.usd is not None and self.spent_usd + usd > self.usd
             if over_tokens or over_usd:
                 raise BudgetExceeded(self, profile.name, requests, tokens_in + tokens_out, usd)
+        return len(requests)
 
     def charge(self, profile: ModelProfile, results: Iterable[LLMResult]) -> None:
         results = list(results)
@@ -113,9 +132,9 @@ def enforce(budget: Budget | None) -> Iterator[Budget | None]:
         _active = previous
 
 
-def admit(profile: ModelProfile, requests: Sequence[LLMRequest]) -> None:
-    if _active is not None:
-        _active.admit(profile, requests)
+def admit(profile: ModelProfile, requests: Sequence[LLMRequest]) -> int:
+    """How many of `requests` (a prefix) the active budget lets through (all without one)."""
+    return len(requests) if _active is None else _active.admit(profile, requests)
 
 
 def charge(profile: ModelProfile, results: Iterable[LLMResult]) -> None:

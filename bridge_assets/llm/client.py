@@ -11,7 +11,8 @@ in one short transaction (in the background, while the next chunk is asked), so 
 repeats none of the calls already recorded. A
 call that still fails comes back with `error` set: callers must treat it as failed, never as
 a label. Under an active budget (llm.budget) a chunk that would pass it is not sent:
-`BudgetExceeded` is raised instead, with the earlier chunks already recorded.
+`BudgetExceeded` is raised instead, with the earlier chunks already recorded; the calls past
+an automation run's call cap come back unsent, with error `budget.DEFERRED`.
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ class LLMClient:
             if key not in answered:
                 pending.setdefault(key, request)  # identical requests in a batch: one call
         fresh: dict[str, tuple[LLMResult, int]] = {}
+        deferred: dict[str, LLMResult] = {}  # never recorded: a later run asks them
         todo = list(pending.items())
         # Recorded as the chunks return, in the background while the next chunk is asked: one
         # append in flight at most; the chunks that return meanwhile wait and go together in the
@@ -127,7 +129,12 @@ class LLMClient:
         try:
             for start in range(0, len(todo), self.chunk_size):
                 chunk = dict(todo[start:start + self.chunk_size])
-                budget.admit(self.profile, list(chunk.values()))
+                admitted = budget.admit(self.profile, list(chunk.values()))
+                for key in list(chunk)[admitted:]:  # past an automation run's call cap: not sent
+                    deferred[key] = LLMResult(key=key, error=budget.DEFERRED)
+                    del chunk[key]
+                if not chunk:
+                    continue
                 answers = self._call(chunk)
                 queued.extend(ledger.CallRecord(chunk[k], result, attempts)
                               for k, (result, attempts) in answers.items())
@@ -137,7 +144,8 @@ class LLMClient:
         finally:  # everything answered is recorded before generate() returns or raises
             flush(wait=True)
             flush(wait=True)
-        results = [answered[k] if k in answered else fresh[k][0] for k in keys]
+        results = [answered[k] if k in answered else deferred[k] if k in deferred else fresh[k][0]
+                   for k in keys]
         self.stats.requests += len(requests)
         self.stats.cache_hits += sum(1 for k in keys if k in answered)
         self.stats.failures += sum(1 for r in results if not r.ok)

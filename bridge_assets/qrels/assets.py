@@ -34,6 +34,19 @@ def qrels_version(qrels: pl.DataFrame) -> str:
     return digest.hexdigest()[:16]
 
 
+def imports_version(store: DuckDBStore, dataset: str) -> str:
+    """A hash of what `bridge qrels import` stored for `dataset` (judgments and sources): the
+    input of bridge_qrels that is not an asset."""
+    digest = hashlib.sha256()
+    with store.connect() as con:
+        for table in IMPORT_TABLES:
+            if table_exists(con, table):
+                digest.update(con.execute(
+                    f"select coalesce(string_agg(cast(t as varchar), chr(10) order by cast(t as varchar)), '') "
+                    f"from {table} t where dataset = ?", [dataset]).fetchone()[0].encode())
+    return digest.hexdigest()[:16]
+
+
 def _pending_table(pairs: pl.DataFrame) -> str:
     lines = ["| query_id | doc_id | unverified guess |", "| --- | --- | --- |"]
     lines += [f"| {q} | {d} | {'' if s is None else f'{s}: {label}'} |" for q, d, label, s in
@@ -106,7 +119,8 @@ def bridge_qrels(context: dg.AssetExecutionContext, store: DuckDBStore) -> dg.Ma
     if result.corrections.height:
         context.log.warning(f"{dataset}: {result.corrections.height} original judgment(s) changed by "
                             f"correction sources: {', '.join(sorted(set(result.corrections['source'])))}")
-    return dg.MaterializeResult(metadata=_metadata(result, trec_path),
+    return dg.MaterializeResult(metadata={**_metadata(result, trec_path),
+                                          "imports_version": imports_version(store, dataset)},
                                 data_version=dg.DataVersion(qrels_version(result.qrels)))
 
 

@@ -72,14 +72,10 @@ def materialize_bridge_qrels(dataset: str) -> dict[str, Any]:
     """Materialize bridge_qrels for `dataset` now (nothing upstream: the labels stay as they
     are), on the Dagster instance the UI uses; its metadata and whether its checks passed."""
     from bridge_assets import orchestration
-    from bridge_assets.definitions import defs
 
-    inst = orchestration.instance()
-    steps = orchestration.plan(defs, ["bridge_qrels"], dataset, inst, with_missing_upstream=False)
-    result = orchestration.execute(defs, steps, inst)[-1]
-    event = result.asset_materializations_for_node("bridge_qrels")[0]
-    checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
-    return {**{name: value.value for name, value in event.metadata.items()}, "checks": checks}
+    outcome = orchestration.materialize(["bridge_qrels"], dataset, with_missing_upstream=False)
+    checks = {e.check_name: e.passed for e in outcome.results[-1].get_asset_check_evaluations()}
+    return {**outcome.metadata("bridge_qrels"), "checks": checks}
 
 
 @app.command("import")
@@ -147,15 +143,12 @@ def import_command(
         return
     try:
         metadata = materialize_bridge_qrels(dataset)
-    except Exception as exc:
-        cause = exc
-        while getattr(cause, "__cause__", None) is not None:  # Dagster wraps the asset's own error
-            cause = cause.__cause__
-        _fail(f"{type(cause).__name__}: {cause}\n(the import is stored; bridge qrels remove undoes it)")
+    except Exception as exc:  # the asset's own error
+        _fail(f"{type(exc).__name__}: {exc}\n(the import is stored; bridge qrels remove undoes it)")
     typer.echo(f"bridge_qrels ({dataset}): {metadata['pairs']} pairs, {metadata['relevant']} relevant, "
                f"{metadata['holes_found']} found holes (verified), {metadata.get('corrections', 0)} corrections, "
-               f"{metadata['pending']} pending; the metrics and the report are stale until rebuilt "
-               f"(bridge run --dataset {dataset})")
+               f"{metadata['pending']} pending; the metrics and the report follow by themselves under "
+               f"the daemon (make ui), else with: bridge run --dataset {dataset}")
     if metadata["checks"].get("bridge_qrels_is_valid") is False:
         typer.secho("the bridge_qrels_is_valid check failed: see its metadata in the UI", fg="yellow", err=True)
 

@@ -7,6 +7,7 @@ from pydantic import Field
 from bridge_assets.ingest.errors import DatasetError
 from bridge_assets.ingest.registry import DatasetSpec, get_dataset
 from bridge_assets.qrels.known_holes import read_known_holes
+from bridge_assets import run_settings
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.reports.build import REPORT_TABLES, build_report
 from bridge_assets.resources import DuckDBStore
@@ -35,6 +36,8 @@ class ReportConfig(dg.Config):
                       "materialized say so.")
 def report(context: dg.AssetExecutionContext, config: ReportConfig, store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
+    settings = run_settings.for_run(context, config)
+    config = settings.config
     out = store.lake.reports(dataset)
     spec = dataset_spec(dataset)
     key = read_known_holes(spec.resolve(spec.known_holes, "known_holes")) if spec and spec.known_holes else None
@@ -46,7 +49,7 @@ def report(context: dg.AssetExecutionContext, config: ReportConfig, store: DuckD
         con.close()
     missing = sorted({name for section in files.sections for name in section.missing})
     return dg.MaterializeResult(metadata={
-        "path": dg.MetadataValue.path(str(files.html)),
+        **settings.metadata(), "path": dg.MetadataValue.path(str(files.html)),
         "url": dg.MetadataValue.url(files.html.as_uri()),
         "markdown": dg.MetadataValue.path(str(files.markdown)),
         "figures": len(files.figures),

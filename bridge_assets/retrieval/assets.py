@@ -13,6 +13,7 @@ import dagster as dg
 import great_expectations as gx
 import polars as pl
 
+from bridge_assets import run_settings
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.partitions import dataset_partitions, run_partitions
 from bridge_assets.paths import read_sql
@@ -50,6 +51,8 @@ def retrieval_run(context: dg.AssetExecutionContext, config: RetrievalRunConfig,
                   llm: LLMResource) -> dg.MaterializeResult:
     keys = context.partition_key.keys_by_dimension
     dataset, retriever = keys["dataset"], keys["retriever"]
+    settings = run_settings.for_run(context, config)
+    config = settings.config
     registry = load_registry()
     corpus = store.read("select doc_id, title, text from corpus where dataset = ? order by doc_id", [dataset])
     queries = store.read("select query_id, text from queries where dataset = ? order by query_id", [dataset])
@@ -81,7 +84,7 @@ def retrieval_run(context: dg.AssetExecutionContext, config: RetrievalRunConfig,
     spec = registry.system(retriever)
     return dg.MaterializeResult(
         metadata={
-            "dagster/row_count": frame.height, "kind": spec.kind, "config_hash": result.config_hash,
+            **settings.metadata(), "dagster/row_count": frame.height, "kind": spec.kind, "config_hash": result.config_hash,
             "paper_name": spec.paper_name or "", "queries": queries.height,
             "queries_without_results": queries.height - result.run["query_id"].n_unique(),
             "seconds": round(time.monotonic() - started, 2), "details": result.metadata,
@@ -117,8 +120,12 @@ def retrieval_run_is_valid(store: DuckDBStore) -> dg.AssetCheckResult:
 def _rebenchmark_schedule() -> dg.ScheduleDefinition:
     settings = load_registry().rebenchmark
 
+    # Stopped until switched on (Automation page): the registry and run-files sensors already
+    # re-run every new or changed system, and automation refreshes what follows; this re-runs
+    # every system on every dataset, for systems that change outside the registry (an index, a
+    # hosted model behind a stable name).
     @dg.schedule(job=retrieval_job, cron_schedule=settings.cron, execution_timezone=settings.timezone,
-                 name="retrieval_rebenchmark_schedule",
+                 name="retrieval_rebenchmark_schedule", default_status=dg.DefaultScheduleStatus.STOPPED,
                  description="Re-run every (dataset, retriever) partition; cron and timezone from "
                              "`rebenchmark:` in resources/retrievers.yaml.")
     def retrieval_rebenchmark_schedule(context: dg.ScheduleEvaluationContext):

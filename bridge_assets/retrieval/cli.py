@@ -151,25 +151,9 @@ def materialize_run(dataset: str, retriever: str) -> dict[str, Any]:
     import dagster as dg
 
     from bridge_assets import orchestration
-    from bridge_assets.definitions import defs
-    from bridge_assets.ingest.registry import get_dataset
-    from bridge_assets.resources import DuckDBStore
-    from bridge_assets.retrieval.sensors import sync_partitions
 
-    inst = orchestration.instance()
-    sync_partitions(inst, DuckDBStore())
     key = dg.MultiPartitionKey({"dataset": dataset, "retriever": retriever})
-    steps = [orchestration.Step(step.keys, [key]) if dg.AssetKey("retrieval_run") in step.keys else step
-             for step in orchestration.plan(defs, ["retrieval_run"], dataset, inst)]
-    results = orchestration.execute(defs, steps, inst, get_dataset(dataset).pipeline)
-    event = results[-1].asset_materializations_for_node("retrieval_run")[0]
-    return {name: value.value for name, value in event.metadata.items()}
-
-
-def _root_cause(exc: BaseException) -> BaseException:
-    while exc.__cause__ is not None:  # Dagster wraps the asset's own error
-        exc = exc.__cause__
-    return exc
+    return orchestration.materialize(["retrieval_run"], dataset, partition_key=key).metadata("retrieval_run")
 
 
 @runs_app.command("import")
@@ -220,8 +204,7 @@ def import_run(
     try:
         metadata = materialize_run(dataset, name)
     except Exception as exc:  # the asset's own error names the file and line
-        cause = _root_cause(exc)
-        _fail(f"{type(cause).__name__}: {cause}\n(the file and the registry entry stay; fix the file and "
+        _fail(f"{type(exc).__name__}: {exc}\n(the file and the registry entry stay; fix the file and "
               f"import it again with --replace)")
     report = metadata["details"].get("run_files", {}).get(name, {})
     typer.echo(f"retrieval_run ({dataset}, {name}): {metadata['dagster/row_count']} rows, "

@@ -1,0 +1,157 @@
+"""What an asset runs with for one dataset, whichever door started the run: `bridge run`, the
+UI's Materialize button, a backfill, a sensor, a schedule, a GraphQL launch, `dagster job
+execute`. One rule, applied inside the run from its partition:
+
+    the asset's defaults  <  the dataset's `pipeline:` entry (resources/datasets.yaml)
+                          <  the run config its launcher gave explicitly
+
+so no launcher needs to know the registry, and the UI's empty run config builds the same
+tables as the command line. Each materialization shows every setting and where it came from
+(`settings` in its metadata) and a hash of them and of the files outside the lake the asset
+reads (`settings_hash`: LLM profiles and prompts for the LLM stages, the known holes for the
+report), which `bridge run` compares to decide whether a partition is out of date.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Generic, TypeVar
+
+import dagster as dg
+from pydantic import ValidationError
+
+from bridge_assets.errors import DatasetError
+
+DEFAULT, DATASET, RUN_CONFIG = "default", "dataset", "run config"
+
+C = TypeVar("C", bound=dg.Config)
+
+
+def merge(*configs: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per-asset config dicts merged field by field, later ones winning."""
+    merged: dict[str, dict[str, Any]] = {}
+    for config in configs:
+        for asset, fields in config.items():
+            merged.setdefault(asset, {}).update(fields)
+    return merged
+
+
+def dataset_pipeline(dataset: str) -> dict[str, dict[str, Any]]:
+    """The dataset's `pipeline:` entry: {asset name: {field: value}}."""
+    from bridge_assets.ingest.registry import get_dataset
+
+    return get_dataset(dataset).pipeline
+
+
+def dataset_of(partition_key: str | dg.MultiPartitionKey) -> str:
+    """The dataset a partition belongs to (`dataset` or `dataset|retriever`)."""
+    if isinstance(partition_key, dg.MultiPartitionKey):
+        return partition_key.keys_by_dimension["dataset"]
+    return partition_key
+
+
+# Assets whose output also depends on files outside their settings: the LLM profiles and the
+# prompt templates (the calling stages), the dataset's known holes (the report).
+LLM_ASSETS = frozenset({"filtered_pool", "filter_votes", "debate_labels", "debate_turns",
+                        "rag_answers", "rag_judgments"})
+
+
+def input_files(dataset: str, assets: Iterable[str]) -> list[Path]:
+    from bridge_assets import registries
+    from bridge_assets.ingest.registry import get_dataset
+    from bridge_assets.labeling.prompts import PROMPTS_DIR
+    from bridge_assets.llm.profiles import MODELS_FILE, MODELS_PATH
+
+    assets = set(assets)
+    files: list[Path] = []
+    if assets & LLM_ASSETS:
+        files += [MODELS_PATH, registries.user_file(MODELS_FILE), *sorted(PROMPTS_DIR.glob("*"))]
+    if "report" in assets:
+        spec = get_dataset(dataset)
+        if spec.known_holes:
+            files.append(spec.resolve(spec.known_holes, "known_holes"))
+    return [f for f in files if f is not None]
+
+
+def files_digest(files: Iterable[Path]) -> str:
+    digest = hashlib.sha256()
+    for path in files:
+        digest.update(str(path.name).encode())
+        digest.update(path.read_bytes() if path.is_file() else b"<absent>")
+    return digest.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Resolved(Generic[C]):
+    """An asset's effective settings and, per field, where its value came from."""
+
+    config: C
+    sources: dict[str, str] = field(default_factory=dict)
+    inputs: str = ""  # digest of the files outside the settings it depends on (input_files)
+
+    @property
+    def values(self) -> dict[str, Any]:
+        return self.config.model_dump(mode="json")
+
+    @property
+    def hash(self) -> str:
+        text = json.dumps([type(self.config).__name__, self.values, self.inputs], sort_keys=True,
+                          default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+    def table(self) -> str:
+        lines = ["| setting | value | from |", "| --- | --- | --- |"]
+        lines += [f"| {name} | {json.dumps(value)} | {self.sources[name]} |"
+                  for name, value in self.values.items()]
+        return "\n".join(lines)
+
+    def metadata(self) -> dict[str, Any]:
+        """For the materialization: the table (the UI shows it) and its hash."""
+        return {"settings": dg.MetadataValue.md(self.table()), "settings_hash": self.hash,
+                "settings_from_dataset": ", ".join(n for n, s in self.sources.items() if s == DATASET) or "none",
+                "settings_from_run_config": ", ".join(n for n, s in self.sources.items() if s == RUN_CONFIG)
+                or "none"}
+
+
+def resolve(config_cls: type[C], dataset: str, assets: Iterable[str],
+            explicit: Mapping[str, Any] | None = None,
+            pipeline: Mapping[str, Mapping[str, Any]] | None = None) -> Resolved[C]:
+    """`config_cls` for the op writing `assets` on `dataset`: defaults < the dataset's entry
+    (a multi-asset's entries merged) < `explicit`. A field the class does not have, or a value
+    it refuses, is a DatasetError naming the dataset's entry."""
+    pipeline = dataset_pipeline(dataset) if pipeline is None else pipeline
+    entry: dict[str, Any] = {}
+    for name in assets:
+        entry.update(pipeline.get(name) or {})
+    explicit = dict(explicit or {})
+    unknown = sorted(set(entry) - set(config_cls.model_fields))
+    if unknown:
+        raise DatasetError(f"dataset '{dataset}': {', '.join(assets)} has no setting "
+                           f"{', '.join(unknown)} (its settings: {', '.join(config_cls.model_fields)})",
+                           field="pipeline")
+    try:
+        config = config_cls(**{**entry, **explicit})
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise DatasetError(f"dataset '{dataset}': the settings of {', '.join(assets)} do not fit "
+                           f"{config_cls.__name__} ({problems})", field="pipeline") from None
+    sources = {name: RUN_CONFIG if name in explicit else DATASET if name in entry else DEFAULT
+               for name in type(config).model_fields}
+    return Resolved(config, sources, files_digest(input_files(dataset, assets)))
+
+
+def explicit_config(context: dg.AssetExecutionContext) -> dict[str, Any]:
+    """The op's config exactly as the run's launcher gave it (Dagster fills the defaults in
+    `config`, so only the run's own record tells an explicit value from a default)."""
+    ops = (context.run.run_config or {}).get("ops") or {}
+    return dict((ops.get(context.op_execution_context.op.name) or {}).get("config") or {})
+
+
+def for_run(context: dg.AssetExecutionContext, config: C) -> Resolved[C]:
+    """The settings this run must use for the asset's partition (see the module docstring)."""
+    assets = [key.to_user_string() for key in context.assets_def.keys]
+    return resolve(type(config), dataset_of(context.partition_key), assets, explicit_config(context))

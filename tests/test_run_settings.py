@@ -1,0 +1,82 @@
+"""run_settings: an asset's settings are its defaults < the dataset's `pipeline:` entry <
+explicit run config, whoever launched the run; and the dataset's automation cap."""
+
+from __future__ import annotations
+
+import pytest
+
+from bridge_assets import run_settings
+from bridge_assets.errors import DatasetError
+from bridge_assets.labeling.assets import CandidatePoolConfig, DebateConfig, FilterConfig
+
+
+def test_explicit_run_config_beats_the_dataset_entry_which_beats_the_defaults():
+    pipeline = {"candidate_pool": {"depth": 1, "query_limit": 5}}
+    resolved = run_settings.resolve(CandidatePoolConfig, "d", ["candidate_pool"], {"query_limit": 2},
+                                    pipeline=pipeline)
+    assert (resolved.config.depth, resolved.config.query_limit) == (1, 2)
+    assert resolved.sources == {"depth": "dataset", "query_limit": "run config"}
+    plain = run_settings.resolve(CandidatePoolConfig, "d", ["candidate_pool"], {}, pipeline={})
+    assert (plain.config.depth, plain.sources["depth"]) == (10, "default")
+    # the table the UI shows names each setting's source; the hash follows the values only
+    assert "| depth | 1 | dataset |" in resolved.table()
+    same = run_settings.resolve(CandidatePoolConfig, "d", ["candidate_pool"], {"depth": 1, "query_limit": 2},
+                                pipeline={})
+    assert same.hash == resolved.hash and plain.hash != resolved.hash
+
+
+def test_a_multi_asset_takes_the_entries_of_each_of_its_assets():
+    pipeline = {"debate_labels": {"rounds": 1}, "debate_turns": {"reason_words": 30}}
+    resolved = run_settings.resolve(DebateConfig, "d", ["debate_labels", "debate_turns"], {},
+                                    pipeline=pipeline)
+    assert (resolved.config.rounds, resolved.config.reason_words) == (1, 30)
+
+
+def test_a_setting_the_asset_does_not_have_names_the_dataset_and_the_field():
+    with pytest.raises(DatasetError, match=r"dataset 'd'.*candidate_pool.*deepth"):
+        run_settings.resolve(CandidatePoolConfig, "d", ["candidate_pool"], {},
+                             pipeline={"candidate_pool": {"deepth": 1}})
+    with pytest.raises(DatasetError, match="depth"):
+        run_settings.resolve(CandidatePoolConfig, "d", ["candidate_pool"], {},
+                             pipeline={"candidate_pool": {"depth": 0}})
+
+
+def test_the_llm_stages_settings_hash_follows_the_prompts_and_profiles(tmp_path, monkeypatch):
+    import bridge_assets.labeling.prompts as prompts
+
+    before = run_settings.resolve(FilterConfig, "d", ["filtered_pool", "filter_votes"], {}, pipeline={})
+    pool = run_settings.resolve(CandidatePoolConfig, "d", ["candidate_pool"], {}, pipeline={})
+    changed = tmp_path / "prompts"
+    changed.mkdir()
+    for path in prompts.PROMPTS_DIR.glob("*"):
+        (changed / path.name).write_bytes(path.read_bytes())
+    (changed / "filter.j2").write_text((changed / "filter.j2").read_text() + "\n{# edited #}\n")
+    monkeypatch.setattr(prompts, "PROMPTS_DIR", changed)
+    after = run_settings.resolve(FilterConfig, "d", ["filtered_pool", "filter_votes"], {}, pipeline={})
+    assert after.hash != before.hash
+    assert run_settings.resolve(CandidatePoolConfig, "d", ["candidate_pool"], {}, pipeline={}).hash == pool.hash
+
+
+def test_the_demo_entry_resolves_for_every_asset_it_names():
+    from bridge_assets.definitions import defs
+    from bridge_assets.orchestration import _config_class
+
+    graph = defs.resolve_asset_graph()
+    pipeline = run_settings.dataset_pipeline("demo")
+    for name in pipeline:
+        key = next(k for k in graph.get_all_asset_keys() if k.to_user_string() == name)
+        assets_def = graph.get(key).assets_def
+        config_class = _config_class(assets_def)
+        assert config_class is not None, name
+        resolved = run_settings.resolve(config_class, "demo", [k.to_user_string() for k in assets_def.keys])
+        assert set(pipeline[name]) <= {n for n, s in resolved.sources.items() if s == "dataset"}
+
+
+def test_the_automation_cap_is_a_dataset_setting_and_defaults_to_no_calls():
+    from bridge_assets.ingest.registry import DatasetSpec
+
+    assert DatasetSpec(name="x", kind="beir", path="p").automation.llm_calls_per_run == 0
+    assert DatasetSpec(name="x", kind="beir", path="p",
+                       automation={"llm_calls_per_run": 50}).automation.llm_calls_per_run == 50
+    with pytest.raises(ValueError):
+        DatasetSpec(name="x", kind="beir", path="p", automation={"llm_calls": 50})
