@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import importlib.util
 import json
+import logging
 import os
 import sqlite3
 import threading
@@ -43,6 +44,8 @@ from pathlib import Path
 from typing import Any
 
 import duckdb
+
+logger = logging.getLogger(__name__)
 
 CATALOG_ENV = "BRIDGE_LAKE_CATALOG"
 DATA_PATH_ENV = "BRIDGE_LAKE_DATA_PATH"
@@ -172,6 +175,74 @@ def extensions_for(config: DuckLakeConfig) -> list[str]:
     return names
 
 
+def stored_data_path(config: DuckLakeConfig) -> str | None:
+    """The data path a local SQLite catalog holds; None for other catalogs, or a catalog DuckLake
+    has not initialised yet."""
+    path = config.catalog_file
+    if config.kind != "sqlite" or path is None or not path.exists():
+        return None
+    with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=60)) as con:
+        try:
+            row = con.execute("select value from ducklake_metadata where key = 'data_path'").fetchone()
+        except sqlite3.OperationalError:  # no ducklake_metadata yet
+            return None
+    return row[0] if row else None
+
+
+def repoint(config: DuckLakeConfig, data_path: str | None = None) -> tuple[str, str] | None:
+    """Make a local SQLite catalog name `data_path` (default: the config's) as its data path;
+    (old, new) when it named another, None when nothing changed. The data files' own paths are
+    relative to the data path, so they follow."""
+    if config.kind != "sqlite":
+        raise LakeError(f"only a local SQLite catalog can be re-pointed here; {config.catalog} is "
+                        "changed where it lives (its ducklake_metadata table, key data_path)")
+    new = data_path or config.data_path
+    if "://" not in new:
+        if not Path(new).is_dir():
+            raise LakeError(f"no data folder at {new}")
+        new = str(Path(new).resolve()) + "/"
+    old = stored_data_path(config)
+    if old is None or old == new:
+        return None
+    with contextlib.closing(sqlite3.connect(config.catalog_file, timeout=60)) as con:
+        con.execute("update ducklake_metadata set value = ? where key = 'data_path'", [new])
+        con.commit()
+    return old, new
+
+
+_followed: set[DuckLakeConfig] = set()
+
+
+def follow_moved_folder(config: DuckLakeConfig) -> None:
+    """A lake folder copied or moved (a backup, a bigger disk, a finished benchmark shared) keeps
+    a catalog that names the old data path. When both the catalog and the data path are the
+    folder's own (no BRIDGE_LAKE_CATALOG / BRIDGE_LAKE_DATA_PATH) and the folder holds its data,
+    the catalog is re-pointed at it, saying so; explicit places are never changed behind the
+    user's back (`bridge lake repoint` does it on request)."""
+    if config in _followed:
+        return
+    _followed.add(config)
+    if os.environ.get(CATALOG_ENV) or os.environ.get(DATA_PATH_ENV) or not Path(config.data_path).is_dir():
+        return
+    moved = repoint(config)
+    if moved:
+        logger.warning("the lake folder %s was moved or copied: its catalog named the data path %s, "
+                       "it now names %s", config.folder, *moved)
+
+
+def attach(con: duckdb.DuckDBPyConnection, config: DuckLakeConfig, alias: str = ALIAS, *,
+           read_only: bool = False, snapshot: int | None = None) -> None:
+    """ATTACH the lake to `con` (its extensions loaded), following a moved lake folder."""
+    follow_moved_folder(config)
+    try:
+        con.execute(config.attach_sql(alias, read_only=read_only, snapshot=snapshot))
+    except duckdb.Error as exc:
+        if "does not match existing data path" not in str(exc):
+            raise
+        raise LakeError(f"{str(exc).splitlines()[0]} (after moving the lake's data, `bridge lake repoint` "
+                        "makes the catalog name where it is now)") from None
+
+
 def new_instance(config: DuckLakeConfig, *, read_only: bool = False, snapshot: int | None = None,
                  alias: str = ALIAS) -> duckdb.DuckDBPyConnection:
     """A fresh in-memory DuckDB with the lake attached as `alias` and in use."""
@@ -183,7 +254,7 @@ def new_instance(config: DuckLakeConfig, *, read_only: bool = False, snapshot: i
             _prepare_catalog(config)
         elif not config.exists():
             raise LakeError(f"no DuckLake at {config.catalog_file}")
-        con.execute(config.attach_sql(alias, read_only=read_only, snapshot=snapshot))
+        attach(con, config, alias, read_only=read_only, snapshot=snapshot)
         con.execute(f'USE "{alias}"')
     except BaseException:
         con.close()

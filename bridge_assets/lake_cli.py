@@ -6,12 +6,14 @@
     bridge lake migrate [--from FILE] [--keep]   a bridge.duckdb into the DuckLake
     bridge lake snapshots [--limit N]            the DuckLake's snapshots and the runs behind them
     bridge lake compact [--expire-older-than I]  flush inlined rows, merge small Parquet files
+    bridge lake repoint [--data-path P]          the catalog names its (moved) data path anew
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import re
 import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime
@@ -49,17 +51,50 @@ def format_rows(columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Iterab
         yield "\t".join(_cell(v) for v in row)
 
 
+# `EXPLAIN [(options)] [ANALYZE]`: what an EXPLAIN statement explains follows it
+_EXPLAIN = re.compile(r"^\s*explain\s+(\([^)]*\)\s*)?(analy[sz]e\s+)?", re.IGNORECASE)
+READS = "SELECT, FROM, WITH, EXPLAIN, DESCRIBE, SHOW, SUMMARIZE and PRAGMA reads such as table_info"
+
+
+def read_only_statement(query: str) -> str:
+    """`query` when it is exactly one read-only statement, judged by DuckDB's own parser
+    (DESCRIBE, SHOW, SUMMARIZE and PRAGMA reads parse as SELECT); else a ValueError naming the
+    statement type refused."""
+    try:
+        statements = duckdb.extract_statements(query)
+    except duckdb.Error as exc:
+        raise ValueError(str(exc).splitlines()[0]) from None
+    if len(statements) != 1:
+        raise ValueError(f"bridge sql runs exactly one statement, not {len(statements)}")
+    kind = statements[0].type
+    if kind == duckdb.StatementType.EXPLAIN:  # EXPLAIN ANALYZE runs what it explains
+        inner = duckdb.extract_statements(_EXPLAIN.sub("", query, count=1))
+        kind = inner[0].type if len(inner) == 1 else kind
+    if kind != duckdb.StatementType.SELECT:
+        raise ValueError(f"bridge sql is read-only: a {kind.name} statement is refused (it runs {READS})")
+    return query
+
+
 def sql_command(
-    query: str = typer.Argument(..., help="One SQL statement (tables by their plain names)."),
+    query: str = typer.Argument(..., help="One read-only SQL statement (tables by their plain names)."),
     as_of: int | None = typer.Option(None, "--as-of", help="A DuckLake snapshot id: the lake as it was then."),
 ) -> None:
-    """Run read-only SQL against the data lake (DuckDB file or DuckLake): a header line, then
-    one tab-separated line per row (NULL empty; tab, newline, backslash as \\t \\n \\\\)."""
+    """Run one read-only SQL statement against the data lake (DuckDB file or DuckLake): a header
+    line, then one tab-separated line per row (NULL empty; tab, newline, backslash as \\t \\n
+    \\\\). Writes, ATTACH, COPY, SET, INSTALL/LOAD and several statements are refused, and the
+    connection cannot reach files outside the lake."""
     from bridge_assets import ducklake, store
 
     try:
+        statement = read_only_statement(query)
+    except ValueError as exc:
+        fail(str(exc))
+    try:
         with store.connect_read_only(snapshot=as_of) as con:
-            cursor = con.execute(query)
+            # the lake is attached: nothing else on disk is reachable, and it stays so
+            con.execute("set enable_external_access = false")
+            con.execute("set lock_configuration = true")
+            cursor = con.execute(statement)
             if cursor.description is None:
                 return
             columns = [d[0] for d in cursor.description]
@@ -97,6 +132,30 @@ def info_command() -> None:
             typer.echo(f"snapshot\t{ducklake.current_snapshot(con)}")
             for table, counts in ducklake.file_counts(con).items():
                 typer.echo(f"table {table}\t{counts['files']} data files, {counts['delete_files']} delete files")
+
+
+@app.command("repoint")
+def repoint_command(
+    data_path: str = typer.Option(None, "--data-path",
+                                  help="The folder (or s3://, gs:// path) that now holds the lake's "
+                                       "Parquet files; default: the lake folder's ducklake/ (or "
+                                       "BRIDGE_LAKE_DATA_PATH)."),
+) -> None:
+    """Make the DuckLake's catalog name its data path anew: after its data moved, or a lake folder
+    was copied somewhere with BRIDGE_LAKE_DATA_PATH set (a copied folder on its own is re-pointed
+    on first use)."""
+    from bridge_assets import ducklake
+
+    config = _lake_config()
+    if not config.exists():
+        fail(f"no DuckLake at {config.catalog_file}")
+    try:
+        moved = ducklake.repoint(config, data_path)
+    except ducklake.LakeError as exc:
+        fail(str(exc))
+    ducklake.forget_instances()
+    typer.echo(f"data path {moved[0]} -> {moved[1]}" if moved else
+               f"the catalog already names {data_path or config.data_path}")
 
 
 @app.command("snapshots")

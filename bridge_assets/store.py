@@ -202,7 +202,7 @@ def attach(con: duckdb.DuckDBPyConnection, path: Path, alias: str, *, read_only:
     if config is not None:
         for name in ducklake.extensions_for(config):
             ducklake.load_extension(con, name)
-        con.execute(config.attach_sql(alias, read_only=read_only))
+        ducklake.attach(con, config, alias, read_only=read_only)
         return
     mode = " (read_only)" if read_only else ""
     _waiting(lambda: con.execute(f"attach '{_sql_string(path)}' as \"{alias}\"{mode}"), Path(path),

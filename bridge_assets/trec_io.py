@@ -11,7 +11,6 @@ and lines starting with '#' skipped, fields after the tag ignored, the rank colu
 
 from __future__ import annotations
 
-import gzip
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -104,33 +103,26 @@ def read_trec_run(path: Path) -> TrecRun:
     scores: list[float] = []
     numbers: list[int] = []
     run_id = ""
-    opener = gzip.open if path.suffix == ".gz" else open
-    number = 0
-    try:
-        with opener(path, "rt", encoding="utf-8") as handle:
-            for number, line in enumerate(handle, start=1):
-                fields = line.split()
-                if not fields or fields[0].startswith("#"):
-                    continue
-                if len(fields) < 6:
-                    raise DatasetError(f"expected 6 columns (qid Q0 docid rank score tag), got {len(fields)}",
-                                       path, number)
-                try:
-                    score = float(fields[4])
-                except ValueError:
-                    raise DatasetError(f'score "{fields[4]}" is not a number', path, number, "score") from None
-                if not math.isfinite(score):
-                    raise DatasetError(f'score "{fields[4]}" is not finite', path, number, "score")
-                query_ids.append(fields[0])
-                doc_ids.append(fields[2])
-                scores.append(score)
-                numbers.append(number)
-                run_id = fields[5]
-    # Text is decoded (and unzipped) in blocks, so the line at fault is after the last one read.
-    except UnicodeDecodeError:
-        raise DatasetError(f"not UTF-8 text after line {number}", path) from None
-    except (OSError, EOFError) as exc:  # a damaged or truncated gzip file
-        raise DatasetError(f"cannot read the file after line {number}: {exc}", path) from None
+    # line by line as the corpus loaders read (text_files.lines): a byte that is not UTF-8 is
+    # reported on the line that holds it
+    for number, line in lines(path):
+        fields = line.split()
+        if not fields or fields[0].startswith("#"):
+            continue
+        if len(fields) < 6:
+            raise DatasetError(f"expected 6 columns (qid Q0 docid rank score tag), got {len(fields)}",
+                               path, number)
+        try:
+            score = float(fields[4])
+        except ValueError:
+            raise DatasetError(f'score "{fields[4]}" is not a number', path, number, "score") from None
+        if not math.isfinite(score):
+            raise DatasetError(f'score "{fields[4]}" is not finite', path, number, "score")
+        query_ids.append(fields[0])
+        doc_ids.append(fields[2])
+        scores.append(score)
+        numbers.append(number)
+        run_id = fields[5]
     if not numbers:
         raise DatasetError("no results in the run", path)
     frame = pl.DataFrame({"query_id": query_ids, "doc_id": doc_ids, "score": scores}, schema=RUN_SCHEMA)

@@ -219,6 +219,76 @@ def test_bridge_sql_prints_tsv_on_both_storages_and_never_writes(data_lake, monk
     ducklake.forget_instances()
 
 
+def test_bridge_sql_refuses_every_statement_that_is_not_one_read(data_lake, tmp_path):
+    from bridge_assets.cli import app
+
+    store.write_partitions({"t": pl.DataFrame({"dataset": ["a"] * 5, "value": range(5)})}, {"dataset": "a"})
+    catalog, data = data_lake / "ducklake.sqlite", data_lake / "ducklake"
+    out = tmp_path / "x.csv"
+    runner = CliRunner()
+    refused = {
+        # a second, writable ATTACH of the same catalog, then a DELETE through it
+        f"ATTACH 'ducklake:sqlite:{catalog}' AS w (DATA_PATH '{data}/'); DELETE FROM w.t": "exactly one statement",
+        f"ATTACH 'ducklake:sqlite:{catalog}' AS w (DATA_PATH '{data}/')": "ATTACH statement",
+        f"COPY (select 1 as a) TO '{out}'": "COPY statement",
+        "SET threads = 1": "SET statement", "INSTALL httpfs": "LOAD statement", "LOAD httpfs": "LOAD statement",
+        "EXPLAIN ANALYZE DELETE FROM t": "DELETE statement", "CHECKPOINT": "CALL statement",
+        "select 1; select 2": "exactly one statement",
+    }
+    for query, why in refused.items():
+        result = runner.invoke(app, ["sql", query])
+        assert result.exit_code == 2 and why in result.output, (query, result.output)
+    assert not out.exists()
+    assert rows("select count(*) from t") == [(5,)]
+    # a read cannot reach files outside the lake either
+    outside = tmp_path / "outside.csv"
+    outside.write_text("a\n1\n")
+    result = runner.invoke(app, ["sql", f"select * from read_csv('{outside}')"])
+    assert result.exit_code == 2 and "disabled" in result.output
+    # every read of the README still works
+    for query, first in (("select count(*) as n from t", "n"), ("describe t", "column_name"),
+                         ("show tables", "name"), ("summarize t", "column_name"),
+                         ("pragma table_info('t')", "cid"), ("explain select * from t", "explain_key"),
+                         ("from t select max(value) as m", "m"), ("with x as (select 1 as one) select * from x", "one")):
+        result = runner.invoke(app, ["sql", query])
+        assert result.exit_code == 0 and result.stdout.splitlines()[0].split("\t")[0] == first, (query, result.output)
+
+
+def test_a_copied_or_moved_lake_folder_answers_from_its_new_place(data_lake, tmp_path, monkeypatch):
+    import shutil
+
+    from bridge_assets.cli import app
+
+    store.write_partitions({"t": pl.DataFrame({"dataset": ["a"] * 3, "value": [1, 2, 3]})}, {"dataset": "a"})
+    ducklake.forget_instances()
+    copy = tmp_path / "lake_copy"
+    shutil.copytree(data_lake, copy, symlinks=True)  # cp -a
+    monkeypatch.setenv("BRIDGE_DATA_LAKE", str(copy))
+    runner = CliRunner()
+    info = runner.invoke(app, ["lake", "info"])
+    assert info.exit_code == 0 and info.exception is None, info.output
+    assert f"ducklake data path\t{copy}/ducklake/" in info.stdout
+    result = runner.invoke(app, ["sql", "select sum(value) as s from t"])
+    assert result.exit_code == 0 and result.stdout.splitlines() == ["s", "6"], result.output
+    config = ducklake.DuckLakeConfig.for_folder(copy)
+    assert ducklake.stored_data_path(config) == f"{copy}/ducklake/"
+    # the original still names its own data
+    assert ducklake.stored_data_path(ducklake.DuckLakeConfig.for_folder(data_lake)) == f"{data_lake}/ducklake/"
+    ducklake.forget_instances()
+
+    # data moved to a place of the user's choosing: refused with what to do, then re-pointed
+    moved = tmp_path / "parquet_elsewhere"
+    (copy / "ducklake").rename(moved)
+    monkeypatch.setenv("BRIDGE_LAKE_DATA_PATH", str(moved))
+    refused = runner.invoke(app, ["sql", "select sum(value) from t"])
+    assert refused.exit_code == 2 and "bridge lake repoint" in refused.output
+    repointed = runner.invoke(app, ["lake", "repoint"])
+    assert repointed.exit_code == 0 and f"-> {moved}/" in repointed.output, repointed.output
+    result = runner.invoke(app, ["sql", "select sum(value) as s from t"])
+    assert result.exit_code == 0 and result.stdout.splitlines() == ["s", "6"], result.output
+    ducklake.forget_instances()
+
+
 def test_migrate_moves_every_table_and_the_ledger(data_lake, monkeypatch):
     from bridge_assets.cli import app
 

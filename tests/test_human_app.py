@@ -414,3 +414,23 @@ def test_admin_imports_csv_json_and_label_studio_with_validation(lake, tokens):
     login(annotator, tokens["ann"])
     assert annotator.post("/admin/import", data={"csrf_token": csrf_of(annotator.get("/annotate").text)},
                           files={"file": ("v.json", b"[]")}).status_code == 403
+
+
+def test_serving_one_dataset_never_serves_an_open_item_of_another(lake, tokens):
+    """`bridge annotate serve --dataset demo` after the annotator was served an item of another
+    dataset: they get a demo item, and the other item is left open (its lease runs out)."""
+    with annotations() as con:
+        con.execute("insert into annotation_assignments (assignment_id, annotator_id, dataset, query_id, "
+                    "doc_id, is_attention_check, expected_label, dressing_pair_key, with_history, state, "
+                    "assigned_at) values ('a' || repeat('0', 31), 'ann', 'xss', 'q1', 'd5', false, null, "
+                    "null, true, 'open', now())")
+    client = make_client(lake, datasets=(DATASET,))
+    login(client, tokens["ann"])
+    page = client.get("/annotate")
+    assert page.status_code == 200 and 'id="vote-form"' in page.text
+    with duckdb.connect(str(votes_db(lake))) as con:
+        dataset, state = con.execute("select dataset, state from annotation_assignments where assignment_id = ?",
+                                     [assignment_of(page.text)]).fetchone()
+        other = con.execute("select state from annotation_assignments where dataset = 'xss'").fetchone()[0]
+    assert dataset == DATASET and state == "open"
+    assert other == "open"

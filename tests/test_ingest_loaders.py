@@ -10,7 +10,7 @@ import pytest
 
 from bridge_assets.ingest.errors import DatasetError, SourceUnreachable
 from bridge_assets.ingest.loaders import (load_beir_folder, load_bridge_release, load_dataset,
-                                          load_nq_open, load_trec)
+                                          load_nq_open, load_trec, read_trec_topics)
 from bridge_assets.ingest.registry import DatasetSpec, get_dataset, load_registry
 from conftest import PROJECT_ROOT, shared_data
 
@@ -484,3 +484,22 @@ def test_answers_for_an_unknown_query_name_their_line(tmp_path):
         load_dataset(spec)
     assert f'{tmp_path / "answers.jsonl"}, line 2, field "query_id": answers for unknown query "q9"' \
         in str(error.value)
+
+
+def test_a_topic_whose_top_is_missing_is_refused_with_the_line_of_its_fields(tmp_path):
+    topics = "".join(f"<top>\n<num> Number: {n}\n<title> topic {n}\n<desc> Description:\nabout {n}\n</top>\n\n"
+                     for n in range(1, 6))
+    lost = topics.replace("<top>\n<num> Number: 3", "<num> Number: 3", 1)  # 5 topics, one <top> gone
+    path = tmp_path / "topics.txt"
+    path.write_text(lost)
+    line = lost[:lost.index("<num> Number: 3")].count("\n") + 1
+    with pytest.raises(DatasetError, match=rf"topics.txt, line {line}, field \"num\": <num> outside a <top>"):
+        read_trec_topics(path)
+    path.write_text("<title> before any topic\n" + topics)
+    with pytest.raises(DatasetError, match=r"topics.txt, line 1, field \"title\": <title> outside"):
+        read_trec_topics(path)
+    path.write_text(topics + "<narr> after the last topic\n")
+    with pytest.raises(DatasetError, match=rf"line {topics.count(chr(10)) + 1}, field \"narr\""):
+        read_trec_topics(path)
+    path.write_text("# a comment outside the blocks is fine\n" + topics)
+    assert read_trec_topics(path)["query_id"].to_list() == ["1", "2", "3", "4", "5"]

@@ -3,6 +3,8 @@ plus the TREC readers and the measure names."""
 
 from __future__ import annotations
 
+import gzip
+
 import pytest
 import typer
 from typer.testing import CliRunner
@@ -174,3 +176,16 @@ def test_measure_names():
                          ("Map", "unknown")):
         with pytest.raises(MeasureError, match=message):
             resolve_measures([bad])
+
+
+@pytest.mark.parametrize("lines, bad", [(3, 2), (20_000, 15_001)])
+def test_a_byte_that_is_not_utf8_is_named_on_its_own_line(tmp_path, lines, bad):
+    """Also past the block a text decoder reads at once (the error used to name a line before)."""
+    rows = [f"q{n} Q0 d{n} 1 1.0 run\n".encode() for n in range(1, lines + 1)]
+    rows[bad - 1] = f"q{bad} Q0 d\xe9{bad} 1 1.0 run\n".encode("latin-1")
+    for name, write in (("run.trec", lambda p, b: p.write_bytes(b)),
+                        ("run.trec.gz", lambda p, b: p.write_bytes(gzip.compress(b)))):
+        path = tmp_path / name
+        write(path, b"".join(rows))
+        with pytest.raises(DatasetError, match=rf"{name}, line {bad}: not UTF-8 text"):
+            read_trec_run(path)

@@ -96,10 +96,14 @@ def pairs_open_to(con: duckdb.DuckDBPyConnection, annotator_id: str, settings: Q
     return frame
 
 
-def _open_assignment(con: duckdb.DuckDBPyConnection, annotator_id: str) -> Assignment | None:
+def _open_assignment(con: duckdb.DuckDBPyConnection, annotator_id: str,
+                     datasets: tuple[str, ...] | None) -> Assignment | None:
+    """The annotator's unanswered item among `datasets` (None: any). An item of another
+    dataset is left alone: its lease runs out as usual."""
+    among = "" if datasets is None else "and list_contains(?, dataset) "
     row = con.execute(f"select {_ASSIGNMENT_COLUMNS} from annotation_assignments "
-                      "where annotator_id = ? and state = 'open' order by assigned_at limit 1",
-                      [annotator_id]).fetchone()
+                      f"where annotator_id = ? and state = 'open' {among}order by assigned_at limit 1",
+                      [annotator_id, *([list(datasets)] if datasets is not None else [])]).fetchone()
     return Assignment(*row) if row else None
 
 
@@ -203,7 +207,7 @@ def next_assignment(con: duckdb.DuckDBPyConnection, annotator_id: str, settings:
     left for them. Attention checks are only mixed in while real work remains."""
     ensure_schema(con)
     now = now or utc_now()
-    current = _open_assignment(con, annotator_id)
+    current = _open_assignment(con, annotator_id, settings.datasets)
     if current is not None:
         if current.is_attention_check or not pair_is_decided(
                 con, current.dataset, current.query_id, current.doc_id):

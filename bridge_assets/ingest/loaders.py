@@ -276,11 +276,24 @@ def _query_text(title: str, description: str | None, query_field: QueryField, pa
     return description if query_field == "description" else f"{title} {description}"
 
 
+_TOPIC_FIELD = re.compile(r"<(num|title|desc|narr)>")
+
+
+def _no_topic_fields_between(content: str, start: int, stop: int, path: Path) -> None:
+    """A topic field outside every <top>...</top> block means a lost <top>: refused with its line,
+    never dropped silently."""
+    field = _TOPIC_FIELD.search(content, start, stop)
+    if field:
+        raise DatasetError(f"<{field.group(1)}> outside a <top>...</top> block (is its <top> missing?)",
+                           path, content.count("\n", 0, field.start()) + 1, field.group(1))
+
+
 def _read_top_blocks(content: str, path: Path, query_field: QueryField) -> pl.DataFrame:
     # Scanned from one <top> to the next rather than with a lazy `<top>(.*?)</top>`, which would
     # merge a topic missing its </top> into the next one and rescan the rest once per <top>.
     rows, ids = [], _UniqueIds(path, "num")
     tags = list(re.finditer("<top>", content))
+    _no_topic_fields_between(content, 0, tags[0].start(), path)
     line, counted = 1, 0
     for tag, following in zip(tags, [t.start() for t in tags[1:]] + [len(content)]):
         line += content.count("\n", counted, tag.start())
@@ -288,6 +301,7 @@ def _read_top_blocks(content: str, path: Path, query_field: QueryField) -> pl.Da
         end = content.find("</top>", tag.end(), following)
         if end < 0:
             raise DatasetError("<top> without </top>", path, line)
+        _no_topic_fields_between(content, end + len("</top>"), following, path)
         body = content[tag.end():end]
         # No pattern with two adjacent \s* or a lazy group: those backtrack quadratically.
         # The id stops at a `<`: `<num>301</num>` is topic 301.
