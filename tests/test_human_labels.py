@@ -243,7 +243,7 @@ def test_asset_refuses_open_pairs_unless_partial_is_asked_and_then_says_how_many
 
 def test_sensor_requests_a_run_whenever_the_votes_differ_from_human_labels(escalated_lake, tmp_path):
     lake_store = DuckDBStore(data_lake=str(escalated_lake))
-    with dg.instance_for_test(temp_dir=str(tmp_path / "dagster")) as instance:
+    with dg.instance_for_test(temp_dir=str(tmp_path)) as instance:
         def tick():
             return human_labels_sensor(dg.build_sensor_context(instance=instance, resources={"store": lake_store}))
 
