@@ -8,7 +8,8 @@ asset's own error when one fails. The settings each asset runs with are resolved
 run (bridge_assets.run_settings), so the command line passes only what its user typed. With
 `stale_only`, a partition runs only when it is missing, Dagster marks it stale (an upstream
 data version or code version changed), its settings changed, or an input outside the lake
-changed (a retriever's registry entry, the votes)."""
+changed (the dataset's files or entry, a retriever's registry entry, the votes, imported
+judgments)."""
 
 from __future__ import annotations
 
@@ -170,6 +171,12 @@ def _external_change(key: dg.AssetKey, partition_key, metadata: dict[str, Any], 
     """An input outside the lake's assets that changed since the materialization, or calls an
     automation run deferred (an explicit run makes them)."""
     name = key.to_user_string()
+    if name in ("corpus", "queries", "original_qrels"):
+        from bridge_assets.ingest.assets import source_version
+        from bridge_assets.ingest.registry import get_dataset
+
+        if metadata.get("source_version") != source_version(get_dataset(partition_key)):
+            return "the dataset's entry or files changed"
     if metadata.get("deferred_calls"):
         return f"{metadata['deferred_calls']} LLM calls were deferred by the automation cap"
     if name == "retrieval_run":
@@ -231,7 +238,7 @@ def execute(defs: dg.Definitions, steps: list[Step], inst: dg.DagsterInstance,
             stale_only: bool = False) -> list[dg.ExecuteInProcessResult]:
     """Run the steps in process. With `stale_only`, each step's assets are checked just before
     it runs (what ran before may have changed their inputs) and only those out of date run,
-    with the members of a multi-asset that cannot be subset."""
+    with what follows them in the step and the members of a multi-asset that cannot be subset."""
     job = defs.resolve_implicit_global_asset_job_def().with_logger_defs({"console": console_logger})
     graph = defs.resolve_asset_graph()
     results = []
@@ -242,7 +249,8 @@ def execute(defs: dg.Definitions, steps: list[Step], inst: dg.DagsterInstance,
                 keys = [k for k in step.keys if out_of_date(defs, inst, k, partition_key, asset_config)]
                 if not keys:
                     continue
-                keys = sorted(set(dg.AssetSelection.assets(*keys).required_multi_asset_neighbors()
+                # what follows them in this step runs too: it is judged before they ran
+                keys = sorted(set(dg.AssetSelection.assets(*keys).downstream().required_multi_asset_neighbors()
                                   .resolve(graph)) & set(step.keys), key=lambda k: k.to_user_string())
             if on_step:
                 on_step(Step(keys, [partition_key]), partition_key)

@@ -5,17 +5,37 @@ bad input leaves all three as they were.
 """
 
 
+import hashlib
+import json
 import time
 
 import dagster as dg
 import polars as pl
 
 from bridge_assets.ingest.loaders import load_dataset
-from bridge_assets.ingest.registry import get_dataset
+from bridge_assets.ingest.registry import DatasetSpec, get_dataset
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.resources import DuckDBStore
 
 INGEST_TABLES = ("corpus", "queries", "original_qrels")
+SOURCE_FIELDS = ("path", "corpus", "topics", "qrels", "answers", "queries")
+
+
+def source_version(spec: DatasetSpec) -> str:
+    """Changes when the dataset's entry (what is loaded, not how the pipeline runs) or one of
+    its local files (size, modification time) does: `bridge run` ingests again only then."""
+    entry = spec.model_dump(exclude={"pipeline", "automation", "description", "known_holes"})
+    digest = hashlib.sha256(json.dumps(entry, sort_keys=True, default=str).encode())
+    for field in SOURCE_FIELDS:
+        value = getattr(spec, field)
+        if not value or "://" in value:
+            continue
+        root = spec.resolve(value, field)
+        for path in sorted(root.rglob("*")) if root.is_dir() else [root]:
+            if path.is_file():
+                stat = path.stat()
+                digest.update(f"{path}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:16]
 
 
 @dg.multi_asset(
@@ -40,7 +60,7 @@ def ingest_dataset(context: dg.AssetExecutionContext, store: DuckDBStore):
                             for name, frame in frames.items()}, dataset=dataset)
     counts = tables.counts()
     context.log.info(f"{dataset}: {counts} ({time.monotonic() - started:.1f}s)")
-    common = {"source": spec.source, "kind": spec.kind}
+    common = {"source": spec.source, "kind": spec.kind, "source_version": source_version(spec)}
     yield dg.MaterializeResult(asset_key="corpus", metadata={
         **common, "dagster/row_count": counts["documents"]})
     yield dg.MaterializeResult(asset_key="queries", metadata={
