@@ -223,10 +223,8 @@ def out_of_date(defs: dg.Definitions, inst: dg.DagsterInstance, key: dg.AssetKey
     config_class = _config_class(assets_def)
     if config_class is not None and partition_key is not None:
         names = [k.to_user_string() for k in assets_def.keys]
-        explicit = run_settings.merge(*({n: (asset_config or {}).get(n, {})} for n in names))
-        explicit_fields = {f: v for fields in explicit.values() for f, v in fields.items()}
-        expected = run_settings.resolve(config_class, run_settings.dataset_of(partition_key), names,
-                                        explicit_fields)
+        explicit = {field: value for name in names for field, value in (asset_config or {}).get(name, {}).items()}
+        expected = run_settings.resolve(config_class, run_settings.dataset_of(partition_key), names, explicit)
         if metadata.get("settings_hash") != expected.hash:
             return "its settings changed"
     return _external_change(key, partition_key, metadata, store or DuckDBStore())
