@@ -211,4 +211,4 @@ def test_only_what_changed_runs_and_the_daemon_keeps_the_benchmark_current(tiny,
     assert "deferred" not in summary
     assert query(data_lake, "select count(*) from llm_calls")[0][0] > before
     assert not query(data_lake, f"select count(*) from filter_votes where dataset = '{DATASET}' and error = "
-                                f"'{DEFERRED}'")[0][0]
+                                "'" + DEFERRED.replace("'", "''") + "'")[0][0]
