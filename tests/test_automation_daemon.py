@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 
 import dagster as dg
+import duckdb
 import pytest
 import yaml
 
@@ -95,7 +96,7 @@ def wait_until(what: str, check: Callable[[], bool], started: float, timeline: l
             if check():
                 timeline.append(f"{time.monotonic() - started:6.0f} s  {what}")
                 return
-        except Exception:  # a table not there yet, or a lake commit in progress
+        except (duckdb.Error, FileNotFoundError, IndexError):  # not written yet, or being committed
             pass
         time.sleep(3)
     raise AssertionError(f"not within {timeout_s:.0f} s: {what}\n" + "\n".join(timeline))
