@@ -6,9 +6,9 @@ follows it) whenever a dataset's votes change."""
 import dagster as dg
 from pydantic import Field
 
+from bridge_assets import run_settings
 from bridge_assets.human.labels import (REQUIRED_VOTES, HumanLabels, compute_human_labels,
                                         datasets_with_escalations)
-from bridge_assets import run_settings
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.resources import DuckDBStore
 

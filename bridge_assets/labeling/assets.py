@@ -18,6 +18,7 @@ import dagster as dg
 import polars as pl
 from pydantic import Field
 
+from bridge_assets import automation, run_settings
 from bridge_assets.ingest.registry import get_dataset
 from bridge_assets.labeling import pooling
 from bridge_assets.labeling.adjudicator import ADJUDICATOR_TEMPLATE, adjudicate, adjudicator_schema
@@ -31,7 +32,6 @@ from bridge_assets.labeling.filter import run_filter, votes_frame
 from bridge_assets.labeling.pairs import Pair, load_pairs
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.llm.resource import LLMResource
-from bridge_assets import automation, run_settings
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.store import table_exists
