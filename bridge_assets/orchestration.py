@@ -167,7 +167,8 @@ def _config_class(assets_def: dg.AssetsDefinition) -> type[dg.Config] | None:
     return annotation if isinstance(annotation, type) and issubclass(annotation, dg.Config) else None
 
 
-def _external_change(key: dg.AssetKey, partition_key, metadata: dict[str, Any], store: DuckDBStore) -> str | None:
+def _external_change(key: dg.AssetKey, partition_key, metadata: dict[str, Any],
+                     store: DuckDBStore) -> str | None:
     """An input outside the lake's assets that changed since the materialization, or calls an
     automation run deferred (an explicit run makes them)."""
     name = key.to_user_string()
@@ -223,7 +224,8 @@ def out_of_date(defs: dg.Definitions, inst: dg.DagsterInstance, key: dg.AssetKey
     config_class = _config_class(assets_def)
     if config_class is not None and partition_key is not None:
         names = [k.to_user_string() for k in assets_def.keys]
-        explicit = {field: value for name in names for field, value in (asset_config or {}).get(name, {}).items()}
+        explicit = {field: value for name in names
+                    for field, value in (asset_config or {}).get(name, {}).items()}
         expected = run_settings.resolve(config_class, run_settings.dataset_of(partition_key), names, explicit)
         if metadata.get("settings_hash") != expected.hash:
             return "its settings changed"

@@ -111,10 +111,11 @@ class Resolved(Generic[C]):
 
     def metadata(self) -> dict[str, Any]:
         """For the materialization: the table (the UI shows it) and its hash."""
+        def named(source: str) -> str:
+            return ", ".join(name for name, where in self.sources.items() if where == source) or "none"
+
         return {"settings": dg.MetadataValue.md(self.table()), "settings_hash": self.hash,
-                "settings_from_dataset": ", ".join(n for n, s in self.sources.items() if s == DATASET) or "none",
-                "settings_from_run_config": ", ".join(n for n, s in self.sources.items() if s == RUN_CONFIG)
-                or "none"}
+                "settings_from_dataset": named(DATASET), "settings_from_run_config": named(RUN_CONFIG)}
 
 
 def resolve(config_cls: type[C], dataset: str, assets: Iterable[str],

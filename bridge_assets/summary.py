@@ -80,7 +80,8 @@ def _escalations(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
             where dataset = ? and outcome in ('escalated', 'failed'))
         group by flag order by 2 desc, 1""", [dataset]) if "flags" in columns else []  # older lakes
     why = ", ".join(f"{flag} {n}" for flag, n in reasons)
-    lines = [f"debated pairs {total}; escalated {escalated} ({escalated / total:.1%})" + (f": {why}" if why else "")]
+    lines = [f"debated pairs {total}; escalated {escalated} ({escalated / total:.1%})"
+             + (f": {why}" if why else "")]
     deferred = dict(reasons).get(FLAG_DEFERRED)
     if deferred:
         lines.append(f"  {deferred} deferred by the automation cap (automation.llm_calls_per_run of the "

@@ -131,7 +131,8 @@ def retrieval_metrics(context: dg.AssetExecutionContext, config: RetrievalMetric
         con.close()
     store.write_partitions({"retrieval_metrics": frame}, dataset=dataset)
     return dg.MaterializeResult(metadata={
-        **settings.metadata(), "dagster/row_count": frame.height, **_scope_metadata(info), "k": config.k,
+        **settings.metadata(),
+        "dagster/row_count": frame.height, **_scope_metadata(info), "k": config.k,
         "relevance_level": config.relevance_level,
         "summary": dg.MetadataValue.md(_markdown(metrics_summary(frame, config.k))),
         "time_s": _seconds(started)})
@@ -157,7 +158,8 @@ def ranking_shift(context: dg.AssetExecutionContext, config: RankingShiftConfig,
     store.write_partitions({"ranking_shift": frame}, dataset=dataset)
     taus = frame.unique("measure", maintain_order=True).select("measure", "kendall_tau", "kendall_tau_b")
     return dg.MaterializeResult(metadata={
-        **settings.metadata(), "dagster/row_count": frame.height, "systems": frame["retriever"].n_unique(),
+        **settings.metadata(),
+        "dagster/row_count": frame.height, "systems": frame["retriever"].n_unique(),
         "moved_systems": frame.filter(pl.col("rank_change") != 0)["retriever"].n_unique(),
         "robustly_moved_systems": frame.filter(pl.col("robust_rank_change") != 0)["retriever"].n_unique(),
         "kendall_tau": dg.MetadataValue.md(_markdown(taus))})
@@ -195,7 +197,8 @@ def significance(context: dg.AssetExecutionContext, config: SignificanceConfig,
     counts = frame.group_by("measure", "qrels_version", "test", maintain_order=True).agg(
         pl.len().alias("pairs"), pl.col("significant").sum().alias("significant"))
     return dg.MaterializeResult(metadata={
-        **settings.metadata(), "dagster/row_count": frame.height, "systems": len(set(frame["system_a"]) | set(frame["system_b"])),
+        **settings.metadata(),
+        "dagster/row_count": frame.height, "systems": len(set(frame["system_a"]) | set(frame["system_b"])),
         "resamples": config.resamples, "seed": config.seed, "alpha": config.alpha,
         "significant_pairs": dg.MetadataValue.md(_markdown(counts)), "time_s": _seconds(started)})
 
@@ -234,7 +237,8 @@ def pool_saturation(context: dg.AssetExecutionContext, config: PoolSaturationCon
     contributions = frame.filter(pl.col("statistic") == "marginal_contribution") \
         .pivot(on="measure", index="retriever", values="value")
     return dg.MaterializeResult(metadata={
-        **settings.metadata(), "dagster/row_count": frame.height, **_scope_metadata(info), "holes": holes,
+        **settings.metadata(),
+        "dagster/row_count": frame.height, **_scope_metadata(info), "holes": holes,
         "orders": config.orders, "seed": config.seed,
         "last_growth_rate": dg.MetadataValue.float(last_growth["value"][0])
         if last_growth.height and last_growth["value"][0] is not None else "undefined",
@@ -280,7 +284,8 @@ def partial_annotation_study(context: dg.AssetExecutionContext, config: PartialA
                             & (pl.col("statistic") == "kendall_tau_b")) \
         .select("setting", "fraction", "measure", "mean", "std")
     return dg.MaterializeResult(metadata={
-        **settings.metadata(), "dagster/row_count": frame.height, **_scope_metadata(info), **notes,
+        **settings.metadata(),
+        "dagster/row_count": frame.height, **_scope_metadata(info), **notes,
         **({"base_system_found_relevant": found} if found else {}),
         "kendall_tau_b": dg.MetadataValue.md(_markdown(headline)), "time_s": _seconds(started)})
 
@@ -321,7 +326,8 @@ def rag_answers(context: dg.AssetExecutionContext, config: RagAnswersConfig, sto
             depth=config.depth, passage_chars=config.passage_chars, max_tokens=config.max_tokens))
     store.write_partitions({"rag_answers": answers}, dataset=dataset)
     return dg.MaterializeResult(metadata={
-        **settings.metadata(), "dagster/row_count": answers.height, **_scope_metadata(info), "model": model,
+        **settings.metadata(),
+        "dagster/row_count": answers.height, **_scope_metadata(info), "model": model,
         "answered_queries": answers["query_id"].n_unique(),
         "no_information": int(answers["no_information"].sum() or 0),
         "failed": int(answers["error"].is_not_null().sum()), **generate.stats.as_metadata(), **capped,
@@ -355,7 +361,8 @@ def rag_judgments(context: dg.AssetExecutionContext, config: RagJudgmentsConfig,
     store.write_partitions({"rag_judgments": judgments}, dataset=dataset)
     decided = judgments.filter(pl.col("judgment").is_not_null())
     return dg.MaterializeResult(metadata={
-        **settings.metadata(), "dagster/row_count": judgments.height, "model": model, "judged": decided.height,
+        **settings.metadata(),
+        "dagster/row_count": judgments.height, "model": model, "judged": decided.height,
         "correct": int(decided["judgment"].sum() or 0),
         "undecided": judgments.height - decided.height, **generate.stats.as_metadata(), **capped,
         "time_s": _seconds(started)})
@@ -382,4 +389,5 @@ def rag_alignment(context: dg.AssetExecutionContext, config: RagAlignmentConfig,
     store.write_partitions({"rag_alignment": frame}, dataset=dataset)
     overall = frame.filter(pl.col("retriever") == "all").select("qrels_version", "statistic", "value", "p_value")
     return dg.MaterializeResult(metadata={
-        **settings.metadata(), "dagster/row_count": frame.height, "summary": dg.MetadataValue.md(_markdown(overall))})
+        **settings.metadata(),
+        "dagster/row_count": frame.height, "summary": dg.MetadataValue.md(_markdown(overall))})

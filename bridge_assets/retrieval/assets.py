@@ -84,7 +84,8 @@ def retrieval_run(context: dg.AssetExecutionContext, config: RetrievalRunConfig,
     spec = registry.system(retriever)
     return dg.MaterializeResult(
         metadata={
-            **settings.metadata(), "dagster/row_count": frame.height, "kind": spec.kind, "config_hash": result.config_hash,
+            **settings.metadata(),
+            "dagster/row_count": frame.height, "kind": spec.kind, "config_hash": result.config_hash,
             "paper_name": spec.paper_name or "", "queries": queries.height,
             "queries_without_results": queries.height - result.run["query_id"].n_unique(),
             "seconds": round(time.monotonic() - started, 2), "details": result.metadata,
