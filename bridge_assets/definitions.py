@@ -27,13 +27,13 @@ main_selection = dg.AssetSelection.all() - dg.AssetSelection.groups(evaluation.G
 # What the daemon keeps current by itself: everything after the retrieval runs (automation.py).
 automated_selection = automation.automated(main_selection)
 
-# One store: it decides where the lake (and the votes store) lives; the LLM call ledger is in
-# that lake.
+# One store: it holds where the lake (and the votes store) lives; the LLM resource takes it
+# (nested), so the call ledger is in that lake.
 _store = DuckDBStore()
 
 defs = dg.Definitions.merge(
     *(stage.defs for stage in STAGES),
-    dg.Definitions(resources={"store": _store, "llm": LLMResource(data_lake=_store.data_lake)},
+    dg.Definitions(resources={"store": _store, "llm": LLMResource(store=_store)},
                    sensors=[automation.sensor(automated_selection)],
                    executor=executor_from_env()),  # $BRIDGE_EXECUTOR: multiprocess (default) | dask
 ).map_resolved_asset_specs(func=automation.with_condition, selection=automated_selection)

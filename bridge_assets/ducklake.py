@@ -8,7 +8,7 @@ partition's tables are replaced in one commit, and an older snapshot can still b
 travel: `bridge qrels export --as-of`). Many processes, on one machine or many, write at once:
 nobody holds a file lock; a commit that lost a race to another is retried (store.py).
 
-Where it lives (`for_folder`):
+Where it lives (`for_folder`, given these settings by bridge_assets.settings.lake_location()):
 
 - `BRIDGE_LAKE_CATALOG`: what follows `ducklake:` in the ATTACH. Default
   `sqlite:<lake>/ducklake.sqlite` (embedded, in WAL mode so readers never block a commit).
@@ -47,9 +47,6 @@ import duckdb
 
 logger = logging.getLogger(__name__)
 
-CATALOG_ENV = "BRIDGE_LAKE_CATALOG"
-DATA_PATH_ENV = "BRIDGE_LAKE_DATA_PATH"
-INLINE_ENV = "BRIDGE_LAKE_INLINE_ROWS"
 ALIAS = "lake"
 CATALOG_FILE = "ducklake.sqlite"
 DATA_FOLDER = "ducklake"
@@ -74,23 +71,28 @@ class DuckLakeConfig:
     catalog: str          # e.g. sqlite:/abs/ducklake.sqlite, postgres:dbname=bridge host=db
     data_path: str        # a folder (ending in /) or s3://... / gs://...
     inline_rows: int = INLINE_ROWS
+    # whether catalog and data path are the folder's own defaults (follow_moved_folder)
+    own_places: bool = True
 
     @classmethod
-    def for_folder(cls, folder: str | Path) -> DuckLakeConfig:
+    def for_folder(cls, folder: str | Path, *, catalog: str = "", data_path: str = "",
+                   inline_rows: int = INLINE_ROWS) -> DuckLakeConfig:
+        """The DuckLake of `folder`: `catalog` (BRIDGE_LAKE_CATALOG; empty: the folder's SQLite
+        file) and `data_path` (BRIDGE_LAKE_DATA_PATH; empty: <folder>/ducklake/)."""
         folder = Path(folder).resolve()
-        catalog = os.environ.get(CATALOG_ENV) or f"sqlite:{CATALOG_FILE}"
+        own_places = not catalog and not data_path
+        catalog = catalog or f"sqlite:{CATALOG_FILE}"
         kind, _, rest = catalog.partition(":")
         if kind in ("sqlite", "duckdb") and rest:
             catalog = f"{kind}:{_local(folder, rest)}" if kind == "sqlite" else str(_local(folder, rest))
         elif not rest and kind not in ("postgres",):  # a bare path: a DuckDB catalog file
             catalog = str(_local(folder, catalog))
-        data_path = os.environ.get(DATA_PATH_ENV) or str(folder / DATA_FOLDER)
+        data_path = data_path or str(folder / DATA_FOLDER)
         if "://" not in data_path:
             data_path = str(_local(folder, data_path))
         if not data_path.endswith("/"):
             data_path += "/"
-        inline = int(os.environ.get(INLINE_ENV) or INLINE_ROWS)
-        return cls(folder, catalog, data_path, inline)
+        return cls(folder, catalog, data_path, inline_rows, own_places)
 
     @property
     def kind(self) -> str:
@@ -222,7 +224,7 @@ def follow_moved_folder(config: DuckLakeConfig) -> None:
     if config in _followed:
         return
     _followed.add(config)
-    if os.environ.get(CATALOG_ENV) or os.environ.get(DATA_PATH_ENV) or not Path(config.data_path).is_dir():
+    if not config.own_places or not Path(config.data_path).is_dir():
         return
     moved = repoint(config)
     if moved:

@@ -24,9 +24,9 @@ BRIDGE_EXECUTOR says otherwise.
 
 from __future__ import annotations
 
-import os
-
 import dagster as dg
+
+from bridge_assets.settings import env
 
 EXECUTOR_ENV = "BRIDGE_EXECUTOR"
 SCHEDULER_ENV = "BRIDGE_DASK_SCHEDULER"
@@ -38,9 +38,9 @@ DEFAULT_EXECUTOR = "multiprocess"
 def dask_cluster_config() -> dict:
     """dagster-dask's `cluster` config from the environment: an existing scheduler, else a
     LocalCluster of worker processes."""
-    if address := os.environ.get(SCHEDULER_ENV):
+    if address := env.raw(SCHEDULER_ENV):
         return {"existing": {"address": address}}
-    workers = int(os.environ.get(WORKERS_ENV) or 2)
+    workers = env.dask_workers
     return {"local": {"n_workers": workers, "threads_per_worker": 1, "processes": True,
                       "dashboard_address": None}}
 
@@ -48,9 +48,9 @@ def dask_cluster_config() -> dict:
 def executor_from_env() -> dg.ExecutorDefinition | None:
     """The executor $BRIDGE_EXECUTOR names (see the module's docstring); None when unset:
     Dagster's default (multiprocess, or in-process when a run's config asks for it)."""
-    if not os.environ.get(EXECUTOR_ENV):
+    kind = env.executor
+    if kind is None:
         return None
-    kind = os.environ[EXECUTOR_ENV].strip().lower()
     if kind not in EXECUTORS:
         raise ValueError(f"{EXECUTOR_ENV}={kind!r}: expected one of {', '.join(EXECUTORS)}")
     if kind == "dask":

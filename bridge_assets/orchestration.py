@@ -295,9 +295,10 @@ def materialize(assets: Iterable[str], dataset: str | None, *,
     from bridge_assets.definitions import defs
     from bridge_assets.retrieval.sensors import sync_partitions
 
-    lake_store.check()
+    resource = DuckDBStore()
+    lake_store.check(resource.lake)
     inst = instance()
-    sync = sync_partitions(inst, DuckDBStore())
+    sync = sync_partitions(inst, resource)
     steps = plan(defs, list(assets), dataset, inst, with_missing_upstream=with_missing_upstream)
     if partition_key is not None:
         steps = [Step(step.keys, [partition_key]) if step.partition_keys and

@@ -1,6 +1,6 @@
 """Where things live: the project's resources and the runtime data lake.
 
-The data lake's location is decided in one place, `Lake.locate()`: the `DuckDBStore`
+The data lake's location is decided in one place, `settings.lake_location()`: the `DuckDBStore`
 resource's config (bridge_assets.resources), else `BRIDGE_DATA_LAKE`, else the project's
 `data_lake/`. The votes store (annotators, assignments, votes) is a DuckDB file of its own:
 `BRIDGE_VOTES_DB`, else `<data lake>/annotations/votes.duckdb`, so the pipeline's file can be
@@ -9,58 +9,41 @@ rebuilt or deleted (`make clean`) without touching a vote.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # paths is imported everywhere (read_sql): it does not import duckdb
+    from bridge_assets.ducklake import DuckLakeConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 RESOURCES_DIR = PROJECT_ROOT / "resources"
 SQL_DIR = PROJECT_ROOT / "sql"
-
-LAKE_ENV = "BRIDGE_DATA_LAKE"
-VOTES_ENV = "BRIDGE_VOTES_DB"
-STORAGE_ENV = "BRIDGE_STORAGE"
-STORAGES = ("duckdb", "ducklake")
-# How the pipeline's tables are stored unless $BRIDGE_STORAGE says otherwise: "ducklake" (a
-# DuckLake: SQLite catalog + Parquet under the lake folder, bridge_assets.ducklake; many writers,
-# snapshots) or "duckdb" (one file, <lake>/bridge.duckdb, one writer at a time).
-DEFAULT_STORAGE = "ducklake"
-
-
-def storage() -> str:
-    """The storage backend in force: $BRIDGE_STORAGE, else DEFAULT_STORAGE."""
-    kind = (os.environ.get(STORAGE_ENV) or DEFAULT_STORAGE).strip().lower()
-    if kind not in STORAGES:
-        raise ValueError(f"{STORAGE_ENV}={kind!r}: expected one of {', '.join(STORAGES)}")
-    return kind
+PIPELINE_FILE = "bridge.duckdb"  # the DuckDB-file storage's file, and the path that stands for the store
 
 
 @dataclass(frozen=True)
-class Lake:
-    """The runtime storage: the lake folder and the files and folders in it."""
+class LakeLocation:
+    """The runtime storage, resolved once (settings.lake_location()): the lake folder and what
+    is in it, the votes store, and where the pipeline's tables are: the DuckLake `ducklake`
+    (the default storage), or the DuckDB file `duckdb` when `ducklake` is None."""
 
     folder: Path
-    votes_db: Path      # the votes store (annotators, assignments, votes)
+    votes_db: Path                    # the votes store (annotators, assignments, votes)
+    storage: str                      # ducklake or duckdb ($BRIDGE_STORAGE)
+    ducklake_config: DuckLakeConfig   # this folder's DuckLake as configured, whatever the storage
+                                      # (`bridge lake migrate` moves a DuckDB file into it)
 
-    @classmethod
-    def locate(cls, data_lake: str | Path = "", votes_db: str | Path = "") -> Lake:
-        """`data_lake` (empty: $BRIDGE_DATA_LAKE, else the project's data_lake/) and `votes_db`
-        (empty: $BRIDGE_VOTES_DB, else <data lake>/annotations/votes.duckdb); relative paths
-        are relative to the working directory."""
-        folder = Path(data_lake or os.environ.get(LAKE_ENV) or PROJECT_ROOT / "data_lake").resolve()
-        votes = Path(votes_db or os.environ.get(VOTES_ENV) or folder / "annotations" / "votes.duckdb")
-        return cls(folder, votes.resolve())
+    @property
+    def ducklake(self) -> DuckLakeConfig | None:
+        """The DuckLake holding the pipeline's tables; None on the DuckDB-file storage."""
+        return self.ducklake_config if self.storage == "ducklake" else None
 
     @property
     def duckdb(self) -> Path:
-        """The pipeline's DuckDB file: one table per asset, and the LLM call ledger."""
-        return self.folder / "bridge.duckdb"
-
-    @property
-    def storage(self) -> str:
-        """duckdb or ducklake (see storage()); the pipeline's tables are reached through
-        store.connect(self.duckdb) either way."""
-        return storage()
+        """The pipeline's DuckDB file (BRIDGE_STORAGE=duckdb): one table per asset, and the LLM
+        call ledger. Under DuckLake it names the pipeline's store in messages and old lakes."""
+        return self.folder / PIPELINE_FILE
 
     @property
     def dagster_home(self) -> Path:
@@ -85,15 +68,22 @@ class Lake:
     def exports(self, dataset: str) -> Path:
         return self.folder / "exports" / dataset
 
+    @classmethod
+    def locate(cls, data_lake: str | Path = "", votes_db: str | Path = "") -> LakeLocation:
+        """settings.lake_location(); kept for human/app.py until it takes the store's location."""
+        from bridge_assets.settings import lake_location
 
-def data_lake_dir() -> Path:
-    """The lake folder as configured by the environment (see Lake.locate)."""
-    return Lake.locate().folder
+        return lake_location(data_lake, votes_db)
+
+
+Lake = LakeLocation  # the old name, for human/app.py until it takes the store's location
 
 
 def duckdb_path() -> Path:
-    """The pipeline's DuckDB file as configured by the environment (see Lake.locate)."""
-    return Lake.locate().duckdb
+    """The environment's pipeline file; kept for costs.py until it takes the store's location."""
+    from bridge_assets.settings import lake_location
+
+    return lake_location().duckdb
 
 
 def read_sql(name: str) -> str:

@@ -12,7 +12,6 @@ edits a file inside it.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,6 +20,7 @@ from typing import Any, TypeVar
 import yaml
 
 from bridge_assets.paths import PROJECT_ROOT
+from bridge_assets.settings import env
 
 ENV_REGISTRY_DIR = "BRIDGE_REGISTRY_DIR"
 
@@ -62,8 +62,7 @@ class Registry:
 
 def registry_dir() -> Path | None:
     """The user's registry folder ($BRIDGE_REGISTRY_DIR), None when unset."""
-    value = os.environ.get(ENV_REGISTRY_DIR, "").strip()
-    return Path(value).expanduser().resolve() if value else None
+    return env.registry_dir
 
 
 def target_file(shipped: Path, name: str) -> Path:

@@ -10,21 +10,24 @@ import dagster as dg
 import duckdb
 import polars as pl
 
-from bridge_assets import store
-from bridge_assets.paths import Lake
+from bridge_assets import settings, store
+from bridge_assets.paths import LakeLocation
 
 
 class DuckDBStore(dg.ConfigurableResource):
-    """The data lake: the pipeline's DuckDB file (`<data lake>/bridge.duckdb`, tables named
-    after assets) and the votes store beside it. The one owner of their locations: the command
-    line, the sensors and the LLM call ledger all ask it (`DuckDBStore().lake`)."""
+    """The data lake: the pipeline's tables (a DuckLake, or `<data lake>/bridge.duckdb`; named
+    after assets) and the votes store beside it. The entry point to their location: it holds
+    the LakeLocation (`lake`) and hands it to every store call; the LLM resource and the votes
+    store take this resource (nested), the command line and the sensors ask it."""
 
     data_lake: str = ""  # empty: $BRIDGE_DATA_LAKE or the project's data_lake/
     votes_db: str = ""   # empty: $BRIDGE_VOTES_DB or <data lake>/annotations/votes.duckdb
 
     @property
-    def lake(self) -> Lake:
-        return Lake.locate(self.data_lake, self.votes_db)
+    def lake(self) -> LakeLocation:
+        """The location (built once per process and configuration by settings.lake_location;
+        not kept on the resource, so a changed setting is seen)."""
+        return settings.lake_location(self.data_lake, self.votes_db)
 
     @property
     def path(self) -> Path:
@@ -35,7 +38,7 @@ class DuckDBStore(dg.ConfigurableResource):
         return self.lake.votes_db
 
     def connect(self):
-        return store.connect(self.path)
+        return store.connect(self.lake)
 
     def write_partitions(self, tables: dict[str, pl.DataFrame], **keys: Any) -> int | None:
         """Replace one partition of `tables` in one transaction. Inside an asset, the lake
@@ -44,24 +47,26 @@ class DuckDBStore(dg.ConfigurableResource):
         from bridge_assets.snapshots import current_run_info, record_snapshot
 
         info = current_run_info()
-        snapshot = store.write_partitions(tables, keys, self.path, info=info)
+        snapshot = store.write_partitions(tables, keys, self.lake, info=info)
         record_snapshot(snapshot, tables)
         return snapshot
 
     def read(self, sql: str, params: list[Any] | None = None) -> pl.DataFrame:
-        return store.read_frame(sql, params, self.path)
+        return store.read_frame(sql, params, self.lake)
 
     def snapshot(self, dataset: str, tables: Sequence[str], *, votes: bool = False) -> duckdb.DuckDBPyConnection:
         """An in-memory copy of `dataset`'s rows of `tables` (those that exist), and with
         `votes` its human_votes from the votes store (attached read-only for the copy). The
         caller closes it. `tables` is the asset's declared reads: its deps come from the same
         tuple, so lineage and reads cannot drift apart."""
-        memory = store.dataset_snapshot(self.path, dataset, tables)
+        lake = self.lake
+        memory = store.dataset_snapshot(lake, dataset, tables)
         if votes:
+            # (imported here: the votes store's module depends on this one, VotesStore)
             from bridge_assets.human.votes_store import copy_votes
 
             try:
-                copy_votes(memory, dataset, lake_db=self.path, votes_db=self.votes_path)
+                copy_votes(memory, dataset, lake_db=lake, votes_db=lake.votes_db)
             except BaseException:
                 memory.close()
                 raise

@@ -1,9 +1,10 @@
 """The store every asset reads and writes: one DuckDB file, or a DuckLake.
 
-Which one is `paths.storage()` ($BRIDGE_STORAGE: ducklake, the default, or duckdb). Callers do
-not care: they pass the pipeline's path (`Lake.duckdb`, `<lake>/bridge.duckdb`, or None for
-the configured lake) to `connect()`, and get a connection on which the tables have their plain
-names. Any other DuckDB file (the votes store) is always opened as a plain DuckDB file.
+Which one is the lake location's (`paths.LakeLocation`, from `settings.lake_location()`;
+$BRIDGE_STORAGE: ducklake, the default, or duckdb). Callers do not care: they pass the location
+(the DuckDBStore resource passes the one it holds) to `connect()`, and get a connection on which
+the tables have their plain names. Any other DuckDB file (the votes store) is always opened as
+a plain DuckDB file.
 
 DuckDB file: one writing process per file, and Dagster's multiprocess executor runs
 partitions in parallel processes (dagster issues 16248/18746). So every access is a short
@@ -21,7 +22,6 @@ and partition in its snapshot, and returns the snapshot's id (lineage, `--as-of`
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import sys
 import time
@@ -32,15 +32,17 @@ from typing import Any, TypeVar
 import duckdb
 import polars as pl
 
-from bridge_assets import ducklake
-from bridge_assets.paths import STORAGE_ENV, duckdb_path, storage
+from bridge_assets import ducklake, settings
+from bridge_assets.paths import PIPELINE_FILE, LakeLocation
 
 LOCK_WAIT_SECONDS = 300.0
-# Test-only: seconds write_partitions sleeps inside its transaction, before the commit, so a test
-# can kill -9 the process mid-write (tests/test_faults_kill.py). Unset in normal use.
+# Test-only (tests/test_faults_kill.py kills the process mid-write): see settings.VARIABLES.
 TEST_PAUSE_ENV = "BRIDGE_TEST_PAUSE_IN_WRITE"
-PIPELINE_FILE = "bridge.duckdb"  # Lake.duckdb's name: the path that stands for the pipeline's store
+STORAGE_ENV = "BRIDGE_STORAGE"  # named in messages
 T = TypeVar("T")
+# The pipeline's store (a LakeLocation), or another DuckDB file (the votes store). A path named
+# bridge.duckdb stands for the store of the lake folder it is in (tests, old callers).
+Where = LakeLocation | Path | str
 
 
 class StoreBusy(duckdb.IOException):
@@ -55,27 +57,34 @@ class StoreMismatch(RuntimeError):
     """The lake folder holds the other storage than the one configured."""
 
 
-def lake_config(path: Path | None = None) -> ducklake.DuckLakeConfig | None:
-    """The DuckLake that `path` stands for, or None when it is a plain DuckDB file: with
-    BRIDGE_STORAGE=ducklake the pipeline's path (<lake>/bridge.duckdb, or None) means the
-    DuckLake of that lake folder; every other file (the votes store) stays a DuckDB file."""
-    path = Path(path or duckdb_path())
-    if path.name != PIPELINE_FILE or storage() != "ducklake":
-        return None
-    return ducklake.DuckLakeConfig.for_folder(path.parent)
+def resolve(where: Where | None) -> tuple[Path, ducklake.DuckLakeConfig | None]:
+    """The file `where` names and the DuckLake it stands for (None: a plain DuckDB file). A
+    LakeLocation as it is; a path named bridge.duckdb: the location of its folder; any other
+    file (the votes store) a DuckDB file; None: the environment's lake (settings.lake_location();
+    for callers with no store resource: the command line, the LLM ledger's default, tests)."""
+    if where is None or isinstance(where, LakeLocation):
+        location = where or settings.lake_location()
+        return location.duckdb, location.ducklake
+    path = Path(where)
+    if path.name != PIPELINE_FILE:
+        return path, None
+    return path, settings.lake_location(path.parent).ducklake
 
 
-def exists(path: Path | None = None) -> bool:
-    """Whether the store at `path` (default: the configured lake) was ever written."""
-    path = Path(path or duckdb_path())
-    config = lake_config(path)
+def lake_config(where: Where) -> ducklake.DuckLakeConfig | None:
+    """The DuckLake that `where` stands for, or None when it is a plain DuckDB file."""
+    return resolve(where)[1]
+
+
+def exists(where: Where) -> bool:
+    """Whether the store at `where` was ever written."""
+    path, config = resolve(where)
     return config.exists() if config is not None else path.exists()
 
 
-def describe(path: Path | None = None) -> str:
+def describe(where: Where) -> str:
     """Where the store is, in words (for messages)."""
-    path = Path(path or duckdb_path())
-    config = lake_config(path)
+    path, config = resolve(where)
     if config is None:
         return str(path)
     return f"DuckLake ducklake:{config.catalog} (data {config.data_path})"
@@ -96,11 +105,10 @@ def _check_storage(path: Path, config: ducklake.DuckLakeConfig | None) -> None:
                             f"with `bridge lake migrate`, or keep it with {STORAGE_ENV}=duckdb")
 
 
-def check(path: Path | None = None) -> None:
+def check(where: Where) -> None:
     """Raise StoreMismatch when the lake folder holds the other storage than the one in force
     (before a run starts, so it stops with what to do instead of failing in its first step)."""
-    path = Path(path or duckdb_path())
-    _check_storage(path, lake_config(path))
+    _check_storage(*resolve(where))
 
 
 def _is_lock_error(exc: Exception) -> bool:
@@ -143,11 +151,10 @@ def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConne
 
 
 @contextlib.contextmanager
-def connect(path: Path | None = None, *, wait_seconds: float = LOCK_WAIT_SECONDS) -> Iterator[duckdb.DuckDBPyConnection]:
+def connect(where: Where | None = None, *, wait_seconds: float = LOCK_WAIT_SECONDS) -> Iterator[duckdb.DuckDBPyConnection]:
     """A short-lived connection; waits (with backoff) while another process holds the file.
-    On DuckLake (see lake_config) a cursor of this process's lake instance, the lake in use."""
-    path = Path(path or duckdb_path())
-    config = lake_config(path)
+    On DuckLake (see resolve) a cursor of this process's lake instance, the lake in use."""
+    path, config = resolve(where)
     _check_storage(path, config)
     if config is not None:
         with ducklake.connect(config) as con:
@@ -171,12 +178,11 @@ def connect_file(path: Path, *, wait_seconds: float = LOCK_WAIT_SECONDS) -> Iter
 
 
 @contextlib.contextmanager
-def connect_read_only(path: Path | None = None, *, snapshot: int | None = None,
+def connect_read_only(where: Where | None = None, *, snapshot: int | None = None,
                       wait_seconds: float = LOCK_WAIT_SECONDS) -> Iterator[duckdb.DuckDBPyConnection]:
     """A connection that cannot change the store (`bridge sql`, exports); with `snapshot`, the
     DuckLake as it was at that snapshot (time travel; DuckLake only)."""
-    path = Path(path or duckdb_path())
-    config = lake_config(path)
+    path, config = resolve(where)
     _check_storage(path, config)
     if config is None:
         if snapshot is not None:
@@ -193,19 +199,19 @@ def connect_read_only(path: Path | None = None, *, snapshot: int | None = None,
         con.close()
 
 
-def attach(con: duckdb.DuckDBPyConnection, path: Path, alias: str, *, read_only: bool = True,
+def attach(con: duckdb.DuckDBPyConnection, where: Where, alias: str, *, read_only: bool = True,
            wait_seconds: float = LOCK_WAIT_SECONDS) -> None:
-    """ATTACH the DuckDB file `path` to `con` as `alias` (read-only by default), waiting like
-    connect() while another process writes it. The pipeline's path on DuckLake attaches the
+    """ATTACH the DuckDB file `where` to `con` as `alias` (read-only by default), waiting like
+    connect() while another process writes it. The pipeline's store on DuckLake attaches the
     DuckLake under `alias` (its extensions loaded into `con`)."""
-    config = lake_config(path)
+    path, config = resolve(where)
     if config is not None:
         for name in ducklake.extensions_for(config):
             ducklake.load_extension(con, name)
         ducklake.attach(con, config, alias, read_only=read_only)
         return
     mode = " (read_only)" if read_only else ""
-    _waiting(lambda: con.execute(f"attach '{_sql_string(path)}' as \"{alias}\"{mode}"), Path(path),
+    _waiting(lambda: con.execute(f"attach '{_sql_string(path)}' as \"{alias}\"{mode}"), path,
              wait_seconds)
 
 
@@ -245,7 +251,7 @@ def replace_partition(con: duckdb.DuckDBPyConnection, table: str, frame: pl.Data
         con.unregister("_incoming")
 
 
-def run_transaction(body: Callable[[duckdb.DuckDBPyConnection], T], path: Path | None = None, *,
+def run_transaction(body: Callable[[duckdb.DuckDBPyConnection], T], where: Where | None = None, *,
                     message: str = "", info: Mapping[str, Any] | None = None,
                     wait_seconds: float = LOCK_WAIT_SECONDS, test_pause: bool = False) -> tuple[T, int | None]:
     """`body(con)` in one transaction, committed or rolled back whole; returns its result and
@@ -253,19 +259,19 @@ def run_transaction(body: Callable[[duckdb.DuckDBPyConnection], T], path: Path |
     On DuckLake a commit that lost a race to another writer is rolled back and the whole body
     run again, with growing random waits, until `wait_seconds` have passed: then StoreConflict.
     `message` and `info` label the snapshot (the Dagster run, the partition)."""
-    path = Path(path or duckdb_path())
-    config = lake_config(path)
+    where = where if where is not None else settings.lake_location()
+    config = lake_config(where)
     deadline = time.monotonic() + wait_seconds
     delay, attempt = 0.02, 0
     while True:
         attempt += 1
-        with connect(path, wait_seconds=wait_seconds) as con:
+        with connect(where, wait_seconds=wait_seconds) as con:
             con.execute("begin transaction")
             try:
                 if config is not None and (message or info):
                     ducklake.set_commit_info(con, message, dict(info or {}))
                 result = body(con)
-                if test_pause and (pause := os.environ.get(TEST_PAUSE_ENV)):
+                if test_pause and (pause := settings.env.raw(TEST_PAUSE_ENV)):
                     print(f"{TEST_PAUSE_ENV}: paused before commit", file=sys.stderr, flush=True)
                     time.sleep(float(pause))
                 con.execute("commit")
@@ -276,7 +282,7 @@ def run_transaction(body: Callable[[duckdb.DuckDBPyConnection], T], path: Path |
                     raise
                 if time.monotonic() + delay > deadline:
                     raise StoreConflict(
-                        f"{describe(path)}: the commit lost to other writers {attempt} times in "
+                        f"{describe(where)}: the commit lost to other writers {attempt} times in "
                         f"{wait_seconds:g} s ({message or 'write'}); the previous state is kept, "
                         f"run it again: {exc}") from exc
                 time.sleep(delay * (0.5 + random.random()))
@@ -286,7 +292,7 @@ def run_transaction(body: Callable[[duckdb.DuckDBPyConnection], T], path: Path |
 
 
 def write_partitions(tables: Mapping[str, pl.DataFrame], keys: Mapping[str, Any],
-                     path: Path | None = None, *, info: Mapping[str, Any] | None = None) -> int | None:
+                     where: Where | None = None, *, info: Mapping[str, Any] | None = None) -> int | None:
     """Atomically replace one partition of several tables (all or nothing). Returns the
     DuckLake snapshot it committed (None on a DuckDB file). `info` (the Dagster run id, ...)
     is recorded with the snapshot."""
@@ -296,24 +302,24 @@ def write_partitions(tables: Mapping[str, pl.DataFrame], keys: Mapping[str, Any]
 
     partition = "|".join(f"{k}={v}" for k, v in keys.items())
     _, snapshot = run_transaction(
-        body, path, message=f"write {', '.join(tables)} [{partition}]",
+        body, where, message=f"write {', '.join(tables)} [{partition}]",
         info={"tables": list(tables), "partition": {k: str(v) for k, v in keys.items()}, **(info or {})},
         test_pause=True)
     return snapshot
 
 
-def read_frame(sql: str, params: list[Any] | None = None, path: Path | None = None) -> pl.DataFrame:
-    with connect(path) as con:
+def read_frame(sql: str, params: list[Any] | None = None, where: Where | None = None) -> pl.DataFrame:
+    with connect(where) as con:
         return con.execute(sql, params or []).pl()
 
 
-def dataset_snapshot(path: Path, dataset: str, tables: Sequence[str]) -> duckdb.DuckDBPyConnection:
+def dataset_snapshot(where: Where, dataset: str, tables: Sequence[str]) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB holding `dataset`'s rows of those `tables` that exist in the data
-    lake at `path`. Assets compute on it, so a long computation never holds the lake's
+    lake at `where`. Assets compute on it, so a long computation never holds the lake's
     single-writer lock (other materializations wait for that lock while it is held). The
     tables an asset passes here are the ones it declares as its Dagster deps (one tuple)."""
     memory = duckdb.connect()
-    with connect(path) as con:
+    with connect(where) as con:
         for table in tables:
             if table_exists(con, table):
                 frame = con.execute(f'select * from "{table}" where dataset = ?', [dataset]).to_arrow_table()

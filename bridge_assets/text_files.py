@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import gzip
-import os
 import zlib
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
@@ -23,9 +22,10 @@ from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
 from bridge_assets.errors import DatasetError
+from bridge_assets.settings import BY_NAME, env
 
-MAX_LINE_BYTES = 8 * 1024 * 1024
-MAX_TEXT_CHARS = 1_000_000
+MAX_LINE_BYTES = int(BY_NAME["BRIDGE_MAX_LINE_BYTES"].default)
+MAX_TEXT_CHARS = int(BY_NAME["BRIDGE_MAX_TEXT_CHARS"].default)
 
 
 # --- size caps -----------------------------------------------------------------------------
@@ -39,7 +39,7 @@ class Limits:
 
 
 def env_cap(name: str, default: int) -> int:
-    raw = os.environ.get(name)
+    raw = env.raw(name)
     if raw is None:
         return default
     try:

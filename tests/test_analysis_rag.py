@@ -215,7 +215,8 @@ def test_rag_assets_call_the_llm_once_per_answer_and_never_again(labeled_lake):
 def test_rag_assets_run_through_dagster_with_the_offline_model(small_model, labeled_lake):
     from bridge_assets.llm.resource import LLMResource
 
-    resources = {"store": DuckDBStore(data_lake=str(labeled_lake)), "llm": LLMResource(data_lake=str(labeled_lake))}
+    resources = {"store": DuckDBStore(data_lake=str(labeled_lake)),
+                 "llm": LLMResource(store=DuckDBStore(data_lake=str(labeled_lake)))}
     config = {"ops": {"rag_answers": {"config": {"systems": ["bm25"], "query_limit": 1, "model": "qwen-0.5b"}},
                       "rag_judgments": {"config": {"model": "qwen-0.5b"}}}}
     with store.connect(labeled_lake / "bridge.duckdb") as con:

@@ -16,9 +16,9 @@ from bridge_assets import ducklake, orchestration, store
 from bridge_assets.audit import audit_command, audit_pair, format_story
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.llm.parsing import canonical_json
-from bridge_assets.paths import storage
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.resources import DuckDBStore
+from bridge_assets.settings import env
 from test_qrels_bridge import DATASET, MODEL, QUERIES, labeled_lake, turn_call  # noqa: F401  (fixture)
 
 app = typer.Typer()
@@ -81,7 +81,7 @@ def test_debate_pair_json_for_machines(audited_lake):
     qrels_run = next(r for r in story["dagster_runs"] if r["asset"] == "bridge_qrels")
     assert {"asset": "bridge_qrels", "partition": DATASET, "run_id": run_id} == \
         {k: v for k, v in qrels_run.items() if k not in ("materialized_at", "snapshot")}
-    if storage() == "ducklake":  # the snapshot its write committed
+    if env.storage == "ducklake":  # the snapshot its write committed
         with store.connect_read_only() as con:
             assert isinstance(qrels_run["snapshot"], int)
             assert qrels_run["snapshot"] == ducklake.snapshot_of_run(con, run_id)

@@ -164,7 +164,8 @@ def test_two_job_runs_and_a_dask_run_fill_one_ducklake_as_an_in_process_run_woul
     from bridge_assets.llm.resource import LLMResource
     from bridge_assets.retrieval.assets import retrieval_run
 
-    resources = {"store": DuckDBStore(data_lake=str(plain)), "llm": LLMResource(data_lake=str(plain))}
+    resources = {"store": DuckDBStore(data_lake=str(plain)),
+                 "llm": LLMResource(store=DuckDBStore(data_lake=str(plain)))}
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("retriever", ["bm25", "bm25_rm3"])
         assert dg.materialize([ingest_dataset], partition_key="demo", resources=resources, instance=instance).success

@@ -22,7 +22,7 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from bridge_assets import ducklake, store
+from bridge_assets import ducklake, settings, store
 from bridge_assets.llm import ledger
 from bridge_assets.llm.types import LLMRequest, LLMResult
 from conftest import PROJECT_ROOT
@@ -31,8 +31,8 @@ from conftest import PROJECT_ROOT
 @pytest.fixture
 def lake(data_lake, monkeypatch) -> Path:
     monkeypatch.setenv("BRIDGE_STORAGE", "ducklake")
-    monkeypatch.delenv(ducklake.CATALOG_ENV, raising=False)
-    monkeypatch.delenv(ducklake.DATA_PATH_ENV, raising=False)
+    monkeypatch.delenv("BRIDGE_LAKE_CATALOG", raising=False)
+    monkeypatch.delenv("BRIDGE_LAKE_DATA_PATH", raising=False)
     yield data_lake
     ducklake.forget_instances()
 
@@ -51,13 +51,14 @@ def data_files(lake: Path, table: str) -> list[Path]:
 
 
 def test_the_pipeline_path_means_the_ducklake_and_other_files_stay_duckdb(lake):
-    config = store.lake_config()
+    location = settings.lake_location()
+    config = store.lake_config(location)
     assert config is not None and config.catalog == f"sqlite:{lake / ducklake.CATALOG_FILE}"
     assert config.data_path == f"{lake / ducklake.DATA_FOLDER}/"
     assert store.lake_config(lake / "annotations" / "votes.duckdb") is None  # the votes store
-    assert not store.exists()
+    assert not store.exists(location)
     store.write_partitions({"t": frame("a", [1])}, {"dataset": "a"})
-    assert store.exists() and not (lake / "bridge.duckdb").exists()
+    assert store.exists(location) and not (lake / "bridge.duckdb").exists()
 
 
 def test_a_partition_is_replaced_in_one_snapshot_and_a_failed_write_keeps_the_previous_state(lake):

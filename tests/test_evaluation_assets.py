@@ -47,7 +47,8 @@ def prefill_ledger(db, methods):
 
 
 def materialize(lake, methods):
-    resources = {"store": DuckDBStore(data_lake=str(lake)), "llm": LLMResource(data_lake=str(lake))}
+    resources = {"store": DuckDBStore(data_lake=str(lake)),
+                 "llm": LLMResource(store=DuckDBStore(data_lake=str(lake)))}
     return dg.materialize([eval_assets.labeler_eval, eval_assets.labeler_eval_plot],
                           partition_key=GOLDSET, resources=resources,
                           run_config={"ops": {"labeler_eval": {"config": {"methods": methods, "limit": LIMIT}}}})

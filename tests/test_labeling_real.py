@@ -57,7 +57,7 @@ def test_real_debate_records_its_calls_and_a_rerun_makes_none(demo_lake):
 def test_real_pipeline_reruns_for_free_and_pays_only_for_a_new_pair(demo_lake):
     write_run(demo_lake, "bm25", {"q01": ["pydoc-function-7"], "q02": ["pydoc-return-1"]})
     resources = {"store": DuckDBStore(data_lake=str(demo_lake)),
-                 "llm": LLMResource(data_lake=str(demo_lake))}
+                 "llm": LLMResource(store=DuckDBStore(data_lake=str(demo_lake)))}
     run_config = {"ops": {"candidate_pool": {"config": {"depth": 1}},
                           "filter_pool": {"config": {"models": [PROFILE]}},
                           "debate": {"config": {"models": [PROFILE], "reason_words": 15}}}}

@@ -4,8 +4,6 @@ way users set it, BRIDGE_VOTES_DB moves the votes store."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from bridge_assets import paths, store
 from bridge_assets.llm import ledger
 from bridge_assets.llm.resource import LLMResource
@@ -19,7 +17,7 @@ def test_a_relative_bridge_data_lake_is_where_the_ledger_the_store_and_the_llm_r
     monkeypatch.setenv("BRIDGE_DATA_LAKE", "data_lake/eval")  # as the labeler evaluation runs
     monkeypatch.delenv("BRIDGE_VOTES_DB", raising=False)
     expected = tmp_path / "data_lake" / "eval" / "bridge.duckdb"
-    assert DuckDBStore().path == paths.duckdb_path() == LLMResource().db_path == expected
+    assert DuckDBStore().path == paths.duckdb_path() == LLMResource().db_path.duckdb == expected
     assert DuckDBStore().lake.dagster_home == tmp_path / "data_lake" / "eval" / "dagster_home"
     assert DuckDBStore().lake.reports("demo") == tmp_path / "data_lake" / "eval" / "reports" / "demo"
 
@@ -41,4 +39,5 @@ def test_the_votes_store_sits_beside_the_lake_unless_configured(tmp_path, monkey
     assert lake.votes_path == tmp_path / "elsewhere" / "votes.duckdb"
     configured = DuckDBStore(data_lake=str(tmp_path / "lake"), votes_db=str(tmp_path / "v.duckdb"))
     assert configured.votes_path == tmp_path / "v.duckdb"
-    assert LLMResource(data_lake=str(tmp_path / "lake")).db_path == Path(tmp_path / "lake" / "bridge.duckdb")
+    nested = LLMResource(store=DuckDBStore(data_lake=str(tmp_path / "lake")))
+    assert nested.db_path.duckdb == tmp_path / "lake" / "bridge.duckdb"

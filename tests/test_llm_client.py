@@ -388,7 +388,7 @@ def test_llm_resource_uses_defaults_unless_configured(data_lake):
     assert LLMResource(debate="qwen-1.5b").profile_for("debate") == "qwen-1.5b"
     assert LLMResource(filter=["qwen-0.5b", "qwen-1.5b"]).profiles_for("filter") == ["qwen-0.5b", "qwen-1.5b"]
     assert resource.client("qwen-0.5b") is resource.client("qwen-0.5b")
-    assert resource.client("qwen-0.5b").db_path == data_lake / "bridge.duckdb"
+    assert resource.client("qwen-0.5b").db_path.duckdb == data_lake / "bridge.duckdb"
     with pytest.raises(ValueError, match="unknown LLM role"):
         resource.profiles_for("summarise")
 

@@ -112,7 +112,8 @@ def test_sync_partitions_applies_the_profile_without_a_daemon(registry_file, dat
 
 
 def test_retrieval_run_asset_writes_the_partition_and_passes_its_check(data_lake, tmp_path):
-    resources = {"store": DuckDBStore(data_lake=str(data_lake)), "llm": LLMResource(data_lake=str(data_lake))}
+    resources = {"store": DuckDBStore(data_lake=str(data_lake)),
+                 "llm": LLMResource(store=DuckDBStore(data_lake=str(data_lake)))}
     with dg.instance_for_test() as instance:
         dg.materialize([ingest_dataset], partition_key="demo", instance=instance, resources=resources)
         instance.add_dynamic_partitions("retriever", ["bm25"])
@@ -149,7 +150,8 @@ def test_a_reranker_partition_reads_its_first_stage_from_the_lake_when_current(r
     registry_file.write_text(registry_file.read_text().replace(
         "first_stage: bm25\n    model: all-minilm-l6-v2\n",
         "first_stage: bm25\n    model: all-minilm-l6-v2\n    parameters: {depth: 10}\n"))
-    resources = {"store": DuckDBStore(data_lake=str(data_lake)), "llm": LLMResource(data_lake=str(data_lake))}
+    resources = {"store": DuckDBStore(data_lake=str(data_lake)),
+                 "llm": LLMResource(store=DuckDBStore(data_lake=str(data_lake)))}
 
     def materialize(instance, retriever):
         key = dg.MultiPartitionKey({"dataset": "demo", "retriever": retriever})

@@ -57,8 +57,8 @@ def test_write_partitions_is_all_or_nothing(tmp_path):
     with pytest.raises(ValueError, match="lacks partition columns"):
         store.write_partitions({"t1": pl.DataFrame({"dataset": ["a"], "x": [2]}),
                                 "t2": pl.DataFrame({"x": [2]})}, {"dataset": "a"}, path)
-    assert store.read_frame("select x from t1", path=path)["x"].to_list() == [1]
+    assert store.read_frame("select x from t1", where=path)["x"].to_list() == [1]
     # replacing a partition leaves the other partitions alone
     store.write_partitions({"t1": pl.DataFrame({"dataset": ["b"], "x": [5]})}, {"dataset": "b"}, path)
     store.write_partitions({"t1": pl.DataFrame({"dataset": ["b", "b"], "x": [6, 7]})}, {"dataset": "b"}, path)
-    assert sorted(store.read_frame("select x from t1", path=path)["x"].to_list()) == [1, 6, 7]
+    assert sorted(store.read_frame("select x from t1", where=path)["x"].to_list()) == [1, 6, 7]

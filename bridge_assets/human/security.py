@@ -21,6 +21,8 @@ from pathlib import Path
 
 from itsdangerous import BadData, URLSafeSerializer
 
+from bridge_assets.settings import env
+
 SESSION_COOKIE = "bridge_annotate_session"
 SECRET_ENV = "BRIDGE_ANNOTATE_SECRET"
 
@@ -94,8 +96,8 @@ def csrf_matches(session: Session, submitted: object) -> bool:
 def load_secret(data_lake: Path) -> str:
     """$BRIDGE_ANNOTATE_SECRET, else a random secret kept in <data lake>/annotate.secret
     (created on first use, readable by its owner only) so sessions survive restarts."""
-    if os.environ.get(SECRET_ENV):
-        return os.environ[SECRET_ENV]
+    if secret := env.raw(SECRET_ENV):
+        return secret
     path = data_lake / "annotate.secret"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)

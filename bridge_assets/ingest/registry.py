@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 from functools import lru_cache
 from pathlib import Path
@@ -13,7 +12,8 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr,
 
 from bridge_assets import registries
 from bridge_assets.ingest.errors import DatasetError
-from bridge_assets.paths import PROJECT_ROOT, RESOURCES_DIR
+from bridge_assets.paths import PROJECT_ROOT
+from bridge_assets.settings import env
 
 DatasetKind = Literal["beir", "nq_open", "trec", "bridge_release", "beir_url", "huggingface",
                       "ir_datasets"]
@@ -26,7 +26,7 @@ GRADES = (0, 1, 2, 3)
 # `BRIDGE_DATASETS` points at another registry file (tests, or a user's own set of datasets);
 # `<BRIDGE_REGISTRY_DIR>/datasets.yaml` is merged over it (bridge_assets.registries).
 REGISTRY_FILE = "datasets.yaml"
-REGISTRY_PATH = Path(os.environ.get("BRIDGE_DATASETS", RESOURCES_DIR / "datasets.yaml")).resolve()
+REGISTRY_PATH = env.registry_file("BRIDGE_DATASETS", "datasets.yaml")
 # A dataset name becomes a partition key, a folder name (exports, reports, downloads) and a
 # value in SQL, so it is kept to characters that are plain in all three.
 _DATASET_NAME = re.compile(r"[A-Za-z0-9_.-]+")
@@ -169,4 +169,3 @@ def get_dataset(name: str, registry: dict[str, DatasetSpec] | None = None) -> Da
         raise DatasetError(f"unknown dataset '{name}' (known: {known})",
                            registries.describe(REGISTRY_PATH, REGISTRY_FILE))
     return registry[name]
-

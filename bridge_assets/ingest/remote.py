@@ -47,7 +47,10 @@ def _socket_timeout(seconds: float) -> Iterator[None]:
 
 
 def _download_dir(spec: DatasetSpec) -> Path:
-    folder = Lake.locate().downloads / spec.name
+    # (imported here: the module's import lines are being reorganized; `Lake` above is then unused)
+    from bridge_assets.settings import lake_location
+
+    folder = lake_location().downloads / spec.name
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 

@@ -21,9 +21,9 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any
 
+from bridge_assets import store
 from bridge_assets.llm import budget, ledger
 from bridge_assets.llm.backends import Backend, make_backend, model_id
 from bridge_assets.llm.parsing import check_schema, parse_reply
@@ -58,9 +58,9 @@ QUEUED_CHUNKS = 4
 class LLMClient:
     """Calls one models.yaml profile through its backend, with the DuckDB ledger as cache."""
 
-    def __init__(self, profile: str | ModelProfile, *, db_path: Path | None = None, chunk_size: int = 64):
+    def __init__(self, profile: str | ModelProfile, *, db_path: store.Where | None = None, chunk_size: int = 64):
         self.profile = get_profile(profile) if isinstance(profile, str) else profile
-        self.db_path = db_path  # None: the data lake's bridge.duckdb
+        self.db_path = db_path  # the ledger's lake (a LakeLocation, or its bridge.duckdb); None: the environment's
         # Requests sent (and then recorded) together: big enough to keep an HTTP server's
         # batch full, small enough that killing a run loses little work.
         self.chunk_size = max(chunk_size, self.profile.concurrency)

@@ -19,7 +19,6 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 
 import duckdb
 import polars as pl
@@ -77,7 +76,7 @@ class CallRecord:
     attempts: int
 
 
-def lookup(keys: Sequence[str], path: Path | None = None) -> dict[str, LLMResult]:
+def lookup(keys: Sequence[str], path: store.Where | None = None) -> dict[str, LLMResult]:
     """The recorded answer of each key that has one (cached=True): its latest success, else
     its latest reply that failed strict parsing (the model's answer, final: re-asking the same
     request would repeat it; the result keeps its `error`). Calls that got no reply (timeouts,
@@ -107,7 +106,7 @@ def lookup(keys: Sequence[str], path: Path | None = None) -> dict[str, LLMResult
 
 
 def append(records: Sequence[CallRecord], *, profile: str, backend: str, model: str,
-           context: str | None, path: Path | None = None) -> None:
+           context: str | None, path: store.Where | None = None) -> None:
     """Append one batch's calls in one short transaction."""
     if not records:
         return
@@ -154,7 +153,7 @@ FLUSH_ROWS = 20_000
 _appended_since_flush = 0
 
 
-def _flush_now_and_then(rows: int, path: Path | None) -> None:
+def _flush_now_and_then(rows: int, path: store.Where | None) -> None:
     global _appended_since_flush
     if store.lake_config(path) is None:
         return
@@ -171,7 +170,7 @@ def _flush_now_and_then(rows: int, path: Path | None) -> None:
         logger.warning("the LLM ledger's inlined rows were not flushed to Parquet this time: %s", exc)
 
 
-def calls_made(context: str, path: Path | None = None) -> int:
+def calls_made(context: str, path: store.Where | None = None) -> int:
     """How many calls were recorded under `context` (a Dagster run id), in any process."""
     with store.connect(path) as con:
         if not store.table_exists(con, TABLE):
@@ -179,7 +178,7 @@ def calls_made(context: str, path: Path | None = None) -> int:
         return con.execute(f"select count(*) from {TABLE} where context = ?", [context]).fetchone()[0]
 
 
-def read_calls(path: Path | None = None) -> pl.DataFrame:
+def read_calls(path: store.Where | None = None) -> pl.DataFrame:
     """The whole ledger (empty frame when no call was ever made)."""
     with store.connect(path) as con:
         if not store.table_exists(con, TABLE):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from pathlib import Path
+from typing import Any
 
 import dagster as dg
 from pydantic import PrivateAttr
@@ -11,13 +11,14 @@ from pydantic import PrivateAttr
 from bridge_assets.llm.client import ClientStats, LLMClient
 from bridge_assets.llm.profiles import ROLES, load_models_config
 from bridge_assets.llm.types import LLMRequest, LLMResult
+from bridge_assets.paths import LakeLocation
 from bridge_assets.resources import DuckDBStore
 
 
 class LLMResource(dg.ConfigurableResource):
     """Which profile each labeling role uses; empty = the `defaults` of resources/models.yaml."""
 
-    data_lake: str = ""            # the lake whose call ledger to use (DuckDBStore's config; empty: its default)
+    store: DuckDBStore             # the lake whose call ledger to use (nested: the run's store resource)
     filter: list[str] = []         # the filter's models (the paper uses three)
     debate: str = ""               # the debating agents' model
     adjudicator: str = ""          # the LLM that resolves escalated debates
@@ -26,10 +27,15 @@ class LLMResource(dg.ConfigurableResource):
 
     _clients: dict[str, LLMClient] = PrivateAttr(default_factory=dict)
 
+    def __init__(self, **config: Any):
+        # Dagster allows no default for a nested resource: without one, the environment's lake.
+        config.setdefault("store", DuckDBStore())
+        super().__init__(**config)
+
     @property
-    def db_path(self) -> Path:
-        """The call ledger's DuckDB file: where DuckDBStore puts the lake."""
-        return DuckDBStore(data_lake=self.data_lake).path
+    def db_path(self) -> LakeLocation:
+        """Where the call ledger is: the store's lake."""
+        return self.store.lake
 
     def profiles_for(self, role: str) -> list[str]:
         if role not in ROLES:

@@ -71,7 +71,7 @@ def retrieval_run(context: dg.AssetExecutionContext, config: RetrievalRunConfig,
 
     started = time.monotonic()
     result = run_retriever(dataset, retriever, corpus, queries, k=config.k or None, registry=registry,
-                           lake=store.path.parent, llm_client=llm.client, llm_context=context.run_id,
+                           lake=store.lake.folder, llm_client=llm.client, llm_context=context.run_id,
                            progress=context.log.info, stored_run=stored_run)
     problems = rank_problems(result.run, result.metadata["k"])
     if problems:  # never store a run that breaks the contract downstream relies on

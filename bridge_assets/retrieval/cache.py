@@ -23,7 +23,6 @@ from typing import Any
 import polars as pl
 from filelock import FileLock
 
-from bridge_assets.paths import Lake
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +47,9 @@ def artifact_key(corpus_hash: str, config: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode()).hexdigest()[:16]
 
 
-def artifact_dir(dataset: str, family: str, key: str, lake: Path | None = None) -> Path:
-    return (lake / "indexes" if lake else Lake.locate().indexes) / dataset / family / key
+def artifact_dir(dataset: str, family: str, key: str, lake: Path) -> Path:
+    """Where an index of the lake folder `lake` is cached."""
+    return lake / "indexes" / dataset / family / key
 
 
 def is_built(folder: Path) -> bool:

@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from bridge_assets import registries
-from bridge_assets.paths import RESOURCES_DIR
 from bridge_assets.retrieval.errors import RegistryError
+from bridge_assets.settings import env
 
 ENV_REGISTRY = "BRIDGE_RETRIEVERS"          # another registry file (tests, a user's own set)
 ENV_PROFILE = "BRIDGE_RETRIEVER_PROFILE"    # overrides the file's `profile:`
@@ -32,7 +31,7 @@ SCORER_BACKENDS = ("cross_encoder", "monot5")
 
 
 def registry_path() -> Path:
-    return Path(os.environ.get(ENV_REGISTRY, RESOURCES_DIR / "retrievers.yaml")).resolve()
+    return env.registry_file(ENV_REGISTRY, "retrievers.yaml")
 
 
 class _Strict(BaseModel):
@@ -242,7 +241,7 @@ class RetrieverRegistry(BaseModel):
     # ---- lookups ----
     @property
     def active_profile(self) -> str:
-        return os.environ.get(ENV_PROFILE) or self.profile
+        return env.raw(ENV_PROFILE) or self.profile
 
     def profiles(self) -> list[str]:
         return sorted({p for spec in self.systems.values() for p in spec.profiles})

@@ -23,9 +23,9 @@ from typing import Any
 
 import polars as pl
 
-from bridge_assets import registries
+from bridge_assets import registries, settings
 from bridge_assets.ingest.errors import DatasetError
-from bridge_assets.paths import Lake
+from bridge_assets.paths import LakeLocation
 from bridge_assets.retrieval.errors import RegistryError
 from bridge_assets.retrieval.registry import DATASET_PLACEHOLDER, RetrieverRegistry, append_system, load_registry
 from bridge_assets.trec_io import read_trec_run
@@ -36,10 +36,11 @@ _NAME = re.compile(r"[A-Za-z0-9_.-]+")
 EXAMPLES = 5  # unknown ids quoted in the metadata and the log
 
 
-def runs_dir() -> Path:
-    """Where run files are kept: `<registry dir>/runs` (BRIDGE_REGISTRY_DIR), else `<data lake>/runs`."""
+def runs_dir(lake: LakeLocation | None = None) -> Path:
+    """Where run files are kept: `<registry dir>/runs` (BRIDGE_REGISTRY_DIR), else the runs/ of
+    `lake` (the store resource's; None: the environment's lake)."""
     folder = registries.registry_dir()
-    return folder / "runs" if folder else Lake.locate().runs
+    return folder / "runs" if folder else (lake or settings.lake_location()).runs
 
 
 def validate_system_name(name: str) -> str:

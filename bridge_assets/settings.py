@@ -1,0 +1,145 @@
+"""Every `BRIDGE_*` environment variable, declared once: its name, default and meaning (`VARIABLES`,
+the source of README.md's table of settings, which tests/test_settings.py checks against it).
+
+Other modules ask `env` (a `Settings`), never `os.environ`. A value is read when asked, not at
+import, so a test's `monkeypatch.setenv` is seen by the code it then runs.
+
+The lake's location is built from these settings in one place, `lake_location()`: once per
+process and configuration (the `DuckDBStore` resource holds it; everything else is handed it).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from bridge_assets import ducklake
+from bridge_assets.paths import PROJECT_ROOT, RESOURCES_DIR, LakeLocation
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str
+    default: str   # what applies when unset, in words for the README ("" = nothing)
+    meaning: str   # one line
+
+
+VARIABLES: tuple[Setting, ...] = (
+    Setting("BRIDGE_DATA_LAKE", "data_lake/ in the project",
+            "the lake folder: the pipeline's tables, the votes store, caches, reports, Dagster's home"),
+    Setting("BRIDGE_VOTES_DB", "<data lake>/annotations/votes.duckdb",
+            "the votes store (annotators, assignments, votes)"),
+    Setting("BRIDGE_STORAGE", "ducklake",
+            "how the pipeline's tables are stored: ducklake, or duckdb (one file, <data lake>/bridge.duckdb)"),
+    Setting("BRIDGE_LAKE_CATALOG", f"sqlite:{ducklake.CATALOG_FILE}",
+            "the DuckLake catalog (what follows ducklake:), relative to the lake folder, or postgres:..."),
+    Setting("BRIDGE_LAKE_DATA_PATH", f"<data lake>/{ducklake.DATA_FOLDER}/",
+            "where the DuckLake's Parquet files go: a folder, s3://... or gs://..."),
+    Setting("BRIDGE_LAKE_INLINE_ROWS", str(ducklake.INLINE_ROWS),
+            "inserts of at most this many rows stay in the DuckLake catalog"),
+    Setting("BRIDGE_EXECUTOR", "Dagster's (multiprocess)",
+            "the asset jobs' executor: multiprocess, dask or in_process"),
+    Setting("BRIDGE_DASK_SCHEDULER", "a LocalCluster", "the Dask cluster to run steps on (tcp://host:8786)"),
+    Setting("BRIDGE_DASK_WORKERS", "2", "the LocalCluster's worker processes"),
+    Setting("BRIDGE_REGISTRY_DIR", "none",
+            "a folder of your own registries (datasets.yaml, retrievers.yaml, models.yaml, runs/)"),
+    Setting("BRIDGE_DATASETS", "resources/datasets.yaml", "the dataset registry file"),
+    Setting("BRIDGE_RETRIEVERS", "resources/retrievers.yaml", "the retriever registry file"),
+    Setting("BRIDGE_MODELS", "resources/models.yaml", "the LLM profiles file"),
+    Setting("BRIDGE_GOLDSETS", "resources/goldsets.yaml", "the labeler evaluation's gold sets file"),
+    Setting("BRIDGE_RETRIEVER_PROFILE", "the registry's profile:", "which retriever profile runs"),
+    Setting("BRIDGE_MODELS_DIR", "~/.cache/bridge/models", "where joined or downloaded LLM weights are kept"),
+    Setting("BRIDGE_MAX_LINE_BYTES", str(8 * 1024 * 1024), "the longest line a dataset file may have (bytes)"),
+    Setting("BRIDGE_MAX_TEXT_CHARS", str(1_000_000), "the longest text a dataset may have (characters)"),
+    Setting("BRIDGE_ANNOTATE_SECRET", "random, kept in <data lake>/annotate.secret",
+            "the annotation app's session secret"),
+    Setting("BRIDGE_TEST_PAUSE_IN_WRITE", "none",
+            "tests only: seconds a partition write sleeps before its commit (to kill it there)"),
+)
+BY_NAME = {setting.name: setting for setting in VARIABLES}
+# What a lake location is built from: a change to any of them is another location.
+LOCATION_VARIABLES = ("BRIDGE_DATA_LAKE", "BRIDGE_VOTES_DB", "BRIDGE_STORAGE", "BRIDGE_LAKE_CATALOG",
+                      "BRIDGE_LAKE_DATA_PATH", "BRIDGE_LAKE_INLINE_ROWS")
+STORAGES = ("duckdb", "ducklake")
+
+
+class Settings:
+    """The settings in force, read from the environment when asked."""
+
+    @staticmethod
+    def raw(name: str) -> str | None:
+        """The variable's value; None when unset. Only declared variables can be asked for."""
+        if name not in BY_NAME:
+            raise KeyError(f"{name} is not declared in bridge_assets.settings.VARIABLES")
+        return os.environ.get(name)
+
+    def text(self, name: str) -> str:
+        """The value stripped; "" when unset or blank."""
+        return (self.raw(name) or "").strip()
+
+    @property
+    def storage(self) -> str:
+        kind = (self.raw("BRIDGE_STORAGE") or BY_NAME["BRIDGE_STORAGE"].default).strip().lower()
+        if kind not in STORAGES:
+            raise ValueError(f"BRIDGE_STORAGE={kind!r}: expected one of {', '.join(STORAGES)}")
+        return kind
+
+    @property
+    def lake_inline_rows(self) -> int:
+        return int(self.raw("BRIDGE_LAKE_INLINE_ROWS") or ducklake.INLINE_ROWS)
+
+    @property
+    def executor(self) -> str | None:
+        """The executor named, lower case; None when unset (Dagster's default)."""
+        value = self.raw("BRIDGE_EXECUTOR")
+        return value.strip().lower() if value else None
+
+    @property
+    def dask_workers(self) -> int:
+        return int(self.raw("BRIDGE_DASK_WORKERS") or BY_NAME["BRIDGE_DASK_WORKERS"].default)
+
+    @property
+    def registry_dir(self) -> Path | None:
+        value = self.text("BRIDGE_REGISTRY_DIR")
+        return Path(value).expanduser().resolve() if value else None
+
+    def registry_file(self, name: str, shipped: str) -> Path:
+        """A registry file: the variable `name` (when set at all), else resources/<shipped>."""
+        value = self.raw(name)
+        return Path(value if value is not None else RESOURCES_DIR / shipped).resolve()
+
+    @property
+    def models_dir(self) -> Path | None:
+        value = self.raw("BRIDGE_MODELS_DIR")
+        return Path(value).expanduser().resolve() if value else None
+
+
+env = Settings()
+
+_locations: dict[tuple, LakeLocation] = {}
+_locations_lock = threading.Lock()
+
+
+def lake_location(data_lake: str | Path = "", votes_db: str | Path = "") -> LakeLocation:
+    """The lake's location: `data_lake` (empty: BRIDGE_DATA_LAKE, else the project's data_lake/)
+    and `votes_db` (empty: BRIDGE_VOTES_DB, else <data lake>/annotations/votes.duckdb); relative
+    paths are relative to the working directory. Built once per process for each configuration,
+    so every store call of a run shares one object (a test that changes a variable gets another)."""
+    key = (str(data_lake), str(votes_db), os.getcwd(), *(os.environ.get(name) for name in LOCATION_VARIABLES))
+    with _locations_lock:
+        location = _locations.get(key)
+        if location is None:
+            location = _locations[key] = build_location(data_lake, votes_db)
+        return location
+
+
+def build_location(data_lake: str | Path, votes_db: str | Path) -> LakeLocation:
+    """A new LakeLocation from the settings (lake_location() is the one caller: it caches)."""
+    folder = Path(data_lake or env.raw("BRIDGE_DATA_LAKE") or PROJECT_ROOT / "data_lake").resolve()
+    votes = Path(votes_db or env.raw("BRIDGE_VOTES_DB") or folder / "annotations" / "votes.duckdb").resolve()
+    lake = ducklake.DuckLakeConfig.for_folder(folder, catalog=env.raw("BRIDGE_LAKE_CATALOG") or "",
+                                              data_path=env.raw("BRIDGE_LAKE_DATA_PATH") or "",
+                                              inline_rows=env.lake_inline_rows)
+    return LakeLocation(folder, votes, env.storage, lake)
