@@ -1,0 +1,85 @@
+"""Storage resolved once, settings declared once (issue 24, item 2): every BRIDGE_* variable is
+declared in bridge_assets/settings.py and in README.md's table, and the lake's location is built
+once per process and handed to every store call of a run."""
+
+import re
+from pathlib import Path
+
+import dagster as dg
+import polars as pl
+
+from bridge_assets import settings, store
+from bridge_assets.human.votes_store import VotesStore
+from bridge_assets.llm import ledger
+from bridge_assets.llm.resource import LLMResource
+from bridge_assets.paths import LakeLocation
+from bridge_assets.resources import DuckDBStore
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+ROW = re.compile(r"^\| `(BRIDGE_[A-Z_]+)` \| (.*?) \| (.*?) \|$")
+# Not mine to change yet (its owner is told): it still reads BRIDGE_GOLDSETS itself.
+PENDING = {"bridge_assets/evaluation/goldsets.py"}
+
+
+def test_the_readme_table_lists_every_setting_declared_and_no_other():
+    table = {m[1]: (m[2].strip("`"), m[3]) for line in (PROJECT_ROOT / "README.md").read_text().splitlines()
+             if (m := ROW.match(line))}
+    declared = {s.name: (s.default, s.meaning) for s in settings.VARIABLES}
+    assert sorted(table) == sorted(declared)
+    assert table == declared
+
+
+def test_only_the_settings_module_reads_bridge_variables():
+    readers = set()
+    for path in (PROJECT_ROOT / "bridge_assets").rglob("*.py"):
+        text = path.read_text()
+        if re.search(r"(os\.environ|getenv)[^\n]*BRIDGE_|(os\.environ|getenv)[^\n]*_ENV\b", text):
+            readers.add(str(path.relative_to(PROJECT_ROOT)))
+    assert readers - PENDING == set()
+
+
+def test_an_undeclared_variable_cannot_be_asked_for():
+    try:
+        settings.env.raw("BRIDGE_NOT_DECLARED")
+    except KeyError as exc:
+        assert "not declared" in str(exc)
+    else:
+        raise AssertionError("an undeclared variable was read")
+
+
+def test_the_location_is_built_once_and_every_store_call_of_a_run_uses_it(data_lake, monkeypatch):
+    built: list[LakeLocation] = []
+    seen: list[object] = []
+    build, resolve = settings.build_location, store.resolve
+
+    def counting_build(*args):
+        built.append(build(*args))
+        return built[-1]
+
+    def recording_resolve(where):
+        seen.append(where)
+        return resolve(where)
+
+    monkeypatch.setattr(settings, "_locations", {})
+    monkeypatch.setattr(settings, "build_location", counting_build)
+    monkeypatch.setattr(store, "resolve", recording_resolve)
+
+    @dg.asset
+    def written(context: dg.AssetExecutionContext, store: DuckDBStore, llm: LLMResource,
+                votes: VotesStore) -> None:
+        store.write_partitions({"t": pl.DataFrame({"dataset": ["a"], "value": [1]})}, dataset="a")
+        assert store.read("select value from t")["value"].to_list() == [1]
+        store.snapshot("a", ("t",), votes=True).close()
+        assert ledger.calls_made(context.run_id, llm.db_path) == 0
+        votes.prepare()
+        with votes.connect() as con:  # the votes store, the pipeline's tables readable
+            assert con.execute("select count(*) from t").fetchone()[0] == 1
+
+    lake = DuckDBStore()
+    result = dg.materialize([written], resources={"store": lake, "llm": LLMResource(store=lake),
+                                                  "votes": VotesStore(store=lake)})
+    assert result.success
+    assert len(built) == 1 and built[0].folder == data_lake
+    pipeline = [w for w in seen if isinstance(w, LakeLocation) or Path(str(w)).name == "bridge.duckdb"]
+    assert pipeline and all(w is built[0] for w in pipeline), pipeline
+    assert {Path(str(w)) for w in seen if w not in pipeline} == {built[0].votes_db}  # the votes store's file
