@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from bridge_assets.human import cli
 from bridge_assets.human.annotators import add_annotator
-from bridge_assets.human.app import AppSettings, create_app
+from bridge_assets.human.app import AppSettings, admin, annotation_app, import_export
 from bridge_assets.human.labels import compute_human_labels
 from bridge_assets.human.security import SESSION_COOKIE
 from conftest import annotations, votes_db
@@ -22,8 +22,8 @@ SECRET = "a-test-secret-of-enough-length"
 
 
 def make_client(lake, **settings) -> TestClient:
-    app = create_app(AppSettings(db_path=lake / "bridge.duckdb", secret=SECRET,
-                                 **{"attention_rate": 0.0, "seed": 3, **settings}))
+    app = annotation_app(AppSettings(db_path=lake / "bridge.duckdb", secret=SECRET,
+                                     **{"attention_rate": 0.0, "seed": 3, **settings}))
     return TestClient(app, follow_redirects=False)
 
 
@@ -110,7 +110,7 @@ def test_a_wrong_or_forged_token_gets_no_session(lake, tokens):
     assert client.get("/annotate").status_code == 303
     assert login(client, tokens["ann"][:-1] + "x").status_code == 401
     # a cookie signed with another secret is ignored
-    other = create_app(AppSettings(db_path=lake / "bridge.duckdb", secret="another-secret-0123456789"))
+    other = annotation_app(AppSettings(db_path=lake / "bridge.duckdb", secret="another-secret-0123456789"))
     forger = TestClient(other, follow_redirects=False)
     assert login(forger, tokens["ann"]).status_code == 303
     client.cookies.set(SESSION_COOKIE, forger.cookies[SESSION_COOKIE])
@@ -218,6 +218,23 @@ def test_nobody_reads_or_answers_for_someone_elses_vote(lake, tokens):
         assert response.status_code == 403 and "ann-secret-comment" not in response.text, path
     assert votes(lake) == [("ann", "q1", "d5", 1, False, "accepted", True)]
 
+
+
+def test_every_route_of_the_admin_routers_refuses_an_annotator_and_a_stranger(lake, tokens):
+    """The admin routers guard every route they hold, a route added later included."""
+    ann, stranger = make_client(lake), make_client(lake)
+    login(ann, tokens["ann"])
+    csrf = csrf_of(ann.get("/annotate").text)
+    routes = [(method, route.path.replace("{annotator_id}", "ann"))
+              for router in (admin.router, import_export.router) for route in router.routes
+              for method in route.methods]
+    assert len(routes) == 5
+    for method, path in routes:
+        refused = ann.request(method, path, data={"csrf_token": csrf} if method == "POST" else None)
+        assert refused.status_code == 403 and "needs an admin token" in refused.text, (method, path)
+        unknown = stranger.request(method, path)
+        assert unknown.status_code == (303 if method == "GET" else 401), (method, path)
+    assert votes(lake) == []
 
 # --- forged and malformed posts -------------------------------------------------------------------
 

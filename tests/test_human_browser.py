@@ -25,7 +25,7 @@ from statsmodels.stats.inter_rater import fleiss_kappa as statsmodels_fleiss_kap
 
 from bridge_assets import store
 from bridge_assets.human.annotators import add_annotator
-from bridge_assets.human.app import AppSettings, create_app
+from bridge_assets.human.app import AppSettings, annotation_app
 from bridge_assets.human.assets import human_labels
 from bridge_assets.human.labels import compute_human_labels
 from bridge_assets.resources import DuckDBStore
@@ -85,8 +85,8 @@ def test_three_annotators_label_the_queue_in_chromium_and_human_labels_holds_the
     write_escalated_set(data_lake)
     with annotations() as con:
         tokens = {name: add_annotator(con, name) for name in ("alice", "bob", "carol")}
-    app = create_app(AppSettings(db_path=data_lake / "bridge.duckdb", secret="browser-test-secret-123",
-                                 attention_rate=0.25, seed=2))
+    app = annotation_app(AppSettings(db_path=data_lake / "bridge.duckdb",
+                                     secret="browser-test-secret-123", attention_rate=0.25, seed=2))
     screenshot = tmp_path / "annotation_page.png"
     seen: dict[str, list[tuple[str, str]]] = {}
     checks = 0
@@ -188,8 +188,8 @@ def test_markup_in_chunk_query_answers_and_debate_is_shown_as_text_and_never_run
         for agent, quote in (("A", HOSTILE["quote_a"]), ("B", HOSTILE["quote_b"])):
             con.execute("update debate_turns set reference = ?, reason = ? where query_id = 'q1' "
                         "and doc_id = 'd5' and agent = ?", [[quote], HOSTILE["reason"], agent])
-    app = create_app(AppSettings(db_path=data_lake / "bridge.duckdb", secret="browser-test-secret-123",
-                                 attention_rate=0.0))
+    app = annotation_app(AppSettings(db_path=data_lake / "bridge.duckdb",
+                                     secret="browser-test-secret-123", attention_rate=0.0))
     with served(app) as base, sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
         try:

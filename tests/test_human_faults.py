@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from bridge_assets import store
 from bridge_assets.human import cli
 from bridge_assets.human.annotators import add_annotator
-from bridge_assets.human.app import AppSettings, create_app
+from bridge_assets.human.app import AppSettings, annotation_app
 from bridge_assets.human.security import SESSION_COOKIE
 from bridge_assets.human.transfer import ImportFailed, import_votes
 from conftest import annotations, votes_db
@@ -88,8 +88,8 @@ class Clock:
 
 def test_a_session_ends_after_its_absolute_lifetime_however_active(lake, tokens):
     clock = Clock()
-    app = create_app(AppSettings(db_path=lake / "bridge.duckdb", secret=SECRET, attention_rate=0.0,
-                                 session_hours=12), clock=clock)
+    app = annotation_app(AppSettings(db_path=lake / "bridge.duckdb", secret=SECRET, attention_rate=0.0,
+                                     session_hours=12), clock=clock)
     client = TestClient(app, follow_redirects=False)
     login(client, tokens["ann"])
     for _ in range(11):  # active every hour: the cookie is re-signed each time ...
@@ -104,8 +104,8 @@ def test_a_session_ends_after_its_absolute_lifetime_however_active(lake, tokens)
 
 def test_the_session_lifetime_is_a_setting(lake, tokens):
     clock = Clock()
-    app = create_app(AppSettings(db_path=lake / "bridge.duckdb", secret=SECRET, attention_rate=0.0,
-                                 session_hours=1), clock=clock)
+    app = annotation_app(AppSettings(db_path=lake / "bridge.duckdb", secret=SECRET, attention_rate=0.0,
+                                     session_hours=1), clock=clock)
     client = TestClient(app, follow_redirects=False)
     login(client, tokens["ann"])
     clock.now += 3000

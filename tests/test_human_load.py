@@ -20,7 +20,7 @@ import pytest
 
 from bridge_assets import store
 from bridge_assets.human.annotators import add_annotator
-from bridge_assets.human.app import AppSettings, create_app
+from bridge_assets.human.app import AppSettings, annotation_app
 from conftest import PROJECT_ROOT, annotations, votes_db
 from test_human_browser import served
 
@@ -111,8 +111,8 @@ def test_votes_under_load_with_a_pipeline_writing_the_same_file(data_lake, tmp_p
     stop = tmp_path / "stop"
     writer = subprocess.Popen([sys.executable, "-c", WRITER, str(stop)], cwd=PROJECT_ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    app = create_app(AppSettings(db_path=data_lake / "bridge.duckdb", secret="load-test-secret-0123",
-                                 attention_rate=0.0))
+    app = annotation_app(AppSettings(db_path=data_lake / "bridge.duckdb", secret="load-test-secret-0123",
+                                     attention_rate=0.0))
     started = time.perf_counter()
     try:
         with served(app) as base:

@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from bridge_assets import ducklake, store
-from bridge_assets.human import app as app_module
+from bridge_assets.human.app import annotation as app_module
 from bridge_assets.human import cli, votes_store
 from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.assets import human_labels

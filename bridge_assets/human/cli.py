@@ -69,7 +69,7 @@ def serve(
               "accept plain HTTP on a network you trust.")
     import uvicorn
 
-    from bridge_assets.human.app import AppSettings, create_app
+    from bridge_assets.human.app import AppSettings, annotation_app
     from bridge_assets.human.security import load_secret
     from bridge_assets.human.votes_store import VotesConflict
     from bridge_assets.ingest.registry import graded_datasets
@@ -84,7 +84,7 @@ def serve(
                 f"debate history) -> votes in {settings.votes_db}, pipeline {settings.db_path}",
                 fg="cyan", err=True)
     try:
-        app_ = create_app(settings)
+        app_ = annotation_app(settings)
     except (VotesConflict, store.StoreMismatch) as exc:
         _fail(str(exc))
     uvicorn.run(app_, host=host, port=port, log_level="info")

@@ -1,0 +1,69 @@
+"""What every route shares, built once per app and kept on `app.state`: the settings, the
+session signer, the database runner and the attention-check draws."""
+
+import functools
+import random
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, TypeVar
+
+import anyio.to_thread
+from fastapi import Depends, Request
+
+from bridge_assets.human import votes_store
+from bridge_assets.human.app.settings import AppSettings
+from bridge_assets.human.queue import QueueSettings
+from bridge_assets.human.security import Clock, SessionSigner
+
+T = TypeVar("T")
+
+
+class Database:
+    """Runs database work in a worker thread, one call at a time, each on a short connection
+    to the votes store: `votes` on it alone, `run` with the pipeline's tables readable too.
+    A file locked for longer than `busy_seconds` raises StoreBusy."""
+
+    def __init__(self, votes_path: Path, lake_path: Path, busy_seconds: float):
+        self.votes_path, self.lake_path, self.busy_seconds = votes_path, lake_path, busy_seconds
+        self._lock = threading.Lock()
+
+    def _call(self, lake: bool, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        with self._lock, votes_store.connect(self.votes_path, lake_db=self.lake_path if lake else None,
+                                             wait_seconds=self.busy_seconds) as con:
+            return fn(con, *args, **kwargs)
+
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await anyio.to_thread.run_sync(functools.partial(self._call, True, fn, *args, **kwargs))
+
+    async def votes(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await anyio.to_thread.run_sync(functools.partial(self._call, False, fn, *args, **kwargs))
+
+
+@dataclass
+class AppState:
+    settings: AppSettings
+    clock: Clock  # dates sessions; replaced in tests
+    signer: SessionSigner = field(init=False)
+    db: Database = field(init=False)
+    rng: random.Random = field(init=False)
+    queue: QueueSettings = field(init=False)
+
+    def __post_init__(self) -> None:
+        s = self.settings
+        self.signer = SessionSigner(s.secret, s.session_hours * 3600, self.clock)
+        self.db = Database(s.votes_db, s.db_path, s.busy_seconds)
+        self.rng = random.Random(s.seed)
+        self.queue = s.queue
+
+
+def state_of(request: Request) -> AppState:
+    return request.app.state.bridge
+
+
+async def _state(request: Request) -> AppState:  # async: FastAPI runs a plain def in a thread
+    return state_of(request)
+
+
+State = Annotated[AppState, Depends(_state)]  # a route's parameter `state: State`
