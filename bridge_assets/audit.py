@@ -23,6 +23,7 @@ import dagster as dg
 import duckdb
 import typer
 
+from bridge_assets.errors import BridgeError
 from bridge_assets.labeling.evidence import quote_matches
 from bridge_assets.labeling.pairs import chunk_text
 from bridge_assets.labeling.prompts import Prompts
@@ -40,7 +41,7 @@ TEMPLATES = {"filter": "filter", "debate": "debate_turn", "debate_paper": "debat
              "rag_judgment": "rag_judgment"}
 
 
-class AuditError(LookupError):
+class AuditError(BridgeError, LookupError):
     """The pair is unknown to the data lake."""
 
 
@@ -357,16 +358,16 @@ def audit_command(
     human votes, final label and source, models, prompt hashes and Dagster run ids."""
     from bridge_assets import orchestration, store
     from bridge_assets.cli_errors import fail
-    from bridge_assets.human.votes_store import VotesConflict, VotesStore
+    from bridge_assets.human.votes_store import VotesConflict, copy_votes
+    from bridge_assets.resources import DuckDBStore
 
-    votes = VotesStore()
-    lake = votes.store.lake
-    if not store.exists(lake):
-        fail(f"no data lake at {store.describe(lake)}")
+    lake = DuckDBStore().lake
+    if not store.exists(lake.duckdb):
+        fail(f"no data lake at {store.describe(lake.duckdb)}")
     try:
-        with store.connect(lake) as con:
+        with store.connect(lake.duckdb) as con:
             # the pair's votes live in the votes store: copied in for the audit (read-only)
-            votes.copy_votes(con, dataset)
+            copy_votes(con, dataset, lake_db=lake.duckdb, votes_db=lake.votes_db)
             story = audit_pair(con, dataset, query, doc, instance=orchestration.instance())
     except (AuditError, VotesConflict) as exc:
         fail(str(exc))

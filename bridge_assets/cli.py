@@ -8,6 +8,7 @@ import time
 import typer
 
 from bridge_assets.audit import audit_command
+from bridge_assets.cli_errors import BridgeTyper
 from bridge_assets.cli_errors import fail as _fail
 from bridge_assets.evaluation.cli import label_eval_command
 from bridge_assets.human.cli import app as annotate_app
@@ -23,9 +24,9 @@ from bridge_assets.retrieval.cli import runs_app
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-app = typer.Typer(help="BRIDGE: find and fill the holes in IR benchmarks, then re-benchmark.",
+app = BridgeTyper(help="BRIDGE: find and fill the holes in IR benchmarks, then re-benchmark.",
                   no_args_is_help=True, add_completion=False)
-datasets_app = typer.Typer(help="The dataset registry (resources/datasets.yaml).", no_args_is_help=True)
+datasets_app = BridgeTyper(help="The dataset registry (resources/datasets.yaml).", no_args_is_help=True)
 app.add_typer(datasets_app, name="datasets")
 datasets_app.command("add")(add_dataset_command)
 app.add_typer(annotate_app, name="annotate")
@@ -64,18 +65,6 @@ def datasets_list() -> None:
         c = counts.get(name, {})
         cells = [str(c.get(t, "-")) for t in ("corpus", "queries", "original_qrels")]
         typer.echo(f"{name:<16}{spec.kind:<16}{cells[0]:>10}{cells[1]:>9}{cells[2]:>8}  {spec.source}")
-
-
-def _dry_run_config(dataset: str, overrides: dict[str, dict]) -> dict[str, dict]:
-    """What the run's assets will resolve for `dataset` (run_settings): its `pipeline:` entry
-    under the command's explicit settings."""
-    from bridge_assets.ingest.errors import DatasetError
-    from bridge_assets.run_settings import dataset_pipeline, merge
-
-    try:
-        return merge(dataset_pipeline(dataset), overrides)
-    except DatasetError as exc:
-        _fail(str(exc))
 
 
 def _budget_stop(exc: Exception) -> None:
@@ -156,8 +145,7 @@ def run(
     """The main job: the whole pipeline for one dataset, then a short summary. Only what is
     missing or out of date runs (an upstream change, changed settings, a changed retriever
     entry, new votes); with nothing changed it says so and runs nothing."""
-    from bridge_assets import store
-    from bridge_assets.definitions import defs, main_selection
+    from bridge_assets import orchestration, store
     from bridge_assets.ingest.errors import DatasetError
     from bridge_assets.ingest.registry import get_dataset
     from bridge_assets.llm import budget as llm_budget
@@ -165,7 +153,6 @@ def run(
     from bridge_assets.summary import run_summary
 
     started = time.time()
-    graph = defs.resolve_asset_graph()
     overrides: dict[str, dict] = {}
     if sample:
         overrides["candidate_pool"] = {"query_limit": sample}
@@ -174,16 +161,19 @@ def run(
     limit = None if budget is None and budget_usd is None else llm_budget.Budget(budget, budget_usd)
     if dry_run:
         from bridge_assets.costs import estimate_run, render
+        from bridge_assets.run_settings import dataset_pipeline, merge
 
+        # what the run's assets would resolve: the dataset's `pipeline:` entry under the explicit
+        # settings; outside the try, so a bad entry is the plain `error:` of the one handler
+        config = merge(dataset_pipeline(dataset), overrides)
         try:
-            estimate = estimate_run(dataset, _dry_run_config(dataset, overrides))
+            estimate = estimate_run(dataset, config)
         except (ValueError, LookupError, RuntimeError) as exc:
             _fail(f"{type(exc).__name__}: {exc}")
         typer.echo(render(estimate, limit))
         return
     with llm_budget.enforce(limit):
-        outcome = _materialize([key.to_user_string() for key in main_selection.resolve(graph)], dataset,
-                               overrides=overrides, stale_only=True)
+        outcome = _materialize(orchestration.main_assets(), dataset, overrides=overrides, stale_only=True)
     if not outcome.results:
         typer.secho(f"nothing changed: every asset of {dataset} is up to date "
                     f"({outcome.planned} partition steps checked)", fg="green", err=True)

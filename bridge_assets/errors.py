@@ -1,12 +1,16 @@
-"""Errors that name what is wrong with a user's input: the file, the line and the field."""
+"""Errors that name what is wrong with a user's input: the file, the line and the field.
+
+Every error a user can fix derives from BridgeError, so the `bridge` command line stops on all of
+them in one place (cli_errors) with `error: <message>` and exit code 2."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 
-class DatasetError(ValueError):
-    """Bad dataset input, e.g. `queries.jsonl, line 7, field "_id": duplicate id "q3"`."""
+class BridgeError(Exception):
+    """An error the user can fix; the message says where, e.g.
+    `queries.jsonl, line 7, field "_id": duplicate id "q3"` (each part only when known)."""
 
     def __init__(self, problem: str, file: Path | str | None = None, line: int | None = None,
                  field: str | None = None):
@@ -17,3 +21,7 @@ class DatasetError(ValueError):
         if field:
             where.append(f'field "{field}"')
         super().__init__(f"{', '.join(where)}: {problem}" if where else problem)
+
+
+class DatasetError(BridgeError, ValueError):
+    """Bad dataset input, e.g. `queries.jsonl, line 7, field "_id": duplicate id "q3"`."""

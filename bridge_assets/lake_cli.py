@@ -23,9 +23,11 @@ from typing import Any
 import duckdb
 import typer
 
-from bridge_assets.cli_errors import fail
+from bridge_assets.cli_errors import BridgeTyper, fail
+from bridge_assets.errors import BridgeError
+from bridge_assets.paths import storage
 
-app = typer.Typer(help="The lake's storage: DuckLake migration, snapshots, compaction.",
+app = BridgeTyper(help="The lake's storage: DuckLake migration, snapshots, compaction.",
                   no_args_is_help=True, add_completion=False)
 
 # Tables of a lake from before the votes store (human/votes_store.py moves them out first).
@@ -55,22 +57,26 @@ _EXPLAIN = re.compile(r"^\s*explain\s+(\([^)]*\)\s*)?(analy[sz]e\s+)?", re.IGNOR
 READS = "SELECT, FROM, WITH, EXPLAIN, DESCRIBE, SHOW, SUMMARIZE and PRAGMA reads such as table_info"
 
 
+class SqlRefused(BridgeError, ValueError):
+    """A statement `bridge sql` does not run: not exactly one, or not a read."""
+
+
 def read_only_statement(query: str) -> str:
     """`query` when it is exactly one read-only statement, judged by DuckDB's own parser
-    (DESCRIBE, SHOW, SUMMARIZE and PRAGMA reads parse as SELECT); else a ValueError naming the
+    (DESCRIBE, SHOW, SUMMARIZE and PRAGMA reads parse as SELECT); else SqlRefused naming the
     statement type refused."""
     try:
         statements = duckdb.extract_statements(query)
     except duckdb.Error as exc:
-        raise ValueError(str(exc).splitlines()[0]) from None
+        raise SqlRefused(str(exc).splitlines()[0]) from None
     if len(statements) != 1:
-        raise ValueError(f"bridge sql runs exactly one statement, not {len(statements)}")
+        raise SqlRefused(f"bridge sql runs exactly one statement, not {len(statements)}")
     kind = statements[0].type
     if kind == duckdb.StatementType.EXPLAIN:  # EXPLAIN ANALYZE runs what it explains
         inner = duckdb.extract_statements(_EXPLAIN.sub("", query, count=1))
         kind = inner[0].type if len(inner) == 1 else kind
     if kind != duckdb.StatementType.SELECT:
-        raise ValueError(f"bridge sql is read-only: a {kind.name} statement is refused (it runs {READS})")
+        raise SqlRefused(f"bridge sql is read-only: a {kind.name} statement is refused (it runs {READS})")
     return query
 
 
@@ -84,12 +90,9 @@ def sql_command(
     connection cannot reach files outside the lake."""
     from bridge_assets import ducklake, store
 
+    statement = read_only_statement(query)
     try:
-        statement = read_only_statement(query)
-    except ValueError as exc:
-        fail(str(exc))
-    try:
-        with store.connect_read_only(_lake(), snapshot=as_of) as con:
+        with store.connect_read_only(snapshot=as_of) as con:
             # the lake is attached: nothing else on disk is reachable, and it stays so
             con.execute("set enable_external_access = false")
             con.execute("set lock_configuration = true")
@@ -106,27 +109,28 @@ def sql_command(
              f"bridge sql is read-only: {str(exc).splitlines()[0]}")
 
 
-def _lake():
-    """The lake's location, as the store resource holds it."""
+def _lake_config(folder: Path | None = None):
+    from bridge_assets import ducklake
     from bridge_assets.resources import DuckDBStore
 
-    return DuckDBStore().lake
+    return ducklake.DuckLakeConfig.for_folder(folder or DuckDBStore().lake.folder)
 
 
 @app.command("info")
 def info_command() -> None:
     """Which storage is in force, where it lives, and the files of each DuckLake table."""
     from bridge_assets import ducklake, store
+    from bridge_assets.resources import DuckDBStore
 
-    lake = _lake()
-    typer.echo(f"storage\t{lake.storage}")
+    lake = DuckDBStore().lake
+    typer.echo(f"storage\t{storage()}")
     typer.echo(f"lake folder\t{lake.folder}")
     typer.echo(f"duckdb file\t{lake.duckdb}{'' if lake.duckdb.exists() else ' (absent)'}")
-    config = lake.ducklake_config
+    config = _lake_config(lake.folder)
     typer.echo(f"ducklake catalog\tducklake:{config.catalog}{'' if config.exists() else ' (absent)'}")
     typer.echo(f"ducklake data path\t{config.data_path}")
-    if lake.ducklake is not None and config.exists():
-        with store.connect(lake) as con:
+    if store.lake_config() is not None and config.exists():
+        with store.connect() as con:
             typer.echo(f"snapshot\t{ducklake.current_snapshot(con)}")
             for table, counts in ducklake.file_counts(con).items():
                 typer.echo(f"table {table}\t{counts['files']} data files, {counts['delete_files']} delete files")
@@ -144,7 +148,7 @@ def repoint_command(
     on first use)."""
     from bridge_assets import ducklake
 
-    config = _lake().ducklake_config
+    config = _lake_config()
     if not config.exists():
         fail(f"no DuckLake at {config.catalog_file}")
     moved = ducklake.repoint(config, data_path)
@@ -158,13 +162,12 @@ def snapshots_command(limit: int = typer.Option(20, "--limit", "-n", help="The l
     """The DuckLake's snapshots, newest last: id, time, Dagster run, what it wrote."""
     from bridge_assets import ducklake, store
 
-    lake = _lake()
-    if lake.ducklake is None:
+    if store.lake_config() is None:
         fail("the lake is a DuckDB file (BRIDGE_STORAGE=duckdb): it keeps no snapshots; `bridge lake migrate` "
              "moves it into a DuckLake (the default storage)")
-    if not store.exists(lake):
-        fail(f"no DuckLake at {store.describe(lake)}")
-    with store.connect(lake) as con:
+    if not store.exists():
+        fail(f"no DuckLake at {store.describe()}")
+    with store.connect() as con:
         rows = ducklake.snapshots(con)
     typer.echo("snapshot\ttime\trun_id\tmessage")
     for row in rows[-limit:] if limit else rows:
@@ -182,10 +185,9 @@ def compact_command(
     """Flush inlined rows to Parquet, merge small files, rewrite files with many deletions."""
     from bridge_assets import ducklake, store
 
-    lake = _lake()
-    if lake.ducklake is None or not store.exists(lake):
-        fail(f"no DuckLake in force ({store.describe(lake)}): unset BRIDGE_STORAGE=duckdb (DuckLake is the default)")
-    with store.connect(lake) as con:
+    if store.lake_config() is None or not store.exists():
+        fail(f"no DuckLake in force ({store.describe()}): unset BRIDGE_STORAGE=duckdb (DuckLake is the default)")
+    with store.connect() as con:
         counts = ducklake.compact(con, expire_older_than=expire_older_than)
     before = sum(c["files"] + c["delete_files"] for c in counts["before"].values())
     after = sum(c["files"] + c["delete_files"] for c in counts["after"].values())
@@ -267,11 +269,13 @@ def migrate_command(
 ) -> None:
     """Move a DuckDB lake (every table, the LLM call ledger included) into the DuckLake of the
     data lake folder (the default storage; unset BRIDGE_STORAGE=duckdb if you had set it)."""
-    lake = _lake()
+    from bridge_assets.resources import DuckDBStore
+
+    lake = DuckDBStore().lake
     source = (source or lake.duckdb).resolve()
     if not source.exists():
         fail(f"no DuckDB lake at {source}")
-    config = lake.ducklake_config
+    config = _lake_config(lake.folder)
     started = time.monotonic()
     try:
         counts = migrate(source, config, votes_db=lake.votes_db, keep=keep)
@@ -282,5 +286,5 @@ def migrate_command(
     typer.echo(f"moved {len(counts)} tables into ducklake:{config.catalog} (data {config.data_path}) in "
                f"{time.monotonic() - started:.1f} s" + ("" if keep else f"; {source.name} renamed to "
                                                                         f"{source.name}.migrated-*"))
-    if lake.storage != "ducklake":
+    if storage() != "ducklake":
         typer.echo("use it: unset BRIDGE_STORAGE=duckdb (DuckLake is the default)")

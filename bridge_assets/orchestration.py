@@ -279,6 +279,14 @@ class Materialized:
         raise LookupError(f"{asset} was not materialized")
 
 
+
+def main_assets() -> list[str]:
+    """The assets of the main job (every one but the labeler evaluation's), as `bridge run`
+    materializes them; the CLIs ask here rather than import the definitions themselves."""
+    from bridge_assets.definitions import defs, main_selection
+
+    return [key.to_user_string() for key in main_selection.resolve(defs.resolve_asset_graph())]
+
 def materialize(assets: Iterable[str], dataset: str | None, *,
                 asset_config: dict[str, dict[str, Any]] | None = None,
                 partition_key: dg.MultiPartitionKey | None = None,
@@ -295,10 +303,9 @@ def materialize(assets: Iterable[str], dataset: str | None, *,
     from bridge_assets.definitions import defs
     from bridge_assets.retrieval.sensors import sync_partitions
 
-    resource = DuckDBStore()
-    lake_store.check(resource.lake)
+    lake_store.check()
     inst = instance()
-    sync = sync_partitions(inst, resource)
+    sync = sync_partitions(inst, DuckDBStore())
     steps = plan(defs, list(assets), dataset, inst, with_missing_upstream=with_missing_upstream)
     if partition_key is not None:
         steps = [Step(step.keys, [partition_key]) if step.partition_keys and

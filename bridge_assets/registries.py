@@ -12,6 +12,7 @@ edits a file inside it.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,21 +20,21 @@ from typing import Any, TypeVar
 
 import yaml
 
-from bridge_assets.paths import PROJECT_ROOT
-from bridge_assets.settings import env
+from bridge_assets.errors import BridgeError
+from bridge_assets.paths import PROJECT_ROOT, RESOURCES_DIR
 
 ENV_REGISTRY_DIR = "BRIDGE_REGISTRY_DIR"
+# The dataset registry's place lives here, below every stage, because the `dataset` partitions
+# (partitions.py) list its names; its entries are read and checked by ingest.registry.
+# `BRIDGE_DATASETS` points at another file (tests, or a user's own set of datasets).
+DATASETS_FILE = "datasets.yaml"
+DATASETS_PATH = Path(os.environ.get("BRIDGE_DATASETS", RESOURCES_DIR / DATASETS_FILE)).resolve()
 
 T = TypeVar("T")
 
 
-class RegistryFileError(ValueError):
+class RegistryFileError(BridgeError, ValueError):
     """A registry file that cannot be read or written, e.g. `x.yaml, line 7: not valid YAML`."""
-
-    def __init__(self, problem: str, file: Path, line: int | None = None):
-        self.problem, self.file, self.line = problem, file, line
-        where = f"{file}, line {line}" if line is not None else str(file)
-        super().__init__(f"{where}: {problem}")
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,8 @@ class Registry:
 
 def registry_dir() -> Path | None:
     """The user's registry folder ($BRIDGE_REGISTRY_DIR), None when unset."""
-    return env.registry_dir
+    value = os.environ.get(ENV_REGISTRY_DIR, "").strip()
+    return Path(value).expanduser().resolve() if value else None
 
 
 def target_file(shipped: Path, name: str) -> Path:
@@ -242,3 +244,9 @@ def add_entry(path: Path, section: str, name: str, body: dict[str, Any], validat
         else:
             path.write_text(previous, encoding="utf-8")
         raise
+
+
+def dataset_names() -> list[str]:
+    """The names of the registered datasets (the user's datasets.yaml merged over the shipped
+    one), in file order; ingest.registry checks each entry when a dataset is loaded."""
+    return [str(name) for name in load(DATASETS_PATH, DATASETS_FILE).data.get("datasets") or {}]

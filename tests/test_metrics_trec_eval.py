@@ -9,6 +9,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+from bridge_assets.cli_errors import BridgeTyper
 from bridge_assets.ingest.errors import DatasetError
 from bridge_assets.metrics import (FAMILIES, MeasureError, evaluate_trec_files, read_trec_run,
                                    resolve_measures, trec_eval_lines)
@@ -75,7 +76,7 @@ def test_default_report_is_trec_eval_default_byte_for_byte():
 
 
 def cli() -> typer.Typer:
-    app = typer.Typer()
+    app = BridgeTyper()  # as `bridge eval`: its errors stop through the one handler
     app.command()(eval_command)
     return app
 

@@ -27,6 +27,7 @@ from typing import Literal
 
 import duckdb
 
+from bridge_assets.errors import BridgeError
 from bridge_assets.store import dataset_snapshot, table_exists
 
 Scope = Literal["pooled", "all"]
@@ -34,7 +35,7 @@ Scope = Literal["pooled", "all"]
 REFINED_BOUNDS = {"refined": False, "refined_upper": True}
 
 
-class MissingInput(LookupError):
+class MissingInput(BridgeError, LookupError):
     """An analysis needs a table (or rows of it) that is not materialized."""
 
 

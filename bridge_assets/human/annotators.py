@@ -10,6 +10,7 @@ from datetime import datetime
 
 import duckdb
 
+from bridge_assets.errors import BridgeError
 from bridge_assets.human.tables import ensure_schema, utc_now
 
 # Names double as annotator ids in human_votes (readable in audits); e-mail addresses from
@@ -17,7 +18,7 @@ from bridge_assets.human.tables import ensure_schema, utc_now
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@+-]{0,99}$")
 
 
-class AnnotatorError(ValueError):
+class AnnotatorError(BridgeError, ValueError):
     """A bad annotator name, or adding one that exists without asking to rotate its token."""
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import typer
 
-from bridge_assets import store
+from bridge_assets.cli_errors import BridgeTyper
 from bridge_assets.cli_errors import fail as _fail
 
-app = typer.Typer(help="Human annotation of escalated pairs (the annotation web app and its votes).",
+app = BridgeTyper(help="Human annotation of escalated pairs (the annotation web app and its votes).",
                   no_args_is_help=True, add_completion=False)
 
 
@@ -25,10 +25,7 @@ def _votes(lake: bool = False) -> Iterator:
     from bridge_assets.resources import DuckDBStore
 
     where = DuckDBStore()
-    try:
-        moved = votes_store.prepare(where.path, where.votes_path)
-    except (votes_store.VotesConflict, store.StoreMismatch) as exc:
-        _fail(str(exc))
+    moved = votes_store.prepare(where.path, where.votes_path)
     if moved:
         typer.secho(f"moved {moved} votes from {where.path} to the votes store {where.votes_path}",
                     err=True)
@@ -69,9 +66,8 @@ def serve(
               "accept plain HTTP on a network you trust.")
     import uvicorn
 
-    from bridge_assets.human.app import AppSettings, annotation_app
+    from bridge_assets.human.app import AppSettings, create_app
     from bridge_assets.human.security import load_secret
-    from bridge_assets.human.votes_store import VotesConflict
     from bridge_assets.ingest.registry import graded_datasets
     from bridge_assets.resources import DuckDBStore
 
@@ -83,11 +79,7 @@ def serve(
     typer.secho(f"annotation app on http://{host}:{port}/ ({'with' if with_history else 'without'} "
                 f"debate history) -> votes in {settings.votes_db}, pipeline {settings.db_path}",
                 fg="cyan", err=True)
-    try:
-        app_ = annotation_app(settings)
-    except (VotesConflict, store.StoreMismatch) as exc:
-        _fail(str(exc))
-    uvicorn.run(app_, host=host, port=port, log_level="info")
+    uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
 
 
 @app.command("add-annotator")
@@ -97,14 +89,10 @@ def add_annotator(
     rotate: bool = typer.Option(False, "--rotate", help="Issue a new token for an existing annotator."),
 ) -> None:
     """Create an annotator and print their personal token (shown once; only its hash is kept)."""
-    from bridge_assets.human.annotators import AnnotatorError
     from bridge_assets.human.annotators import add_annotator as add
 
-    try:
-        with _votes() as con:
-            token = add(con, name, admin=admin, rotate=rotate)
-    except AnnotatorError as exc:
-        _fail(str(exc))
+    with _votes() as con:
+        token = add(con, name, admin=admin, rotate=rotate)
     typer.secho(f"{'admin' if admin else 'annotator'} {name}: personal token (keep it secret, "
                 "it is shown only once):", err=True)
     typer.echo(token)
@@ -119,10 +107,7 @@ def migrate() -> None:
     from bridge_assets.resources import DuckDBStore
 
     where = DuckDBStore()
-    try:
-        moved = votes_store.prepare(where.path, where.votes_path)
-    except (votes_store.VotesConflict, store.StoreMismatch) as exc:
-        _fail(str(exc))
+    moved = votes_store.prepare(where.path, where.votes_path)
     typer.echo(f"moved {moved} votes from {where.path} to {where.votes_path}" if moved
                else f"votes store: {where.votes_path} (nothing to move)")
 

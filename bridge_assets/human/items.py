@@ -19,6 +19,7 @@ from typing import Any
 
 import duckdb
 
+from bridge_assets.errors import BridgeError
 from bridge_assets.human.queue import Assignment
 from bridge_assets.ingest.registry import LabelScale
 from bridge_assets.labeling.evidence import quote_in_chunk
@@ -77,7 +78,7 @@ class ItemView:
         return any(len(segment.agents) > 1 for segment in self.segments)
 
 
-class ItemNotFound(LookupError):
+class ItemNotFound(BridgeError, LookupError):
     """The assignment's query or chunk is missing from the ingest tables."""
 
 

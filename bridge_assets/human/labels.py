@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import duckdb
 import polars as pl
 
+from bridge_assets.errors import BridgeError
 from bridge_assets.human.agreement import PairKappa, category_counts, fleiss_kappa, weighted_kappas
 from bridge_assets.ingest.registry import GRADES
 from bridge_assets.paths import read_sql
@@ -29,7 +30,7 @@ HUMAN_LABELS_SCHEMA = {
 TALLY_SCHEMA = {**HUMAN_LABELS_SCHEMA, "decided": pl.Boolean}
 
 
-class MissingDebateLabels(LookupError):
+class MissingDebateLabels(BridgeError, LookupError):
     """human_labels needs the debate's outcomes to know which pairs were escalated."""
 
 

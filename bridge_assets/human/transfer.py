@@ -28,6 +28,7 @@ import polars as pl
 from pydantic import (AfterValidator, AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field,
                       ValidationError, model_validator)
 
+from bridge_assets.errors import BridgeError
 from bridge_assets.human import annotators
 from bridge_assets.human.tables import ensure_schema
 from bridge_assets.human.votes import insert_vote, votes_frame
@@ -106,7 +107,7 @@ class VoteRecord(BaseModel):
         return self
 
 
-class ImportFailed(ValueError):
+class ImportFailed(BridgeError, ValueError):
     """The file cannot be imported; `errors` name each record and field at fault, and
     `token_holders` the annotators who log in to the app that the file votes for."""
 

@@ -19,6 +19,7 @@ from enum import Enum
 import duckdb
 import polars as pl
 
+from bridge_assets.errors import BridgeError
 from bridge_assets.human import annotators
 from bridge_assets.human.queue import close_assignment, get_assignment, pair_is_decided
 from bridge_assets.human.tables import ensure_schema, utc_now
@@ -26,7 +27,7 @@ from bridge_assets.ingest.registry import GRADES
 from bridge_assets.store import transaction
 
 
-class VoteRejected(Exception):
+class VoteRejected(BridgeError):
     """A vote the server refuses; `status` is the HTTP status the app answers with."""
 
     status = 400

@@ -43,7 +43,6 @@ def add_dataset_command(
     """Add a dataset to <BRIDGE_REGISTRY_DIR>/datasets.yaml, else to the shipped datasets.yaml
     (validated; the file is unchanged on error). It becomes a `dataset` partition in processes
     started afterwards (restart `make ui`)."""
-    from bridge_assets.ingest.errors import DatasetError
     from bridge_assets.ingest.registry import add_dataset
 
     given: dict[str, Any] = {"path": path, "corpus": corpus, "topics": topics, "qrels": qrels,
@@ -60,9 +59,6 @@ def add_dataset_command(
                          ("query_field", query_field), ("label_scale", label_scale)):
         if value:
             body[field] = value
-    try:
-        written = add_dataset(name, body, replace=replace)
-    except DatasetError as exc:
-        _fail(str(exc))
+    written = add_dataset(name, body, replace=replace)
     typer.echo(f"added dataset '{name}' ({kind}) to {written}; `bridge run --dataset {name}` and the "
                f"UI see it from their next start")

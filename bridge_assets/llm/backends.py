@@ -21,12 +21,13 @@ from typing import Any, Protocol
 import httpx
 from tenacity import AsyncRetrying, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
+from bridge_assets.errors import BridgeError
 from bridge_assets.llm.ledger import call_key
 from bridge_assets.llm.profiles import ModelProfile
 from bridge_assets.llm.types import LLMRequest, LLMResult, TokenLogprob
 
 
-class BackendUnavailable(RuntimeError):
+class BackendUnavailable(BridgeError, RuntimeError):
     """A backend's library is not installed, or the profile cannot run on this machine."""
 
 
@@ -280,7 +281,7 @@ class LlamaCppBackend:
 
 # --- OpenAI-compatible HTTP -----------------------------------------------------------------
 
-class HTTPStatusFailure(Exception):
+class HTTPStatusFailure(BridgeError):
     """A reply with an error status; 429 and 5xx are worth retrying, other 4xx are not."""
 
     def __init__(self, response: httpx.Response | None = None, *, status: int = 0, url: str = "", text: str = ""):

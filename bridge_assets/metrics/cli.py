@@ -6,8 +6,7 @@ from pathlib import Path
 
 import typer
 
-from bridge_assets.errors import DatasetError
-from bridge_assets.metrics.measures import MeasureError, resolve_measures
+from bridge_assets.metrics.measures import resolve_measures
 from bridge_assets.metrics.trec_files import evaluate_trec_files, trec_eval_lines
 
 
@@ -30,13 +29,9 @@ def eval_command(
 ) -> None:
     """Evaluate a TREC run against TREC qrels and print trec_eval-style lines
     (measure, query or 'all', value); the values equal trec_eval's."""
-    try:
-        selection = resolve_measures(measure or ["official"])
-        frame, run_id = evaluate_trec_files(qrels, run, selection, original_qrels=original_qrels,
-                                            relevance_level=level, complete=complete,
-                                            max_docs=max_docs, per_query=query)
-    except (DatasetError, MeasureError, ValueError) as exc:
-        typer.secho(f"error: {exc}", fg="red", err=True)
-        raise typer.Exit(2) from None
+    selection = resolve_measures(measure or ["official"])
+    frame, run_id = evaluate_trec_files(qrels, run, selection, original_qrels=original_qrels,
+                                        relevance_level=level, complete=complete,
+                                        max_docs=max_docs, per_query=query)
     for line in trec_eval_lines(frame, selection, run_id, per_query=query):
         typer.echo(line)

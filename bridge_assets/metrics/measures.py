@@ -16,6 +16,7 @@ from typing import Literal
 import duckdb
 import polars as pl
 
+from bridge_assets.errors import BridgeError, DatasetError
 from bridge_assets.paths import read_sql
 
 TREC_CUTOFFS = (5, 10, 15, 20, 30, 100, 200, 500, 1000)
@@ -74,7 +75,7 @@ PIPELINE_MEASURES = ("success", "recall", "P", "recip_rank_cut", "ndcg_cut", "ma
                      "num_rel", "num_rel_ret")
 
 
-class MeasureError(ValueError):
+class MeasureError(BridgeError, ValueError):
     """A measure name or parameter that this module does not offer."""
 
 
@@ -187,14 +188,14 @@ def _columns(con: duckdb.DuckDBPyConnection, relation: str) -> list[str]:
     try:
         return [c[0] for c in con.execute(f"select * from {relation} limit 0").description]
     except duckdb.Error as exc:
-        raise ValueError(f"cannot read '{relation}': {exc}") from None
+        raise DatasetError(f"cannot read '{relation}': {exc}") from None
 
 
 def _key_column(columns: list[str], name: str, relation: str, default: str | None) -> str:
     if name in columns:
         return f"{name}::varchar"
     if default is None:
-        raise ValueError(f"'{relation}' lacks the column '{name}'")
+        raise DatasetError(f"'{relation}' lacks the column '{name}'")
     return f"'{default}'"
 
 
@@ -203,19 +204,19 @@ def _metric_views(con: duckdb.DuckDBPyConnection, run: str, qrels: str,
                   original_qrels: str | None) -> Iterator[None]:
     run_cols, qrels_cols = _columns(con, run), _columns(con, qrels)
     if ("dataset" in run_cols) != ("dataset" in qrels_cols):
-        raise ValueError(f"'{run}' and '{qrels}' must both carry a 'dataset' column, or neither")
+        raise DatasetError(f"'{run}' and '{qrels}' must both carry a 'dataset' column, or neither")
     if "score" in run_cols:
         score = "score::double"
     elif "rank" in run_cols:
         score = "-rank::double"  # no scores: rank 1 first
     else:
-        raise ValueError(f"'{run}' needs a 'score' or a 'rank' column to order its documents")
+        raise DatasetError(f"'{run}' needs a 'score' or a 'rank' column to order its documents")
     qrels_select = ("select {dataset} as dataset, {query} as query_id, {doc} as doc_id, "
                     "relevance::integer as relevance from {rel}")
 
     def qrels_view(relation: str, columns: list[str]) -> str:
         if "relevance" not in columns:
-            raise ValueError(f"'{relation}' lacks the column 'relevance'")
+            raise DatasetError(f"'{relation}' lacks the column 'relevance'")
         return qrels_select.format(
             dataset=_key_column(columns, "dataset", relation, ""),
             query=_key_column(columns, "query_id", relation, None),
@@ -256,10 +257,10 @@ def _check_judgments(con: duckdb.DuckDBPyConnection, qrels: str, original_qrels:
     for view, relation in (("metrics_qrels", qrels), ("metrics_original_qrels", original_qrels)):
         duplicate = _first_duplicate(con, view, "dataset, query_id, doc_id")
         if duplicate:
-            raise ValueError(f"'{relation}': document '{duplicate[2]}' is judged twice for query "
+            raise DatasetError(f"'{relation}': document '{duplicate[2]}' is judged twice for query "
                              f"'{duplicate[1]}' (dataset '{duplicate[0]}')")
         if con.execute(f"select count(*) from {view} where relevance is null").fetchone()[0]:
-            raise ValueError(f"'{relation}': a judgment has no relevance value")
+            raise DatasetError(f"'{relation}': a judgment has no relevance value")
 
 
 KEYS = ["dataset", "retriever", "query_id"]
@@ -344,7 +345,7 @@ def compute_measures(con: duckdb.DuckDBPyConnection, selection: MeasureSelection
                 "per_query": per_query,
             }).pl()
         except duckdb.InvalidInputException as exc:  # the SQL's own refusal of a bad ranking
-            raise ValueError(f"'{run}': {str(exc).partition('Error: ')[2] or exc}") from None
+            raise DatasetError(f"'{run}': {str(exc).partition('Error: ')[2] or exc}") from None
         return _long_frame(wide, selection)
 
 

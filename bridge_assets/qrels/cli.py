@@ -14,11 +14,12 @@ from typing import Any
 
 import typer
 
+from bridge_assets.cli_errors import BridgeTyper
 from bridge_assets.cli_errors import fail as _fail
-from bridge_assets.qrels.exports import ExportError, ExportFormat
+from bridge_assets.qrels.exports import ExportFormat
 from bridge_assets.qrels.imports import ImportFormat
 
-app = typer.Typer(help="The refined qrels (bridge_qrels) and their exports.", no_args_is_help=True,
+app = BridgeTyper(help="The refined qrels (bridge_qrels) and their exports.", no_args_is_help=True,
                   add_completion=False)
 
 
@@ -52,7 +53,6 @@ def export(
 ) -> None:
     """Write the refined qrels of DATASET (materialize bridge_qrels first)."""
     from bridge_assets import store
-    from bridge_assets.ingest.errors import DatasetError
     from bridge_assets.qrels.exports import export_qrels
     from bridge_assets.snapshots import resolve_as_of
 
@@ -61,7 +61,7 @@ def export(
         snapshot = resolve_as_of(as_of) if as_of else None
         with store.connect_read_only(snapshot=snapshot) if snapshot is not None else store.connect() as con:
             written = export_qrels(con, dataset, fmt, out)
-    except (ExportError, DatasetError, ValueError) as exc:
+    except ValueError as exc:  # snapshots.resolve_as_of refuses an --as-of with a plain ValueError
         _fail(str(exc))
     if snapshot is not None:
         typer.echo(f"as of lake snapshot {snapshot}", err=True)
@@ -106,20 +106,15 @@ def import_command(
     """Store the judgments of FILE as label source SOURCE of DATASET's refined qrels, ranked
     among the built-in sources, then rebuild bridge_qrels."""
     from bridge_assets import store
-    from bridge_assets.ingest.errors import DatasetError
-    from bridge_assets.qrels.imports import QrelsImportError, import_qrels
-    from bridge_assets.qrels.sources import SourceError
+    from bridge_assets.qrels.imports import import_qrels
 
     _require_lake()
     if unknown_ids not in ("skip", "error"):
         _fail(f"--unknown-ids must be skip or error, not {unknown_ids!r}")
-    try:
-        with store.connect() as con:
-            report = import_qrels(con, dataset, file, source, fmt=fmt, precedence=precedence, before=before,
-                                  after=after, verified=verified, corrects_original=corrects_original,
-                                  unknown_ids=unknown_ids, replace=replace)
-    except (DatasetError, QrelsImportError, SourceError) as exc:
-        _fail(str(exc))
+    with store.connect() as con:
+        report = import_qrels(con, dataset, file, source, fmt=fmt, precedence=precedence, before=before,
+                              after=after, verified=verified, corrects_original=corrects_original,
+                              unknown_ids=unknown_ids, replace=replace)
     kind = "correction source" if report.corrects_original else \
         ("verified source" if report.verified else "unverified source")
     typer.echo(f"{report.stored} of {report.lines} judgments from {report.file} -> '{source}' "
@@ -183,14 +178,11 @@ def remove_command(
 ) -> None:
     """Remove an imported source of DATASET and its judgments, then rebuild bridge_qrels."""
     from bridge_assets import store
-    from bridge_assets.qrels.imports import QrelsImportError, remove_source
+    from bridge_assets.qrels.imports import remove_source
 
     _require_lake()
-    try:
-        with store.connect() as con:
-            removed = remove_source(con, dataset, source)
-    except QrelsImportError as exc:
-        _fail(str(exc))
+    with store.connect() as con:
+        removed = remove_source(con, dataset, source)
     typer.echo(f"removed '{source}' ({removed} judgments) from {dataset}")
     if run:
         metadata = materialize_bridge_qrels(dataset)

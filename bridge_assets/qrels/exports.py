@@ -20,6 +20,7 @@ from pathlib import Path
 import duckdb
 import polars as pl
 
+from bridge_assets.errors import BridgeError
 from bridge_assets.ingest.registry import validate_dataset_name
 from bridge_assets.store import table_exists
 from bridge_assets.trec_io import write_trec_qrels
@@ -32,7 +33,7 @@ class ExportFormat(str, Enum):
     hf = "hf"
 
 
-class ExportError(LookupError):
+class ExportError(BridgeError, LookupError):
     """What an export needs is not in the data lake."""
 
 

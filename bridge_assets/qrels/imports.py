@@ -25,6 +25,7 @@ from typing import Literal
 import duckdb
 import polars as pl
 
+from bridge_assets.errors import BridgeError
 from bridge_assets.ingest.errors import DatasetError
 from bridge_assets.ingest.loaders import read_beir_qrels, read_jsonl
 from bridge_assets.ingest.registry import validate_dataset_name
@@ -48,7 +49,7 @@ FIELDS = {ImportFormat.trec: ("qid", "docid", "rel"), ImportFormat.beir_tsv: ("q
           ImportFormat.bridge: ("q_id", "doc_id", "doc_id")}
 
 
-class QrelsImportError(LookupError):
+class QrelsImportError(BridgeError, LookupError):
     """What the import needs is not in the data lake, or the source exists already."""
 
 

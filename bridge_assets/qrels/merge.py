@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import duckdb
 import polars as pl
 
+from bridge_assets.errors import BridgeError
 from bridge_assets.paths import read_sql
 from bridge_assets.qrels.sources import IMPORT_TABLES, SOURCES, UNVERIFIED_GUESSERS, VERIFIED_BUILTINS, registered
 from bridge_assets.store import table_exists
@@ -55,7 +56,7 @@ OPTIONAL_INPUTS = {
 }
 
 
-class MissingOriginalQrels(LookupError):
+class MissingOriginalQrels(BridgeError, LookupError):
     """The refined qrels start from the original ones: ingest the dataset first."""
 
 

@@ -25,6 +25,7 @@ import re
 import duckdb
 import polars as pl
 
+from bridge_assets.errors import BridgeError
 from bridge_assets.store import table_exists
 
 BUILTIN_PRECEDENCE = {"original": 10.0, "human": 20.0, "debate": 30.0, "pending": 40.0, "filter": 50.0}
@@ -45,7 +46,7 @@ QRELS_SOURCES_DDL = ("dataset varchar, source varchar, precedence double, verifi
 IMPORT_TABLES = {"imported_qrels": IMPORTED_QRELS_DDL, "qrels_sources": QRELS_SOURCES_DDL}
 
 
-class SourceError(ValueError):
+class SourceError(BridgeError, ValueError):
     """An imported source's name or place is not allowed."""
 
 

@@ -14,11 +14,12 @@ from typing import Any
 import typer
 import yaml
 
+from bridge_assets.cli_errors import BridgeTyper
 from bridge_assets.cli_errors import fail as _fail
 
-app = typer.Typer(help="The retriever registry (resources/retrievers.yaml).", no_args_is_help=True,
+app = BridgeTyper(help="The retriever registry (resources/retrievers.yaml).", no_args_is_help=True,
                   add_completion=False)
-runs_app = typer.Typer(help="External runs (TREC run files) as retrieval systems.", no_args_is_help=True,
+runs_app = BridgeTyper(help="External runs (TREC run files) as retrieval systems.", no_args_is_help=True,
                        add_completion=False)
 
 
@@ -29,15 +30,11 @@ def list_systems(
     check: bool = typer.Option(True, "--check/--no-check", help="Say whether each system's models load here."),
 ) -> None:
     """The systems of a profile: kind, models, profiles and whether they can load here."""
-    from bridge_assets.retrieval.errors import RegistryError
     from bridge_assets.retrieval.registry import load_registry
     from bridge_assets.retrieval.weights import availability
 
-    try:
-        registry = load_registry()
-        names = list(registry.systems) if show_all else registry.profile_systems(profile)
-    except RegistryError as exc:
-        _fail(str(exc))
+    registry = load_registry()
+    names = list(registry.systems) if show_all else registry.profile_systems(profile)
     shown = "all systems" if show_all else f"profile {profile or registry.active_profile}"
     typer.echo(f"{registry.source} ({shown}; active profile: {registry.active_profile}; "
                f"profiles: {', '.join(registry.profiles())})")
@@ -95,13 +92,9 @@ def add_system(
     (validated; the file is unchanged on error).
 
     The registry sensor then adds its partition and requests its runs on every dataset."""
-    from bridge_assets.retrieval.errors import RegistryError
     from bridge_assets.retrieval.registry import append_system, load_registry, target_path
 
-    try:
-        registry = load_registry()
-    except RegistryError as exc:
-        _fail(str(exc))
+    registry = load_registry()
     body: dict[str, Any] = {"kind": kind}
     if description:
         body["description"] = description
@@ -118,10 +111,7 @@ def add_system(
     body["profiles"] = list(profiles or [registry.active_profile])
     if params:
         body["parameters"] = _parse_params(params)
-    try:
-        registry = append_system(name, body, replace=replace)
-    except RegistryError as exc:
-        _fail(str(exc))
+    registry = append_system(name, body, replace=replace)
     typer.echo(f"added '{name}' ({kind}) to {target_path()}, profiles {body['profiles']}, "
                f"config hash {registry.config_hash(name)}")
 
@@ -138,10 +128,7 @@ def export_run(
 
     lake = DuckDBStore().lake
     out = out or lake.runs / f"{dataset}.{retriever}.trec"
-    try:
-        path, rows = export_trec_run(dataset, retriever, out, lake.duckdb)
-    except LookupError as exc:
-        _fail(str(exc))
+    path, rows = export_trec_run(dataset, retriever, out, lake.duckdb)
     typer.echo(f"{rows} lines -> {path}")
 
 
@@ -171,30 +158,23 @@ def import_run(
     """Copy FILE to <runs folder>/DATASET/NAME.trec[.gz], register NAME as a run_file system and
     materialize its run on DATASET. The runs folder is <BRIDGE_REGISTRY_DIR>/runs, else
     <data lake>/runs."""
-    from bridge_assets.ingest.errors import DatasetError
     from bridge_assets.ingest.registry import get_dataset
-    from bridge_assets.trec_io import read_trec_run
-    from bridge_assets.retrieval.errors import RegistryError
     from bridge_assets.retrieval.registry import load_registry, target_path
     from bridge_assets.retrieval.run_files import copy_run_file, register_run_file, runs_dir, validate_system_name
+    from bridge_assets.trec_io import read_trec_run
 
-    try:
-        get_dataset(dataset)
-        validate_system_name(name)
-        lines = len(read_trec_run(file).lines)  # a malformed file stops here, before anything is written
-        registry = load_registry()
-    except (DatasetError, RegistryError) as exc:
-        _fail(str(exc))
+    get_dataset(dataset)
+    validate_system_name(name)
+    lines = len(read_trec_run(file).lines)  # a malformed file stops here, before anything is written
+    registry = load_registry()
     suffix = ".trec.gz" if file.name.endswith(".gz") else ".trec"
     if name in registry.systems and registry.system(name).kind == "run_file":
         suffix = ".trec.gz" if registry.system(name).path.endswith(".gz") else ".trec"  # keep its file name
     target = runs_dir() / dataset / f"{name}{suffix}"
     if target.exists() and target.resolve() != file.resolve() and not replace:
         _fail(f"{target} exists (replace it with --replace)")
-    try:  # first: a name taken by another system stops here, before the file is copied
-        _, written = register_run_file(name, dataset, target, k=k, profiles=profiles, replace=replace)
-    except RegistryError as exc:
-        _fail(str(exc))
+    # first: a name taken by another system stops here, before the file is copied
+    _, written = register_run_file(name, dataset, target, k=k, profiles=profiles, replace=replace)
     copy_run_file(file, target)
     typer.echo(f"{lines} lines -> {target}")
     typer.echo(f"registered '{name}' (run_file) in {target_path()}" if written else

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from bridge_assets.retrieval.errors import MissingRun
 from bridge_assets.trec_io import read_trec_run, write_trec_run
 
 RUN_SCHEMA = {"query_id": pl.String, "doc_id": pl.String, "rank": pl.Int32, "score": pl.Float64}
@@ -73,14 +74,14 @@ def read_trec(path: Path) -> pl.DataFrame:
 
 def export_trec_run(dataset: str, retriever: str, path: Path, db_path: Path | None = None) -> tuple[Path, int]:
     """Write the stored run of (dataset, retriever) from `retrieval_run` as a TREC run file
-    tagged with the retriever's name. LookupError when there is no such run."""
+    tagged with the retriever's name. MissingRun (a LookupError) when there is no such run."""
     from bridge_assets import store
 
     with store.connect(db_path) as con:
         if not store.table_exists(con, "retrieval_run"):
-            raise LookupError("no retrieval_run table yet: materialize retrieval_run first")
+            raise MissingRun("no retrieval_run table yet: materialize retrieval_run first")
         run = con.execute("select query_id, doc_id, rank, score from retrieval_run "
                           "where dataset = ? and retriever = ?", [dataset, retriever]).pl()
     if run.is_empty():
-        raise LookupError(f"no stored run of retriever '{retriever}' on dataset '{dataset}'")
+        raise MissingRun(f"no stored run of retriever '{retriever}' on dataset '{dataset}'")
     return write_trec(run, path, tag=retriever), run.height
