@@ -22,13 +22,14 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import polars as pl
 
+from bridge_assets.ingest import remote
 from bridge_assets.ingest.errors import DatasetError
 from bridge_assets.ingest.registry import DatasetSpec, QueryField
 from bridge_assets.text_files import MAX_LINE_BYTES, MAX_TEXT_CHARS, Limits, limits_for  # noqa: F401
@@ -406,24 +407,39 @@ def load_bridge_release(queries_file: Path, corpus: Path) -> DatasetTables:
     return tables
 
 
+def _answers_file(spec: DatasetSpec) -> Path | None:
+    """Resolved before the other files, so a missing answers file is the one an error names."""
+    return spec.resolve(spec.answers, "answers") if spec.answers else None
+
+
+def _load_beir(spec: DatasetSpec) -> DatasetTables:
+    answers = _answers_file(spec)
+    return load_beir_folder(spec.resolve(spec.path, "path"), spec.split, answers)
+
+
+def _load_trec(spec: DatasetSpec) -> DatasetTables:
+    answers = _answers_file(spec)
+    return load_trec(spec.resolve(spec.corpus, "corpus"), spec.resolve(spec.topics, "topics"),
+                     spec.resolve(spec.qrels, "qrels"), answers, spec.query_field)
+
+
+def _load_bridge_release(spec: DatasetSpec) -> DatasetTables:
+    return load_bridge_release(spec.resolve(spec.queries, "queries"), spec.resolve(spec.corpus, "corpus"))
+
+
+def _remote_loader(fetch: Callable[[DatasetSpec], Path]) -> Callable[[DatasetSpec], DatasetTables]:
+    """A remote kind: fetched into a local BEIR folder, then read as one (the same validation)."""
+    return lambda spec: load_beir_folder(fetch(spec), spec.split)
+
+
+# kind -> loader; this module owns the table, remote.py only fetches (it does not import back)
+LOADERS: dict[str, Callable[[DatasetSpec], DatasetTables]] = {
+    "beir": _load_beir, "nq_open": lambda spec: load_nq_open(spec.resolve(spec.path, "path")),
+    "trec": _load_trec, "bridge_release": _load_bridge_release,
+    **{kind: _remote_loader(fetch) for kind, fetch in remote.FETCHERS.items()}}
+
+
 def load_dataset(spec: DatasetSpec) -> DatasetTables:
     """Load any registered dataset by its kind, under the entry's size caps."""
     with _using_limits(limits_for(spec)):
-        return _load_kind(spec)
-
-
-def _load_kind(spec: DatasetSpec) -> DatasetTables:
-    from bridge_assets.ingest import remote
-
-    answers = spec.resolve(spec.answers, "answers") if spec.answers else None
-    if spec.kind == "beir":
-        return load_beir_folder(spec.resolve(spec.path, "path"), spec.split, answers)
-    if spec.kind == "nq_open":
-        return load_nq_open(spec.resolve(spec.path, "path"))
-    if spec.kind == "trec":
-        return load_trec(spec.resolve(spec.corpus, "corpus"), spec.resolve(spec.topics, "topics"),
-                         spec.resolve(spec.qrels, "qrels"), answers, spec.query_field)
-    if spec.kind == "bridge_release":
-        return load_bridge_release(spec.resolve(spec.queries, "queries"),
-                                   spec.resolve(spec.corpus, "corpus"))
-    return remote.load_remote(spec)
+        return LOADERS[spec.kind](spec)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -13,7 +12,6 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr,
 from bridge_assets import registries
 from bridge_assets.ingest.errors import DatasetError
 from bridge_assets.paths import PROJECT_ROOT
-from bridge_assets.settings import env
 
 DatasetKind = Literal["beir", "nq_open", "trec", "bridge_release", "beir_url", "huggingface",
                       "ir_datasets"]
@@ -25,8 +23,8 @@ LabelScale = Literal["binary", "graded"]
 GRADES = (0, 1, 2, 3)
 # `BRIDGE_DATASETS` points at another registry file (tests, or a user's own set of datasets);
 # `<BRIDGE_REGISTRY_DIR>/datasets.yaml` is merged over it (bridge_assets.registries).
-REGISTRY_FILE = "datasets.yaml"
-REGISTRY_PATH = env.registry_file("BRIDGE_DATASETS", "datasets.yaml")
+REGISTRY_FILE = registries.DATASETS_FILE
+REGISTRY_PATH = registries.DATASETS_PATH
 # A dataset name becomes a partition key, a folder name (exports, reports, downloads) and a
 # value in SQL, so it is kept to characters that are plain in all three.
 _DATASET_NAME = re.compile(r"[A-Za-z0-9_.-]+")
@@ -148,15 +146,6 @@ def add_dataset(name: str, body: dict[str, Any], replace: bool = False, path: Pa
     return target
 
 
-@lru_cache(maxsize=1)
-def _cached_registry() -> dict[str, DatasetSpec]:
-    return load_registry()
-
-
-def dataset_names() -> list[str]:
-    return list(_cached_registry())
-
-
 def graded_datasets() -> tuple[str, ...]:
     """The registered datasets whose labels are grades 0-3 (`label_scale: graded`)."""
     return tuple(name for name, spec in load_registry().items() if spec.label_scale == "graded")
@@ -169,3 +158,4 @@ def get_dataset(name: str, registry: dict[str, DatasetSpec] | None = None) -> Da
         raise DatasetError(f"unknown dataset '{name}' (known: {known})",
                            registries.describe(REGISTRY_PATH, REGISTRY_FILE))
     return registry[name]
+

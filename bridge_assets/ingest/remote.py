@@ -2,6 +2,9 @@
 an ir_datasets id. Each is fetched with its usual library into `<data lake>/downloads/<name>`,
 written in the BEIR layout and read by the local loader, so validation is the same. Without
 network they fail within seconds with SourceUnreachable, never hang.
+
+This module only fetches (FETCHERS: kind -> the local BEIR folder); loaders.py owns the table of
+every kind's loader and reads the folder, so the imports go one way: loaders -> remote.
 """
 
 from __future__ import annotations
@@ -11,12 +14,11 @@ import json
 import os
 import socket
 import zipfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from urllib.parse import urlparse
 
 from bridge_assets.ingest.errors import DatasetError, SourceUnreachable
-from bridge_assets.ingest.loaders import DatasetTables, load_beir_folder
 from bridge_assets.ingest.registry import DatasetSpec
 from bridge_assets.paths import Lake
 
@@ -47,10 +49,7 @@ def _socket_timeout(seconds: float) -> Iterator[None]:
 
 
 def _download_dir(spec: DatasetSpec) -> Path:
-    # (imported here: the module's import lines are being reorganized; `Lake` above is then unused)
-    from bridge_assets.settings import lake_location
-
-    folder = lake_location().downloads / spec.name
+    folder = Lake.locate().downloads / spec.name
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
@@ -70,7 +69,7 @@ def _write_qrels(path: Path, rows: Iterable[tuple[str, str, int]]) -> None:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def load_beir_url(spec: DatasetSpec) -> DatasetTables:
+def fetch_beir_url(spec: DatasetSpec) -> Path:
     import httpx
 
     url = spec.url or ""
@@ -93,10 +92,10 @@ def load_beir_url(spec: DatasetSpec) -> DatasetTables:
     corpus_files = sorted((folder / "extracted").rglob("corpus.jsonl"))
     if not corpus_files:
         raise DatasetError("the archive holds no corpus.jsonl (not a BEIR dataset?)", archive)
-    return load_beir_folder(corpus_files[0].parent, spec.split)
+    return corpus_files[0].parent
 
 
-def load_huggingface(spec: DatasetSpec) -> DatasetTables:
+def fetch_huggingface(spec: DatasetSpec) -> Path:
     """A Hugging Face dataset in the BEIR layout (`corpus`/`queries` configs plus a qrels split)
     or the BRIDGE release layout (queries with a `doc_id` list and `answers`)."""
     if os.environ.get("HF_HUB_OFFLINE") != "1":  # offline mode: only the local cache serves it
@@ -134,10 +133,10 @@ def load_huggingface(spec: DatasetSpec) -> DatasetTables:
         qrels_rows = split_of(options.get("qrels_config", "default"), spec.split)
         qrels = [(str(r["query-id"]), str(r["corpus-id"]), int(r["score"])) for r in qrels_rows]
     _write_qrels(folder / "qrels" / f"{spec.split}.tsv", qrels)
-    return load_beir_folder(folder, spec.split)
+    return folder
 
 
-def load_ir_datasets(spec: DatasetSpec) -> DatasetTables:
+def fetch_ir_datasets(spec: DatasetSpec) -> Path:
     try:
         import ir_datasets
     except ImportError:
@@ -157,10 +156,9 @@ def load_ir_datasets(spec: DatasetSpec) -> DatasetTables:
         except OSError as exc:  # DNS failure, refused or timed-out connection while downloading
             raise SourceUnreachable(f"source unreachable: ir_datasets '{spec.id}' could not "
                                     f"download its files ({exc})", spec.name) from None
-    return load_beir_folder(folder, spec.split)
+    return folder
 
 
-def load_remote(spec: DatasetSpec) -> DatasetTables:
-    loaders = {"beir_url": load_beir_url, "huggingface": load_huggingface,
-               "ir_datasets": load_ir_datasets}
-    return loaders[spec.kind](spec)
+# kind -> fetch into a local BEIR folder (read with spec.split by the BEIR loader)
+FETCHERS: dict[str, Callable[[DatasetSpec], Path]] = {
+    "beir_url": fetch_beir_url, "huggingface": fetch_huggingface, "ir_datasets": fetch_ir_datasets}
