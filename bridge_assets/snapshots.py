@@ -6,18 +6,53 @@ asset, partition; `current_run_info`), and the materialization's metadata record
 (`lake_snapshot`; "n/a" on a plain DuckDB file, which keeps no history; `record_snapshot`).
 `bridge audit` shows both per asset (`snapshot_of`), and `bridge qrels export --as-of RUN_ID`
 finds the snapshot a run committed (`ducklake.snapshot_of_run`).
+
+The read side of lineage lives here too: an asset reads the tables it declares (its READS,
+which are also its Dagster deps) through `inputs`, and says what it wrote with `frame_version`.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
-from typing import Any
+import hashlib
+from collections.abc import Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
+import polars as pl
+
+if TYPE_CHECKING:
+    import duckdb
+
+    from bridge_assets.resources import DuckDBStore
 
 METADATA_KEY = "lake_snapshot"
 NOT_AVAILABLE = "n/a"
+
+
+@contextlib.contextmanager
+def inputs(store: DuckDBStore, dataset: str, tables: Sequence[str], *,
+           votes: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+    """`with inputs(store, dataset, READS) as con:` an in-memory copy of `dataset`'s rows of
+    `tables` (DuckDBStore.snapshot), closed on leaving the block. `tables` is what the asset
+    declares: its deps come from the same tuple (tests/test_lineage.py checks it reads no more)."""
+    con = store.snapshot(dataset, tables, votes=votes)
+    try:
+        yield con
+    finally:
+        con.close()
+
+
+def frame_version(frame: pl.DataFrame) -> dg.DataVersion:
+    """A data version of `frame`'s rows (in any order; its dataset column aside): it changes
+    only when they do, so Dagster marks what reads the table stale only then."""
+    rows = frame.drop("dataset", strict=False)
+    rows = rows.select(sorted(rows.columns))
+    # nested columns cannot be sort keys; the others order the rows
+    keys = [name for name, kind in rows.schema.items() if not kind.is_nested()]
+    if keys:
+        rows = rows.sort(keys, nulls_last=True)
+    return dg.DataVersion(hashlib.sha256(rows.write_ipc(None).getvalue()).hexdigest()[:16])
 
 
 def _context() -> dg.AssetExecutionContext | None:
