@@ -2,8 +2,8 @@
 
 retrieval_metrics -> ranking_shift, significance; pool_saturation; partial_annotation_study;
 rag_answers -> rag_judgments -> rag_alignment. Each reads one dataset's rows into an
-in-memory DuckDB (DuckDBStore.snapshot), computes with the plain functions of this
-package, and replaces its partition in one transaction.
+in-memory DuckDB (snapshots.inputs), computes with the plain functions of this package, and
+replaces its partition in one transaction (AnalysisRun: the body every asset here shares).
 
 Lineage is declared once: READS names the tables each asset reads, and both its Dagster deps
 and its snapshot come from that tuple (tests/test_lineage.py checks that the computation reads
@@ -13,13 +13,15 @@ nothing else).
 # No `from __future__ import annotations`: Dagster resolves dg.Config annotations at runtime.
 import time
 import warnings
-from typing import Literal
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import dagster as dg
 import polars as pl
 from pydantic import Field
 
-from bridge_assets import automation, run_settings
+from bridge_assets import automation, run_settings, snapshots
 from bridge_assets.analysis import rag
 from bridge_assets.analysis.partial import DEFAULT_FRACTIONS, compute_partial_annotation_study
 from bridge_assets.analysis.partial import DEFAULT_MEASURES as PARTIAL_MEASURES
@@ -64,12 +66,49 @@ def deps(asset: str) -> list:
     return [RUN_DEP if table == "retrieval_run" else table for table in READS[asset]]
 
 
+def analysis_asset(name: str, description: str) -> Callable:
+    """The asset `name` of this group, one partition per dataset, its deps from READS."""
+    return dg.asset(name=name, partitions_def=dataset_partitions, group_name=GROUP, deps=deps(name),
+                    description=description)
+
+
+@dataclass
+class AnalysisRun:
+    """One materialization of an analysis asset: its dataset partition, its resolved settings;
+    `inputs` is the snapshot of what it declares, `finish` writes its table and reports it."""
+
+    asset: str
+    dataset: str
+    settings: run_settings.Resolved
+    started: float
+
+    @classmethod
+    def start(cls, context: dg.AssetExecutionContext, config: dg.Config) -> "AnalysisRun":
+        return cls(context.asset_key.to_user_string(), context.partition_key,
+                   run_settings.for_run(context, config), time.monotonic())
+
+    @property
+    def config(self) -> Any:
+        return self.settings.config
+
+    def inputs(self, store: DuckDBStore):
+        """`with run.inputs(store) as con:` the snapshot of the tables this asset declares."""
+        return snapshots.inputs(store, self.dataset, READS[self.asset])
+
+    def finish(self, store: DuckDBStore, frame: pl.DataFrame, metadata: dict, *,
+               timed: bool = True) -> dg.MaterializeResult:
+        """Replace the partition with `frame`; the result carries its row count, `metadata`, the
+        seconds since start (unless not `timed`: those assets never reported them) and a data
+        version of its rows, so what reads it goes stale only when they change."""
+        store.write_partitions({self.asset: frame}, dataset=self.dataset)
+        seconds = {"time_s": round(time.monotonic() - self.started, 2)} if timed else {}
+        return dg.MaterializeResult(
+            metadata={**self.settings.metadata(), "dagster/row_count": frame.height, **metadata, **seconds},
+            data_version=snapshots.frame_version(frame))
+
+
 ScopeField = Field("pooled", description="pooled: only the queries of the candidate pool (those "
                    "the pipeline re-judged; every query without a pool); all: every query.")
-
-
-def _seconds(started: float) -> float:
-    return round(time.monotonic() - started, 2)
 
 
 def _scope_metadata(info: ScopeInfo) -> dict:
@@ -109,60 +148,42 @@ def metrics_summary(frame: pl.DataFrame, k: int) -> pl.DataFrame:
     return wide.select("retriever", *ordered)
 
 
-@dg.asset(partitions_def=dataset_partitions, group_name=GROUP,
-          deps=deps("retrieval_metrics"),
-          description="Every system on the original and on the refined qrels, per query and "
-                      "averaged ('all'): Hit, Recall, P, MRR, nDCG @k, MAP, Judged@k, Hole@k "
-                      "(trec_eval conventions). Long table: dataset, retriever, qrels_version, "
-                      "query_id, measure, value.")
+@analysis_asset("retrieval_metrics",
+                "Every system on the original and on the refined qrels, per query and "
+                "averaged ('all'): Hit, Recall, P, MRR, nDCG @k, MAP, Judged@k, Hole@k "
+                "(trec_eval conventions). Long table: dataset, retriever, qrels_version, "
+                "query_id, measure, value.")
 def retrieval_metrics(context: dg.AssetExecutionContext, config: RetrievalMetricsConfig,
                       store: DuckDBStore) -> dg.MaterializeResult:
-    dataset = context.partition_key
-    settings = run_settings.for_run(context, config)
-    config = settings.config
-    started = time.monotonic()
-    con = store.snapshot(dataset, READS["retrieval_metrics"])
-    top_grade = GRADES[-1] if get_dataset(dataset).label_scale == "graded" else 1
-    try:
-        frame, info = compute_dataset_metrics(con, dataset, k=config.k, scope=config.scope,
-                                              relevance_level=config.relevance_level,
-                                              top_grade=top_grade)
-    finally:
-        con.close()
-    store.write_partitions({"retrieval_metrics": frame}, dataset=dataset)
-    return dg.MaterializeResult(metadata={
-        **settings.metadata(),
-        "dagster/row_count": frame.height, **_scope_metadata(info), "k": config.k,
-        "relevance_level": config.relevance_level,
-        "summary": dg.MetadataValue.md(_markdown(metrics_summary(frame, config.k))),
-        "time_s": _seconds(started)})
+    run = AnalysisRun.start(context, config)
+    config = run.config
+    top_grade = GRADES[-1] if get_dataset(run.dataset).label_scale == "graded" else 1
+    with run.inputs(store) as con:
+        frame, info = compute_dataset_metrics(con, run.dataset, k=config.k, scope=config.scope,
+                                              relevance_level=config.relevance_level, top_grade=top_grade)
+    return run.finish(store, frame, {
+        **_scope_metadata(info), "k": config.k, "relevance_level": config.relevance_level,
+        "summary": dg.MetadataValue.md(_markdown(metrics_summary(frame, config.k)))})
 
 
 class RankingShiftConfig(dg.Config):
     measures: list[str] = Field(list(SHIFT_MEASURES), description="retrieval_metrics measures to rank by.")
 
 
-@dg.asset(partitions_def=dataset_partitions, group_name=GROUP, deps=deps("ranking_shift"),
-          description="System ranking before (original qrels) and after (refined qrels), per "
-                      "measure: scores, places, rank changes, Kendall tau and tau-b.")
+@analysis_asset("ranking_shift",
+                "System ranking before (original qrels) and after (refined qrels), per "
+                "measure: scores, places, rank changes, Kendall tau and tau-b.")
 def ranking_shift(context: dg.AssetExecutionContext, config: RankingShiftConfig,
                   store: DuckDBStore) -> dg.MaterializeResult:
-    dataset = context.partition_key
-    settings = run_settings.for_run(context, config)
-    config = settings.config
-    con = store.snapshot(dataset, READS["ranking_shift"])
-    try:
-        frame = compute_ranking_shift(con, dataset, config.measures)
-    finally:
-        con.close()
-    store.write_partitions({"ranking_shift": frame}, dataset=dataset)
+    run = AnalysisRun.start(context, config)
+    with run.inputs(store) as con:
+        frame = compute_ranking_shift(con, run.dataset, run.config.measures)
     taus = frame.unique("measure", maintain_order=True).select("measure", "kendall_tau", "kendall_tau_b")
-    return dg.MaterializeResult(metadata={
-        **settings.metadata(),
-        "dagster/row_count": frame.height, "systems": frame["retriever"].n_unique(),
+    return run.finish(store, frame, {
+        "systems": frame["retriever"].n_unique(),
         "moved_systems": frame.filter(pl.col("rank_change") != 0)["retriever"].n_unique(),
         "robustly_moved_systems": frame.filter(pl.col("robust_rank_change") != 0)["retriever"].n_unique(),
-        "kendall_tau": dg.MetadataValue.md(_markdown(taus))})
+        "kendall_tau": dg.MetadataValue.md(_markdown(taus))}, timed=False)
 
 
 class SignificanceConfig(dg.Config):
@@ -175,32 +196,26 @@ class SignificanceConfig(dg.Config):
     alpha: float = Field(ALPHA, gt=0, lt=1, description="Significance level of the Holm-corrected p-values.")
 
 
-@dg.asset(partitions_def=dataset_partitions, group_name=GROUP, deps=deps("significance"),
-          description="Every pair of systems, per measure, on the original and on the refined qrels: "
-                      "two-sided paired t-test and randomization test over the queries, p-values "
-                      "Holm-Bonferroni corrected over the system pairs, significant at alpha. Long "
-                      "table: dataset, measure, qrels_version, system_a, system_b, queries, mean_a, "
-                      "mean_b, test, statistic, p_value, p_holm, significant.")
+@analysis_asset("significance",
+                "Every pair of systems, per measure, on the original and on the refined qrels: "
+                "two-sided paired t-test and randomization test over the queries, p-values "
+                "Holm-Bonferroni corrected over the system pairs, significant at alpha. Long "
+                "table: dataset, measure, qrels_version, system_a, system_b, queries, mean_a, "
+                "mean_b, test, statistic, p_value, p_holm, significant.")
 def significance(context: dg.AssetExecutionContext, config: SignificanceConfig,
                  store: DuckDBStore) -> dg.MaterializeResult:
-    dataset = context.partition_key
-    settings = run_settings.for_run(context, config)
-    config = settings.config
-    started = time.monotonic()
-    con = store.snapshot(dataset, READS["significance"])
-    try:
-        frame = compute_significance(con, dataset, measures=config.measures, qrels_versions=config.qrels_versions,
-                                     resamples=config.resamples, seed=config.seed, alpha=config.alpha)
-    finally:
-        con.close()
-    store.write_partitions({"significance": frame}, dataset=dataset)
+    run = AnalysisRun.start(context, config)
+    config = run.config
+    with run.inputs(store) as con:
+        frame = compute_significance(con, run.dataset, measures=config.measures,
+                                     qrels_versions=config.qrels_versions, resamples=config.resamples,
+                                     seed=config.seed, alpha=config.alpha)
     counts = frame.group_by("measure", "qrels_version", "test", maintain_order=True).agg(
         pl.len().alias("pairs"), pl.col("significant").sum().alias("significant"))
-    return dg.MaterializeResult(metadata={
-        **settings.metadata(),
-        "dagster/row_count": frame.height, "systems": len(set(frame["system_a"]) | set(frame["system_b"])),
+    return run.finish(store, frame, {
+        "systems": len(set(frame["system_a"]) | set(frame["system_b"])),
         "resamples": config.resamples, "seed": config.seed, "alpha": config.alpha,
-        "significant_pairs": dg.MetadataValue.md(_markdown(counts)), "time_s": _seconds(started)})
+        "significant_pairs": dg.MetadataValue.md(_markdown(counts))})
 
 
 # --- pool_saturation, partial_annotation_study ------------------------------------------------
@@ -213,37 +228,26 @@ class PoolSaturationConfig(dg.Config):
     scope: Literal["pooled", "all"] = ScopeField
 
 
-@dg.asset(partitions_def=dataset_partitions, group_name=GROUP,
-          deps=deps("pool_saturation"),
-          description="Pool saturation from the stored labels (no LLM call): filled holes found "
-                      "and growth rate GR(m) as systems are added (mean/std over seeded random "
-                      "orders), and each system's marginal contribution MC(r) for Hit@10, "
-                      "nDCG@10, Recall@10.")
+@analysis_asset("pool_saturation",
+                "Pool saturation from the stored labels (no LLM call): filled holes found "
+                "and growth rate GR(m) as systems are added (mean/std over seeded random "
+                "orders), and each system's marginal contribution MC(r) for Hit@10, "
+                "nDCG@10, Recall@10.")
 def pool_saturation(context: dg.AssetExecutionContext, config: PoolSaturationConfig,
                     store: DuckDBStore) -> dg.MaterializeResult:
-    dataset = context.partition_key
-    settings = run_settings.for_run(context, config)
-    config = settings.config
-    started = time.monotonic()
-    con = store.snapshot(dataset, READS["pool_saturation"])
-    try:
-        frame, info, holes = compute_pool_saturation(con, dataset, orders=config.orders, seed=config.seed,
-                                                     measures=config.measures, k=config.k,
-                                                     scope=config.scope)
-    finally:
-        con.close()
-    store.write_partitions({"pool_saturation": frame}, dataset=dataset)
+    run = AnalysisRun.start(context, config)
+    config = run.config
+    with run.inputs(store) as con:
+        frame, info, holes = compute_pool_saturation(con, run.dataset, orders=config.orders, seed=config.seed,
+                                                     measures=config.measures, k=config.k, scope=config.scope)
     last_growth = frame.filter(pl.col("statistic") == "growth_rate").sort("systems_added").tail(1)
     contributions = frame.filter(pl.col("statistic") == "marginal_contribution") \
         .pivot(on="measure", index="retriever", values="value")
-    return dg.MaterializeResult(metadata={
-        **settings.metadata(),
-        "dagster/row_count": frame.height, **_scope_metadata(info), "holes": holes,
-        "orders": config.orders, "seed": config.seed,
+    return run.finish(store, frame, {
+        **_scope_metadata(info), "holes": holes, "orders": config.orders, "seed": config.seed,
         "last_growth_rate": dg.MetadataValue.float(last_growth["value"][0])
         if last_growth.height and last_growth["value"][0] is not None else "undefined",
-        "marginal_contribution": dg.MetadataValue.md(_markdown(contributions)),
-        "time_s": _seconds(started)})
+        "marginal_contribution": dg.MetadataValue.md(_markdown(contributions))})
 
 
 class PartialAnnotationConfig(dg.Config):
@@ -255,27 +259,20 @@ class PartialAnnotationConfig(dg.Config):
     scope: Literal["pooled", "all"] = ScopeField
 
 
-@dg.asset(partitions_def=dataset_partitions, group_name=GROUP,
-          deps=deps("partial_annotation_study"),
-          description="D-MERIT: Kendall tau-b and error rate between system rankings under partial "
-                      "and full (refined) qrels: random single-relevant (x samples), most popular / "
-                      "longest / shortest single-relevant, system-based single-relevant (base "
-                      "left out), a sweep over the fraction of known relevant items, and error "
-                      "rates per paired t-test p-value bucket.")
+@analysis_asset("partial_annotation_study",
+                "D-MERIT: Kendall tau-b and error rate between system rankings under partial "
+                "and full (refined) qrels: random single-relevant (x samples), most popular / "
+                "longest / shortest single-relevant, system-based single-relevant (base "
+                "left out), a sweep over the fraction of known relevant items, and error "
+                "rates per paired t-test p-value bucket.")
 def partial_annotation_study(context: dg.AssetExecutionContext, config: PartialAnnotationConfig,
                              store: DuckDBStore) -> dg.MaterializeResult:
-    dataset = context.partition_key
-    settings = run_settings.for_run(context, config)
-    config = settings.config
-    started = time.monotonic()
-    con = store.snapshot(dataset, READS["partial_annotation_study"])
-    try:
+    run = AnalysisRun.start(context, config)
+    config = run.config
+    with run.inputs(store) as con:
         frame, info, notes = compute_partial_annotation_study(
-            con, dataset, measures=config.measures, samples=config.samples, fractions=config.fractions,
+            con, run.dataset, measures=config.measures, samples=config.samples, fractions=config.fractions,
             sweep_samples=config.sweep_samples, seed=config.seed, scope=config.scope)
-    finally:
-        con.close()
-    store.write_partitions({"partial_annotation_study": frame}, dataset=dataset)
     found = notes.pop("base_system_found_relevant", {})
     if notes.get("queries_with_several_relevant") == 0:
         notes["note"] = ("every query has a single relevant document: partial annotation equals the "
@@ -283,11 +280,9 @@ def partial_annotation_study(context: dg.AssetExecutionContext, config: PartialA
     headline = frame.filter((pl.col("p_bucket") == "all") & pl.col("base_system").is_null()
                             & (pl.col("statistic") == "kendall_tau_b")) \
         .select("setting", "fraction", "measure", "mean", "std")
-    return dg.MaterializeResult(metadata={
-        **settings.metadata(),
-        "dagster/row_count": frame.height, **_scope_metadata(info), **notes,
-        **({"base_system_found_relevant": found} if found else {}),
-        "kendall_tau_b": dg.MetadataValue.md(_markdown(headline)), "time_s": _seconds(started)})
+    return run.finish(store, frame, {
+        **_scope_metadata(info), **notes, **({"base_system_found_relevant": found} if found else {}),
+        "kendall_tau_b": dg.MetadataValue.md(_markdown(headline))})
 
 
 # --- RAG -------------------------------------------------------------------------------------
@@ -303,35 +298,25 @@ class RagAnswersConfig(dg.Config):
     scope: Literal["pooled", "all"] = ScopeField
 
 
-@dg.asset(partitions_def=dataset_partitions, group_name=GROUP,
-          deps=deps("rag_answers"),
-          description="Per system and query (a stable sample), an answer generated by the LLM "
-                      "from that system's top-k chunks only, or 'no relevant information'.")
+@analysis_asset("rag_answers",
+                "Per system and query (a stable sample), an answer generated by the LLM "
+                "from that system's top-k chunks only, or 'no relevant information'.")
 def rag_answers(context: dg.AssetExecutionContext, config: RagAnswersConfig, store: DuckDBStore,
                 llm: LLMResource) -> dg.MaterializeResult:
-    dataset = context.partition_key
-    settings = run_settings.for_run(context, config)
-    config = settings.config
-    started = time.monotonic()
-    con = store.snapshot(dataset, READS["rag_answers"])
-    try:
-        contexts, info = rag.rag_contexts(con, dataset, depth=config.depth, query_limit=config.query_limit,
+    run = AnalysisRun.start(context, config)
+    config = run.config
+    with run.inputs(store) as con:
+        contexts, info = rag.rag_contexts(con, run.dataset, depth=config.depth, query_limit=config.query_limit,
                                           systems=config.systems, scope=config.scope)
-    finally:
-        con.close()
     model = config.model or llm.profile_for("judge")
     generate = MeteredGenerate(llm.generate_fn(context.run_id, context.log.info))
     with automation.llm_cap(context, llm.db_path) as capped:
-        answers = rag.generate_answers(contexts, generate, model, dataset, settings=rag.AnswerSettings(
+        answers = rag.generate_answers(contexts, generate, model, run.dataset, settings=rag.AnswerSettings(
             depth=config.depth, passage_chars=config.passage_chars, max_tokens=config.max_tokens))
-    store.write_partitions({"rag_answers": answers}, dataset=dataset)
-    return dg.MaterializeResult(metadata={
-        **settings.metadata(),
-        "dagster/row_count": answers.height, **_scope_metadata(info), "model": model,
-        "answered_queries": answers["query_id"].n_unique(),
+    return run.finish(store, answers, {
+        **_scope_metadata(info), "model": model, "answered_queries": answers["query_id"].n_unique(),
         "no_information": int(answers["no_information"].sum() or 0),
-        "failed": int(answers["error"].is_not_null().sum()), **generate.stats.as_metadata(), **capped,
-        "time_s": _seconds(started)})
+        "failed": int(answers["error"].is_not_null().sum()), **generate.stats.as_metadata(), **capped})
 
 
 class RagJudgmentsConfig(dg.Config):
@@ -339,55 +324,38 @@ class RagJudgmentsConfig(dg.Config):
     max_tokens: int = Field(16, ge=4)
 
 
-@dg.asset(partitions_def=dataset_partitions, group_name=GROUP, deps=deps("rag_judgments"),
-          description="Each RAG answer judged True/False against the gold answers by the LLM "
-                      "('no relevant information' is False without a call; failed calls stay NULL).")
+@analysis_asset("rag_judgments",
+                "Each RAG answer judged True/False against the gold answers by the LLM "
+                "('no relevant information' is False without a call; failed calls stay NULL).")
 def rag_judgments(context: dg.AssetExecutionContext, config: RagJudgmentsConfig, store: DuckDBStore,
                   llm: LLMResource) -> dg.MaterializeResult:
-    dataset = context.partition_key
-    settings = run_settings.for_run(context, config)
-    config = settings.config
-    started = time.monotonic()
-    con = store.snapshot(dataset, READS["rag_judgments"])
-    try:
+    run = AnalysisRun.start(context, config)
+    config = run.config
+    with run.inputs(store) as con:
         answers = con.execute("select * from rag_answers order by retriever, query_id").pl()
         queries = con.execute("select query_id, text, answers from queries").pl()
-    finally:
-        con.close()
     model = config.model or llm.profile_for("judge")
     generate = MeteredGenerate(llm.generate_fn(context.run_id, context.log.info))
     with automation.llm_cap(context, llm.db_path) as capped:
-        judgments = rag.judge_answers(answers, queries, generate, model, dataset, max_tokens=config.max_tokens)
-    store.write_partitions({"rag_judgments": judgments}, dataset=dataset)
+        judgments = rag.judge_answers(answers, queries, generate, model, run.dataset, max_tokens=config.max_tokens)
     decided = judgments.filter(pl.col("judgment").is_not_null())
-    return dg.MaterializeResult(metadata={
-        **settings.metadata(),
-        "dagster/row_count": judgments.height, "model": model, "judged": decided.height,
-        "correct": int(decided["judgment"].sum() or 0),
-        "undecided": judgments.height - decided.height, **generate.stats.as_metadata(), **capped,
-        "time_s": _seconds(started)})
+    return run.finish(store, judgments, {
+        "model": model, "judged": decided.height, "correct": int(decided["judgment"].sum() or 0),
+        "undecided": judgments.height - decided.height, **generate.stats.as_metadata(), **capped})
 
 
 class RagAlignmentConfig(dg.Config):
     k: int = Field(10, ge=1, description="Cutoff of Hit@k / nDCG@k (retrieval_metrics must hold it).")
 
 
-@dg.asset(partitions_def=dataset_partitions, group_name=GROUP, deps=deps("rag_alignment"),
-          description="RAGAlign@k on original and refined qrels (agreement of Hit@k with the RAG "
-                      "judgment), point-biserial correlation with nDCG@k, and the Pearson "
-                      "correlation across systems.")
+@analysis_asset("rag_alignment",
+                "RAGAlign@k on original and refined qrels (agreement of Hit@k with the RAG "
+                "judgment), point-biserial correlation with nDCG@k, and the Pearson "
+                "correlation across systems.")
 def rag_alignment(context: dg.AssetExecutionContext, config: RagAlignmentConfig,
                   store: DuckDBStore) -> dg.MaterializeResult:
-    dataset = context.partition_key
-    settings = run_settings.for_run(context, config)
-    config = settings.config
-    con = store.snapshot(dataset, READS["rag_alignment"])
-    try:
-        frame = rag.compute_rag_alignment(con, dataset, k=config.k)
-    finally:
-        con.close()
-    store.write_partitions({"rag_alignment": frame}, dataset=dataset)
+    run = AnalysisRun.start(context, config)
+    with run.inputs(store) as con:
+        frame = rag.compute_rag_alignment(con, run.dataset, k=run.config.k)
     overall = frame.filter(pl.col("retriever") == "all").select("qrels_version", "statistic", "value", "p_value")
-    return dg.MaterializeResult(metadata={
-        **settings.metadata(),
-        "dagster/row_count": frame.height, "summary": dg.MetadataValue.md(_markdown(overall))})
+    return run.finish(store, frame, {"summary": dg.MetadataValue.md(_markdown(overall))}, timed=False)
