@@ -193,11 +193,8 @@ def read(lake, sql: str) -> pl.DataFrame:
 # --- the merge -------------------------------------------------------------------------------------
 
 def test_sources_follow_the_documented_precedence_and_pending_pairs_are_not_labels(labeled_lake):
-    con = qrels_assets.qrels_inputs(DuckDBStore(), DATASET)  # what the asset reads, votes included
-    try:
+    with qrels_assets.qrels_inputs(DuckDBStore(), DATASET) as con:  # what the asset reads, votes included
         result = build_bridge_qrels(con, DATASET)
-    finally:
-        con.close()
     got = {(r["query_id"], r["doc_id"]): (r["relevance"], r["source"]) for r in result.qrels.iter_rows(named=True)}
     assert got == EXPECTED
     rows = {(r["query_id"], r["doc_id"]): r for r in result.qrels.iter_rows(named=True)}

@@ -6,7 +6,7 @@ follows it) whenever a dataset's votes change."""
 import dagster as dg
 from pydantic import Field
 
-from bridge_assets import run_settings
+from bridge_assets import run_settings, snapshots
 from bridge_assets.human.labels import (REQUIRED_VOTES, HumanLabels, compute_human_labels,
                                         datasets_with_escalations)
 from bridge_assets.partitions import dataset_partitions
@@ -66,11 +66,8 @@ def human_labels(context: dg.AssetExecutionContext, config: HumanLabelsConfig,
     dataset = context.partition_key
     settings = run_settings.for_run(context, config)
     config = settings.config
-    con = store.snapshot(dataset, READS, votes=True)
-    try:
+    with snapshots.inputs(store, dataset, READS, votes=True) as con:
         result = compute_human_labels(con, dataset)
-    finally:
-        con.close()
     metadata = {**settings.metadata(), **_metadata(result)}
     if result.open_pairs and not config.allow_partial:
         raise dg.Failure(
@@ -87,11 +84,8 @@ def human_labels(context: dg.AssetExecutionContext, config: HumanLabelsConfig,
 
 def votes_version(store: DuckDBStore, dataset: str) -> str:
     """The data version human_labels would have now: a hash of the dataset's counted votes."""
-    con = store.snapshot(dataset, READS, votes=True)
-    try:
+    with snapshots.inputs(store, dataset, READS, votes=True) as con:
         return compute_human_labels(con, dataset).data_version
-    finally:
-        con.close()
 
 
 human_labels_job = dg.define_asset_job(

@@ -7,6 +7,7 @@ import dagster as dg
 import great_expectations as gx
 import polars as pl
 
+from bridge_assets import snapshots
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.qrels.merge import BridgeQrels, add_missing_columns, build_bridge_qrels, stand_ins
 from bridge_assets.qrels.sources import IMPORT_TABLES, SOURCES, precedence_order
@@ -22,8 +23,9 @@ READS = ("original_qrels", "human_labels", "debate_labels", "debate_turns", "fil
 
 
 def qrels_inputs(store: DuckDBStore, dataset: str):
-    """An in-memory snapshot of everything bridge_qrels reads for `dataset` (close it)."""
-    return store.snapshot(dataset, (*READS, *IMPORT_TABLES), votes=True)
+    """`with qrels_inputs(store, dataset) as con:` an in-memory snapshot of everything
+    bridge_qrels reads for `dataset`."""
+    return snapshots.inputs(store, dataset, (*READS, *IMPORT_TABLES), votes=True)
 
 
 def qrels_version(qrels: pl.DataFrame) -> str:
@@ -103,11 +105,8 @@ def _metadata(result: BridgeQrels, trec_path) -> dict:
 )
 def bridge_qrels(context: dg.AssetExecutionContext, store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
-    con = qrels_inputs(store, dataset)
-    try:
+    with qrels_inputs(store, dataset) as con:
         result = build_bridge_qrels(con, dataset)
-    finally:
-        con.close()
     with store.connect() as con:
         add_missing_columns(con)
     store.write_partitions({"bridge_qrels": result.qrels}, dataset=dataset)

@@ -4,7 +4,7 @@
 import dagster as dg
 from pydantic import Field
 
-from bridge_assets import run_settings
+from bridge_assets import run_settings, snapshots
 from bridge_assets.ingest.errors import DatasetError
 from bridge_assets.ingest.registry import DatasetSpec, get_dataset
 from bridge_assets.qrels.known_holes import read_known_holes
@@ -41,12 +41,9 @@ def report(context: dg.AssetExecutionContext, config: ReportConfig, store: DuckD
     out = store.lake.reports(dataset)
     spec = dataset_spec(dataset)
     key = read_known_holes(spec.resolve(spec.known_holes, "known_holes")) if spec and spec.known_holes else None
-    con = store.snapshot(dataset, REPORT_TABLES)
-    try:
+    with snapshots.inputs(store, dataset, REPORT_TABLES) as con:
         files = build_report(con, dataset, out, k=config.k, known_holes=key,
                              known_holes_source=spec.known_holes if key else None)
-    finally:
-        con.close()
     missing = sorted({name for section in files.sections for name in section.missing})
     return dg.MaterializeResult(metadata={
         **settings.metadata(), "path": dg.MetadataValue.path(str(files.html)),
