@@ -18,6 +18,9 @@ from bridge_assets.partitions import dataset_partitions
 from bridge_assets.resources import DuckDBStore
 
 INGEST_TABLES = ("corpus", "queries", "original_qrels")
+# What the ingest assets read from the lake, declared once like every stage's (their deps come
+# from it; tests/test_lineage.py checks it): nothing, they load the dataset's own files.
+READS: tuple[str, ...] = ()
 SOURCE_FIELDS = ("path", "corpus", "topics", "qrels", "answers", "queries")
 
 
@@ -40,9 +43,10 @@ def source_version(spec: DatasetSpec) -> str:
 
 @dg.multi_asset(
     specs=[
-        dg.AssetSpec("corpus", description="Documents (chunks) of each dataset: doc_id, title, text."),
-        dg.AssetSpec("queries", description="Queries with their gold answers (a list, may be empty)."),
-        dg.AssetSpec("original_qrels", description="The benchmark's own judgments: query_id, doc_id, relevance."),
+        dg.AssetSpec("corpus", deps=READS, description="Documents (chunks) of each dataset: doc_id, title, text."),
+        dg.AssetSpec("queries", deps=READS, description="Queries with their gold answers (a list, may be empty)."),
+        dg.AssetSpec("original_qrels", deps=READS,
+                     description="The benchmark's own judgments: query_id, doc_id, relevance."),
     ],
     partitions_def=dataset_partitions,
     group_name="ingest",

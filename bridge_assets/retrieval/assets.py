@@ -13,7 +13,7 @@ import dagster as dg
 import great_expectations as gx
 import polars as pl
 
-from bridge_assets import run_settings
+from bridge_assets import run_settings, snapshots
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.partitions import dataset_partitions, run_partitions
 from bridge_assets.paths import read_sql
@@ -23,8 +23,13 @@ from bridge_assets.retrieval.errors import RetrievalError
 from bridge_assets.retrieval.registry import load_registry
 from bridge_assets.retrieval.runs import rank_problems
 from bridge_assets.retrieval.systems import STORED_COLUMNS, run_retriever
+from bridge_assets.store import table_exists
 
 RUN_COLUMNS = ["dataset", "retriever", "query_id", "doc_id", "rank", "score", "config_hash", "inputs_hash"]
+# What retrieval_run reads, declared once: its deps and its snapshot come from this tuple
+# (tests/test_lineage.py checks it reads nothing else). A re-ranker also reads its first
+# stage's stored run (stored_run): another partition of its own table, so never a dep.
+READS = ("corpus", "queries")
 
 
 class RetrievalRunConfig(dg.Config):
@@ -41,7 +46,7 @@ def run_version(run: pl.DataFrame) -> str:
 
 @dg.asset(
     partitions_def=run_partitions,
-    deps=["corpus", "queries"],
+    deps=list(READS),
     group_name="retrieval",
     kinds={"duckdb"},
     description="Top-k documents per query of one retrieval system on one dataset "
@@ -54,8 +59,11 @@ def retrieval_run(context: dg.AssetExecutionContext, config: RetrievalRunConfig,
     settings = run_settings.for_run(context, config)
     config = settings.config
     registry = load_registry()
-    corpus = store.read("select doc_id, title, text from corpus where dataset = ? order by doc_id", [dataset])
-    queries = store.read("select query_id, text from queries where dataset = ? order by query_id", [dataset])
+    with snapshots.inputs(store, dataset, READS) as con:
+        if not all(table_exists(con, table) for table in READS):
+            raise RetrievalError(f"{dataset}: no corpus or queries; materialize `ingest_dataset` first")
+        corpus = con.execute("select doc_id, title, text from corpus order by doc_id").pl()
+        queries = con.execute("select query_id, text from queries order by query_id").pl()
     if queries.is_empty():
         raise RetrievalError(f"{dataset}: no queries; materialize `queries` first")
 
@@ -100,7 +108,7 @@ retrieval_job = dg.define_asset_job(
     description="Run one retrieval system on one dataset (a dataset x retriever partition).")
 
 
-@dg.asset_check(asset=retrieval_run, additional_deps=["corpus", "queries"],
+@dg.asset_check(asset=retrieval_run, additional_deps=list(READS),
                 description="Per (dataset, retriever, query): ranks are exactly 1..n, one row per "
                             "document; every document is in the corpus, every query known; scores set.")
 def retrieval_run_is_valid(store: DuckDBStore) -> dg.AssetCheckResult:
