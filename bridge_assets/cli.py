@@ -161,13 +161,14 @@ def run(
     limit = None if budget is None and budget_usd is None else llm_budget.Budget(budget, budget_usd)
     if dry_run:
         from bridge_assets.costs import estimate_run, render
-        from bridge_assets.run_settings import dataset_pipeline, merge
+        from bridge_assets.errors import BridgeError
 
-        # what the run's assets would resolve: the dataset's `pipeline:` entry under the explicit
-        # settings; outside the try, so a bad entry is the plain `error:` of the one handler
-        config = merge(dataset_pipeline(dataset), overrides)
+        # each stage resolves what its asset would: the dataset's `pipeline:` entry under the
+        # explicit settings
         try:
-            estimate = estimate_run(dataset, config)
+            estimate = estimate_run(dataset, overrides)
+        except BridgeError:
+            raise  # a bad entry: the plain `error:` of the one handler
         except (ValueError, LookupError, RuntimeError) as exc:
             _fail(f"{type(exc).__name__}: {exc}")
         typer.echo(render(estimate, limit))

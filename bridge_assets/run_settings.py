@@ -31,15 +31,6 @@ DEFAULT, DATASET, RUN_CONFIG = "default", "dataset", "run config"
 C = TypeVar("C", bound=dg.Config)
 
 
-def merge(*configs: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per-asset config dicts merged field by field, later ones winning."""
-    merged: dict[str, dict[str, Any]] = {}
-    for config in configs:
-        for asset, fields in config.items():
-            merged.setdefault(asset, {}).update(fields)
-    return merged
-
-
 def dataset_pipeline(dataset: str) -> dict[str, dict[str, Any]]:
     """The dataset's `pipeline:` entry: {asset name: {field: value}}."""
     from bridge_assets.ingest.registry import get_dataset
@@ -129,20 +120,38 @@ def resolve(config_cls: type[C], dataset: str, assets: Iterable[str],
     for name in assets:
         entry.update(pipeline.get(name) or {})
     explicit = dict(explicit or {})
-    unknown = sorted(set(entry) - set(config_cls.model_fields))
-    if unknown:
-        raise DatasetError(f"dataset '{dataset}': {', '.join(assets)} has no setting "
-                           f"{', '.join(unknown)} (its settings: {', '.join(config_cls.model_fields)})",
-                           field="pipeline")
-    try:
-        config = config_cls(**{**entry, **explicit})
-    except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-        raise DatasetError(f"dataset '{dataset}': the settings of {', '.join(assets)} do not fit "
-                           f"{config_cls.__name__} ({problems})", field="pipeline") from None
+    applicable = getattr(config_cls, "applicable_entry", None)
+    if applicable is not None:  # a config whose explicit values may set the entry aside
+        entry = applicable(entry, explicit)
+    config = _validated(config_cls, dataset, assets, entry, explicit)
     sources = {name: RUN_CONFIG if name in explicit else DATASET if name in entry else DEFAULT
                for name in type(config).model_fields}
     return Resolved(config, sources, files_digest(input_files(dataset, assets)))
+
+
+def _validated(config_cls: type[C], dataset: str, assets: Iterable[str], entry: dict[str, Any],
+               explicit: dict[str, Any]) -> Any:
+    """The entry under the explicit values, validated by the config class, or by the model its
+    `build_settings` makes (a permissive config whose keys another model defines: the labeler's)."""
+    where = ", ".join(assets)
+    build = getattr(config_cls, "build_settings", None)
+    if build is not None:
+        try:
+            return build({**entry, **explicit})
+        except ValueError as exc:
+            raise DatasetError(f"dataset '{dataset}': the settings of {where}: {exc}",
+                               field="pipeline") from None
+    unknown = sorted(set(entry) - set(config_cls.model_fields))
+    if unknown:
+        raise DatasetError(f"dataset '{dataset}': {where} has no setting "
+                           f"{', '.join(unknown)} (its settings: {', '.join(config_cls.model_fields)})",
+                           field="pipeline")
+    try:
+        return config_cls(**{**entry, **explicit})
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise DatasetError(f"dataset '{dataset}': the settings of {where} do not fit "
+                           f"{config_cls.__name__} ({problems})", field="pipeline") from None
 
 
 def explicit_config(context: dg.AssetExecutionContext) -> dict[str, Any]:

@@ -104,7 +104,9 @@ class OracleModel:
 
 
 def run(method: str, model=None, **knobs):
-    spec = MethodSpec(name=f"{method}-test", method=method, **knobs)
+    if method == "dream":  # these chunks hold no answer string: the pipeline's answer check is
+        knobs.setdefault("answer_check", "off")  # tested with the debate (test_labeling_checks)
+    spec = MethodSpec.parse(f"{method}-test", {"method": method, **knobs})
     return run_method(spec, triplets(), model or OracleModel(), profiles_for=profiles_for)
 
 
@@ -185,7 +187,7 @@ def test_a_filter_no_on_a_relevant_pair_counts_against_the_method():
 
 def test_dream_escalations_can_go_to_the_adjudicator():
     model = OracleModel()
-    result = run("dream", model, rounds=1, resolve="adjudicator")
+    result = run("dream", model, rounds=1, adjudicate=True)
     assert ("adjudicator-model", "adjudicator") in model.calls
     assert result.models == ["debate-model", "adjudicator:adjudicator-model"]
     assert result.metrics.bacc_resolved == 1.0 and result.metrics.unresolved == 0
@@ -202,8 +204,8 @@ def test_dream_knobs_reach_the_debate():
 
 
 def test_only_dream_escalations_go_to_the_adjudicator():
-    with pytest.raises(ValueError, match="only dream escalations"):
-        run("judge", resolve="adjudicator")
+    with pytest.raises(ValueError, match=r"labeler 'judge': adjudicate: Extra inputs"):
+        run("judge", adjudicate=True)
 
 
 def test_lara_escalates_at_the_ratio_and_reports_the_raw_scores_calibration():
@@ -237,10 +239,10 @@ def test_diras_shows_the_per_query_definition_only_when_asked():
         return OracleModel()(profile, requests)
 
     with_definition = [GoldTriplet("a1", "q", (), "RELEVANT c", 1, definition="only exact dates count")]
-    spec = MethodSpec(name="d", method="diras", models=("m",))
-    run_method(spec, with_definition, model, profiles_for=profiles_for)
-    run_method(spec.model_copy(update={"use_definitions": False}), with_definition, model,
+    run_method(MethodSpec.parse("d", {"method": "diras", "models": ["m"]}), with_definition, model,
                profiles_for=profiles_for)
+    run_method(MethodSpec.parse("d", {"method": "diras", "models": ["m"], "use_definitions": False}),
+               with_definition, model, profiles_for=profiles_for)
     assert "only exact dates count" in seen[0] and "only exact dates count" not in seen[1]
 
 

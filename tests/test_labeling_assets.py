@@ -28,59 +28,12 @@ from bridge_assets.llm.resource import LLMResource
 from bridge_assets.llm.types import LLMResult
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.store import write_partitions
-from test_llm_client import ScriptedServer, completion, http_profile
+from fixtures.labeling import metadata, write_run
+from fixtures.scripted_llm import ScriptedLLM, ScriptedServer, http_profile, scripted_reply
 
 CHECKS = [labeling_checks.candidate_pool_is_valid, labeling_checks.debate_labels_are_valid,
           labeling_checks.escalated_pairs_have_full_history]
 LABELING = [labeling_assets.candidate_pool, labeling_assets.filter_pool, labeling_assets.debate]
-
-
-def section(user: str, start: str, end: str) -> str:
-    return user.split(start, 1)[1].split(end, 1)[0]
-
-
-def scripted_reply(index: int, body: dict):
-    """Deterministic assessors: the filter and agent A say "supported" when an answer string
-    occurs in the chunk; agent B opens with "no" and in round 2 says "yes" when the query's
-    line has an even length (so some debates end in round 2 and some escalate)."""
-    system, user = body["messages"][0]["content"], body["messages"][1]["content"]
-    answers = re.findall(r"^- (.*)$", section(user, "Reference answers:", "Chunk:"), re.M)
-    chunk = section(user, "<<<", ">>>").lower()
-    contains = any(answer.lower() in chunk for answer in answers)
-    if '"is_supported"' in system:
-        return 200, completion(json.dumps({"is_supported": contains})), 0
-    if "adjudicator" in system:
-        return 200, completion(json.dumps({"reason": "weighed", "response": "yes"})), 0
-    agent = re.search(r"You are agent (\w)", user).group(1)
-    round_number = int(re.search(r"This is round (\d)", user).group(1))
-    if agent == "A":
-        response = "yes" if contains else "no"
-    else:
-        response = "yes" if round_number == 2 and len(user.split("\n", 1)[0]) % 2 == 0 else "no"
-    return 200, completion(json.dumps({"reference": [], "reason": f"{agent} round {round_number}",
-                                       "response": response})), 0
-
-
-class ScriptedLLM(LLMResource):
-    """The LLM resource with every profile name served by the test's HTTP server (the client,
-    its retries, parsing and ledger are the production ones)."""
-
-    url: str = ""
-
-    def client(self, profile: str) -> LLMClient:
-        if profile not in self._clients:
-            served = http_profile(self.url).model_copy(update={"name": profile, "model": profile})
-            self._clients[profile] = LLMClient(served, db_path=self.db_path)
-        return self._clients[profile]
-
-
-def write_run(lake, retriever: str, ranked: dict[str, list[str]]) -> None:
-    rows = [("demo", retriever, query_id, doc_id, rank, 1.0 / rank, "hand")
-            for query_id, docs in ranked.items() for rank, doc_id in enumerate(docs, 1)]
-    frame = pl.DataFrame(rows, schema=["dataset", "retriever", "query_id", "doc_id", "rank",
-                                       "score", "config_hash"], orient="row")
-    write_partitions({"retrieval_run": frame}, {"dataset": "demo", "retriever": retriever},
-                     lake / "bridge.duckdb")
 
 
 @pytest.fixture
@@ -98,19 +51,12 @@ def materialize(lake, url: str, *, debate: dict | None = None, filter_models=("f
         "debate": {"config": {"reason_words": 20, **(debate or {})}},
     }}
     resources = {"store": DuckDBStore(data_lake=str(lake)),
-                 "llm": ScriptedLLM(data_lake=str(lake), url=url, debate="agent", adjudicator="adj")}
+                 "llm": ScriptedLLM(store=DuckDBStore(data_lake=str(lake)), url=url, debate="agent",
+                                    adjudicator="adj")}
     result = dg.materialize([*LABELING, *CHECKS], partition_key="demo", resources=resources,
                             run_config=run_config, raise_on_error=False)
     assert result.success
     return result
-
-
-def metadata(result, asset: str) -> dict:
-    event = result.asset_materializations_for_node(
-        {"candidate_pool": "candidate_pool", "filtered_pool": "filter_pool",
-         "debate_labels": "debate"}[asset])
-    chosen = next(e for e in event if e.asset_key.to_user_string() == asset)
-    return {key: value.value for key, value in chosen.metadata.items()}
 
 
 def checks_passed(result) -> dict[str, bool]:

@@ -27,7 +27,7 @@ from bridge_assets.llm.client import LLMClient
 from bridge_assets.llm.profiles import ModelConfigError, Prices, load_models_config
 from bridge_assets.llm.types import LLMRequest
 from bridge_assets.paths import RESOURCES_DIR
-from test_llm_client import ScriptedServer, completion, http_profile
+from fixtures.scripted_llm import ScriptedServer, completion, http_profile
 
 MODEL = "fake"
 PIPELINE = {
@@ -179,6 +179,17 @@ def test_the_dry_run_counts_the_calls_the_run_makes(demo):
     assert 0 < calls["adjudicator"] <= stage(estimate, "adjudicator").bound
     assert calls["rag_answer"] == answers.new
     assert calls.get("rag_judgment", 0) <= stage(estimate, "rag_judgments").bound
+    assert server.hits == sum(calls.values())
+
+    # `bridge label-eval --dataset demo` evaluates the labeler the run ran: its settings (the
+    # dataset's), its key, its calls, every one answered by the ledger
+    evaluated = bridge("label-eval", "--dataset", "demo", "--json")
+    assert evaluated.exit_code == 0, evaluated.output
+    figures = json.loads(evaluated.output)
+    stored = ledger(lake, "select config_hash, count(*) from debate_labels group by 1")
+    assert list(stored) == [figures["config_hash"]]
+    assert figures["new_calls"] == 0 and figures["calls"] > 0 and figures["n"] > 0
+    assert figures["config"]["rounds"] == 3 and figures["resolver"] == "adjudicator"
     assert server.hits == sum(calls.values())
 
     # afterwards every call is known and answered: exact counts, nothing to make

@@ -7,7 +7,7 @@ import pytest
 
 from bridge_assets import run_settings
 from bridge_assets.errors import DatasetError
-from bridge_assets.labeling.assets import CandidatePoolConfig, DebateConfig, FilterConfig
+from bridge_assets.labeling.assets import CandidatePoolConfig, FilterConfig, LabelingConfig
 
 
 def test_explicit_run_config_beats_the_dataset_entry_which_beats_the_defaults():
@@ -27,9 +27,30 @@ def test_explicit_run_config_beats_the_dataset_entry_which_beats_the_defaults():
 
 def test_a_multi_asset_takes_the_entries_of_each_of_its_assets():
     pipeline = {"debate_labels": {"rounds": 1}, "debate_turns": {"reason_words": 30}}
-    resolved = run_settings.resolve(DebateConfig, "d", ["debate_labels", "debate_turns"], {},
+    resolved = run_settings.resolve(LabelingConfig, "d", ["debate_labels", "debate_turns"], {},
                                     pipeline=pipeline)
     assert (resolved.config.rounds, resolved.config.reason_words) == (1, 30)
+
+
+def test_the_labeling_stage_takes_its_labelers_settings_flat_and_validated_by_the_labeler():
+    pipeline = {"debate_labels": {"labeler": "judge", "reason_words": 20}}
+    resolved = run_settings.resolve(LabelingConfig, "d", ["debate_labels", "debate_turns"],
+                                    {"temperature": 0.5}, pipeline=pipeline)
+    assert type(resolved.config).__name__ == "JudgeSettings"
+    assert (resolved.config.reason_words, resolved.config.temperature) == (20, 0.5)
+    assert resolved.sources["labeler"] == "dataset" and resolved.sources["temperature"] == "run config"
+    assert resolved.sources["fewshot"] == "default"
+    # a DREAM setting the judge does not have is refused, naming the dataset and the field
+    with pytest.raises(DatasetError, match=r"dataset 'd'.*labeler 'judge'.*rounds"):
+        run_settings.resolve(LabelingConfig, "d", ["debate_labels"], {},
+                             pipeline={"debate_labels": {"labeler": "judge", "rounds": 3}})
+    # a run naming another labeler than the dataset's sets the dataset's (DREAM) settings aside
+    other = run_settings.resolve(LabelingConfig, "d", ["debate_labels"], {"labeler": "judge"},
+                                 pipeline={"debate_labels": {"reason_words": 30, "rounds": 3}})
+    assert other.config.reason_words == 40 and other.sources["reason_words"] == "default"
+    with pytest.raises(DatasetError, match=r"unknown labeler 'nope'"):
+        run_settings.resolve(LabelingConfig, "d", ["debate_labels"], {},
+                             pipeline={"debate_labels": {"labeler": "nope"}})
 
 
 def test_a_setting_the_asset_does_not_have_names_the_dataset_and_the_field():

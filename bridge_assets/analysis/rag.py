@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import duckdb
 import numpy as np
@@ -31,6 +32,8 @@ from scipy import stats
 from bridge_assets.analysis.views import Scope, ScopeInfo, analysis_views, require_rows
 from bridge_assets.labeling.calls import Generate, parse_reply
 from bridge_assets.labeling.prompts import Prompts
+from bridge_assets.llm.budget import CHARS_PER_TOKEN, prompt_tokens
+from bridge_assets.llm.replay import NOT_ANSWERED, LedgerReplay, StageCalls
 from bridge_assets.llm.types import LLMRequest
 from bridge_assets.paths import read_sql
 
@@ -219,3 +222,36 @@ def compute_rag_alignment(con: duckdb.DuckDBPyConnection, dataset: str, k: int =
                                                       "ndcg": f"ndcg_cut_{k}"}).pl()
     statistics = alignment_statistics(joined, k)
     return statistics.with_columns(pl.lit(dataset).alias("dataset")).select(list(ALIGNMENT_SCHEMA)).cast(ALIGNMENT_SCHEMA)
+
+
+def estimate_rag_calls(con: duckdb.DuckDBPyConnection, dataset: str, answers_config: Any,
+                       judgments_config: Any, answer_model: str, judge_model: str,
+                       replay: LedgerReplay) -> list[StageCalls]:
+    """rag_answers' calls (known from the runs), and rag_judgments': known for answers in the
+    ledger, bounded by one per answer not made yet (its prompt with an answer at its most).
+    `answers_config` / `judgments_config`: the assets' resolved settings (`bridge run --dry-run`)."""
+    contexts, _ = rag_contexts(con, dataset, depth=answers_config.depth,
+                               query_limit=answers_config.query_limit,
+                               systems=answers_config.systems, scope=answers_config.scope)
+    settings = AnswerSettings(depth=answers_config.depth, passage_chars=answers_config.passage_chars,
+                              max_tokens=answers_config.max_tokens)
+    answers = generate_answers(contexts, replay, answer_model, dataset, settings=settings)
+    answer_stage = replay.stage("rag_answers", answer_model, "rag_answer")
+    for key, error in answers.select("call_key", "error").iter_rows():
+        answer_stage.add(key, replay.requests[key], error != NOT_ANSWERED)
+    queries = con.execute("select query_id, text, answers from queries where dataset = ?", [dataset]).pl()
+    waiting = pl.col("error").eq_missing(NOT_ANSWERED)
+    judge_stage = replay.stage("rag_judgments", judge_model, "rag_judgment")
+    known = judge_answers(answers.filter(~waiting), queries, replay, judge_model, dataset,
+                          max_tokens=judgments_config.max_tokens)
+    for key, error in known.filter(pl.col("call_key").is_not_null()).select("call_key", "error").iter_rows():
+        judge_stage.add(key, replay.requests[key], error != NOT_ANSWERED)
+    longest = "x" * (answers_config.max_tokens * CHARS_PER_TOKEN)
+    placeholders = answers.filter(waiting).with_columns(
+        answer=pl.lit(longest), no_information=pl.lit(False), error=pl.lit(None, pl.Utf8))
+    sizing = LedgerReplay(None)
+    judge_answers(placeholders, queries, sizing, judge_model, dataset,
+                  max_tokens=judgments_config.max_tokens)
+    for request in sizing.requests.values():
+        judge_stage.add_bound(prompt_tokens(request), request.max_tokens)
+    return [answer_stage, judge_stage]

@@ -1,4 +1,9 @@
-"""`bridge label-eval`: evaluate one labeling method on a gold-set file and print its figures.
+"""`bridge label-eval`: evaluate one labeler and print its figures.
+
+    bridge label-eval --dataset demo                  # the labeler the pipeline runs for demo,
+                                                      # on the pairs it labelled, against the
+                                                      # dataset's known holes
+    bridge label-eval --gold FILE --method dream --set rounds=3 --profile qwen-1.5b
 
 Register on the `bridge` app as `app.command("label-eval")(label_eval_command)`. Every model
 call goes through the data lake's LLM call ledger, so a repeated command is answered from it.
@@ -7,56 +12,58 @@ call goes through the data lake's LLM call ledger, so a repeated command is answ
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
+import yaml
 
 from bridge_assets.cli_errors import fail as _fail
-from bridge_assets.evaluation.goldsets import GoldSetError, MethodKind, MethodSpec, read_goldset, stratified_head
+from bridge_assets.errors import BridgeError
+from bridge_assets.labeling.labeler import LABELERS
 
 
 def _shard(text: str) -> tuple[int, int]:
     try:
         index, count = (int(part) for part in text.split("/"))
     except ValueError:
-        raise ValueError(f"--shard takes K/N (e.g. 0/2), got {text!r}") from None
+        raise BridgeError(f"--shard takes K/N (e.g. 0/2), got {text!r}") from None
     if not 0 <= index < count:
-        raise ValueError(f"--shard K/N needs 0 <= K < N, got {text!r}")
+        raise BridgeError(f"--shard K/N needs 0 <= K < N, got {text!r}")
     return index, count
 
 
+def _settings(method: str | None, assignments: list[str], profiles: list[str]) -> dict[str, Any]:
+    """The labeler settings typed on the command line (`--set key=value`, values read as YAML)."""
+    values: dict[str, Any] = {} if method is None else {"labeler": method}
+    for text in assignments:
+        key, sep, value = text.partition("=")
+        if not sep or not key.strip():
+            raise BridgeError(f"--set takes key=value (e.g. rounds=3), got {text!r}")
+        values[key.strip()] = yaml.safe_load(value)
+    if profiles:
+        values["models"] = list(profiles)
+    return values
+
+
 def label_eval_command(
-    gold: Path = typer.Option(..., "--gold", help="Gold-set JSONL: id, query, answers, chunk, label (0/1)."),
-    method: str = typer.Option(..., "--method", help="filter | judge | lara | dream | diras | utilsel | utilrank"),
-    profile: list[str] = typer.Option(None, "--profile", help="LLM profile(s) of models.yaml; dream takes "
-                                      "one for all agents or one per agent. Default: the role's."),
-    rounds: int = typer.Option(2, "--rounds", min=1, help="dream: maximum rounds before escalation."),
-    agents: int = typer.Option(2, "--agents", min=2, help="dream: agents, half per opening stance."),
-    stance_order: str = typer.Option("relevant_first", "--stance-order",
-                                     help="dream: relevant_first | irrelevant_first (agent A's stance)."),
-    resolve: str = typer.Option("gold", "--resolve", help="Who labels escalated pairs: gold | adjudicator (dream)."),
-    adjudicator: str = typer.Option("", "--adjudicator", help="dream: adjudicator profile (default: the role's)."),
-    temperature: float = typer.Option(0.0, "--temperature", min=0.0),
-    escalation_ratio: float = typer.Option(0.035, "--escalation-ratio", min=0.0, max=1.0,
-                                           help="lara: share of pairs escalated to humans."),
-    top_percent: float = typer.Option(0.2, "--top-percent", min=0.01, max=1.0,
-                                      help="utilrank: top share of a query's candidates counted useful."),
-    prompt: str = typer.Option("soft_stance", "--prompt", help="dream: the debate prompt, paper | soft_stance."),
-    fewshot: bool = typer.Option(False, "--fewshot", help="judge/dream: worked examples in the prompt."),
-    answer_first: bool = typer.Option(False, "--answer-first", help="dream: each turn gives its yes/no "
-                                      "before its quotes and reason."),
-    reason_words: int = typer.Option(40, "--reason-words", min=5, max=300,
-                                     help="judge/dream: the reason's word limit (bounds the reply)."),
-    evidence_check: bool = typer.Option(False, "--evidence-check", help="dream: escalate a 'yes' "
-                                        "consensus no agent backs with a quote found in the chunk."),
-    answer_check: str = typer.Option("off", "--answer-check", help="dream: escalate a 'yes' consensus "
-                                     "on a chunk without a reference answer: off | short (pairs with "
-                                     "short span answers) | all."),
-    min_confidence: float = typer.Option(0.0, "--min-confidence", min=0.0, max=1.0,
-                                         help="dream: escalate a consensus whose weakest agent's "
-                                              "P(its answer) is below this."),
-    budget_ratio: float = typer.Option(None, "--budget-ratio", min=0.0, max=1.0,
-                                       help="dream: escalate at most this share of the pairs, least "
-                                            "confident first; the others get the agents' pooled vote."),
+    gold: Path = typer.Option(None, "--gold", help="Gold-set JSONL: id, query, answers, chunk, label "
+                              "(0/1). Without it, --dataset's labelled pairs against its known holes."),
+    dataset: str = typer.Option(None, "--dataset", "-d", help="Evaluate the labeler the pipeline runs "
+                                "for this dataset (its `pipeline:` settings; --method and --set "
+                                "on top)."),
+    method: str = typer.Option(None, "--method", help=f"The labeler: {' | '.join(LABELERS)}, or "
+                               "module:Class. Default: the dataset's (with --dataset), else dream."),
+    assignments: list[str] = typer.Option(None, "--set", help="A labeler setting, key=value "
+                                          "(repeatable), e.g. --set rounds=3 --set answer_check=off. "
+                                          "dream: rounds, agents, stance_order, prompt, fewshot, "
+                                          "answer_first, reason_words, evidence_check, answer_check, "
+                                          "min_confidence, escalation_budget(_ratio), adjudicate, "
+                                          "adjudicator_model, grade_consensus; judge: reason_words, "
+                                          "fewshot; lara: escalation_ratio; diras: use_definitions; "
+                                          "utilrank: top_percent; every labeler: temperature."),
+    profile: list[str] = typer.Option(None, "--profile", help="LLM profile(s) of models.yaml (the "
+                                      "`models` setting); dream takes one for all agents or one per "
+                                      "agent. Default: the labeler's role's."),
     prefilter: list[str] = typer.Option(None, "--prefilter", help="judge/dream: a filter profile run "
                                         "first, as the pipeline does: a pair it says no to is labelled "
                                         "not relevant, only the others are judged (repeatable)."),
@@ -69,29 +76,30 @@ def label_eval_command(
                                 "(not part of the cache key; 1 is fastest on a busy CPU)."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
 ) -> None:
-    """Label a gold set with one method; print recalls, bAcc, escalation ratio and cost."""
+    """Label a gold set (or a dataset's labelled pairs) with one labeler; print recalls, bAcc,
+    escalation ratio, cost and the labeler's config hash (the key the pipeline stores its labels
+    under)."""
+    from bridge_assets.evaluation.goldsets import MethodSpec, read_goldset, stratified_head
     from bridge_assets.evaluation.runner import format_stability, format_table, run_method, summary_json
     from bridge_assets.llm import LLMClient, get_profile
-    from bridge_assets.llm.profiles import ModelConfigError, role_profiles
+    from bridge_assets.llm.profiles import role_profiles
 
-    kinds = MethodKind.__args__
-    if method not in kinds:
-        _fail(f"unknown method '{method}' (methods: {', '.join(kinds)})")
-    try:
-        spec = MethodSpec(name=method, method=method, models=tuple(profile or ()), rounds=rounds,
-                          agents=agents, stance_order=stance_order, resolve=resolve,
-                          adjudicator=adjudicator, temperature=temperature,
-                          escalation_ratio=escalation_ratio, top_percent=top_percent,
-                          prompt=prompt, fewshot=fewshot, answer_first=answer_first,
-                          reason_words=reason_words, evidence_check=evidence_check,
-                          answer_check=answer_check, min_confidence=min_confidence,
-                          budget_ratio=budget_ratio, prefilter=tuple(prefilter or ()))
-        triplets = stratified_head(read_goldset(gold), limit)
-        if shard:
-            index, count = _shard(shard)
-            triplets = triplets[index::count]
-    except (GoldSetError, ValueError) as exc:
-        _fail(str(exc))
+    if gold is None and dataset is None:
+        _fail("give --gold FILE, or --dataset D to evaluate its labeler against its known holes")
+    typed = _settings(method, assignments or [], profile or [])
+    settings = _dataset_settings(dataset, typed) if dataset else typed
+    spec = MethodSpec.parse(f"{dataset}:{settings.get('labeler', 'dream')}" if dataset
+                            else settings.get("labeler", "dream"),
+                            {**settings, "prefilter": list(prefilter or ())})
+    if gold is not None:
+        source = str(gold)
+        items = [t.item() for t in stratified_head(read_goldset(gold), limit)]
+    else:
+        source = f"dataset {dataset}: the pairs its labeler labelled, scored against its known holes"
+        items = _dataset_items(dataset)
+    if shard:
+        index, count = _shard(shard)
+        items = items[index::count]
     clients: dict[str, LLMClient] = {}
 
     def generate(name, requests):
@@ -100,19 +108,51 @@ def label_eval_command(
             if threads is not None and chosen.backend == "llama_cpp":
                 chosen = chosen.model_copy(update={"threads": threads})
             clients[name] = LLMClient(chosen)
-        return clients[name].generate(requests, context=f"label-eval:{gold.name}:{method}")
+        return clients[name].generate(requests, context=f"label-eval:{gold.name if gold else dataset}:"
+                                                        f"{spec.method}")
 
     try:
-        result = run_method(spec, triplets, generate, profiles_for=role_profiles)
-    except (ModelConfigError, ValueError) as exc:
-        _fail(str(exc))
+        result = run_method(spec, items, generate, profiles_for=role_profiles)
     finally:
         for client in clients.values():
             client.close()
     if as_json:
         typer.echo(summary_json(result))
         return
-    typer.echo(f"{gold}  ({len(triplets)} triplets, method {method}, models {', '.join(result.models)})")
+    typer.echo(f"{source}  ({len(result.items)} scored of {len(items)}, labeler {spec.method}, "
+               f"models {', '.join(result.models)}, config hash {result.config_hash})")
     typer.echo(format_table([result.summary()]))
     if result.stability:
         typer.echo(format_stability(result))
+
+
+def _dataset_settings(dataset: str, typed: dict[str, Any]) -> dict[str, Any]:
+    """The labeler settings the pipeline resolves for `dataset`, `typed` on top (as run config)."""
+    from bridge_assets.orchestration import asset_settings
+
+    return asset_settings("debate_labels", dataset, {"debate_labels": typed}).model_dump()
+
+
+def _dataset_items(dataset: str) -> list:
+    """The pairs the dataset's labeler labelled in the lake, each with what the dataset's known
+    holes say of it (scored where the key decides; the others are labelled, as in the run, but
+    not scored)."""
+    from bridge_assets import store
+    from bridge_assets.ingest.registry import get_dataset
+    from bridge_assets.labeling.labeler import LabelItem, pipeline_pairs
+    from bridge_assets.qrels.known_holes import read_known_holes
+    from bridge_assets.resources import DuckDBStore
+
+    spec = get_dataset(dataset)
+    if not spec.known_holes:
+        raise BridgeError(f"dataset '{dataset}' has no known_holes key to score against: give --gold FILE")
+    key = read_known_holes(spec.resolve(spec.known_holes, "known_holes"))
+    lake = DuckDBStore()
+    if not store.exists(lake.path):
+        raise BridgeError(f"no data lake yet: run `bridge run --dataset {dataset}` first")
+    with store.connect_read_only() as con:
+        if not store.table_exists(con, "filtered_pool"):
+            raise BridgeError(f"dataset '{dataset}' has no filtered pool yet: run `bridge run --dataset "
+                             f"{dataset}` first")
+        pairs = pipeline_pairs(con, dataset, spec.label_scale)
+    return [LabelItem(f"{p.query_id}|{p.doc_id}", p, key.label(p.query_id, p.doc_id)) for p in pairs]

@@ -6,34 +6,38 @@ definition; judged by the guess's recalls and the score's calibration (ECE, Brie
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-from bridge_assets.evaluation.goldsets import GoldTriplet
+from pydantic import Field
+
 from bridge_assets.evaluation.metrics import calibration_metrics
-from bridge_assets.evaluation.pointwise import PointwiseScore, score_triplets
+from bridge_assets.evaluation.pointwise import SCORE_TEMPLATE, score_triplets
 from bridge_assets.labeling.calls import Generate
+from bridge_assets.labeling.labeler import Labeler, LabelerRun, LabelerSettings, LabelItem, outcome_label
 from bridge_assets.labeling.prompts import Prompts
 
 
-@dataclass(frozen=True)
-class DirasOutcome:
-    scores: list[PointwiseScore]
-    calibration: dict  # ece, brier, auroc, scored
-
-    @property
-    def labels(self) -> list[int | None]:
-        return [s.guess for s in self.scores]
-
-    @property
-    def escalated(self) -> list[bool]:
-        """No escalation by design; only a failed score leaves a case to humans."""
-        return [s.guess is None for s in self.scores]
+class DirasSettings(LabelerSettings):
+    use_definitions: bool = Field(True, description="The item's per-query relevance definition, "
+                                  "where it has one.")
 
 
-def diras(triplets: Sequence[GoldTriplet], model: str, generate: Generate, *,
-          prompts: Prompts | None = None, use_definitions: bool = True,
-          temperature: float = 0.0) -> DirasOutcome:
-    scores = score_triplets(triplets, model, generate, prompts=prompts, definitions=use_definitions,
-                            temperature=temperature)
-    return DirasOutcome(scores, calibration_metrics([t.label for t in triplets],
-                                                    [s.p_yes for s in scores]))
+class DirasLabeler(Labeler):
+    """The guess is the label (a `vote`; no escalation by design, only a failed score leaves a
+    pair to people); P(yes) is its score, whose calibration is measured where labels are known."""
+
+    Settings = DirasSettings
+    templates = (SCORE_TEMPLATE,)
+    settings: DirasSettings
+
+    def label(self, items: Sequence[LabelItem], generate: Generate,
+              prompts: Prompts | None = None) -> LabelerRun:
+        scores = score_triplets(items, self.model, generate, prompts=prompts,
+                                definitions=self.settings.use_definitions,
+                                temperature=self.settings.temperature)
+        p_yes = [s.p_yes for s in scores]
+        gold = [item.gold for item in items]
+        calibration = calibration_metrics(gold, p_yes) if all(g is not None for g in gold) else {}
+        return LabelerRun([outcome_label(item.pair, s.guess, p_yes=s.p_yes)
+                           for item, s in zip(items, scores, strict=True)],
+                          scores=p_yes, details=[s.error for s in scores], extra=calibration,
+                          models=[self.model])

@@ -11,32 +11,27 @@ The registry names the gold sets and the labeling methods to evaluate on each of
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, SerializeAsAny
 
 from bridge_assets import registries
+from bridge_assets.errors import BridgeError
+from bridge_assets.labeling.labeler import DEFAULT_LABELER, LabelerSettings, LabelItem, labeler_settings
 from bridge_assets.labeling.pairs import Pair
-from bridge_assets.paths import PROJECT_ROOT, RESOURCES_DIR
+from bridge_assets.paths import PROJECT_ROOT
+from bridge_assets.settings import env
 
 # `BRIDGE_GOLDSETS` points at another registry file (tests, or a user's own gold sets).
-REGISTRY_PATH = Path(os.environ.get("BRIDGE_GOLDSETS", RESOURCES_DIR / "goldsets.yaml")).resolve()
-
-MethodKind = Literal["filter", "judge", "lara", "dream", "diras", "utilsel", "utilrank"]
+REGISTRY_PATH = env.registry_file("BRIDGE_GOLDSETS", "goldsets.yaml")
 
 
-class GoldSetError(ValueError):
+class GoldSetError(BridgeError, ValueError):
     """Bad gold-set input or registry entry; the message names the file, line and field."""
-
-    def __init__(self, problem: str, file: Path | str, line: int | None = None, field: str | None = None):
-        where = [str(file)] + ([f"line {line}"] if line is not None else []) \
-            + ([f'field "{field}"'] if field else [])
-        super().__init__(f"{', '.join(where)}: {problem}")
 
 
 @dataclass(frozen=True)
@@ -52,6 +47,9 @@ class GoldTriplet:
     def pair(self) -> Pair:
         """The triplet as the labelers see it; its id names both query and chunk."""
         return Pair(self.id, self.id, self.query, self.answers, self.chunk)
+
+    def item(self) -> LabelItem:
+        return LabelItem(self.id, self.pair(), self.label, self.domain, self.definition)
 
 
 def _string(record: dict, field: str, path: Path, line: int, *, required: bool = True) -> str | None:
@@ -135,42 +133,36 @@ class GoldSetSpec(BaseModel):
 
 
 class MethodSpec(BaseModel):
-    """One labeling method with its knobs. Unused knobs are ignored by the other methods."""
+    """One labeler to evaluate, by name: its settings (the labeler's own `Settings`, the ones
+    the pipeline uses) and, for judge/dream, the filter profiles run first as the pipeline's
+    filtered_pool does: a pair every one of them says no to is labelled 0 by the filter, only
+    the rest are labelled (and a budget share is then a share of those)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    method: MethodKind
-    # Model profiles (models.yaml). Empty: the first `filter` profile for filter, the `debate`
-    # role for dream, the `judge` role for the others. DREAM takes one for all agents or one
-    # per agent; the others take one.
-    models: tuple[str, ...] = ()
-    temperature: float = Field(0.0, ge=0.0)
-    # dream
-    rounds: int = Field(2, ge=1)
-    agents: int = Field(2, ge=2)
-    stance_order: Literal["relevant_first", "irrelevant_first"] = "relevant_first"
-    resolve: Literal["gold", "adjudicator"] = "gold"  # who labels escalated pairs
-    adjudicator: str = ""  # profile; empty: the `adjudicator` role
-    prompt: Literal["paper", "soft_stance"] = "soft_stance"  # the debate prompt
-    answer_first: bool = False  # dream: each turn's yes/no before its quotes and reason
-    fewshot: bool = False  # worked examples (resources/prompts/examples.yaml) in judge/dream prompts
-    reason_words: int = Field(40, ge=5, le=300, description="judge/dream: the reason's word limit "
-                              "(the reply's JSON schema bounds it, so it also bounds the cost)")
-    evidence_check: bool = False  # a "yes" consensus needs a quote found in the chunk
-    answer_check: Literal["off", "short", "all"] = "off"  # ... and an answer string in it
-    min_confidence: float = Field(0.0, ge=0.0, le=1.0)  # weakest agent's P(its answer)
-    budget_ratio: float | None = Field(None, ge=0.0, le=1.0)  # human budget: escalate at most this share
-    # judge/dream: filter profiles run first, as the pipeline's filtered_pool does: a pair
-    # every one of them says no to is labelled 0 by the filter, only the rest are judged (and
-    # budget_ratio is then a share of those, as the pipeline's escalation_budget_ratio)
+    settings: SerializeAsAny[LabelerSettings]
     prefilter: tuple[str, ...] = ()
-    # lara
-    escalation_ratio: float = Field(0.035, ge=0.0, le=1.0)
-    # diras
-    use_definitions: bool = True  # the gold set's per-query `definition`, where present
-    # utilrank
-    top_percent: float = Field(0.2, gt=0.0, le=1.0)
+
+    @property
+    def method(self) -> str:
+        return self.settings.labeler
+
+    def entry(self) -> dict[str, Any]:
+        """The spec as a registry entry, flat (what `parse` reads back)."""
+        settings = self.settings.model_dump(mode="json")
+        return {"name": self.name, "method": settings.pop("labeler"), **settings,
+                "prefilter": list(self.prefilter)}
+
+    @classmethod
+    def parse(cls, name: str, body: dict[str, Any]) -> MethodSpec:
+        """A registry entry: `method` (or `labeler`) names the labeler, `prefilter` the filter
+        profiles, every other key is one of the labeler's settings."""
+        body = dict(body)
+        labeler = body.pop("labeler", DEFAULT_LABELER)
+        method = body.pop("method", labeler)
+        prefilter = tuple(body.pop("prefilter", ()) or ())
+        return cls(name=name, settings=labeler_settings({**body, "labeler": method}), prefilter=prefilter)
 
 
 class EvaluationRegistry(BaseModel):
@@ -204,12 +196,13 @@ def load_registry(path: Path = REGISTRY_PATH) -> EvaluationRegistry:
         problem = "gold-set registry not found" if exc.problem == "registry file not found" else exc.problem
         raise GoldSetError(problem, exc.file, exc.line) from None
     parsed = {}
-    for section, model in (("goldsets", GoldSetSpec), ("methods", MethodSpec)):
+    for section, parse in (("goldsets", lambda name, body: GoldSetSpec(name=name, **body)),
+                           ("methods", MethodSpec.parse)):
         parsed[section] = {}
         for name, body in (raw.get(section) or {}).items():
             try:
-                parsed[section][name] = model(name=name, **(body or {}))
-            except Exception as exc:  # pydantic's message names the offending field
+                parsed[section][name] = parse(name, body or {})
+            except Exception as exc:  # pydantic's (or the labeler's) message names the field
                 raise GoldSetError(f"invalid {section} entry '{name}': {exc}", path, field=name) from None
     return EvaluationRegistry(**parsed)
 

@@ -13,12 +13,19 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import numpy as np
+from pydantic import Field
 from sklearn.linear_model import LogisticRegression
 
-from bridge_assets.evaluation.metrics import escalation_count
+from bridge_assets.evaluation.metrics import calibration_metrics, escalation_count
+from bridge_assets.evaluation.pointwise import SCORE_TEMPLATE, score_triplets
+from bridge_assets.labeling.calls import Generate
+from bridge_assets.labeling.debate import PairLabel
+from bridge_assets.labeling.labeler import (Labeler, LabelerError, LabelerRun, LabelerSettings, LabelItem,
+                                            outcome_label)
+from bridge_assets.labeling.prompts import Prompts
 
 CLIP = 1e-6
 
@@ -82,3 +89,37 @@ def lara(p_yes: Sequence[float | None], gold: Sequence[int], ratio: float, *,
     calibrated = [calibrator(p) if p is not None else None for p in p_yes]
     labels = [None if i in escalated else int(calibrated[i] >= 0.5) for i in range(n)]
     return LaraOutcome(labels, [i in escalated for i in range(n)], order, calibrated, calibrator)
+
+
+class LaraSettings(LabelerSettings):
+    escalation_ratio: float = Field(0.035, ge=0.0, le=1.0, description="Share of the pairs "
+                                    "escalated to people, whose labels calibrate the rest.")
+
+
+class LaraLabeler(Labeler):
+    """LARA: a pointwise P(yes), calibrated online on the escalated pairs' known labels (people
+    standing in), so it runs where labels are known: on a gold set."""
+
+    Settings = LaraSettings
+    needs_gold = True
+    templates = (SCORE_TEMPLATE,)
+    settings: LaraSettings
+
+    def label(self, items: Sequence[LabelItem], generate: Generate,
+              prompts: Prompts | None = None) -> LabelerRun:
+        gold = [item.gold for item in items]
+        if any(g is None for g in gold):
+            raise LabelerError("lara calibrates on the escalated pairs' known labels: it needs "
+                               "a gold set (bridge label-eval), not unlabelled pairs")
+        point = score_triplets(items, self.model, generate, prompts=prompts,
+                               temperature=self.settings.temperature)
+        p_yes = [s.p_yes for s in point]
+        chosen = lara(p_yes, gold, self.settings.escalation_ratio)
+        labels = [PairLabel(item.pair.query_id, item.pair.doc_id, item.pair.key, None, "escalated", 1,
+                            flags=("lara",), p_yes=p)
+                  if escalated else outcome_label(item.pair, label, p_yes=p)
+                  for item, label, escalated, p in zip(items, chosen.labels, chosen.escalated,
+                                                       chosen.calibrated, strict=True)]
+        return LabelerRun(labels, scores=chosen.calibrated, details=[s.error for s in point],
+                          extra={**calibration_metrics(gold, p_yes), "calibrator": asdict(chosen.calibrator)},
+                          models=[self.model])

@@ -14,8 +14,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from bridge_assets.evaluation.goldsets import GoldTriplet
 from bridge_assets.labeling.calls import Generate, parse_reply
+from bridge_assets.labeling.labeler import LabelItem
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.llm.scores import yes_probability
 from bridge_assets.llm.types import LLMRequest
@@ -49,7 +49,7 @@ class PointwiseScore:
     error: str | None
 
 
-def score_request(triplet: GoldTriplet, prompts: Prompts, *, definition: bool,
+def score_request(triplet: LabelItem, prompts: Prompts, *, definition: bool,
                   temperature: float = 0.0) -> LLMRequest:
     messages = prompts.messages(SCORE_TEMPLATE, query=triplet.query, answers=triplet.answers,
                                 chunk=triplet.chunk,
@@ -58,7 +58,7 @@ def score_request(triplet: GoldTriplet, prompts: Prompts, *, definition: bool,
                       temperature=temperature, top_logprobs=TOP_LOGPROBS, purpose="relevance_score")
 
 
-def score_triplets(triplets: Sequence[GoldTriplet], model: str, generate: Generate, *,
+def score_triplets(triplets: Sequence[LabelItem], model: str, generate: Generate, *,
                    prompts: Prompts | None = None, definitions: bool = False,
                    temperature: float = 0.0) -> list[PointwiseScore]:
     """One batched call to `model`; a score per triplet, in order."""

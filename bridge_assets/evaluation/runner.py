@@ -19,23 +19,15 @@ from typing import Any
 
 import polars as pl
 
-from bridge_assets.evaluation.diras import diras
 from bridge_assets.evaluation.goldsets import GoldTriplet, MethodSpec
-from bridge_assets.evaluation.lara import lara
-from bridge_assets.evaluation.metrics import (LabelerMetrics, agreement, calibration_metrics, escalation_count,
-                                              labeler_metrics)
-from bridge_assets.evaluation.pointwise import score_triplets
-from bridge_assets.evaluation.utility import utility_labels
-from bridge_assets.labeling.adjudicator import adjudicate
+from bridge_assets.evaluation.metrics import LabelerMetrics, labeler_metrics
 from bridge_assets.labeling.calls import Generate
-from bridge_assets.labeling.debate import (DEBATE_TEMPLATES, DebateChecks, DebateOutcome, debate_agents,
-                                           fewshot_examples, run_debate)
 from bridge_assets.labeling.filter import run_filter
-from bridge_assets.labeling.judge import run_judge
+from bridge_assets.labeling.labeler import Labeler, LabelerError, LabelItem, ProfilesFor, build_labeler
 from bridge_assets.labeling.prompts import Prompts
+from bridge_assets.llm.profiles import ModelConfigError
 from bridge_assets.llm.types import LLMRequest, LLMResult
 
-ProfilesFor = Callable[[str], list[str]]  # role -> profile names (models.yaml `defaults`)
 
 
 @dataclass
@@ -100,197 +92,77 @@ class MethodResult:
     cost: Cost
     extra: dict[str, Any] = field(default_factory=dict)   # calibration, agreement, ...
     stability: list[dict[str, Any]] = field(default_factory=list)  # DREAM, per round
+    config_hash: str = ""   # the key the pipeline stores this labeler's labels under
 
     def summary(self) -> dict[str, Any]:
         """The method's row of the gold set's table."""
         return {"method": self.spec.name, "kind": self.spec.method, "models": ",".join(self.models),
-                **self.metrics.as_dict(), "resolver": self.spec.resolve, **self.cost.as_dict(),
+                **self.metrics.as_dict(), "resolver": self.resolver, **self.cost.as_dict(),
                 **{key: self.extra.get(key) for key in EXTRA_COLUMNS},
-                "config": self.spec.model_dump_json()}
+                "config": json.dumps(self.spec.entry())}
+
+    @property
+    def resolver(self) -> str:
+        return "adjudicator" if getattr(self.spec.settings, "adjudicate", False) else "gold"
 
 
 EXTRA_COLUMNS = ("ece", "brier", "auroc", "kappa", "agreement")
 
 
-def method_models(spec: MethodSpec, profiles_for: ProfilesFor) -> list[str]:
-    if spec.models:
-        return list(spec.models)
-    role = {"dream": "debate", "filter": "filter"}.get(spec.method, "judge")
-    return profiles_for(role)[:1]
-
-
-def _single(spec: MethodSpec, models: list[str]) -> str:
-    if len(models) != 1:
-        raise ValueError(f"method '{spec.name}' ({spec.method}) takes one model profile, got {models}")
-    return models[0]
-
-
-def run_method(spec: MethodSpec, triplets: Sequence[GoldTriplet], generate: Generate, *,
+def run_method(spec: MethodSpec, triplets: Sequence[GoldTriplet | LabelItem], generate: Generate, *,
                profiles_for: ProfilesFor, prompts: Prompts | None = None) -> MethodResult:
-    """Label `triplets` with one method and score it against their gold labels."""
-    if spec.resolve == "adjudicator" and spec.method != "dream":
-        raise ValueError(f"method '{spec.name}': only dream escalations can go to the adjudicator")
+    """Label `triplets` with one labeler and score it against their gold labels (an item
+    without one is labelled but not scored). Escalated items are resolved by their gold label
+    (people standing in) or by the labeler's adjudicator when it has one."""
     prompts = prompts or Prompts()
-    models = method_models(spec, profiles_for)
+    labeler = build_labeler(spec.settings, profiles_for)
     meter = CostMeter(generate)
     started = time.perf_counter()
-    gold = [t.label for t in triplets]
+    items = [t.item() if isinstance(t, GoldTriplet) else t for t in triplets]
+    kept = list(range(len(items)))
     extra: dict[str, Any] = {}
-    stability: list[dict[str, Any]] = []
-    scores: list[float | None] = [None] * len(triplets)
-    if spec.method in ("judge", "dream"):
-        kept = list(range(len(triplets)))
-        if spec.prefilter:
-            # As the pipeline does (filtered_pool before debate_labels): a pair every filter
-            # model says no to is labelled not relevant by the filter; the rest go on.
-            kept = prefilter_kept(triplets, list(spec.prefilter), meter, prompts)
-            extra["prefiltered"] = len(triplets) - len(kept)
-        labels: list[int | None] = [0] * len(triplets)
-        escalated = [False] * len(triplets)
-        resolved: list[int | None] = [None] * len(triplets)
-        details: list[str | None] = ["filtered"] * len(triplets)
-        judged = _judge_or_debate(spec, [triplets[i] for i in kept], models, meter, prompts,
-                                  profiles_for, extra)
-        for i, label, escalation, resolution, detail in zip(kept, *judged.columns(), strict=True):
-            labels[i], escalated[i], resolved[i], details[i] = label, escalation, resolution, detail
-        models = [*models, *(f"prefilter:{name}" for name in spec.prefilter),
-                  *([f"adjudicator:{judged.adjudicator}"] if judged.adjudicator else [])]
-        stability = judged.stability
-    elif spec.method == "filter":
-        votes = run_filter([t.pair() for t in triplets], [_single(spec, models)], meter, prompts=prompts)
-        labels = [None if v.is_supported is None else int(v.is_supported) for v in votes]
-        escalated = [label is None for label in labels]
-        resolved = list(gold)
-        details = [v.error for v in votes]
-    elif spec.method == "lara":
-        point = score_triplets(triplets, _single(spec, models), meter, prompts=prompts,
-                               temperature=spec.temperature)
-        chosen = lara([s.p_yes for s in point], gold, spec.escalation_ratio)
-        labels, escalated, resolved = chosen.labels, chosen.escalated, list(gold)
-        scores = chosen.calibrated
-        extra.update(calibration_metrics(gold, [s.p_yes for s in point]))
-        extra["calibrator"] = asdict(chosen.calibrator)
-        details = [s.error for s in point]
-    elif spec.method == "diras":
-        out = diras(triplets, _single(spec, models), meter, prompts=prompts,
-                    use_definitions=spec.use_definitions, temperature=spec.temperature)
-        labels, escalated, resolved = out.labels, out.escalated, list(gold)
-        scores = [s.p_yes for s in out.scores]
-        extra.update(out.calibration)
-        details = [s.error for s in out.scores]
-    else:
-        out = utility_labels(triplets, spec.method, _single(spec, models), meter, prompts=prompts,
-                             top_percent=spec.top_percent, temperature=spec.temperature)
-        labels = [out.labels[t.id] for t in triplets]
-        escalated = [label is None for label in labels]
-        resolved = list(gold)
-        labelled = [i for i, label in enumerate(labels) if label is not None]
-        extra.update(agreement([gold[i] for i in labelled], [labels[i] for i in labelled]))
-        details = [out.errors.get(t.query) for t in triplets]
-    items = [ItemOutcome(t.id, t.domain, t.label, None if escalated[i] else labels[i], escalated[i],
-                         resolved[i] if escalated[i] else None, scores[i], details[i])
-             for i, t in enumerate(triplets)]
-    metrics = labeler_metrics(gold, [None if e else lab for lab, e in zip(labels, escalated)],
-                              escalated, [r if e else None for r, e in zip(resolved, escalated)])
-    return MethodResult(spec, models, items, metrics, meter.cost(time.perf_counter() - started),
-                        extra, stability)
+    if spec.prefilter:
+        if spec.method not in ("judge", "dream"):
+            raise LabelerError(f"method '{spec.name}': only judge and dream take a prefilter")
+        # As the pipeline does (filtered_pool before debate_labels): a pair every filter
+        # model says no to is labelled not relevant by the filter; the rest go on.
+        kept = prefilter_kept(items, list(spec.prefilter), meter, prompts)
+        extra["prefiltered"] = len(items) - len(kept)
+    run = labeler.label([items[i] for i in kept], meter, prompts)
+    extra.update(run.extra)
+    outcomes = {i: ItemOutcome(item.id, item.domain, item.gold, 0, False, None, None, "filtered")
+                for i, item in enumerate(items)}
+    adjudicated = getattr(spec.settings, "adjudicate", False)
+    for n, (i, label) in enumerate(zip(kept, run.labels, strict=True)):
+        escalated = label.outcome in ("escalated", "failed")
+        resolved = (label.adjudicator_label if adjudicated else items[i].gold) if escalated else None
+        outcomes[i] = ItemOutcome(items[i].id, items[i].domain, items[i].gold,
+                                  None if escalated else label.label, escalated, resolved,
+                                  run.scores[n] if run.scores else None,
+                                  run.details[n] if run.details else None)
+    scored = [o for i, o in sorted(outcomes.items()) if o.gold is not None]
+    metrics = labeler_metrics([o.gold for o in scored], [o.label for o in scored],
+                              [o.escalated for o in scored], [o.resolved for o in scored])
+    models = [*run.models, *(f"prefilter:{name}" for name in spec.prefilter)]
+    return MethodResult(spec, models, scored, metrics, meter.cost(time.perf_counter() - started),
+                        extra, run.stability, _config_hash(labeler, prompts, len(kept)))
 
 
-def prefilter_kept(triplets: Sequence[GoldTriplet], filter_models: list[str], generate: Generate,
+def _config_hash(labeler: Labeler, prompts: Prompts, items: int) -> str:
+    try:
+        return labeler.config_hash(prompts, items=items)
+    except ModelConfigError:  # a profile outside models.yaml (a scripted model): no model id
+        return ""
+
+
+def prefilter_kept(items: Sequence[LabelItem], filter_models: list[str], generate: Generate,
                    prompts: Prompts) -> list[int]:
-    """Indices of the triplets the filter keeps: dropped only when every model says no (a
+    """Indices of the items the filter keeps: dropped only when every model says no (a
     failed vote keeps the pair), as sql/filtered_pool.sql decides."""
-    votes = run_filter([t.pair() for t in triplets], filter_models, generate, prompts=prompts)
-    n = len(triplets)
+    votes = run_filter([item.pair for item in items], filter_models, generate, prompts=prompts)
+    n = len(items)
     return [i for i in range(n)
             if any(votes[k * n + i].is_supported is not False for k in range(len(filter_models)))]
-
-
-@dataclass
-class _Judged:
-    """A judge's or a debate's outcome on the triplets it was given, in their order."""
-
-    labels: list[int | None]
-    escalated: list[bool]
-    resolved: list[int | None]
-    details: list[str | None]
-    stability: list[dict[str, Any]]
-    adjudicator: str = ""
-
-    def columns(self) -> tuple[list, ...]:
-        return self.labels, self.escalated, self.resolved, self.details
-
-
-def _judge_or_debate(spec: MethodSpec, triplets: Sequence[GoldTriplet], models: list[str],
-                     meter: CostMeter, prompts: Prompts, profiles_for: ProfilesFor,
-                     extra: dict[str, Any]) -> _Judged:
-    pairs = [t.pair() for t in triplets]
-    gold = [t.label for t in triplets]
-    examples = fewshot_examples(spec.fewshot)
-    stability: list[dict[str, Any]] = []
-    adjudicator = ""
-    if spec.method == "judge":
-        outcome = run_judge(pairs, _single(spec, models), meter, temperature=spec.temperature,
-                            reason_words=spec.reason_words, examples=examples, prompts=prompts)
-    else:
-        agents = debate_agents(models, spec.agents, spec.stance_order,
-                               template=DEBATE_TEMPLATES[spec.prompt])
-        checks = DebateChecks(
-            evidence=spec.evidence_check, answer_presence=spec.answer_check,
-            min_confidence=spec.min_confidence,
-            budget=None if spec.budget_ratio is None else escalation_count(len(pairs), spec.budget_ratio))
-        outcome = run_debate(pairs, agents, meter, rounds=spec.rounds, temperature=spec.temperature,
-                             reason_words=spec.reason_words, examples=examples, prompts=prompts,
-                             checks=checks, answer_first=spec.answer_first)
-        if spec.resolve == "adjudicator":
-            adjudicator = spec.adjudicator or profiles_for("adjudicator")[0]
-            outcome = adjudicate(outcome, pairs, adjudicator, meter, prompts=prompts)
-        stability = consensus_stability(outcome, gold)
-        extra["consensus_by_round"] = outcome.consensus_by_round()
-    labels = [label.label for label in outcome.labels]
-    escalated = [label.outcome in ("escalated", "failed") for label in outcome.labels]
-    resolved = [label.adjudicator_label for label in outcome.labels] \
-        if spec.resolve == "adjudicator" else list(gold)
-    details = [f"{label.outcome}@{label.rounds_used}"
-               + "".join(f" {flag}" for flag in label.flags if flag not in ("failed", "disagreement"))
-               for label in outcome.labels]
-    extra["flags"] = outcome.flag_counts()
-    return _Judged(labels, escalated, resolved, details, stability, adjudicator)
-
-
-def consensus_stability(outcome: DebateOutcome, gold: Sequence[int]) -> list[dict[str, Any]]:
-    """How consensus forms round by round (the paper's Table 12, as defined here): per round,
-    the pairs still debating, those agreeing now and how often that agreement is right, the
-    cumulative consensus share, the turns whose answer changed since the agent's previous
-    turn, the turns that answer against the agent's opening stance, and failures."""
-    by_pair = outcome.histories()
-    n = len(outcome.labels)
-    rows, cumulative = [], 0
-    for r in range(1, outcome.rounds + 1):
-        debating = agreed = correct = changed = against = failed = 0
-        for i, label in enumerate(outcome.labels):
-            rounds = by_pair.get((label.query_id, label.doc_id), [])
-            if len(rounds) < r:
-                continue
-            debating += 1
-            for turn in rounds[r - 1]:
-                if turn.response is None:
-                    continue
-                if turn.stance is not None and (turn.response == "yes") != (turn.stance == "relevant"):
-                    against += 1
-                if r > 1:
-                    previous = next((t for t in rounds[r - 2] if t.agent == turn.agent), None)
-                    changed += previous is not None and previous.response != turn.response
-            if label.rounds_used == r and label.outcome == "consensus":
-                agreed += 1
-                correct += label.label == gold[i]
-            failed += label.rounds_used == r and label.outcome == "failed"
-        cumulative += agreed
-        rows.append({"round": r, "debating": debating, "agreed": agreed,
-                     "agreed_accuracy": correct / agreed if agreed else None,
-                     "consensus_share_cumulative": cumulative / n if n else 0.0,
-                     "answer_changes": changed, "against_opening_stance": against, "failed": failed})
-    return rows
 
 
 def evaluate(triplets: Sequence[GoldTriplet], specs: Sequence[MethodSpec], generate: Generate, *,
@@ -388,4 +260,5 @@ def summary_json(result: MethodResult) -> str:
     rest = {k: v for k, v in summary.items() if k not in ordered and k != "config"}
     return json.dumps({**ordered, **rest, **({"stability": result.stability} if result.stability else {}),
                        **({"flags": result.extra["flags"]} if result.extra.get("flags") else {}),
-                       "config": json.loads(summary["config"])}, indent=2)
+                       "config": json.loads(summary["config"]), "config_hash": result.config_hash},
+                      indent=2)

@@ -16,12 +16,13 @@ import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from bridge_assets.evaluation.goldsets import GoldTriplet
+from bridge_assets.evaluation.metrics import agreement
 from bridge_assets.labeling.calls import Generate, parse_reply
+from bridge_assets.labeling.labeler import Labeler, LabelerRun, LabelerSettings, LabelItem, outcome_label
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.llm.types import LLMRequest
 
@@ -55,17 +56,17 @@ class QueryCandidates:
 
     query: str
     answers: tuple[str, ...]
-    triplets: tuple[GoldTriplet, ...]
+    triplets: tuple[LabelItem, ...]
 
 
-def group_by_query(triplets: Sequence[GoldTriplet]) -> list[QueryCandidates]:
+def group_by_query(triplets: Sequence[LabelItem]) -> list[QueryCandidates]:
     """Triplets grouped by (query, answers), groups in order of first appearance, candidates
     shuffled by a content hash."""
-    groups: dict[tuple[str, tuple[str, ...]], list[GoldTriplet]] = {}
+    groups: dict[tuple[str, tuple[str, ...]], list[LabelItem]] = {}
     for triplet in triplets:
         groups.setdefault((triplet.query, triplet.answers), []).append(triplet)
 
-    def position(query: str, triplet: GoldTriplet) -> str:
+    def position(query: str, triplet: LabelItem) -> str:
         return hashlib.sha256(f"{query}\0{triplet.id}".encode()).hexdigest()
 
     return [QueryCandidates(query, answers, tuple(sorted(members, key=lambda t: position(query, t))))
@@ -92,7 +93,7 @@ def useful_from_reply(kind: UtilityKind, reply: BaseModel, n: int,
     return set(numbers[:max(1, math.ceil(top_percent * n - 1e-9))]), None
 
 
-def utility_labels(triplets: Sequence[GoldTriplet], kind: UtilityKind, model: str,
+def utility_labels(triplets: Sequence[LabelItem], kind: UtilityKind, model: str,
                    generate: Generate, *, prompts: Prompts | None = None, top_percent: float = 0.2,
                    temperature: float = 0.0, max_tokens: int = 64) -> UtilityOutcome:
     """One call per query (batched); a utility label per triplet."""
@@ -117,3 +118,34 @@ def utility_labels(triplets: Sequence[GoldTriplet], kind: UtilityKind, model: st
         for position, triplet in enumerate(group.triplets, start=1):
             labels[triplet.id] = None if useful is None else int(position in useful)
     return UtilityOutcome(labels, errors, keys)
+
+
+class UtilitySettings(LabelerSettings):
+    top_percent: float = Field(0.2, gt=0.0, le=1.0, description="utilrank: the top share of a "
+                               "query's candidates counted useful.")
+
+
+class UtilitySelectionLabeler(Labeler):
+    """A query's candidates judged together; useful = 1 (a `vote`: a label kind of its own)."""
+
+    Settings = UtilitySettings
+    kind: ClassVar[UtilityKind] = "utilsel"
+    templates = (TEMPLATES["utilsel"],)
+    settings: UtilitySettings
+
+    def label(self, items: Sequence[LabelItem], generate: Generate,
+              prompts: Prompts | None = None) -> LabelerRun:
+        out = utility_labels(items, self.kind, self.model, generate, prompts=prompts,
+                             top_percent=self.settings.top_percent, temperature=self.settings.temperature)
+        labels = [out.labels[item.id] for item in items]
+        known = [i for i, item in enumerate(items) if labels[i] is not None and item.gold is not None]
+        extra = agreement([items[i].gold for i in known], [labels[i] for i in known]) \
+            if all(item.gold is not None for item in items) else {}
+        return LabelerRun([outcome_label(item.pair, label) for item, label in zip(items, labels, strict=True)],
+                          details=[out.errors.get(item.query) for item in items], extra=extra,
+                          models=[self.model])
+
+
+class UtilityRankingLabeler(UtilitySelectionLabeler):
+    kind = "utilrank"
+    templates = (TEMPLATES["utilrank"],)

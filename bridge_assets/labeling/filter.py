@@ -13,11 +13,14 @@ from dataclasses import asdict, dataclass
 
 import duckdb
 import polars as pl
-from pydantic import BaseModel, ConfigDict, StrictBool
+from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from bridge_assets.labeling.calls import Generate, generate_grouped, parse_reply
+from bridge_assets.labeling.labeler import (Labeler, LabelerError, LabelerRun, LabelerSettings, LabelItem,
+                                            ProfilesFor, outcome_label)
 from bridge_assets.labeling.pairs import Pair
 from bridge_assets.labeling.prompts import Prompts
+from bridge_assets.llm.replay import NOT_ANSWERED, LedgerReplay, StageCalls
 from bridge_assets.llm.types import LLMRequest
 from bridge_assets.paths import read_sql
 
@@ -86,3 +89,47 @@ def filtered_pool(votes: pl.DataFrame) -> pl.DataFrame:
     with duckdb.connect() as con:
         con.register("filter_votes", votes.to_arrow())
         return con.execute(read_sql("filtered_pool")).pl()
+
+
+def estimate_filter(pairs: Sequence[Pair], models: Sequence[str], replay: LedgerReplay,
+                    max_tokens: int = 32) -> tuple[list[StageCalls], list[Pair], set[tuple[str, str]]]:
+    """Every vote's call, replayed from the ledger (`bridge run --dry-run`). Returns the
+    stages, the pairs the filter may keep (a vote not answered yet keeps its pair, as a failed
+    one does) and those of them it may still drop (no answered vote keeps them)."""
+    stages = {model: replay.stage("filter", model, "filter") for model in models}
+    votes = run_filter(pairs, models, replay, max_tokens=max_tokens)
+    for vote in votes:
+        stages[vote.model].add(vote.call_key, replay.requests[vote.call_key], vote.error != NOT_ANSWERED)
+    answered = [vote for vote in votes if vote.error != NOT_ANSWERED]
+    kept = filtered_pool(votes_frame(votes, "")).filter(pl.col("kept"))
+    surely = filtered_pool(votes_frame(answered, "")).filter(pl.col("kept"))
+    kept_ids = set(zip(kept["query_id"], kept["doc_id"]))
+    unsure = kept_ids - set(zip(surely["query_id"], surely["doc_id"]))
+    return list(stages.values()), [p for p in pairs if (p.query_id, p.doc_id) in kept_ids], unsure
+
+
+class FilterSettings(LabelerSettings):
+    max_tokens: int = Field(32, ge=8)
+
+
+class FilterLabeler(Labeler):
+    """One filter model as a labeler: its vote is the label (a `vote`); a failed call has none."""
+
+    Settings = FilterSettings
+    role = "filter"
+    templates = (FILTER_TEMPLATE,)
+    settings: FilterSettings
+
+    def __init__(self, settings: FilterSettings, profiles_for: ProfilesFor):
+        if settings.temperature:
+            raise LabelerError("the filter samples at temperature 0 only")
+        super().__init__(settings, profiles_for)
+
+    def label(self, items: Sequence[LabelItem], generate: Generate,
+              prompts: Prompts | None = None) -> LabelerRun:
+        pairs = [item.pair for item in items]
+        votes = run_filter(pairs, [self.model], generate, prompts=prompts,
+                           max_tokens=self.settings.max_tokens)
+        labels = [outcome_label(pair, None if vote.is_supported is None else int(vote.is_supported))
+                  for pair, vote in zip(pairs, votes, strict=True)]
+        return LabelerRun(labels, details=[vote.error for vote in votes], models=[self.model])

@@ -32,6 +32,13 @@ class KnownHoles:
     holes: dict[str, frozenset[str]]    # query_id -> verified hole doc ids
     partial: dict[str, frozenset[str]]  # query_id -> partial answers
 
+    def label(self, query_id: str, doc_id: str) -> int | None:
+        """What the key says of an unjudged pair: 1 a hole, 0 not one; None for a partial
+        answer or a query the key does not list."""
+        if query_id not in self.holes or doc_id in self.partial.get(query_id, frozenset()):
+            return None
+        return int(doc_id in self.holes[query_id])
+
 
 def read_known_holes(path: Path) -> KnownHoles:
     holes: dict[str, frozenset[str]] = {}
