@@ -23,21 +23,13 @@ def fail(message: str) -> NoReturn:
     raise typer.Exit(EXIT_ERROR)
 
 
-def _user_errors() -> tuple[type[Exception], ...]:
-    """BridgeError, and the errors of store.py and ducklake.py, whose owners have yet to derive
-    them from it (then this is BridgeError alone). Imported only once a command has failed."""
-    from bridge_assets import ducklake, store
-
-    return BridgeError, store.StoreMismatch, ducklake.LakeError
-
-
 class StopsOnBridgeError(TyperCommand):
     """A command that turns a BridgeError it raises into `fail(message)`."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except _user_errors() as exc:
+        except BridgeError as exc:
             fail(str(exc))
 
 

@@ -45,6 +45,8 @@ from typing import Any
 
 import duckdb
 
+from bridge_assets.errors import BridgeError
+
 logger = logging.getLogger(__name__)
 
 ALIAS = "lake"
@@ -59,7 +61,7 @@ REMOTE_PREFIXES = {"s3://": "httpfs", "gs://": "httpfs", "gcs://": "httpfs", "r2
                    "az://": "azure", "abfss://": "azure"}
 
 
-class LakeError(RuntimeError):
+class LakeError(BridgeError, RuntimeError):
     """The DuckLake cannot be opened as configured (missing extension, bad catalog)."""
 
 

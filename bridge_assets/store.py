@@ -33,6 +33,7 @@ import duckdb
 import polars as pl
 
 from bridge_assets import ducklake, settings
+from bridge_assets.errors import BridgeError
 from bridge_assets.paths import PIPELINE_FILE, LakeLocation
 
 LOCK_WAIT_SECONDS = 300.0
@@ -45,7 +46,7 @@ T = TypeVar("T")
 Where = LakeLocation | Path | str
 
 
-class StoreBusy(duckdb.IOException):
+class StoreBusy(BridgeError, duckdb.IOException):
     """Another process held the file's lock for longer than the caller would wait."""
 
 
@@ -53,7 +54,7 @@ class StoreConflict(StoreBusy):
     """A DuckLake commit kept losing races to other writers until the caller's deadline."""
 
 
-class StoreMismatch(RuntimeError):
+class StoreMismatch(BridgeError, RuntimeError):
     """The lake folder holds the other storage than the one configured."""
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import duckdb
 import polars as pl
 
+from bridge_assets.errors import BridgeError
 from bridge_assets.paths import read_sql
 from bridge_assets.store import table_exists
 
 
-class NoRunsError(LookupError):
+class NoRunsError(BridgeError, LookupError):
     """There is no retrieval run to pool for a dataset."""
 
 

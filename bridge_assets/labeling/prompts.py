@@ -18,6 +18,7 @@ import jinja2
 import jinja2.meta
 import yaml
 
+from bridge_assets.errors import BridgeError
 from bridge_assets.paths import RESOURCES_DIR
 
 PROMPTS_DIR = RESOURCES_DIR / "prompts"
@@ -31,7 +32,7 @@ OPTIONAL_CONTEXT = {"description": None, "narrative": None, "scale": "binary"}
 Messages = tuple[tuple[str, str], ...]
 
 
-class PromptError(ValueError):
+class PromptError(BridgeError, ValueError):
     """A template is missing, lacks its blocks, or refers to an undefined variable."""
 
 

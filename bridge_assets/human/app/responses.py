@@ -11,6 +11,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from pydantic import BaseModel, ValidationError
 
+from bridge_assets.errors import BridgeError
 from bridge_assets.human.app.state import state_of
 from bridge_assets.human.security import SESSION_COOKIE, Session, new_session
 from bridge_assets.store import StoreBusy
@@ -21,17 +22,21 @@ M = TypeVar("M", bound=BaseModel)
 log = logging.getLogger(__name__)
 
 
-class LoginRequired(Exception):
-    pass
+# The refusals a route raises; their handlers (below) answer the browser.
+class LoginRequired(BridgeError):
+    def __init__(self, message: str = "login required"):
+        super().__init__(message)
 
 
-class Forbidden(Exception):
+class Forbidden(BridgeError):
     def __init__(self, message: str):
+        super().__init__(message)
         self.message = message
 
 
-class BadRequest(Exception):
+class BadRequest(BridgeError):
     def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
         self.message, self.status = message, status
 
 
