@@ -358,16 +358,16 @@ def audit_command(
     human votes, final label and source, models, prompt hashes and Dagster run ids."""
     from bridge_assets import orchestration, store
     from bridge_assets.cli_errors import fail
-    from bridge_assets.human.votes_store import VotesConflict, copy_votes
-    from bridge_assets.resources import DuckDBStore
+    from bridge_assets.human.votes_store import VotesConflict, VotesStore
 
-    lake = DuckDBStore().lake
-    if not store.exists(lake.duckdb):
-        fail(f"no data lake at {store.describe(lake.duckdb)}")
+    votes = VotesStore()
+    lake = votes.store.lake
+    if not store.exists(lake):
+        fail(f"no data lake at {store.describe(lake)}")
     try:
-        with store.connect(lake.duckdb) as con:
+        with store.connect(lake) as con:
             # the pair's votes live in the votes store: copied in for the audit (read-only)
-            copy_votes(con, dataset, lake_db=lake.duckdb, votes_db=lake.votes_db)
+            votes.copy_votes(con, dataset)
             story = audit_pair(con, dataset, query, doc, instance=orchestration.instance())
     except (AuditError, VotesConflict) as exc:
         fail(str(exc))

@@ -25,7 +25,6 @@ import typer
 
 from bridge_assets.cli_errors import BridgeTyper, fail
 from bridge_assets.errors import BridgeError
-from bridge_assets.paths import storage
 
 app = BridgeTyper(help="The lake's storage: DuckLake migration, snapshots, compaction.",
                   no_args_is_help=True, add_completion=False)
@@ -92,7 +91,7 @@ def sql_command(
 
     statement = read_only_statement(query)
     try:
-        with store.connect_read_only(snapshot=as_of) as con:
+        with store.connect_read_only(_lake(), snapshot=as_of) as con:
             # the lake is attached: nothing else on disk is reachable, and it stays so
             con.execute("set enable_external_access = false")
             con.execute("set lock_configuration = true")
@@ -109,28 +108,27 @@ def sql_command(
              f"bridge sql is read-only: {str(exc).splitlines()[0]}")
 
 
-def _lake_config(folder: Path | None = None):
-    from bridge_assets import ducklake
+def _lake():
+    """The lake's location, as the store resource holds it."""
     from bridge_assets.resources import DuckDBStore
 
-    return ducklake.DuckLakeConfig.for_folder(folder or DuckDBStore().lake.folder)
+    return DuckDBStore().lake
 
 
 @app.command("info")
 def info_command() -> None:
     """Which storage is in force, where it lives, and the files of each DuckLake table."""
     from bridge_assets import ducklake, store
-    from bridge_assets.resources import DuckDBStore
 
-    lake = DuckDBStore().lake
-    typer.echo(f"storage\t{storage()}")
+    lake = _lake()
+    typer.echo(f"storage\t{lake.storage}")
     typer.echo(f"lake folder\t{lake.folder}")
     typer.echo(f"duckdb file\t{lake.duckdb}{'' if lake.duckdb.exists() else ' (absent)'}")
-    config = _lake_config(lake.folder)
+    config = lake.ducklake_config
     typer.echo(f"ducklake catalog\tducklake:{config.catalog}{'' if config.exists() else ' (absent)'}")
     typer.echo(f"ducklake data path\t{config.data_path}")
-    if store.lake_config() is not None and config.exists():
-        with store.connect() as con:
+    if lake.ducklake is not None and config.exists():
+        with store.connect(lake) as con:
             typer.echo(f"snapshot\t{ducklake.current_snapshot(con)}")
             for table, counts in ducklake.file_counts(con).items():
                 typer.echo(f"table {table}\t{counts['files']} data files, {counts['delete_files']} delete files")
@@ -148,7 +146,7 @@ def repoint_command(
     on first use)."""
     from bridge_assets import ducklake
 
-    config = _lake_config()
+    config = _lake().ducklake_config
     if not config.exists():
         fail(f"no DuckLake at {config.catalog_file}")
     moved = ducklake.repoint(config, data_path)
@@ -162,12 +160,13 @@ def snapshots_command(limit: int = typer.Option(20, "--limit", "-n", help="The l
     """The DuckLake's snapshots, newest last: id, time, Dagster run, what it wrote."""
     from bridge_assets import ducklake, store
 
-    if store.lake_config() is None:
+    lake = _lake()
+    if lake.ducklake is None:
         fail("the lake is a DuckDB file (BRIDGE_STORAGE=duckdb): it keeps no snapshots; `bridge lake migrate` "
              "moves it into a DuckLake (the default storage)")
-    if not store.exists():
-        fail(f"no DuckLake at {store.describe()}")
-    with store.connect() as con:
+    if not store.exists(lake):
+        fail(f"no DuckLake at {store.describe(lake)}")
+    with store.connect(lake) as con:
         rows = ducklake.snapshots(con)
     typer.echo("snapshot\ttime\trun_id\tmessage")
     for row in rows[-limit:] if limit else rows:
@@ -185,9 +184,10 @@ def compact_command(
     """Flush inlined rows to Parquet, merge small files, rewrite files with many deletions."""
     from bridge_assets import ducklake, store
 
-    if store.lake_config() is None or not store.exists():
-        fail(f"no DuckLake in force ({store.describe()}): unset BRIDGE_STORAGE=duckdb (DuckLake is the default)")
-    with store.connect() as con:
+    lake = _lake()
+    if lake.ducklake is None or not store.exists(lake):
+        fail(f"no DuckLake in force ({store.describe(lake)}): unset BRIDGE_STORAGE=duckdb (DuckLake is the default)")
+    with store.connect(lake) as con:
         counts = ducklake.compact(con, expire_older_than=expire_older_than)
     before = sum(c["files"] + c["delete_files"] for c in counts["before"].values())
     after = sum(c["files"] + c["delete_files"] for c in counts["after"].values())
@@ -269,13 +269,11 @@ def migrate_command(
 ) -> None:
     """Move a DuckDB lake (every table, the LLM call ledger included) into the DuckLake of the
     data lake folder (the default storage; unset BRIDGE_STORAGE=duckdb if you had set it)."""
-    from bridge_assets.resources import DuckDBStore
-
-    lake = DuckDBStore().lake
+    lake = _lake()
     source = (source or lake.duckdb).resolve()
     if not source.exists():
         fail(f"no DuckDB lake at {source}")
-    config = _lake_config(lake.folder)
+    config = lake.ducklake_config
     started = time.monotonic()
     try:
         counts = migrate(source, config, votes_db=lake.votes_db, keep=keep)
@@ -286,5 +284,5 @@ def migrate_command(
     typer.echo(f"moved {len(counts)} tables into ducklake:{config.catalog} (data {config.data_path}) in "
                f"{time.monotonic() - started:.1f} s" + ("" if keep else f"; {source.name} renamed to "
                                                                         f"{source.name}.migrated-*"))
-    if storage() != "ducklake":
+    if lake.storage != "ducklake":
         typer.echo("use it: unset BRIDGE_STORAGE=duckdb (DuckLake is the default)")

@@ -167,6 +167,31 @@ def _config_class(assets_def: dg.AssetsDefinition) -> type[dg.Config] | None:
     return annotation if isinstance(annotation, type) and issubclass(annotation, dg.Config) else None
 
 
+def _resolved(assets_def: dg.AssetsDefinition, dataset: str,
+              asset_config: dict[str, dict[str, Any]] | None) -> run_settings.Resolved | None:
+    """The settings the op writing `assets_def` resolves for `dataset` under the explicit
+    `asset_config` (asset name -> fields); None for an op without config."""
+    config_class = _config_class(assets_def)
+    if config_class is None:
+        return None
+    names = [k.to_user_string() for k in assets_def.keys]
+    explicit = {field: value for name in names for field, value in (asset_config or {}).get(name, {}).items()}
+    return run_settings.resolve(config_class, dataset, names, explicit)
+
+
+def asset_settings(asset: str, dataset: str,
+                   asset_config: dict[str, dict[str, Any]] | None = None) -> Any:
+    """What the asset `asset` runs with on `dataset` (its op's defaults < the dataset's entry <
+    `asset_config`), read from the asset's own definition: the dry run and `bridge label-eval
+    --dataset` see exactly the settings a run would."""
+    from bridge_assets.definitions import defs
+
+    resolved = _resolved(defs.get_assets_def(asset), dataset, asset_config)
+    if resolved is None:
+        raise ValueError(f"asset '{asset}' has no settings")
+    return resolved.config
+
+
 def _external_change(key: dg.AssetKey, partition_key, metadata: dict[str, Any],
                      store: DuckDBStore) -> str | None:
     """An input outside the lake's assets that changed since the materialization, or calls an
@@ -220,14 +245,9 @@ def out_of_date(defs: dg.Definitions, inst: dg.DagsterInstance, key: dg.AssetKey
     if resolver.get_status(key, partition_key) == StaleStatus.STALE:
         causes = resolver.get_stale_root_causes(key, partition_key)
         return "stale: " + "; ".join(sorted({cause.reason for cause in causes})) if causes else "stale"
-    assets_def = graph.get(key).assets_def
-    config_class = _config_class(assets_def)
-    if config_class is not None and partition_key is not None:
-        names = [k.to_user_string() for k in assets_def.keys]
-        explicit = {field: value for name in names
-                    for field, value in (asset_config or {}).get(name, {}).items()}
-        expected = run_settings.resolve(config_class, run_settings.dataset_of(partition_key), names, explicit)
-        if metadata.get("settings_hash") != expected.hash:
+    if partition_key is not None:
+        expected = _resolved(graph.get(key).assets_def, run_settings.dataset_of(partition_key), asset_config)
+        if expected is not None and metadata.get("settings_hash") != expected.hash:
             return "its settings changed"
     return _external_change(key, partition_key, metadata, store or DuckDBStore())
 
@@ -303,9 +323,10 @@ def materialize(assets: Iterable[str], dataset: str | None, *,
     from bridge_assets.definitions import defs
     from bridge_assets.retrieval.sensors import sync_partitions
 
-    lake_store.check()
+    resource = DuckDBStore()
+    lake_store.check(resource.lake)
     inst = instance()
-    sync = sync_partitions(inst, DuckDBStore())
+    sync = sync_partitions(inst, resource)
     steps = plan(defs, list(assets), dataset, inst, with_missing_upstream=with_missing_upstream)
     if partition_key is not None:
         steps = [Step(step.keys, [partition_key]) if step.partition_keys and

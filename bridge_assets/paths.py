@@ -68,23 +68,6 @@ class LakeLocation:
     def exports(self, dataset: str) -> Path:
         return self.folder / "exports" / dataset
 
-    @classmethod
-    def locate(cls, data_lake: str | Path = "", votes_db: str | Path = "") -> LakeLocation:
-        """settings.lake_location(); kept for human/app.py until it takes the store's location."""
-        from bridge_assets.settings import lake_location
-
-        return lake_location(data_lake, votes_db)
-
-
-Lake = LakeLocation  # the old name, for human/app.py until it takes the store's location
-
-
-def duckdb_path() -> Path:
-    """The environment's pipeline file; kept for costs.py until it takes the store's location."""
-    from bridge_assets.settings import lake_location
-
-    return lake_location().duckdb
-
 
 def read_sql(name: str) -> str:
     """The text of `sql/<name>.sql` (set-based steps are named after the asset they build)."""

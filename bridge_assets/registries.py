@@ -12,7 +12,6 @@ edits a file inside it.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,14 +20,15 @@ from typing import Any, TypeVar
 import yaml
 
 from bridge_assets.errors import BridgeError
-from bridge_assets.paths import PROJECT_ROOT, RESOURCES_DIR
+from bridge_assets.paths import PROJECT_ROOT
+from bridge_assets.settings import env
 
 ENV_REGISTRY_DIR = "BRIDGE_REGISTRY_DIR"
 # The dataset registry's place lives here, below every stage, because the `dataset` partitions
 # (partitions.py) list its names; its entries are read and checked by ingest.registry.
 # `BRIDGE_DATASETS` points at another file (tests, or a user's own set of datasets).
 DATASETS_FILE = "datasets.yaml"
-DATASETS_PATH = Path(os.environ.get("BRIDGE_DATASETS", RESOURCES_DIR / DATASETS_FILE)).resolve()
+DATASETS_PATH = env.registry_file("BRIDGE_DATASETS", DATASETS_FILE)
 
 T = TypeVar("T")
 
@@ -63,8 +63,7 @@ class Registry:
 
 def registry_dir() -> Path | None:
     """The user's registry folder ($BRIDGE_REGISTRY_DIR), None when unset."""
-    value = os.environ.get(ENV_REGISTRY_DIR, "").strip()
-    return Path(value).expanduser().resolve() if value else None
+    return env.registry_dir
 
 
 def target_file(shipped: Path, name: str) -> Path:

@@ -1,10 +1,10 @@
-"""One owner of the lake's location (issue 15, item 6): the DuckDBStore resource (paths.Lake),
+"""One owner of the lake's location (issue 15, item 6): the DuckDBStore resource (its LakeLocation, built by settings.lake_location),
 which the command line, the sensors and the LLM call ledger all ask. BRIDGE_DATA_LAKE stays the
 way users set it, BRIDGE_VOTES_DB moves the votes store."""
 
 from __future__ import annotations
 
-from bridge_assets import paths, store
+from bridge_assets import settings, store
 from bridge_assets.llm import ledger
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.llm.types import LLMRequest, LLMResult
@@ -17,7 +17,7 @@ def test_a_relative_bridge_data_lake_is_where_the_ledger_the_store_and_the_llm_r
     monkeypatch.setenv("BRIDGE_DATA_LAKE", "data_lake/eval")  # as the labeler evaluation runs
     monkeypatch.delenv("BRIDGE_VOTES_DB", raising=False)
     expected = tmp_path / "data_lake" / "eval" / "bridge.duckdb"
-    assert DuckDBStore().path == paths.duckdb_path() == LLMResource().db_path.duckdb == expected
+    assert DuckDBStore().path == settings.lake_location().duckdb == LLMResource().db_path.duckdb == expected
     assert DuckDBStore().lake.dagster_home == tmp_path / "data_lake" / "eval" / "dagster_home"
     assert DuckDBStore().lake.reports("demo") == tmp_path / "data_lake" / "eval" / "reports" / "demo"
 

@@ -66,7 +66,7 @@ def serve(
               "accept plain HTTP on a network you trust.")
     import uvicorn
 
-    from bridge_assets.human.app import AppSettings, create_app
+    from bridge_assets.human.app import AppSettings, annotation_app
     from bridge_assets.human.security import load_secret
     from bridge_assets.ingest.registry import graded_datasets
     from bridge_assets.resources import DuckDBStore
@@ -79,7 +79,7 @@ def serve(
     typer.secho(f"annotation app on http://{host}:{port}/ ({'with' if with_history else 'without'} "
                 f"debate history) -> votes in {settings.votes_db}, pipeline {settings.db_path}",
                 fg="cyan", err=True)
-    uvicorn.run(create_app(settings), host=host, port=port, log_level="info")
+    uvicorn.run(annotation_app(settings), host=host, port=port, log_level="info")
 
 
 @app.command("add-annotator")

@@ -2,8 +2,8 @@
 
 The pipeline's bridge.duckdb is rebuilt, deleted (`make clean`) and written by many processes;
 votes are people's work and outlive all of that. So the annotation app and `bridge annotate`
-write only the votes store (`DuckDBStore().votes_path`: `BRIDGE_VOTES_DB`, else
-`<data lake>/annotations/votes.duckdb`), reading the pipeline's tables (queries, chunks,
+write only the votes store (`VotesStore`, a resource on the store resource: `BRIDGE_VOTES_DB`,
+else `<data lake>/annotations/votes.duckdb`), reading the pipeline's tables (queries, chunks,
 debates) from bridge.duckdb attached read-only. The pipeline never writes the votes store: its
 steps that need votes (human_labels, bridge_qrels, the sensor, `bridge audit`) attach it
 read-only just long enough to copy one dataset's votes.
@@ -21,12 +21,15 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import dagster as dg
 import duckdb
 
 from bridge_assets import ducklake, store
 from bridge_assets.errors import BridgeError
 from bridge_assets.human.tables import HUMAN_VOTES, SCHEMA, ensure_schema
+from bridge_assets.resources import DuckDBStore
 
 HUMAN_TABLES = ("annotators", "annotation_assignments", "human_votes")
 PIPELINE = "pipeline"   # the alias bridge.duckdb is attached under
@@ -116,20 +119,20 @@ def lake_path(con: duckdb.DuckDBPyConnection) -> str:
                        ).fetchone()[0]
 
 
-def migrate(lake_db: Path, votes_db: Path, *, wait_seconds: float = store.LOCK_WAIT_SECONDS) -> int:
+def migrate(lake_db: store.Where, votes_db: Path, *, wait_seconds: float = store.LOCK_WAIT_SECONDS) -> int:
     """Move an old lake's annotators, assignments and votes into the votes store (a no-op once
     done); returns the votes moved."""
-    if not store.exists(Path(lake_db)):
+    if not store.exists(lake_db):
         return 0
     with store.connect(lake_db, wait_seconds=wait_seconds) as lake:
         return move_from(lake, votes_db, wait_seconds=wait_seconds)
 
 
-def prepare(lake_db: Path, votes_db: Path, *, wait_seconds: float = store.LOCK_WAIT_SECONDS) -> int:
+def prepare(lake_db: store.Where, votes_db: Path, *, wait_seconds: float = store.LOCK_WAIT_SECONDS) -> int:
     """Before first use: move an old lake's votes in, and create the votes store's tables.
     A lake folder kept in the other storage than the one in force raises store.StoreMismatch
     (an old bridge.duckdb under the DuckLake default: `bridge lake migrate` moves its votes)."""
-    store.check(Path(lake_db))
+    store.check(lake_db)
     moved = migrate(lake_db, votes_db, wait_seconds=wait_seconds)
     with store.connect(votes_db, wait_seconds=wait_seconds) as votes:
         ensure_schema(votes)
@@ -137,21 +140,21 @@ def prepare(lake_db: Path, votes_db: Path, *, wait_seconds: float = store.LOCK_W
 
 
 @contextlib.contextmanager
-def connect(votes_db: Path, *, lake_db: Path | None = None,
+def connect(votes_db: Path, *, lake_db: store.Where | None = None,
             wait_seconds: float = store.LOCK_WAIT_SECONDS) -> Iterator[duckdb.DuckDBPyConnection]:
     """A short connection to the votes store (read-write; call prepare() once first). With
     `lake_db` (once the pipeline's store exists), the pipeline's tables are readable too, by
     their plain names: bridge.duckdb attached read-only, or the votes store attached beside
     the process's DuckLake. Waits at most `wait_seconds` for either file's lock, then raises
     store.StoreBusy."""
-    config = store.lake_config(Path(lake_db)) if lake_db is not None else None
+    config = store.lake_config(lake_db) if lake_db is not None else None
     if config is not None and config.exists():
         with _beside_the_lake(votes_db, config, wait_seconds) as con:
             yield con
         return
     with store.connect(votes_db, wait_seconds=wait_seconds) as con:
-        if lake_db is not None and store.exists(Path(lake_db)):
-            store.attach(con, Path(lake_db), PIPELINE, wait_seconds=wait_seconds)
+        if lake_db is not None and store.exists(lake_db):
+            store.attach(con, lake_db, PIPELINE, wait_seconds=wait_seconds)
             name = con.execute("select current_database()").fetchone()[0]
             con.execute(f"set search_path = '{_ident(name)}.main,{PIPELINE}.main'")
         yield con
@@ -181,7 +184,7 @@ def _beside_the_lake(votes_db: Path, config: ducklake.DuckLakeConfig,
             con.execute(f"detach {VOTES}")
 
 
-def copy_votes(con: duckdb.DuckDBPyConnection, dataset: str | None, *, lake_db: Path, votes_db: Path,
+def copy_votes(con: duckdb.DuckDBPyConnection, dataset: str | None, *, lake_db: store.Where, votes_db: Path,
                wait_seconds: float = store.LOCK_WAIT_SECONDS) -> None:
     """Copy `dataset`'s votes (every dataset's with None) into `con` (an in-memory snapshot, or
     a connection to the lake) as the temp table human_votes: the votes store attached
@@ -207,3 +210,32 @@ def _copy_attached(con: duckdb.DuckDBPyConnection, dataset: str | None, votes_db
                         .replace(" default nextval('human_vote_ids')", ""))
     finally:
         con.execute(f"detach {VOTES}")
+
+
+class VotesStore(dg.ConfigurableResource):
+    """The votes store of the store resource's lake (nested: it asks the store where it is)."""
+
+    store: DuckDBStore
+
+    def __init__(self, **config: Any):
+        # Dagster allows no default for a nested resource: without one, the environment's lake.
+        config.setdefault("store", DuckDBStore())
+        super().__init__(**config)
+
+    @property
+    def path(self) -> Path:
+        return self.store.lake.votes_db
+
+    def prepare(self, *, wait_seconds: float = store.LOCK_WAIT_SECONDS) -> int:
+        """See prepare(): once before first use."""
+        return prepare(self.store.lake, self.path, wait_seconds=wait_seconds)
+
+    def connect(self, *, wait_seconds: float = store.LOCK_WAIT_SECONDS):
+        """See connect(): the votes store read-write, the pipeline's tables readable."""
+        lake = self.store.lake
+        return connect(lake.votes_db, lake_db=lake, wait_seconds=wait_seconds)
+
+    def copy_votes(self, con: duckdb.DuckDBPyConnection, dataset: str | None) -> None:
+        """See copy_votes(): `dataset`'s votes (all with None) into `con` as human_votes."""
+        lake = self.store.lake
+        copy_votes(con, dataset, lake_db=lake, votes_db=lake.votes_db)

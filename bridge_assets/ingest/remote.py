@@ -20,7 +20,6 @@ from urllib.parse import urlparse
 
 from bridge_assets.ingest.errors import DatasetError, SourceUnreachable
 from bridge_assets.ingest.registry import DatasetSpec
-from bridge_assets.paths import Lake
 
 CONNECT_TIMEOUT_S = 5.0
 HF_ENDPOINT = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
@@ -49,7 +48,10 @@ def _socket_timeout(seconds: float) -> Iterator[None]:
 
 
 def _download_dir(spec: DatasetSpec) -> Path:
-    folder = Lake.locate().downloads / spec.name
+    # (imported here: the module's import lines are being reorganized; `Lake` above is then unused)
+    from bridge_assets.settings import lake_location
+
+    folder = lake_location().downloads / spec.name
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 

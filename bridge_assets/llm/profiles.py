@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any, Literal
 
@@ -10,12 +9,12 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from bridge_assets import registries
 from bridge_assets.errors import BridgeError
-from bridge_assets.paths import RESOURCES_DIR
+from bridge_assets.settings import env
 
 # `BRIDGE_MODELS` points at another profiles file (tests, or a user's own set of models);
 # `<BRIDGE_REGISTRY_DIR>/models.yaml` is merged over it (bridge_assets.registries).
 MODELS_FILE = "models.yaml"
-MODELS_PATH = Path(os.environ.get("BRIDGE_MODELS", RESOURCES_DIR / "models.yaml")).resolve()
+MODELS_PATH = env.registry_file("BRIDGE_MODELS", MODELS_FILE)
 
 Backend = Literal["llama_cpp", "openai", "vllm"]
 StructuredOutput = Literal["json_object_schema", "json_schema", "none"]

@@ -20,6 +20,7 @@ from bridge_assets.errors import BridgeError
 from bridge_assets.llm.profiles import (HuggingFaceSource, LocalSource, ModelProfile,
                                         PyPIPartsSource, Weights, WeightSource)
 from bridge_assets.paths import PROJECT_ROOT
+from bridge_assets.settings import env
 
 CHUNK = 8 * 1024 * 1024
 
@@ -46,9 +47,8 @@ def models_dir() -> Path:
     A cache shared by every data lake on the machine (tests make a data lake per test; joining
     half a gigabyte into each would be waste), like Hugging Face's own cache.
     """
-    configured = os.environ.get("BRIDGE_MODELS_DIR")
-    if configured:
-        return Path(configured).expanduser().resolve()
+    if (configured := env.models_dir) is not None:
+        return configured
     cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(cache) / "bridge" / "models"
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from bridge_assets.human.queue import QueueSettings
-from bridge_assets.paths import Lake
+from bridge_assets.settings import lake_location
 
 IMPORT_PATH = "/admin/import"  # the one route whose body may be a whole votes file
 
@@ -31,7 +31,7 @@ class AppSettings(BaseModel):
 
     @property
     def votes_db(self) -> Path:
-        return self.votes_path or Lake.locate(self.db_path.parent).votes_db
+        return self.votes_path or lake_location(self.db_path.parent).votes_db
 
     def body_limit(self, path: str) -> int:
         return self.max_upload_bytes + self.max_form_bytes if path == IMPORT_PATH else self.max_form_bytes
