@@ -1,4 +1,10 @@
-"""Shared fixtures. Tests never touch the project's own data lake: each gets a temporary one."""
+"""Shared fixtures. Tests never touch the project's own data lake: each gets a temporary one.
+
+One fixture name, one meaning: each lake fixture is named after what it holds. What the
+fixtures build (and the helpers tests share) lives in tests/fixtures/, imported as
+`fixtures.<module>` (the fixtures below import them when first used: they import this
+module's helpers, and a test that needs no lake needs no bridge_assets); test modules never
+import one another."""
 
 from __future__ import annotations
 
@@ -56,3 +62,35 @@ def annotations(lake: Path | None = None) -> Iterator:
     votes_store.prepare(lake / "bridge.duckdb", votes_db(lake))
     with votes_store.connect(votes_db(lake), lake_db=lake / "bridge.duckdb") as con:
         yield con
+
+
+@pytest.fixture
+def ducklake_lake(data_lake, monkeypatch) -> Iterator[Path]:
+    """The test lake on DuckLake storage, with its catalog and data folder inside it."""
+    from bridge_assets import ducklake
+
+    monkeypatch.setenv("BRIDGE_STORAGE", "ducklake")
+    monkeypatch.delenv("BRIDGE_LAKE_CATALOG", raising=False)
+    monkeypatch.delenv("BRIDGE_LAKE_DATA_PATH", raising=False)
+    yield data_lake
+    ducklake.forget_instances()
+
+
+@pytest.fixture
+def escalated_lake(data_lake) -> Path:
+    """The escalated set of tests/fixtures/escalated_set.py: what the annotation app serves."""
+    from fixtures.escalated_set import write_escalated_set
+
+    write_escalated_set(data_lake)
+    return data_lake
+
+
+@pytest.fixture
+def labeled_lake(data_lake) -> Path:
+    """Every stage's tables up to human_labels (tests/fixtures/labeled_lake.py): what qrels,
+    analysis, reports and audit read."""
+    from fixtures.labeled_lake import write_labeled_lake
+
+    write_labeled_lake(data_lake)
+    return data_lake
+

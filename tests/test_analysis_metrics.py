@@ -1,6 +1,6 @@
 """retrieval_metrics (original vs refined qrels, both bounds over pending pairs, Hole@k) and
 ranking_shift (ranks, robust rank changes, Kendall tau) on the small labeled lake of
-test_qrels_bridge, values worked out by hand. Its pending pair (q2/d10) counts as irrelevant
+fixtures.labeled_lake, values worked out by hand. Its pending pair (q2/d10) counts as irrelevant
 in `refined` and as relevant in `refined_upper`."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from bridge_assets.analysis.retrieval import measure_label
 from bridge_assets.analysis.shift import kendall_tau_a, kendall_tau_b
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.resources import DuckDBStore
-from test_qrels_bridge import DATASET, labeled_lake, read  # noqa: F401  (fixture)
+from fixtures.labeled_lake import DATASET, read
 
 NDCG_SECOND = 1 / math.log2(3)  # a relevant document at rank 2
 

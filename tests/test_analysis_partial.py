@@ -1,4 +1,4 @@
-"""partial_annotation_study (D-MERIT) on the labeled lake of test_qrels_bridge.
+"""partial_annotation_study (D-MERIT) on the labeled lake of fixtures.labeled_lake.
 
 Full (refined) relevant sets: q1 {d1, d5}, q2 {d2}, q3 {d3, d7}, q4 {d4, d8}; d5, d7, d8 are the
 long documents and the ones few systems retrieved. Recall@10 on the full qrels: bm25 0.875,
@@ -17,7 +17,7 @@ from bridge_assets.analysis import assets as analysis_assets
 from bridge_assets.analysis.partial import bucket_of, compare_rankings, pair_p_values
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.resources import DuckDBStore
-from test_qrels_bridge import DATASET, labeled_lake, read  # noqa: F401  (fixture)
+from fixtures.labeled_lake import DATASET, read
 
 
 def statistic(frame: pl.DataFrame, setting: str, name: str, *, base: str | None = None,

@@ -4,7 +4,6 @@ offline model answering and judging through the LLM layer (two tiny prompts)."""
 
 from __future__ import annotations
 
-import json
 import math
 
 import dagster as dg
@@ -20,9 +19,8 @@ from bridge_assets.analysis.rag import (alignment_statistics, generate_answers, 
 from bridge_assets.llm.types import LLMResult
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.resources import DuckDBStore
-from test_labeling_assets import ScriptedLLM
-from test_llm_client import ScriptedServer, completion
-from test_qrels_bridge import DATASET, labeled_lake, read  # noqa: F401  (fixture)
+from fixtures.labeled_lake import DATASET, read
+from fixtures.scripted_llm import ScriptedLLM, ScriptedServer, scripted_server_reply
 
 # per system, queries q1..q4: (hit@10, nDCG@10, judgment) on the original and the refined qrels
 TOY = {
@@ -169,16 +167,6 @@ def test_offline_model_answers_from_the_passages_and_judges_the_answer(small_mod
     generate_answers(contexts, generate, "qwen-0.5b", DATASET)  # asked again: from the ledger
     assert client.stats.calls == calls and client.stats.cache_hits >= 1
     client.close()
-
-
-def scripted_server_reply(index: int, body: dict):
-    """The answering model says "no relevant information" for the function-keyword question;
-    the judging model says every other answer is correct."""
-    system, user = body["messages"][0]["content"], body["messages"][1]["content"]
-    if "Answer the question using only the passages" in system:
-        text = "No relevant information." if "keyword" in user else "an answer"
-        return 200, completion(text), 0
-    return 200, completion(json.dumps({"correct": True})), 0
 
 
 def test_rag_assets_call_the_llm_once_per_answer_and_never_again(labeled_lake):

@@ -1,4 +1,4 @@
-"""pool_saturation on the labeled lake of test_qrels_bridge, against values worked out by hand.
+"""pool_saturation on the labeled lake of fixtures.labeled_lake, against values worked out by hand.
 
 Filled holes (relevant in the refined qrels, unjudged in the original ones) and who surfaced
 them: q1/d5 {bm25, dense}, q3/d7 {dense}, q4/d8 {bm25}. Holes found after each system of every
@@ -18,7 +18,7 @@ from bridge_assets.analysis import assets as analysis_assets
 from bridge_assets.analysis.saturation import growth_rates, holes_found_curve, system_orders
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.resources import DuckDBStore
-from test_qrels_bridge import DATASET, labeled_lake, read  # noqa: F401  (fixture)
+from fixtures.labeled_lake import DATASET, read
 
 HOLE_SYSTEMS = [["bm25", "dense"], ["dense"], ["bm25"]]
 FOUND_BY_HAND = {("bm25", "dense", "splade"): [2, 3, 3], ("bm25", "splade", "dense"): [2, 2, 3],

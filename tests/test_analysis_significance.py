@@ -3,7 +3,7 @@ over the pairs, on the original and the refined qrels. p-values checked against 
 directly: equal where the randomization test is exact (and an exact enumeration of the query-wise
 swaps), within Monte-Carlo error of scipy's where it draws random swaps (our own shared sign
 matrix, not scipy's draws); many pairs at once, in any chunks, as one at a time; Holm against a
-hand computation; the asset on the small labeled lake of test_qrels_bridge; the report section's
+hand computation; the asset on the small labeled lake of fixtures.labeled_lake; the report section's
 verdicts."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from bridge_assets.analysis.views import MissingInput
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.reports.build import significance_section
 from bridge_assets.resources import DuckDBStore
-from test_qrels_bridge import DATASET, labeled_lake, read  # noqa: F401  (fixture)
+from fixtures.labeled_lake import DATASET, read
 
 # A hand-made per-query table: three systems, six queries, one measure.
 VALUES = {"alpha": [0.9, 0.8, 0.7, 1.0, 0.6, 0.9],

@@ -1,5 +1,5 @@
 """`bridge audit`: the story of a debate-labelled pair, a human-labelled pair and an original
-pair of the labeled lake of test_qrels_bridge, as text and as JSON, with the Dagster run that
+pair of the labeled lake of fixtures.labeled_lake, as text and as JSON, with the Dagster run that
 built bridge_qrels; and a lake where the labeling stages never ran."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from bridge_assets.llm.parsing import canonical_json
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.settings import env
-from test_qrels_bridge import DATASET, MODEL, QUERIES, labeled_lake, turn_call  # noqa: F401  (fixture)
+from fixtures.labeled_lake import DATASET, MODEL, QUERIES, turn_call
 
 app = typer.Typer()
 app.command()(audit_command)

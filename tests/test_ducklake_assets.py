@@ -1,6 +1,6 @@
 """The pipeline's SQL on a DuckLake, and time travel for lineage (issue 15, items 1 and 2).
 
-The labeled lake of test_qrels_bridge is written as a DuckDB file, copied, and the copy moved
+The labeled lake of fixtures.labeled_lake is written as a DuckDB file, copied, and the copy moved
 into a DuckLake with `bridge lake migrate`'s function. The qrels and analysis assets then run on
 both: their SQL files and views run unchanged against the attached lake and give the same
 tables. On the DuckLake each materialization names the snapshot it wrote (metadata
@@ -28,7 +28,7 @@ from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.qrels.cli import app as qrels_app
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.snapshots import METADATA_KEY
-from test_qrels_bridge import DATASET, write_labeled_lake
+from fixtures.labeled_lake import DATASET, write_labeled_lake
 
 FAST = [qrels_assets.bridge_qrels, analysis_assets.retrieval_metrics, analysis_assets.ranking_shift]
 SLOW = [analysis_assets.significance, analysis_assets.pool_saturation, analysis_assets.partial_annotation_study]

@@ -27,17 +27,10 @@ from bridge_assets.executors import dask_cluster_config, executor_from_env
 from bridge_assets.ingest.assets import ingest_dataset
 from bridge_assets.resources import DuckDBStore
 from conftest import PROJECT_ROOT
-from test_faults_kill import complete, dagster_home, kill_in_the_write
+from fixtures.killed_runs import complete, dagster_home, kill_in_the_write
 
 TESTS = Path(__file__).resolve().parent
 INGEST_TABLES = ("corpus", "queries", "original_qrels")
-
-
-@pytest.fixture
-def lake(data_lake, monkeypatch) -> Path:
-    monkeypatch.setenv("BRIDGE_STORAGE", "ducklake")
-    yield data_lake
-    ducklake.forget_instances()
 
 
 def table_rows(tables, where: str = "") -> dict[str, list[tuple]]:
@@ -60,7 +53,7 @@ def test_the_executor_comes_from_the_environment(monkeypatch):
         executor_from_env()
 
 
-def test_a_dask_local_cluster_runs_steps_on_two_workers_into_one_ducklake(lake, tmp_path, monkeypatch):
+def test_a_dask_local_cluster_runs_steps_on_two_workers_into_one_ducklake(ducklake_lake, tmp_path, monkeypatch):
     monkeypatch.setenv("BRIDGE_DASK_WORKERS", "2")
     monkeypatch.delenv("BRIDGE_DASK_SCHEDULER", raising=False)
     (tmp_path / "home").mkdir()
@@ -77,11 +70,11 @@ def test_a_dask_local_cluster_runs_steps_on_two_workers_into_one_ducklake(lake, 
     assert len(written) == 4  # one snapshot per step, each naming the run
 
 
-def test_kill_9_inside_a_ducklake_transaction_keeps_the_previous_partition(lake, tmp_path):
-    env = {"DAGSTER_HOME": str(dagster_home(tmp_path)), "BRIDGE_DATA_LAKE": str(lake),
+def test_kill_9_inside_a_ducklake_transaction_keeps_the_previous_partition(ducklake_lake, tmp_path):
+    env = {"DAGSTER_HOME": str(dagster_home(tmp_path)), "BRIDGE_DATA_LAKE": str(ducklake_lake),
            "BRIDGE_STORAGE": "ducklake"}
     assert dg.materialize([ingest_dataset], partition_key="demo",
-                          resources={"store": DuckDBStore(data_lake=str(lake))}).success
+                          resources={"store": DuckDBStore(data_lake=str(ducklake_lake))}).success
     fresh = table_rows(INGEST_TABLES)
     with store.connect() as con:  # a state no run would write
         con.execute("update corpus set text = 'left by the previous run' where doc_id = (select min(doc_id) from corpus)")
@@ -121,13 +114,13 @@ def _job_execute(job: str, partition: dict[str, str], env: dict[str, str]) -> su
 
 
 @pytest.mark.slow
-def test_two_job_runs_and_a_dask_run_fill_one_ducklake_as_an_in_process_run_would(lake, tmp_path, monkeypatch):
+def test_two_job_runs_and_a_dask_run_fill_one_ducklake_as_an_in_process_run_would(ducklake_lake, tmp_path, monkeypatch):
     registry = tmp_path / "retrievers.yaml"
     registry.write_text(RETRIEVERS)
     monkeypatch.setenv("BRIDGE_RETRIEVERS", str(registry))
     home = dagster_home(tmp_path)
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    env = {"DAGSTER_HOME": str(home), "BRIDGE_DATA_LAKE": str(lake), "BRIDGE_STORAGE": "ducklake",
+    env = {"DAGSTER_HOME": str(home), "BRIDGE_DATA_LAKE": str(ducklake_lake), "BRIDGE_STORAGE": "ducklake",
            "BRIDGE_RETRIEVERS": str(registry)}
     with dg.DagsterInstance.from_config(str(home)) as instance:
         instance.add_dynamic_partitions("retriever", ["bm25", "bm25_rm3"])

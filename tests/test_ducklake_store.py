@@ -28,15 +28,6 @@ from bridge_assets.llm.types import LLMRequest, LLMResult
 from conftest import PROJECT_ROOT
 
 
-@pytest.fixture
-def lake(data_lake, monkeypatch) -> Path:
-    monkeypatch.setenv("BRIDGE_STORAGE", "ducklake")
-    monkeypatch.delenv("BRIDGE_LAKE_CATALOG", raising=False)
-    monkeypatch.delenv("BRIDGE_LAKE_DATA_PATH", raising=False)
-    yield data_lake
-    ducklake.forget_instances()
-
-
 def frame(dataset: str, values: list[int], **extra) -> pl.DataFrame:
     return pl.DataFrame({"dataset": [dataset] * len(values), "value": values, **extra})
 
@@ -50,18 +41,18 @@ def data_files(lake: Path, table: str) -> list[Path]:
     return sorted((lake / ducklake.DATA_FOLDER).rglob(f"main/{table}/*.parquet"))
 
 
-def test_the_pipeline_path_means_the_ducklake_and_other_files_stay_duckdb(lake):
+def test_the_pipeline_path_means_the_ducklake_and_other_files_stay_duckdb(ducklake_lake):
     location = settings.lake_location()
     config = store.lake_config(location)
-    assert config is not None and config.catalog == f"sqlite:{lake / ducklake.CATALOG_FILE}"
-    assert config.data_path == f"{lake / ducklake.DATA_FOLDER}/"
-    assert store.lake_config(lake / "annotations" / "votes.duckdb") is None  # the votes store
+    assert config is not None and config.catalog == f"sqlite:{ducklake_lake / ducklake.CATALOG_FILE}"
+    assert config.data_path == f"{ducklake_lake / ducklake.DATA_FOLDER}/"
+    assert store.lake_config(ducklake_lake / "annotations" / "votes.duckdb") is None  # the votes store
     assert not store.exists(location)
     store.write_partitions({"t": frame("a", [1])}, {"dataset": "a"})
-    assert store.exists(location) and not (lake / "bridge.duckdb").exists()
+    assert store.exists(location) and not (ducklake_lake / "bridge.duckdb").exists()
 
 
-def test_a_partition_is_replaced_in_one_snapshot_and_a_failed_write_keeps_the_previous_state(lake):
+def test_a_partition_is_replaced_in_one_snapshot_and_a_failed_write_keeps_the_previous_state(ducklake_lake):
     first = store.write_partitions({"t": frame("a", [1, 2]), "u": frame("a", [10])}, {"dataset": "a"})
     store.write_partitions({"t": frame("b", [7])}, {"dataset": "b"})
     # a newer schema: the column is added, NULL in the rows written before
@@ -91,7 +82,7 @@ def test_a_partition_is_replaced_in_one_snapshot_and_a_failed_write_keeps_the_pr
         assert con.execute("select value from t order by all").fetchall() == [(1,), (2,)]
 
 
-def test_a_commit_that_lost_a_race_is_retried_and_then_fails_clearly(lake):
+def test_a_commit_that_lost_a_race_is_retried_and_then_fails_clearly(ducklake_lake):
     store.write_partitions({"t": frame("a", [1])}, {"dataset": "a"})
     attempts = []
 
@@ -134,7 +125,7 @@ WRITER = textwrap.dedent("""
 """)
 
 
-def test_parallel_processes_write_partitions_of_the_same_tables_at_once(lake):
+def test_parallel_processes_write_partitions_of_the_same_tables_at_once(ducklake_lake):
     store.write_partitions({"t": frame("seed", [0]), "u": pl.DataFrame({"dataset": ["seed"], "worker": ["-"]})},
                            {"dataset": "seed"})
     procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(w), "8"], cwd=PROJECT_ROOT,
@@ -159,7 +150,7 @@ def call_records(n: int, offset: int) -> list[ledger.CallRecord]:
     return out
 
 
-def test_ledger_chunks_stay_inlined_and_cost_little_per_call(lake, monkeypatch):
+def test_ledger_chunks_stay_inlined_and_cost_little_per_call(ducklake_lake, monkeypatch):
     chunks, size = 40, 64
     started = time.perf_counter()
     for chunk in range(chunks):
@@ -171,7 +162,7 @@ def test_ledger_chunks_stay_inlined_and_cost_little_per_call(lake, monkeypatch):
     lookup_s = (time.perf_counter() - started) / size
     assert len(found) == size
     assert rows("select count(*) from llm_calls") == [(chunks * size,)]
-    assert data_files(lake, "llm_calls") == []  # 40 snapshots, rows in the catalog, no Parquet file
+    assert data_files(ducklake_lake, "llm_calls") == []  # 40 snapshots, rows in the catalog, no Parquet file
     print(f"\nledger on DuckLake: append {append_s * 1e3:.3f} ms/call, lookup {lookup_s * 1e3:.3f} ms/call "
           f"(chunks of {size})")
     assert append_s < 0.02  # far below a model call; measured ~0.5 ms here
@@ -180,7 +171,7 @@ def test_ledger_chunks_stay_inlined_and_cost_little_per_call(lake, monkeypatch):
     monkeypatch.setattr(ledger, "FLUSH_ROWS", size * 2)
     ledger.append(call_records(size, 10_000), profile="fake", backend="openai", model="fake", context="t")
     ledger.append(call_records(size, 20_000), profile="fake", backend="openai", model="fake", context="t")
-    assert len(data_files(lake, "llm_calls")) == 1
+    assert len(data_files(ducklake_lake, "llm_calls")) == 1
     assert rows("select count(*) from llm_calls") == [((chunks + 2) * size,)]
 
     with store.connect() as con:
@@ -188,12 +179,12 @@ def test_ledger_chunks_stay_inlined_and_cost_little_per_call(lake, monkeypatch):
     assert counts["after"]["llm_calls"] == {"files": 1, "delete_files": 0}
 
 
-def test_partition_rewrites_are_compacted(lake):
+def test_partition_rewrites_are_compacted(ducklake_lake):
     big = list(range(2000))  # past the inlining limit: a Parquet file per write
     for i in range(6):
         store.write_partitions({"t": frame("a", big, round=[i] * len(big))}, {"dataset": "a"})
         store.write_partitions({"t": frame("b", big, round=[i] * len(big))}, {"dataset": "b"})
-    before = len(data_files(lake, "t"))
+    before = len(data_files(ducklake_lake, "t"))
     with store.connect() as con:
         counts = ducklake.compact(con)
     assert counts["before"]["t"]["files"] == 2 and counts["after"]["t"]["files"] == 1

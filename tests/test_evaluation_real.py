@@ -20,7 +20,7 @@ GOLD = PROJECT_ROOT / "resources" / "goldsets" / "nq_scifact_mini" / "goldset.js
 
 
 @pytest.fixture
-def lake(data_lake):
+def provisioned_lake(data_lake):
     weights.provision(get_profile("qwen-0.5b"))
     return data_lake
 
@@ -34,7 +34,7 @@ def label_eval(*args: str) -> dict:
     return json.loads(outcome.output)
 
 
-def test_label_eval_lara_with_the_real_model_and_again_from_the_cache(lake):
+def test_label_eval_lara_with_the_real_model_and_again_from_the_cache(provisioned_lake):
     first = label_eval("--method", "lara", "--limit", "4", "--escalation-ratio", "0.25")
     assert (first["n"], first["calls"], first["failures"]) == (4, 4, 0)
     assert first["escalation_ratio"] == 0.25 and first["new_calls"] == 4
@@ -42,7 +42,7 @@ def test_label_eval_lara_with_the_real_model_and_again_from_the_cache(lake):
     for key in ("bacc", "recall_relevant", "recall_irrelevant"):
         assert first[key] is None or 0.0 <= first[key] <= 1.0
     assert 0.0 <= first["ece"] <= 1.0 and 0.0 <= first["brier"] <= 1.0
-    calls = read_calls(lake / "bridge.duckdb")
+    calls = read_calls(provisioned_lake / "bridge.duckdb")
     assert calls.height == 4 and set(calls["purpose"]) == {"relevance_score"}
     assert calls["logprobs_json"].is_not_null().all()
 
@@ -53,7 +53,7 @@ def test_label_eval_lara_with_the_real_model_and_again_from_the_cache(lake):
 
 
 @pytest.mark.slow
-def test_label_eval_judge_and_dream_with_the_real_model(lake):
+def test_label_eval_judge_and_dream_with_the_real_model(provisioned_lake):
     judge = label_eval("--method", "judge", "--limit", "2", "--reason-words", "10")
     assert judge["n"] == 2 and judge["calls"] == 2 and judge["escalation_ratio"] <= 0.5
     dream = label_eval("--method", "dream", "--limit", "2", "--rounds", "1", "--reason-words", "10")

@@ -8,10 +8,6 @@ before the first), and the next run must complete.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import dagster as dg
@@ -20,40 +16,12 @@ import pytest
 from bridge_assets import store
 from bridge_assets.ingest.assets import ingest_dataset
 from bridge_assets.resources import DuckDBStore
-from bridge_assets.store import TEST_PAUSE_ENV
-from conftest import PROJECT_ROOT
-from test_ingest_loaders import write_beir
+from fixtures.datasets import write_beir
+from fixtures.killed_runs import complete, dagster_home, kill_in_the_write
 
 TABLES = ("corpus", "queries", "original_qrels")
 # Enough rows for DuckDB to write row groups to the file before the commit (optimistic writes).
 BIG_CORPUS = 150_000
-
-
-def start(dataset: str, env: dict[str, str], pause: float | None = None) -> subprocess.Popen:
-    extra = {TEST_PAUSE_ENV: str(pause)} if pause else {}
-    return subprocess.Popen([sys.executable, "-m", "bridge_assets.cli", "materialize", "--dataset",
-                             dataset, "corpus"], cwd=PROJECT_ROOT, env={**os.environ, **env, **extra},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-
-
-def kill_in_the_write(dataset: str, env: dict[str, str]) -> None:
-    run = start(dataset, env, pause=120)
-    seen = []
-    for line in run.stderr:  # the materialization's progress, then the pause
-        seen.append(line)
-        if line.startswith(TEST_PAUSE_ENV):
-            break
-    else:
-        raise AssertionError("the run never reached the write:\n" + "".join(seen[-30:]))
-    os.killpg(run.pid, signal.SIGKILL)  # the whole run, whatever child processes it has
-    assert run.wait(30) == -signal.SIGKILL
-
-
-def complete(dataset: str, env: dict[str, str]) -> None:
-    run = start(dataset, env)
-    _, err = run.communicate(timeout=300)
-    assert run.returncode == 0, err[-3000:]
 
 
 def snapshot(lake: Path) -> dict[str, list[tuple]]:
@@ -61,12 +29,6 @@ def snapshot(lake: Path) -> dict[str, list[tuple]]:
     with store.connect(lake / "bridge.duckdb") as con:
         present = {r[0] for r in con.execute("select table_name from information_schema.tables").fetchall()}
         return {t: con.execute(f"select * from {t} order by all").fetchall() for t in TABLES if t in present}
-
-
-def dagster_home(tmp_path: Path) -> Path:
-    home = tmp_path / "home"
-    home.mkdir()
-    return home
 
 
 def test_kill_9_inside_a_partition_write_keeps_the_previous_tables_and_the_next_run_completes(

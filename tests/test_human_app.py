@@ -16,71 +16,13 @@ from bridge_assets.human.app import AppSettings, admin, annotation_app, import_e
 from bridge_assets.human.labels import compute_human_labels
 from bridge_assets.human.security import SESSION_COOKIE
 from conftest import annotations, votes_db
-from test_human_labels import CORPUS, DATASET, ESCALATED, QUERIES, reason, write_escalated_set
-
-SECRET = "a-test-secret-of-enough-length"
-
-
-def make_client(lake, **settings) -> TestClient:
-    app = annotation_app(AppSettings(db_path=lake / "bridge.duckdb", secret=SECRET,
-                                     **{"attention_rate": 0.0, "seed": 3, **settings}))
-    return TestClient(app, follow_redirects=False)
-
-
-def csrf_of(html: str) -> str:
-    return re.search(r'name="csrf_token" value="([^"]+)"', html).group(1)
-
-
-def assignment_of(html: str) -> str:
-    return re.search(r'name="assignment_id" value="([0-9a-f]{32})"', html).group(1)
-
-
-def login(client: TestClient, token: str):
-    page = client.get("/login")
-    assert page.status_code == 200
-    return client.post("/login", data={"csrf_token": csrf_of(page.text), "token": token})
-
-
-def answer(client: TestClient, label: str, comment: str = ""):
-    page = client.get("/annotate")
-    assert page.status_code == 200 and 'id="vote-form"' in page.text, page.text[:500]
-    return page, client.post("/annotate", data={"csrf_token": csrf_of(page.text), "label": label,
-                                                "assignment_id": assignment_of(page.text),
-                                                "comment": comment})
-
-
-def served_pair(lake, html: str) -> tuple[str, str, bool]:
-    with duckdb.connect(str(votes_db(lake))) as con:
-        return con.execute("select query_id, doc_id, is_attention_check from annotation_assignments "
-                           "where assignment_id = ?", [assignment_of(html)]).fetchone()
-
-
-def expected_of(lake, html: str) -> int | None:
-    """The answer the server expects for the served item (attention checks only)."""
-    with duckdb.connect(str(votes_db(lake))) as con:
-        return con.execute("select expected_label from annotation_assignments where assignment_id = ?",
-                           [assignment_of(html)]).fetchone()[0]
-
-
-def post_answer(client: TestClient, html: str, label: int | str):
-    return client.post("/annotate", data={"csrf_token": csrf_of(html), "label": str(label),
-                                          "assignment_id": assignment_of(html)})
-
-
-def votes(lake) -> list[tuple]:
-    with duckdb.connect(str(votes_db(lake))) as con:
-        return con.execute("select annotator_id, query_id, doc_id, label, is_attention_check, status, "
-                           "with_history from human_votes order by vote_id").fetchall()
+from fixtures.escalated_set import CORPUS, DATASET, ESCALATED, QUERIES, reason
+from fixtures.human_app import (answer, assignment_of, csrf_of, expected_of, login, make_client, post_answer,
+                                served_pair, votes)
 
 
 @pytest.fixture
-def lake(data_lake):
-    write_escalated_set(data_lake)
-    return data_lake
-
-
-@pytest.fixture
-def tokens(lake) -> dict[str, str]:
+def tokens(escalated_lake) -> dict[str, str]:
     with annotations() as con:
         made = {name: add_annotator(con, name) for name in ("ann", "bob", "cat", "dan")}
         made["root"] = add_annotator(con, "root", admin=True)
@@ -93,32 +35,32 @@ def test_serve_binds_localhost_by_default():
 
 # --- tokens and sessions ----------------------------------------------------------------------
 
-def test_without_a_token_every_page_sends_to_the_login_and_every_post_is_refused(lake, tokens):
-    client = make_client(lake)
+def test_without_a_token_every_page_sends_to_the_login_and_every_post_is_refused(escalated_lake, tokens):
+    client = make_client(escalated_lake)
     for path in ("/", "/annotate", "/admin", "/admin/export.csv", "/admin/export.json"):
         response = client.get(path)
         assert response.status_code == 303 and response.headers["location"] == "/login", path
     for path in ("/annotate", "/logout", "/admin/import", "/admin/annotators/ann/unflag"):
         assert client.post(path, data={"label": "1"}).status_code == 401, path
-    assert votes(lake) == []
+    assert votes(escalated_lake) == []
 
 
-def test_a_wrong_or_forged_token_gets_no_session(lake, tokens):
-    client = make_client(lake)
+def test_a_wrong_or_forged_token_gets_no_session(escalated_lake, tokens):
+    client = make_client(escalated_lake)
     refused = login(client, "not-a-token")
     assert refused.status_code == 401 and "Unknown token" in refused.text
     assert client.get("/annotate").status_code == 303
     assert login(client, tokens["ann"][:-1] + "x").status_code == 401
     # a cookie signed with another secret is ignored
-    other = annotation_app(AppSettings(db_path=lake / "bridge.duckdb", secret="another-secret-0123456789"))
+    other = annotation_app(AppSettings(db_path=escalated_lake / "bridge.duckdb", secret="another-secret-0123456789"))
     forger = TestClient(other, follow_redirects=False)
     assert login(forger, tokens["ann"]).status_code == 303
     client.cookies.set(SESSION_COOKIE, forger.cookies[SESSION_COOKIE])
     assert client.get("/annotate").status_code == 303
 
 
-def test_login_sets_an_httponly_strict_cookie_and_a_rotated_token_ends_the_session(lake, tokens):
-    client = make_client(lake)
+def test_login_sets_an_httponly_strict_cookie_and_a_rotated_token_ends_the_session(escalated_lake, tokens):
+    client = make_client(escalated_lake)
     response = login(client, tokens["ann"])
     assert response.status_code == 303 and response.headers["location"] == "/annotate"
     cookie = response.headers["set-cookie"].lower()
@@ -134,11 +76,11 @@ def test_login_sets_an_httponly_strict_cookie_and_a_rotated_token_ends_the_sessi
 
 # --- the annotation page and the queue ----------------------------------------------------------
 
-def test_the_page_shows_query_answers_chunk_highlights_and_both_agents_round_by_round(lake, tokens):
-    client = make_client(lake)
+def test_the_page_shows_query_answers_chunk_highlights_and_both_agents_round_by_round(escalated_lake, tokens):
+    client = make_client(escalated_lake)
     login(client, tokens["ann"])
     page = client.get("/annotate")
-    query_id, doc_id, is_check = served_pair(lake, page.text)
+    query_id, doc_id, is_check = served_pair(escalated_lake, page.text)
     assert (query_id, doc_id, is_check) == ("q1", "d5", False)
     text = page.text
     assert QUERIES["q1"][0] in text and QUERIES["q1"][1][0] in text
@@ -151,19 +93,19 @@ def test_the_page_shows_query_answers_chunk_highlights_and_both_agents_round_by_
     assert "0 / 4 pairs complete" in text
 
 
-def test_each_pair_gets_three_distinct_annotators_and_nobody_sees_a_pair_twice(lake, tokens):
+def test_each_pair_gets_three_distinct_annotators_and_nobody_sees_a_pair_twice(escalated_lake, tokens):
     served: dict[str, list[tuple[str, str]]] = {}
     for name in ("ann", "bob", "cat"):
-        client = make_client(lake)
+        client = make_client(escalated_lake)
         login(client, tokens[name])
         for _ in ESCALATED:
             page, response = answer(client, "1")
             assert response.status_code == 303
-            served.setdefault(name, []).append(served_pair(lake, page.text)[:2])
+            served.setdefault(name, []).append(served_pair(escalated_lake, page.text)[:2])
         done = client.get("/annotate")
         assert 'id="done"' in done.text and "labelled 4 items" in done.text
     assert all(sorted(pairs) == ESCALATED for pairs in served.values())
-    late = make_client(lake)
+    late = make_client(escalated_lake)
     login(late, tokens["dan"])  # every pair has its three votes: nothing for a fourth person
     assert 'id="done"' in late.get("/annotate").text
     with annotations() as con:
@@ -171,39 +113,39 @@ def test_each_pair_gets_three_distinct_annotators_and_nobody_sees_a_pair_twice(l
     assert result.open_pairs == 0 and result.accepted_votes == 12
 
 
-def test_an_open_item_reserves_its_slot(lake, tokens):
-    first, second, third = (make_client(lake) for _ in range(3))
+def test_an_open_item_reserves_its_slot(escalated_lake, tokens):
+    first, second, third = (make_client(escalated_lake) for _ in range(3))
     for client, name in ((first, "ann"), (second, "bob")):
         login(client, tokens[name])
         for _ in ESCALATED:
             answer(client, "0")
     login(third, tokens["cat"])
     page = third.get("/annotate")  # cat now holds the last slot of the first pair
-    assert served_pair(lake, page.text)[:2] == ESCALATED[0]
-    fourth = make_client(lake)
+    assert served_pair(escalated_lake, page.text)[:2] == ESCALATED[0]
+    fourth = make_client(escalated_lake)
     login(fourth, tokens["dan"])
-    assert served_pair(lake, fourth.get("/annotate").text)[:2] == ESCALATED[1]
+    assert served_pair(escalated_lake, fourth.get("/annotate").text)[:2] == ESCALATED[1]
     assert third.get("/annotate").text.count(assignment_of(page.text)) == 1  # same item on reload
 
 
-def test_a_double_vote_is_refused(lake, tokens):
-    client = make_client(lake)
+def test_a_double_vote_is_refused(escalated_lake, tokens):
+    client = make_client(escalated_lake)
     login(client, tokens["ann"])
     page, first = answer(client, "1")
     assert first.status_code == 303
     again = client.post("/annotate", data={"csrf_token": csrf_of(page.text), "label": "0",
                                            "assignment_id": assignment_of(page.text)})
     assert again.status_code == 409 and "already answered" in again.text
-    assert votes(lake) == [("ann", "q1", "d5", 1, False, "accepted", True)]
+    assert votes(escalated_lake) == [("ann", "q1", "d5", 1, False, "accepted", True)]
 
 
-def test_nobody_reads_or_answers_for_someone_elses_vote(lake, tokens):
-    ann, bob = make_client(lake), make_client(lake)
+def test_nobody_reads_or_answers_for_someone_elses_vote(escalated_lake, tokens):
+    ann, bob = make_client(escalated_lake), make_client(escalated_lake)
     login(ann, tokens["ann"])
     login(bob, tokens["bob"])
     ann_page = ann.get("/annotate")
     bob_page = bob.get("/annotate")
-    assert served_pair(lake, ann_page.text)[:2] == served_pair(lake, bob_page.text)[:2]
+    assert served_pair(escalated_lake, ann_page.text)[:2] == served_pair(escalated_lake, bob_page.text)[:2]
     ann.post("/annotate", data={"csrf_token": csrf_of(ann_page.text), "label": "1",
                                 "assignment_id": assignment_of(ann_page.text),
                                 "comment": "ann-secret-comment"})
@@ -216,13 +158,13 @@ def test_nobody_reads_or_answers_for_someone_elses_vote(lake, tokens):
     for path in ("/admin", "/admin/export.json", "/admin/export.csv"):
         response = bob.get(path)
         assert response.status_code == 403 and "ann-secret-comment" not in response.text, path
-    assert votes(lake) == [("ann", "q1", "d5", 1, False, "accepted", True)]
+    assert votes(escalated_lake) == [("ann", "q1", "d5", 1, False, "accepted", True)]
 
 
 
-def test_every_route_of_the_admin_routers_refuses_an_annotator_and_a_stranger(lake, tokens):
+def test_every_route_of_the_admin_routers_refuses_an_annotator_and_a_stranger(escalated_lake, tokens):
     """The admin routers guard every route they hold, a route added later included."""
-    ann, stranger = make_client(lake), make_client(lake)
+    ann, stranger = make_client(escalated_lake), make_client(escalated_lake)
     login(ann, tokens["ann"])
     csrf = csrf_of(ann.get("/annotate").text)
     routes = [(method, route.path.replace("{annotator_id}", "ann"))
@@ -234,12 +176,12 @@ def test_every_route_of_the_admin_routers_refuses_an_annotator_and_a_stranger(la
         assert refused.status_code == 403 and "needs an admin token" in refused.text, (method, path)
         unknown = stranger.request(method, path)
         assert unknown.status_code == (303 if method == "GET" else 401), (method, path)
-    assert votes(lake) == []
+    assert votes(escalated_lake) == []
 
 # --- forged and malformed posts -------------------------------------------------------------------
 
-def test_forged_form_posts_without_the_sessions_csrf_token_are_refused(lake, tokens):
-    ann, bob = make_client(lake), make_client(lake)
+def test_forged_form_posts_without_the_sessions_csrf_token_are_refused(escalated_lake, tokens):
+    ann, bob = make_client(escalated_lake), make_client(escalated_lake)
     login(ann, tokens["ann"])
     login(bob, tokens["bob"])
     page = ann.get("/annotate").text
@@ -252,10 +194,10 @@ def test_forged_form_posts_without_the_sessions_csrf_token_are_refused(lake, tok
         assert response.status_code == 403 and "CSRF" in response.text, csrf
     assert ann.post("/logout", data={}).status_code == 403
     # a login form posted from elsewhere (no session cookie, no token of ours)
-    stranger = make_client(lake)
+    stranger = make_client(escalated_lake)
     assert stranger.post("/login", data={"token": tokens["ann"]}).status_code == 403
     assert stranger.post("/login", data={"token": tokens["ann"], "csrf_token": "x"}).status_code == 403
-    assert votes(lake) == []
+    assert votes(escalated_lake) == []
     # the genuine post still works, and logging out ends the session
     assert ann.post("/annotate", data={"label": "1", "assignment_id": item,
                                        "csrf_token": csrf_of(page)}).status_code == 303
@@ -267,19 +209,19 @@ def test_forged_form_posts_without_the_sessions_csrf_token_are_refused(lake, tok
     {"label": "maybe"}, {"label": ""}, {"label": None}, {"assignment_id": "../../etc/passwd"},
     {"assignment_id": "1 or 1=1"}, {"comment": "x" * 2001}, {"assignment_id": None},
 ])
-def test_malformed_input_is_refused_and_stores_nothing(lake, tokens, change):
-    client = make_client(lake)
+def test_malformed_input_is_refused_and_stores_nothing(escalated_lake, tokens, change):
+    client = make_client(escalated_lake)
     login(client, tokens["ann"])
     page = client.get("/annotate").text
     data = {"csrf_token": csrf_of(page), "label": "1", "assignment_id": assignment_of(page),
             "comment": "", **change}
     response = client.post("/annotate", data={k: v for k, v in data.items() if v is not None})
     assert response.status_code == 400
-    assert votes(lake) == []
+    assert votes(escalated_lake) == []
 
 
-def test_malformed_admin_input_is_refused(lake, tokens):
-    admin = make_client(lake)
+def test_malformed_admin_input_is_refused(escalated_lake, tokens):
+    admin = make_client(escalated_lake)
     login(admin, tokens["root"])
     csrf = csrf_of(admin.get("/admin").text)
     assert admin.get("/admin/export.csv", params={"dataset": "demo'; drop table human_votes; --"}).status_code == 400
@@ -292,25 +234,25 @@ def test_malformed_admin_input_is_refused(lake, tokens):
 
 # --- attention checks ------------------------------------------------------------------------------
 
-def test_failing_an_attention_check_flags_and_excludes_votes_since_the_last_passed_check(lake, tokens):
-    plain = make_client(lake)                          # serves real pairs only
-    checks = make_client(lake, attention_rate=1.0)     # serves an attention check every time
+def test_failing_an_attention_check_flags_and_excludes_votes_since_the_last_passed_check(escalated_lake, tokens):
+    plain = make_client(escalated_lake)                          # serves real pairs only
+    checks = make_client(escalated_lake, attention_rate=1.0)     # serves an attention check every time
     for client in (plain, checks):
         login(client, tokens["ann"])
     answer(plain, "1")
     page = checks.get("/annotate").text
-    query_id, doc_id, is_check = served_pair(lake, page)
+    query_id, doc_id, is_check = served_pair(escalated_lake, page)
     assert is_check and "attention" not in page.lower()
     # the check has a debate too (its own, never an unrelated pair's reasons)
     assert "Round 1" in page and f"about {query_id}/" not in page
-    expected = expected_of(lake, page)
+    expected = expected_of(escalated_lake, page)
     assert post_answer(checks, page, expected).status_code == 303
-    assert votes(lake)[-1][3:6] == (expected, True, "accepted")  # passed
+    assert votes(escalated_lake)[-1][3:6] == (expected, True, "accepted")  # passed
     answer(plain, "0")
     answer(plain, "1")
     failing = checks.get("/annotate").text
-    assert post_answer(checks, failing, 1 - expected_of(lake, failing)).status_code == 303
-    recorded = votes(lake)
+    assert post_answer(checks, failing, 1 - expected_of(escalated_lake, failing)).status_code == 303
+    recorded = votes(escalated_lake)
     assert [(v[4], v[5]) for v in recorded] == [(False, "accepted"), (True, "accepted"),
                                                  (False, "excluded"), (False, "excluded"),
                                                  (True, "excluded")]
@@ -318,26 +260,26 @@ def test_failing_an_attention_check_flags_and_excludes_votes_since_the_last_pass
     paused = plain.get("/annotate")
     assert 'id="flagged"' in paused.text and 'id="vote-form"' not in paused.text
 
-    admin = make_client(lake)
+    admin = make_client(escalated_lake)
     login(admin, tokens["root"])
     overview = admin.get("/admin").text
     assert "failed attention check" in overview and ">ann<" in overview
     unflag = admin.post("/admin/annotators/ann/unflag", data={"csrf_token": csrf_of(overview)})
     assert unflag.status_code == 303
     assert 'id="vote-form"' in plain.get("/annotate").text      # may continue ...
-    assert [v[5] for v in votes(lake)][2:4] == ["excluded", "excluded"]  # ... exclusions stay
+    assert [v[5] for v in votes(escalated_lake)][2:4] == ["excluded", "excluded"]  # ... exclusions stay
     with annotations() as con:
         assert compute_human_labels(con, DATASET).accepted_votes == 1
 
 
-def test_attention_checks_include_known_irrelevant_pairs(lake, tokens):
-    checks = make_client(lake, attention_rate=1.0, seed=11)
+def test_attention_checks_include_known_irrelevant_pairs(escalated_lake, tokens):
+    checks = make_client(escalated_lake, attention_rate=1.0, seed=11)
     login(checks, tokens["ann"])
     expected_labels = set()
     for _ in range(8):
         page = checks.get("/annotate").text
-        query_id, doc_id, _ = served_pair(lake, page)
-        expected = expected_of(lake, page)
+        query_id, doc_id, _ = served_pair(escalated_lake, page)
+        expected = expected_of(escalated_lake, page)
         if expected == 0:  # another query's gold chunk without this query's answers
             assert (query_id, doc_id) not in {("q1", "d1"), ("q2", "d2"), ("q3", "d3"), ("q4", "d4")}
             assert not any(a.lower() in CORPUS[doc_id].lower() for a in QUERIES[query_id][1])
@@ -348,27 +290,27 @@ def test_attention_checks_include_known_irrelevant_pairs(lake, tokens):
 
 # --- history on or off -----------------------------------------------------------------------------
 
-def test_a_batch_without_history_hides_the_debate_and_records_it_per_vote(lake, tokens):
-    client = make_client(lake, with_history=False)
+def test_a_batch_without_history_hides_the_debate_and_records_it_per_vote(escalated_lake, tokens):
+    client = make_client(escalated_lake, with_history=False)
     login(client, tokens["ann"])
     page, _ = answer(client, "0")
     assert 'id="no-history"' in page.text and "Round 1" not in page.text
     assert reason("A", "q1", "d5", 1) not in page.text and "<mark" not in page.text
-    with_history = make_client(lake)
+    with_history = make_client(escalated_lake)
     login(with_history, tokens["bob"])
     answer(with_history, "1")
-    assert [(v[0], v[6]) for v in votes(lake)] == [("ann", False), ("bob", True)]
+    assert [(v[0], v[6]) for v in votes(escalated_lake)] == [("ann", False), ("bob", True)]
 
 
 # --- admin ---------------------------------------------------------------------------------------
 
-def test_admin_sees_progress_and_kappa_and_exports_votes(lake, tokens):
+def test_admin_sees_progress_and_kappa_and_exports_votes(escalated_lake, tokens):
     for name, labels in (("ann", "1100"), ("bob", "1101"), ("cat", "0100")):
-        client = make_client(lake)
+        client = make_client(escalated_lake)
         login(client, tokens[name])
         for label in labels:
             answer(client, label, comment=f"{name} says {label}")
-    admin = make_client(lake)
+    admin = make_client(escalated_lake)
     login(admin, tokens["root"])
     page = admin.get("/admin").text
     with annotations() as con:
@@ -398,8 +340,8 @@ LABEL_STUDIO_EXPORT = [
 ]
 
 
-def test_admin_imports_csv_json_and_label_studio_with_validation(lake, tokens):
-    admin = make_client(lake)
+def test_admin_imports_csv_json_and_label_studio_with_validation(escalated_lake, tokens):
+    admin = make_client(escalated_lake)
     login(admin, tokens["root"])
     csrf = csrf_of(admin.get("/admin").text)
 
@@ -409,7 +351,7 @@ def test_admin_imports_csv_json_and_label_studio_with_validation(lake, tokens):
 
     studio = upload("project-1.json", json.dumps(LABEL_STUDIO_EXPORT).encode())
     assert studio.status_code == 200 and "Imported 2 votes" in studio.text
-    assert [(v[0], v[1], v[2], v[3]) for v in votes(lake)] == [
+    assert [(v[0], v[1], v[2], v[3]) for v in votes(escalated_lake)] == [
         ("labelstudio-3", "q2", "d6", 1), ("eve@example.org", "q2", "d6", 0)]
     plain_json = upload("more.json", json.dumps([{"dataset": "demo", "query_id": "q4", "doc_id": "d8",
                                                   "annotator_id": "x1", "label": 0}]).encode())
@@ -424,16 +366,16 @@ def test_admin_imports_csv_json_and_label_studio_with_validation(lake, tokens):
     assert "bad.csv, line 3: same annotator and pair as line 2" in bad.text
     assert "bad.csv, line 4: not an escalated pair" in bad.text  # a consensus pair
     assert "bad.csv, line 5: annotator_id" in bad.text and "<script>" not in bad.text
-    assert len(votes(lake)) == 3
+    assert len(votes(escalated_lake)) == 3
     no_csrf = admin.post("/admin/import", files={"file": ("v.csv", b"x")})
     assert no_csrf.status_code == 403
-    annotator = make_client(lake)
+    annotator = make_client(escalated_lake)
     login(annotator, tokens["ann"])
     assert annotator.post("/admin/import", data={"csrf_token": csrf_of(annotator.get("/annotate").text)},
                           files={"file": ("v.json", b"[]")}).status_code == 403
 
 
-def test_serving_one_dataset_never_serves_an_open_item_of_another(lake, tokens):
+def test_serving_one_dataset_never_serves_an_open_item_of_another(escalated_lake, tokens):
     """`bridge annotate serve --dataset demo` after the annotator was served an item of another
     dataset: they get a demo item, and the other item is left open (its lease runs out)."""
     with annotations() as con:
@@ -441,11 +383,11 @@ def test_serving_one_dataset_never_serves_an_open_item_of_another(lake, tokens):
                     "doc_id, is_attention_check, expected_label, dressing_pair_key, with_history, state, "
                     "assigned_at) values ('a' || repeat('0', 31), 'ann', 'xss', 'q1', 'd5', false, null, "
                     "null, true, 'open', now())")
-    client = make_client(lake, datasets=(DATASET,))
+    client = make_client(escalated_lake, datasets=(DATASET,))
     login(client, tokens["ann"])
     page = client.get("/annotate")
     assert page.status_code == 200 and 'id="vote-form"' in page.text
-    with duckdb.connect(str(votes_db(lake))) as con:
+    with duckdb.connect(str(votes_db(escalated_lake))) as con:
         dataset, state = con.execute("select dataset, state from annotation_assignments where assignment_id = ?",
                                      [assignment_of(page.text)]).fetchone()
         other = con.execute("select state from annotation_assignments where dataset = 'xss'").fetchone()[0]

@@ -10,17 +10,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
-import threading
-import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import dagster as dg
 import duckdb
 import numpy as np
 import pytest
-import uvicorn
 from statsmodels.stats.inter_rater import fleiss_kappa as statsmodels_fleiss_kappa
 
 from bridge_assets import store
@@ -30,7 +25,8 @@ from bridge_assets.human.assets import human_labels
 from bridge_assets.human.labels import compute_human_labels
 from bridge_assets.resources import DuckDBStore
 from conftest import annotations, votes_db
-from test_human_labels import DATASET, QUERIES, write_escalated_set
+from fixtures.escalated_set import DATASET, QUERIES, write_escalated_set
+from fixtures.human_app import served
 
 # Debian's chromium (`make browser` installs it); BRIDGE_CHROMIUM points at another build.
 CHROMIUM = Path(os.environ.get("BRIDGE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium")
@@ -45,27 +41,6 @@ PLAN = {("q1", "d5"): {"alice": 1, "bob": 1, "carol": 0},
         ("q3", "d7"): {"alice": 1, "bob": 1, "carol": 1},
         ("q4", "d8"): {"alice": 0, "bob": 1, "carol": 0}}
 MAJORITY = {("q1", "d5"): 1, ("q2", "d6"): 0, ("q3", "d7"): 1, ("q4", "d8"): 0}
-
-
-@contextmanager
-def served(app):
-    """The app on a free 127.0.0.1 port, in a thread, stopped afterwards."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
-                                           lifespan="off"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert thread.is_alive() and time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(15)
 
 
 def served_item(lake, assignment_id: str) -> tuple[tuple[str, str], bool, int | None]:

@@ -23,18 +23,11 @@ from bridge_assets.human.app import AppSettings, annotation_app
 from bridge_assets.human.security import SESSION_COOKIE
 from bridge_assets.human.transfer import ImportFailed, import_votes
 from conftest import annotations, votes_db
-from test_human_app import SECRET, answer, csrf_of, login, make_client, served_pair, votes
-from test_human_labels import write_escalated_set
+from fixtures.human_app import SECRET, answer, csrf_of, login, make_client, served_pair, votes
 
 
 @pytest.fixture
-def lake(data_lake):
-    write_escalated_set(data_lake)
-    return data_lake
-
-
-@pytest.fixture
-def tokens(lake) -> dict[str, str]:
+def tokens(escalated_lake) -> dict[str, str]:
     with annotations() as con:
         made = {name: add_annotator(con, name) for name in ("ann", "bob")}
         made["root"] = add_annotator(con, "root", admin=True)
@@ -50,21 +43,21 @@ def replay(lake, cookie: str, **settings) -> int:
     return client.get("/annotate").status_code
 
 
-def test_a_cookie_copied_before_logout_is_refused_afterwards(lake, tokens):
-    client = make_client(lake)
+def test_a_cookie_copied_before_logout_is_refused_afterwards(escalated_lake, tokens):
+    client = make_client(escalated_lake)
     login(client, tokens["ann"])
     page = client.get("/annotate")
     stolen = client.cookies[SESSION_COOKIE]
-    assert replay(lake, stolen) == 200
+    assert replay(escalated_lake, stolen) == 200
     assert client.post("/logout", data={"csrf_token": csrf_of(page.text)}).status_code == 303
-    assert replay(lake, stolen) == 303
+    assert replay(escalated_lake, stolen) == 303
     # logging in again opens a new session; the old cookie stays dead
     login(client, tokens["ann"])
-    assert client.get("/annotate").status_code == 200 and replay(lake, stolen) == 303
+    assert client.get("/annotate").status_code == 200 and replay(escalated_lake, stolen) == 303
 
 
-def test_a_rotated_token_ends_sessions_even_if_the_new_token_hashes_alike(lake, tokens):
-    client = make_client(lake)
+def test_a_rotated_token_ends_sessions_even_if_the_new_token_hashes_alike(escalated_lake, tokens):
+    client = make_client(escalated_lake)
     login(client, tokens["ann"])
     cookie = client.cookies[SESSION_COOKIE]
     with annotations() as con:
@@ -75,7 +68,7 @@ def test_a_rotated_token_ends_sessions_even_if_the_new_token_hashes_alike(lake, 
                     [hashlib.sha256(tokens["ann"].encode()).hexdigest()])
         assert con.execute("select session_epoch from annotators where annotator_id = 'ann'"
                            ).fetchone()[0] == epoch + 1
-    assert replay(lake, cookie) == 303
+    assert replay(escalated_lake, cookie) == 303
 
 
 class Clock:
@@ -86,9 +79,9 @@ class Clock:
         return self.now
 
 
-def test_a_session_ends_after_its_absolute_lifetime_however_active(lake, tokens):
+def test_a_session_ends_after_its_absolute_lifetime_however_active(escalated_lake, tokens):
     clock = Clock()
-    app = annotation_app(AppSettings(db_path=lake / "bridge.duckdb", secret=SECRET, attention_rate=0.0,
+    app = annotation_app(AppSettings(db_path=escalated_lake / "bridge.duckdb", secret=SECRET, attention_rate=0.0,
                                      session_hours=12), clock=clock)
     client = TestClient(app, follow_redirects=False)
     login(client, tokens["ann"])
@@ -102,9 +95,9 @@ def test_a_session_ends_after_its_absolute_lifetime_however_active(lake, tokens)
     assert client.get("/annotate").status_code == 200
 
 
-def test_the_session_lifetime_is_a_setting(lake, tokens):
+def test_the_session_lifetime_is_a_setting(escalated_lake, tokens):
     clock = Clock()
-    app = annotation_app(AppSettings(db_path=lake / "bridge.duckdb", secret=SECRET, attention_rate=0.0,
+    app = annotation_app(AppSettings(db_path=escalated_lake / "bridge.duckdb", secret=SECRET, attention_rate=0.0,
                                      session_hours=1), clock=clock)
     client = TestClient(app, follow_redirects=False)
     login(client, tokens["ann"])
@@ -116,15 +109,15 @@ def test_the_session_lifetime_is_a_setting(lake, tokens):
 
 # --- 5: an item that errors does not trap its annotator -----------------------------------------
 
-def test_an_item_whose_chunk_is_gone_is_dropped_and_the_next_one_served(lake, tokens, caplog):
+def test_an_item_whose_chunk_is_gone_is_dropped_and_the_next_one_served(escalated_lake, tokens, caplog):
     with store.connect() as con:
         con.execute("delete from corpus where doc_id = 'd5'")  # the first pair's chunk
-    client = make_client(lake)
+    client = make_client(escalated_lake)
     login(client, tokens["ann"])
     with caplog.at_level(logging.WARNING, logger="bridge_assets.human.app"):
         page = client.get("/annotate")
-    assert page.status_code == 200 and served_pair(lake, page.text)[:2] == ("q2", "d6")
-    with duckdb.connect(str(votes_db(lake))) as con:
+    assert page.status_code == 200 and served_pair(escalated_lake, page.text)[:2] == ("q2", "d6")
+    with duckdb.connect(str(votes_db(escalated_lake))) as con:
         dropped = con.execute("select doc_id, state from annotation_assignments "
                               "where doc_id = 'd5'").fetchall()
     assert dropped == [("d5", "dropped")]
@@ -133,10 +126,10 @@ def test_an_item_whose_chunk_is_gone_is_dropped_and_the_next_one_served(lake, to
     assert voted.status_code == 303 and client.get("/annotate").status_code == 200
 
 
-def test_when_every_item_errors_the_annotator_sees_the_done_page(lake, tokens):
+def test_when_every_item_errors_the_annotator_sees_the_done_page(escalated_lake, tokens):
     with store.connect() as con:
         con.execute("delete from corpus")
-    client = make_client(lake)
+    client = make_client(escalated_lake)
     login(client, tokens["ann"])
     for _ in range(2):
         page = client.get("/annotate")
@@ -172,18 +165,18 @@ def test_serve_off_the_loopback_refuses_plain_http_unless_told(served_with, host
 
 # --- 7: bodies are limited before anything parses them ------------------------------------------
 
-def test_an_oversized_login_form_is_refused_before_parsing(lake, tokens):
-    client = make_client(lake)
+def test_an_oversized_login_form_is_refused_before_parsing(escalated_lake, tokens):
+    client = make_client(escalated_lake)
     csrf = csrf_of(client.get("/login").text)
     big = client.post("/login", data={"csrf_token": csrf, "token": "x" * (256 * 2**10)})
     assert big.status_code == 413 and "larger than" in big.text
     # refused by its size alone: no CSRF token checked, no field parsed
-    assert make_client(lake).post("/login", content=b"a" * (2**20)).status_code == 413
+    assert make_client(escalated_lake).post("/login", content=b"a" * (2**20)).status_code == 413
     assert login(client, tokens["ann"]).status_code == 303
 
 
-def test_a_body_without_content_length_is_counted_as_it_arrives(lake, tokens):
-    client = make_client(lake)
+def test_a_body_without_content_length_is_counted_as_it_arrives(escalated_lake, tokens):
+    client = make_client(escalated_lake)
     login(client, tokens["ann"])
 
     def chunks():
@@ -191,11 +184,11 @@ def test_a_body_without_content_length_is_counted_as_it_arrives(lake, tokens):
             yield b"comment=" + b"x" * 4096 + b"&"
     response = client.post("/annotate", content=chunks(),
                            headers={"content-type": "application/x-www-form-urlencoded"})
-    assert response.status_code == 413 and votes(lake) == []
+    assert response.status_code == 413 and votes(escalated_lake) == []
 
 
-def test_only_the_import_route_takes_upload_sized_bodies(lake, tokens):
-    admin = make_client(lake, max_upload_bytes=2**20)
+def test_only_the_import_route_takes_upload_sized_bodies(escalated_lake, tokens):
+    admin = make_client(escalated_lake, max_upload_bytes=2**20)
     login(admin, tokens["root"])
     csrf = csrf_of(admin.get("/admin").text)
     record = {"dataset": "demo", "query_id": "q1", "doc_id": "d5", "annotator_id": "ext", "label": 1,
@@ -217,7 +210,7 @@ def vote_file(annotator: str, **extra) -> bytes:
                         "annotator_id": annotator, "label": 1, **extra}]).encode()
 
 
-def test_an_import_under_a_token_holders_name_is_refused(lake, tokens):
+def test_an_import_under_a_token_holders_name_is_refused(escalated_lake, tokens):
     with annotations() as con:
         with pytest.raises(ImportFailed, match="record 1: annotator 'ann' logs in to the app"):
             import_votes(con, vote_file("ann"), "forged.json")
@@ -225,10 +218,10 @@ def test_an_import_under_a_token_holders_name_is_refused(lake, tokens):
             import_votes(con, vote_file("bob", query_id="q1", doc_id="d1", is_attention_check=True,
                                         expected_label=1), "checks.json")
         assert import_votes(con, vote_file("ext"), "external.json") == 1
-    assert [v[0] for v in votes(lake)] == ["ext"]
+    assert [v[0] for v in votes(escalated_lake)] == ["ext"]
 
 
-def test_an_override_imports_them_and_says_so_in_the_source(lake, tokens):
+def test_an_override_imports_them_and_says_so_in_the_source(escalated_lake, tokens):
     with annotations() as con:
         assert import_votes(con, vote_file("ann"), "paper.json", override=True) == 1
         assert import_votes(con, vote_file("ext"), "other.json", override=True) == 1
@@ -236,8 +229,8 @@ def test_an_override_imports_them_and_says_so_in_the_source(lake, tokens):
     assert sources == [("ann", "import:override:paper.json"), ("ext", "import:other.json")]
 
 
-def test_the_admin_page_and_the_command_refuse_them_too(lake, tokens, tmp_path):
-    admin = make_client(lake)
+def test_the_admin_page_and_the_command_refuse_them_too(escalated_lake, tokens, tmp_path):
+    admin = make_client(escalated_lake)
     login(admin, tokens["root"])
     csrf = csrf_of(admin.get("/admin").text)
     page = admin.post("/admin/import", data={"csrf_token": csrf},
@@ -253,10 +246,10 @@ def test_the_admin_page_and_the_command_refuse_them_too(lake, tokens, tmp_path):
     assert "--override-app-annotators" in refused.output
     forced = CliRunner().invoke(cli.app, ["import", str(path), "--override-app-annotators"])
     assert forced.exit_code == 0, forced.output
-    assert [v[0] for v in votes(lake)] == ["ann", "bob"]
+    assert [v[0] for v in votes(escalated_lake)] == ["ann", "bob"]
 
 
-def test_deeply_nested_json_is_a_named_error_not_a_crash(lake):
+def test_deeply_nested_json_is_a_named_error_not_a_crash(escalated_lake):
     nested = b'[{"dataset": "demo",\n "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}]"
     with annotations() as con, pytest.raises(ImportFailed, match=r"deep\.json, line 2: JSON nested"):
         import_votes(con, nested, "deep.json")
@@ -266,13 +259,13 @@ def test_deeply_nested_json_is_a_named_error_not_a_crash(lake):
 
 @pytest.mark.parametrize("comment", ["=HYPERLINK(\"http://evil\",\"x\")", "+1+2", "-2+3", "@SUM(A1)",
                                      "\tx", "\rx"])
-def test_csv_export_cells_cannot_start_a_formula(lake, tokens, comment):
-    client = make_client(lake)
+def test_csv_export_cells_cannot_start_a_formula(escalated_lake, tokens, comment):
+    client = make_client(escalated_lake)
     login(client, tokens["ann"])
     answer(client, "1", comment="placeholder")
     with annotations() as con:  # as an import could have stored it
         con.execute("update human_votes set comment = ?", [comment])
-    admin = make_client(lake)
+    admin = make_client(escalated_lake)
     login(admin, tokens["root"])
     rows = list(csv.DictReader(io.StringIO(admin.get("/admin/export.csv").text, newline="")))
     assert rows[0]["comment"] == "'" + comment and rows[0]["annotator_id"] == "ann"

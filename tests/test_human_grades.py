@@ -20,15 +20,15 @@ from bridge_assets.human.labels import compute_human_labels
 from bridge_assets.human.tables import SCHEMA, ensure_schema
 from bridge_assets.human.transfer import ImportFailed, import_votes
 from conftest import annotations
-from test_human_app import answer, expected_of, login, make_client, post_answer, served_pair, votes
-from test_human_labels import DATASET, ESCALATED, vote, write_escalated_set
+from fixtures.escalated_set import DATASET, ESCALATED, vote, write_escalated_set
+from fixtures.human_app import expected_of, login, make_client, post_answer, served_pair, votes
 
 DESCRIPTION = "Find what len() gives back for a sized container."
 NARRATIVE = "Relevant passages state the returned value; passages on other builtins are not relevant."
 
 
 @pytest.fixture
-def lake(data_lake):
+def trec_topic_lake(data_lake):
     """The escalated set, its first query as a TREC topic: no answers, a description and a narrative."""
     write_escalated_set(data_lake)
     with store.connect() as con:
@@ -40,7 +40,7 @@ def lake(data_lake):
 
 
 @pytest.fixture
-def tokens(lake) -> dict[str, str]:
+def tokens(trec_topic_lake) -> dict[str, str]:
     with annotations() as con:
         return {name: add_annotator(con, name) for name in ("ann", "bob", "cat")}
 
@@ -53,7 +53,7 @@ def tokens(lake) -> dict[str, str]:
     ([1, 1, 2, 2], None, False),     # the two middle grades differ: one more vote
     ([1, 2, 2, 3], 2, True),
 ])
-def test_human_label_is_the_median_grade(lake, grades, label, decided):
+def test_human_label_is_the_median_grade(trec_topic_lake, grades, label, decided):
     pair = ESCALATED[0]
     with annotations() as con:
         for n, value in enumerate(grades):
@@ -67,7 +67,7 @@ def test_human_label_is_the_median_grade(lake, grades, label, decided):
         assert rows[pair]["agreement"] == pytest.approx(max(grades.count(g) for g in grades) / len(grades))
 
 
-def test_fleiss_kappa_on_grades_and_weighted_kappa_per_annotator_pair_equal_the_libraries(lake):
+def test_fleiss_kappa_on_grades_and_weighted_kappa_per_annotator_pair_equal_the_libraries(trec_topic_lake):
     grades = {"ann": [3, 2, 0, 1], "bob": [2, 2, 0, 0], "cat": [3, 1, 1, 1]}
     with annotations() as con:
         for annotator, values in grades.items():
@@ -90,47 +90,47 @@ def test_fleiss_kappa_on_grades_and_weighted_kappa_per_annotator_pair_equal_the_
     assert two[0].kappa == pytest.approx(cohen_kappa_score([1, 0, 1], [1, 1, 1]))
 
 
-def test_the_page_of_a_graded_topic_shows_the_narrative_and_the_scale_and_takes_a_grade(lake, tokens):
-    client = make_client(lake, graded=(DATASET,))
+def test_the_page_of_a_graded_topic_shows_the_narrative_and_the_scale_and_takes_a_grade(trec_topic_lake, tokens):
+    client = make_client(trec_topic_lake, graded=(DATASET,))
     login(client, tokens["ann"])
     page = client.get("/annotate").text
-    assert served_pair(lake, page)[:2] == ESCALATED[0]  # q1 x d5: the topic
+    assert served_pair(trec_topic_lake, page)[:2] == ESCALATED[0]  # q1 x d5: the topic
     assert f'<p id="narrative">{NARRATIVE}</p>' in page and f'<p id="description">{DESCRIPTION}</p>' in page
     assert 'id="answers"' not in page and 'id="scale"' in page
     assert [f'name="label" value="{g}"' in page for g in range(4)] == [True] * 4
     assert "says: relevant" in page  # this set's stored debate is yes/no: shown as it was
     assert post_answer(client, page, 2).status_code == 303
-    assert votes(lake)[-1][:4] == ("ann", *ESCALATED[0], 2)
+    assert votes(trec_topic_lake)[-1][:4] == ("ann", *ESCALATED[0], 2)
     later = client.get("/annotate").text  # q2 has answers: shown, and graded too
     assert 'id="answers"' in later and 'id="narrative"' not in later and 'value="3"' in later
 
 
-def test_a_binary_dataset_refuses_a_grade(lake, tokens):
-    client = make_client(lake)
+def test_a_binary_dataset_refuses_a_grade(trec_topic_lake, tokens):
+    client = make_client(trec_topic_lake)
     login(client, tokens["ann"])
     page = client.get("/annotate").text
     assert 'value="2"' not in page and "Yes, relevant" in page
     refused = post_answer(client, page, 2)
     assert refused.status_code == 400 and "from 0 to 1" in refused.text
-    assert votes(lake) == []
+    assert votes(trec_topic_lake) == []
     assert post_answer(client, page, 4).status_code == 400  # not a vote on any scale
 
 
-def test_an_attention_check_on_a_graded_dataset_asks_only_relevant_or_not(lake, tokens):
-    checks = make_client(lake, graded=(DATASET,), attention_rate=1.0, seed=11)
+def test_an_attention_check_on_a_graded_dataset_asks_only_relevant_or_not(trec_topic_lake, tokens):
+    checks = make_client(trec_topic_lake, graded=(DATASET,), attention_rate=1.0, seed=11)
     login(checks, tokens["bob"])
     for _ in range(6):
         page = checks.get("/annotate").text
-        assert served_pair(lake, page)[2]
-        expected = expected_of(lake, page)
+        assert served_pair(trec_topic_lake, page)[2]
+        expected = expected_of(trec_topic_lake, page)
         assert post_answer(checks, page, 3 if expected else 0).status_code == 303  # any grade >= 1 passes
-    assert {v[5] for v in votes(lake)} == {"accepted"}
+    assert {v[5] for v in votes(trec_topic_lake)} == {"accepted"}
     page = checks.get("/annotate").text
-    assert post_answer(checks, page, 0 if expected_of(lake, page) else 1).status_code == 303
+    assert post_answer(checks, page, 0 if expected_of(trec_topic_lake, page) else 1).status_code == 303
     assert 'id="flagged"' in checks.get("/annotate").text
 
 
-def test_imported_grades_are_taken_for_graded_datasets_only(lake):
+def test_imported_grades_are_taken_for_graded_datasets_only(trec_topic_lake):
     rows = [{"dataset": DATASET, "query_id": q, "doc_id": d, "annotator_id": "ext", "label": "2"}
             for q, d in ESCALATED[:2]]
     content = json.dumps(rows).encode()
@@ -138,7 +138,7 @@ def test_imported_grades_are_taken_for_graded_datasets_only(lake):
         with pytest.raises(ImportFailed, match="label 2 is a grade, and dataset 'demo' is not graded"):
             import_votes(con, content, "grades.json")
         assert import_votes(con, content, "grades.json", graded=[DATASET]) == 2
-    assert {v[3] for v in votes(lake)} == {2}
+    assert {v[3] for v in votes(trec_topic_lake)} == {2}
 
 
 def test_a_lake_from_before_grades_keeps_its_votes_and_takes_grades(tmp_path):

@@ -16,18 +16,12 @@ from bridge_assets import store
 from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.items import highlight
 from conftest import annotations
-from test_human_app import expected_of, login, make_client, post_answer, served_pair
-from test_human_labels import CORPUS, ESCALATED, write_escalated_set
+from fixtures.escalated_set import CORPUS, ESCALATED
+from fixtures.human_app import expected_of, login, make_client, post_answer, served_pair
 
 
 @pytest.fixture
-def lake(data_lake):
-    write_escalated_set(data_lake)
-    return data_lake
-
-
-@pytest.fixture
-def tokens(lake) -> dict[str, str]:
+def tokens(escalated_lake) -> dict[str, str]:
     with annotations() as con:
         return {name: add_annotator(con, name) for name in ("ann", "bob", "cat", "dan")}
 
@@ -59,21 +53,21 @@ def quotes_of(page: str) -> list[str]:
     return [html.unescape(q) for q in re.findall(r"<blockquote[^>]*>(.*?)</blockquote>", page)]
 
 
-def test_an_attention_check_quotes_its_own_chunk_and_looks_like_a_real_item(lake, tokens):
+def test_an_attention_check_quotes_its_own_chunk_and_looks_like_a_real_item(escalated_lake, tokens):
     real_shapes = set()
     for name in ("bob", "cat"):  # every real item, as served
-        client = make_client(lake)
+        client = make_client(escalated_lake)
         login(client, tokens[name])
         for _ in ESCALATED:
             page = client.get("/annotate").text
             real_shapes.add(Skeleton(page).shape())
             post_answer(client, page, 1)
-    checks = make_client(lake, attention_rate=1.0, seed=5)
+    checks = make_client(escalated_lake, attention_rate=1.0, seed=5)
     login(checks, tokens["ann"])
     served = set()
     for _ in range(6):
         page = checks.get("/annotate").text
-        query_id, doc_id, is_check = served_pair(lake, page)
+        query_id, doc_id, is_check = served_pair(escalated_lake, page)
         assert is_check
         served.add((query_id, doc_id))
         quotes = quotes_of(page)
@@ -82,29 +76,29 @@ def test_an_attention_check_quotes_its_own_chunk_and_looks_like_a_real_item(lake
         assert "not in the chunk" not in page and f"about {query_id}/" not in page
         assert Skeleton(page).shape() in real_shapes
         assert quotes_of(checks.get("/annotate").text) == quotes  # the same on reload
-        assert post_answer(checks, page, expected_of(lake, page)).status_code == 303
+        assert post_answer(checks, page, expected_of(escalated_lake, page)).status_code == 303
     assert len(served) >= 3
 
 
-def test_without_history_no_item_shows_a_debate(lake, tokens):
+def test_without_history_no_item_shows_a_debate(escalated_lake, tokens):
     for rate, name in ((0.0, "ann"), (1.0, "bob")):
-        client = make_client(lake, with_history=False, attention_rate=rate)
+        client = make_client(escalated_lake, with_history=False, attention_rate=rate)
         login(client, tokens[name])
         page = client.get("/annotate").text
-        assert served_pair(lake, page)[2] == bool(rate)
+        assert served_pair(escalated_lake, page)[2] == bool(rate)
         assert 'id="no-history"' in page and "<blockquote" not in page and "<mark" not in page
 
 
-def test_a_quote_the_chunk_does_not_contain_is_marked_in_words(lake, tokens):
+def test_a_quote_the_chunk_does_not_contain_is_marked_in_words(escalated_lake, tokens):
     own_words = "Agent A says len counts the characters of anything."
     reflowed = "calling LEN on them\n asks the object for its size"
     with store.connect() as con:
         con.execute("update debate_turns set reference = ? where query_id = 'q1' and doc_id = 'd5' "
                     "and agent = 'A' and round = 1", [[own_words, reflowed]])
-    client = make_client(lake)
+    client = make_client(escalated_lake)
     login(client, tokens["ann"])
     page = client.get("/annotate").text
-    assert served_pair(lake, page)[:2] == ("q1", "d5")
+    assert served_pair(escalated_lake, page)[:2] == ("q1", "d5")
     marked = re.findall(r'<blockquote class="not-in-chunk">(.*?)</blockquote>', page, re.S)
     assert marked == [f'{own_words} <span class="missing">(not in the chunk)</span>']
     assert f"<blockquote>{reflowed}</blockquote>" in page  # case and line breaks aside, it is there

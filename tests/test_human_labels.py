@@ -1,5 +1,5 @@
 """human_labels: majority vote, Fleiss' kappa, data version, the asset, its sensor, and the
-`bridge annotate` commands. Also home of the small escalated set the other human tests use."""
+`bridge annotate` commands, over the escalated set of tests/fixtures/escalated_set.py."""
 
 from __future__ import annotations
 
@@ -20,105 +20,9 @@ from bridge_assets.human.agreement import category_counts, fleiss_kappa
 from bridge_assets.human.assets import human_labels, human_labels_sensor
 from bridge_assets.human.items import highlight
 from bridge_assets.human.labels import compute_human_labels
-from bridge_assets.human.tables import ensure_schema
-from bridge_assets.human.votes import insert_vote
 from bridge_assets.resources import DuckDBStore
 from conftest import annotations, votes_db
-
-DATASET = "demo"
-
-CORPUS = {
-    "d1": "len(s): Return the length (the number of items in an object). The argument may be a sequence or a collection.",
-    "d2": "A function definition starts with the keyword def, followed by the function name and a parenthesized list of parameters.",
-    "d3": "sys.getrecursionlimit() returns the current value of the recursion limit, which is 1000 by default in CPython.",
-    "d4": "zip(*iterables) iterates over several iterables in parallel, producing an iterator of tuples with an item from each one.",
-    "d5": "Sized containers implement __len__. Calling len on them asks the object for its size. Objects without __len__ raise TypeError.",
-    "d6": "Lambda expressions create anonymous functions. They are limited to a single expression. Named functions are usually clearer.",
-    "d7": "Deep recursion can exhaust the C stack. The limit can be raised with sys.setrecursionlimit(). Raising it too far may crash the interpreter.",
-    "d8": "The map() function applies a callable to every item. It returns an iterator. Several iterables can be passed at once.",
-}
-QUERIES = {
-    "q1": ("What does len() return?", ["the number of items in an object"]),
-    "q2": ("Which keyword starts a function definition in Python?", ["def"]),
-    "q3": ("What is the default recursion limit in CPython?", ["1000"]),
-    "q4": ("What does the zip() function return?", ["an iterator of tuples"]),
-}
-GOLD = [("q1", "d1"), ("q2", "d2"), ("q3", "d3"), ("q4", "d4")]
-# The escalated pairs: what each agent quoted and argued, two rounds each.
-DEBATES = {
-    ("q1", "d5"): ("escalated", "Calling len on them asks the object for its size.",
-                   "Objects without __len__ raise TypeError."),
-    ("q2", "d6"): ("escalated", "Lambda expressions create anonymous functions.",
-                   "Named functions are usually clearer."),
-    ("q3", "d7"): ("failed", "The limit can be raised with sys.setrecursionlimit().",
-                   "Deep recursion can exhaust the C stack."),
-    ("q4", "d8"): ("escalated", "It returns an iterator.",
-                   "The map() function applies a callable to every item."),
-}
-ESCALATED = sorted(DEBATES)
-
-
-def reason(agent: str, query_id: str, doc_id: str, round_: int) -> str:
-    return f"Agent {agent} argues about {query_id}/{doc_id} in round {round_}."
-
-
-def write_escalated_set(lake) -> None:
-    """corpus/queries/original_qrels plus debate_labels (4 escalated pairs, 1 consensus) and
-    debate_turns, in the table contracts the debate stage writes."""
-    path = lake / "bridge.duckdb"
-    corpus = pl.DataFrame({"dataset": DATASET, "doc_id": list(CORPUS),
-                           "title": [f"Doc {d}" for d in CORPUS], "text": list(CORPUS.values())})
-    queries = pl.DataFrame({"dataset": DATASET, "query_id": list(QUERIES),
-                            "text": [q for q, _ in QUERIES.values()],
-                            "answers": [a for _, a in QUERIES.values()]})
-    qrels = pl.DataFrame({"dataset": DATASET, "query_id": [q for q, _ in GOLD],
-                          "doc_id": [d for _, d in GOLD], "relevance": [1] * len(GOLD)})
-    labels, turns = [], []
-    for (query_id, doc_id), (outcome, quote_a, quote_b) in DEBATES.items():
-        pair_key = hashlib.sha1(f"{query_id}|{doc_id}".encode()).hexdigest()[:16]
-        labels.append({"dataset": DATASET, "query_id": query_id, "doc_id": doc_id,
-                       "pair_key": pair_key, "label": None, "outcome": outcome, "rounds_used": 2,
-                       "config_hash": "cfg", "adjudicator_label": None, "adjudicator_call_key": None})
-        for round_ in (1, 2):
-            for agent, stance, quote, response in (("A", "relevant", quote_a, "yes"),
-                                                   ("B", "irrelevant", quote_b, "no")):
-                failed = outcome == "failed" and round_ == 2 and agent == "B"
-                turns.append({"dataset": DATASET, "query_id": query_id, "doc_id": doc_id,
-                              "pair_key": pair_key, "round": round_, "agent": agent,
-                              "stance": stance, "model": "qwen2.5-coder-0.5b",
-                              "reference": [] if failed else [quote],
-                              "reason": None if failed else reason(agent, query_id, doc_id, round_),
-                              "response": None if failed else response,
-                              "call_key": f"{pair_key}-{round_}-{agent}",
-                              "error": "invalid JSON after 3 tries" if failed else None})
-    labels.append({"dataset": DATASET, "query_id": "q1", "doc_id": "d2", "pair_key": "consensus",
-                   "label": 0, "outcome": "consensus", "rounds_used": 1, "config_hash": "cfg",
-                   "adjudicator_label": None, "adjudicator_call_key": None})
-    store.write_partitions({
-        "corpus": corpus, "queries": queries, "original_qrels": qrels,
-        "debate_labels": pl.DataFrame(labels, schema={
-            "dataset": pl.String, "query_id": pl.String, "doc_id": pl.String, "pair_key": pl.String,
-            "label": pl.Int32, "outcome": pl.String, "rounds_used": pl.Int32, "config_hash": pl.String,
-            "adjudicator_label": pl.Int32, "adjudicator_call_key": pl.String}),
-        "debate_turns": pl.DataFrame(turns, schema={
-            "dataset": pl.String, "query_id": pl.String, "doc_id": pl.String, "pair_key": pl.String,
-            "round": pl.Int32, "agent": pl.String, "stance": pl.String, "model": pl.String,
-            "reference": pl.List(pl.String), "reason": pl.String, "response": pl.String,
-            "call_key": pl.String, "error": pl.String}),
-    }, {"dataset": DATASET}, path)
-
-
-@pytest.fixture
-def escalated_lake(data_lake):
-    write_escalated_set(data_lake)
-    return data_lake
-
-
-def vote(con, pair, annotator, label, *, status="accepted", check=False, with_history=True):
-    ensure_schema(con)
-    return insert_vote(con, dataset=DATASET, query_id=pair[0], doc_id=pair[1], annotator_id=annotator,
-                       label=label, comment=None, with_history=with_history, is_attention_check=check,
-                       expected_label=1 if check else None, status=status, source="test")
+from fixtures.escalated_set import DATASET, ESCALATED, vote
 
 
 # --- Fleiss' kappa --------------------------------------------------------------------------

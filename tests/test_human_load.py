@@ -22,7 +22,7 @@ from bridge_assets import store
 from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.app import AppSettings, annotation_app
 from conftest import PROJECT_ROOT, annotations, votes_db
-from test_human_browser import served
+from fixtures.human_app import served
 
 DATASET = "load"
 # Another process rewriting one pipeline partition (a 20k-row retrieval run) again and again,

@@ -16,7 +16,7 @@ from bridge_assets.ingest import assets as ingest_assets
 from bridge_assets.ingest import checks as ingest_checks
 from bridge_assets.resources import DuckDBStore
 from conftest import PROJECT_ROOT, shared_data
-from test_ingest_loaders import write_beir
+from fixtures.datasets import write_beir
 
 CHECKS = [ingest_checks.corpus_is_valid, ingest_checks.queries_are_valid,
           ingest_checks.original_qrels_are_valid]

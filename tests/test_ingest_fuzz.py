@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from bridge_assets.ingest.errors import DatasetError
 from bridge_assets.ingest.loaders import load_dataset
-from test_ingest_loaders import READERS, valid_line2, write_kind
+from fixtures.datasets import READERS, valid_line2, write_kind
 
 FUZZ = settings(max_examples=int(os.environ.get("BRIDGE_FUZZ_EXAMPLES", "40")), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

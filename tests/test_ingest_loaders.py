@@ -13,25 +13,7 @@ from bridge_assets.ingest.loaders import (load_beir_folder, load_bridge_release,
                                           load_nq_open, load_trec, read_trec_topics)
 from bridge_assets.ingest.registry import DatasetSpec, get_dataset, load_registry
 from conftest import PROJECT_ROOT, shared_data
-
-
-def write_beir(folder, corpus=None, queries=None, qrels=None):
-    corpus = corpus if corpus is not None else [
-        {"_id": "d1", "title": "T1", "text": "Paris is the capital of France."},
-        {"_id": "d2", "title": "T2", "text": "Berlin is the capital of Germany."},
-    ]
-    queries = queries if queries is not None else [
-        {"_id": "q1", "text": "capital of france?", "answers": ["Paris"]},
-        {"_id": "q2", "text": "capital of germany?", "answers": ["Berlin"]},
-    ]
-    qrels = qrels if qrels is not None else ["q1\td1\t1", "q2\td2\t1"]
-    (folder / "qrels").mkdir(parents=True, exist_ok=True)
-    (folder / "corpus.jsonl").write_text("".join(
-        (line if isinstance(line, str) else json.dumps(line)) + "\n" for line in corpus))
-    (folder / "queries.jsonl").write_text("".join(
-        (line if isinstance(line, str) else json.dumps(line)) + "\n" for line in queries))
-    (folder / "qrels" / "test.tsv").write_text("query-id\tcorpus-id\tscore\n" + "\n".join(qrels) + "\n")
-    return folder
+from fixtures.datasets import READERS, valid_line2, write_beir, write_kind
 
 
 def test_demo_dataset_ships_with_answers_and_one_judgment_per_query():
@@ -262,74 +244,6 @@ def test_windows_and_old_mac_line_endings(tmp_path, ending):
     # the byte order mark is not part of the first id
     assert tables.corpus["doc_id"].to_list() == ["d1", "d2"]
     assert tables.corpus["text"].to_list() == ["one", "two"]
-
-
-def _jsonl(*records) -> list[bytes]:
-    return [json.dumps(r).encode() for r in records]
-
-
-def _beir_files():
-    return {
-        "corpus.jsonl": _jsonl({"_id": "d1", "text": "one"}, {"_id": "d2", "text": "two"}),
-        "queries.jsonl": _jsonl({"_id": "q1", "text": "first?"}, {"_id": "q2", "text": "second?"}),
-        "answers.jsonl": _jsonl({"query_id": "q1", "answers": ["one"]},
-                                {"query_id": "q2", "answers": ["two"]}),
-        "qrels/test.tsv": [b"query-id\tcorpus-id\tscore", b"q1\td1\t1", b"q2\td2\t1"],
-    }
-
-
-def _trec_files(topics: str):
-    top = [b"<top>", b"<num> Number: 1", b"<title> first", b"</top>",
-           b"<top>", b"<num> Number: 2", b"<title> second", b"</top>"]
-    return {"docs.tsv": [b"d1\tone", b"d2\ttwo"],
-            "topics.txt": top if topics == "top" else [b"1\tfirst", b"2\tsecond"],
-            "qrels.txt": [b"1 0 d1 1", b"2 0 d2 1"]}
-
-
-# Every reader of every local kind: (kind, the file whose line 2 is damaged).
-READERS = [("beir", f) for f in _beir_files()] + [
-    ("trec_tsv", "docs.tsv"), ("trec_tsv", "topics.txt"), ("trec_tsv", "qrels.txt"),
-    ("trec_top", "topics.txt"), ("nq_open", "nq.jsonl.gz"),
-    ("bridge_release", "bridge.jsonl"), ("bridge_release", "corpus.jsonl"),
-]
-
-
-def files_of(kind: str) -> dict[str, list[bytes]]:
-    """The lines of each file of a small valid dataset of `kind` (a READERS kind)."""
-    if kind == "beir":
-        return _beir_files()
-    if kind.startswith("trec"):
-        return _trec_files(kind.removeprefix("trec_"))
-    if kind == "nq_open":
-        return {"nq.jsonl.gz": _jsonl(
-            {"question": "q1?", "answers": ["one"], "ctxs": [{"title": "t", "text": "one", "isgold": True}]},
-            {"question": "q2?", "answers": ["two"], "ctxs": [{"title": "t", "text": "two", "isgold": True}]})}
-    return {"bridge.jsonl": _jsonl({"q_id": "1", "query": "q1?", "doc_id": ["c1"], "answers": ["x"]},
-                                   {"q_id": "2", "query": "q2?", "doc_id": ["c2"], "answers": ["y"]}),
-            "corpus.jsonl": _jsonl({"_id": "c1", "text": "x"}, {"_id": "c2", "text": "y"})}
-
-
-def valid_line2(kind: str, damaged: str) -> bytes:
-    return files_of(kind)[damaged][1]
-
-
-def write_kind(folder, kind: str, damaged: str, line2: bytes) -> DatasetSpec:
-    """A valid dataset of `kind` in `folder`, but line 2 of file `damaged` becomes `line2`."""
-    files = files_of(kind)
-    files[damaged][1] = line2
-    for name, lines in files.items():
-        path = folder / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        content = b"".join(line + b"\n" for line in lines)
-        path.write_bytes(gzip.compress(content) if name.endswith(".gz") else content)
-    if kind.startswith("trec"):
-        return DatasetSpec(name="mine", kind="trec", corpus=str(folder / "docs.tsv"),
-                           topics=str(folder / "topics.txt"), qrels=str(folder / "qrels.txt"))
-    if kind == "bridge_release":
-        return DatasetSpec(name="mine", kind=kind, queries=str(folder / "bridge.jsonl"),
-                           corpus=str(folder / "corpus.jsonl"))
-    path = folder if kind == "beir" else folder / "nq.jsonl.gz"
-    return DatasetSpec(name="mine", kind=kind, path=str(path))
 
 
 @pytest.mark.parametrize("kind, damaged", READERS)

@@ -16,7 +16,7 @@ from bridge_assets.llm import LLMClient, get_profile, weights
 from bridge_assets.llm.ledger import read_calls
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.resources import DuckDBStore
-from test_labeling_assets import metadata, write_run
+from fixtures.labeling import metadata, write_run
 
 pytest.importorskip("llama_cpp")
 

@@ -10,10 +10,8 @@ from __future__ import annotations
 import json
 import math
 import socket
-import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
@@ -23,84 +21,10 @@ from bridge_assets.llm import LLMClient, LLMRequest, get_profile, load_models_co
 from bridge_assets.llm.ledger import call_key, read_calls
 from bridge_assets.llm.parsing import InvalidSchema
 from bridge_assets.llm.resource import LLMResource
+from fixtures.scripted_llm import Reply, ScriptedServer, completion, http_profile
 
 YES_NO = {"type": "object", "properties": {"response": {"type": "string", "enum": ["yes", "no"]}},
           "required": ["response"], "additionalProperties": False}
-
-Reply = tuple[int, Any, float]  # HTTP status, body (dict -> JSON, str -> raw), delay in seconds
-
-
-def completion(content: str | None, *, logprobs: list[dict] | None = None) -> dict[str, Any]:
-    choice: dict[str, Any] = {"index": 0, "message": {"role": "assistant", "content": content},
-                              "finish_reason": "stop"}
-    if logprobs is not None:
-        choice["logprobs"] = {"content": logprobs}
-    return {"id": "x", "object": "chat.completion", "choices": [choice],
-            "usage": {"prompt_tokens": 11, "completion_tokens": 3, "total_tokens": 14}}
-
-
-class ScriptedServer:
-    """An OpenAI-style /v1/chat/completions endpoint whose every answer comes from `script`."""
-
-    def __init__(self, script: Callable[[int, dict], Reply]):
-        self.script = script
-        self.bodies: list[dict] = []
-        self.authorization: list[str | None] = []
-        self.in_flight = 0
-        self.max_in_flight = 0
-        self._lock = threading.Lock()
-        outer = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with outer._lock:
-                    index = len(outer.bodies)
-                    outer.bodies.append(body)
-                    outer.authorization.append(self.headers.get("Authorization"))
-                    outer.in_flight += 1
-                    outer.max_in_flight = max(outer.max_in_flight, outer.in_flight)
-                try:
-                    status, payload, delay = outer.script(index, body)
-                    time.sleep(delay)
-                    data = (json.dumps(payload) if isinstance(payload, dict) else payload).encode()
-                    self.send_response(status)
-                    self.send_header("Content-Type", "application/json")
-                    self.send_header("Content-Length", str(len(data)))
-                    self.end_headers()
-                    self.wfile.write(data)
-                except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeout test)
-                    pass
-                finally:
-                    with outer._lock:
-                        outer.in_flight -= 1
-
-            def log_message(self, *args):
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        self.url = f"http://127.0.0.1:{self._server.server_address[1]}/v1"
-        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
-                                        daemon=True)
-
-    def __enter__(self) -> ScriptedServer:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-    @property
-    def hits(self) -> int:
-        return len(self.bodies)
-
-
-def http_profile(*urls: str, **changes: Any):
-    fields = {"base_urls": tuple(urls), "timeout_s": 5.0, "retries": 2, "backoff_s": 0.01,
-              "parse_retries": 2, "concurrency": 4, **changes}
-    return get_profile("openai-local").model_copy(update=fields)
 
 
 def ask(client: LLMClient, question: str, **fields: Any) -> LLMRequest:

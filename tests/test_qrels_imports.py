@@ -3,7 +3,7 @@ bridge_qrels, ranked among the built-in ones; corrections of the original judgme
 explicit source, shown in the audit and the report; found holes from verified sources only;
 export, then import into a fresh lake, gives the same qrels.
 
-Builds on the labeled lake of test_qrels_bridge (its EXPECTED qrels)."""
+Builds on the labeled lake of fixtures.labeled_lake (its EXPECTED qrels)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,7 @@ from bridge_assets.qrels.sources import BUILTIN_PRECEDENCE, SourceError, place
 from bridge_assets.reports.build import qrels_section
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.summary import _labels
-from test_qrels_bridge import (DATASET, EXPECTED, EXPECTED_LABELS, labeled_lake,  # noqa: F401  (fixture)
-                               materialize_qrels, read)
+from fixtures.labeled_lake import DATASET, EXPECTED, EXPECTED_LABELS, materialize_qrels, read
 
 
 def qrels_of(lake) -> dict[tuple[str, str], tuple[int | None, str]]:

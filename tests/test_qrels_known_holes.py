@@ -1,5 +1,5 @@
 """Scoring the refined qrels against a dataset's known holes (the demo's holes.jsonl kind of
-answer key), on the labeled lake of test_qrels_bridge, counted by hand."""
+answer key), on the labeled lake of fixtures.labeled_lake, counted by hand."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from bridge_assets import store
 from bridge_assets.ingest.errors import DatasetError
 from bridge_assets.qrels.known_holes import read_known_holes, score_known_holes
-from test_qrels_bridge import DATASET, labeled_lake, materialize_qrels  # noqa: F401  (fixture)
+from fixtures.labeled_lake import DATASET, materialize_qrels
 
 
 def write_key(path, records) -> None:

@@ -1,5 +1,5 @@
 """The report asset: HTML + Markdown + PNG figures from the analysis tables of the labeled lake
-of test_qrels_bridge, checked as files and in a real headless chromium (Playwright driving
+of fixtures.labeled_lake, checked as files and in a real headless chromium (Playwright driving
 Debian's chromium; never `playwright install`)."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from bridge_assets.analysis import assets as analysis_assets
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.reports import assets as report_assets
 from bridge_assets.resources import DuckDBStore
-from test_qrels_bridge import DATASET, labeled_lake  # noqa: F401  (fixture)
+from fixtures.labeled_lake import DATASET
 
 CHROMIUM = Path(os.environ.get("BRIDGE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",

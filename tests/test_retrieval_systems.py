@@ -31,7 +31,7 @@ def demo_slice(demo):
 
 
 @pytest.fixture(scope="module")
-def lake(tmp_path_factory):
+def index_lake(tmp_path_factory):
     return tmp_path_factory.mktemp("lake")
 
 
@@ -40,10 +40,10 @@ def registry():
     return load_registry()
 
 
-def test_bm25_index_is_built_once_and_reused(demo, lake, registry):
+def test_bm25_index_is_built_once_and_reused(demo, index_lake, registry):
     corpus, queries = demo
-    first = run_retriever("demo", "bm25", corpus, queries, registry=registry, lake=lake)
-    again = run_retriever("demo", "bm25", corpus, queries, registry=registry, lake=lake)
+    first = run_retriever("demo", "bm25", corpus, queries, registry=registry, lake=index_lake)
+    again = run_retriever("demo", "bm25", corpus, queries, registry=registry, lake=index_lake)
     assert first.metadata["indexes"]["bm25-lucene"]["built_now"] is True
     assert again.metadata["indexes"]["bm25-lucene"]["built_now"] is False
     assert first.run.equals(again.run)
@@ -54,22 +54,22 @@ def test_bm25_index_is_built_once_and_reused(demo, lake, registry):
     assert hits >= queries.height // 2
 
 
-def test_changed_corpus_gets_a_new_index(demo, lake, registry):
+def test_changed_corpus_gets_a_new_index(demo, index_lake, registry):
     corpus, queries = demo
-    base = run_retriever("demo", "bm25", corpus, queries, registry=registry, lake=lake)
-    smaller = run_retriever("demo", "bm25", corpus.head(100), queries, registry=registry, lake=lake)
+    base = run_retriever("demo", "bm25", corpus, queries, registry=registry, lake=index_lake)
+    smaller = run_retriever("demo", "bm25", corpus.head(100), queries, registry=registry, lake=index_lake)
     assert smaller.metadata["indexes"]["bm25-lucene"]["built_now"] is True
     assert smaller.metadata["indexes"]["bm25-lucene"]["path"] != base.metadata["indexes"]["bm25-lucene"]["path"]
     assert set(smaller.run["doc_id"]) <= set(corpus.head(100)["doc_id"])
 
 
-def test_dense_run_equals_brute_force_cosine_in_numpy(demo_slice, lake, registry):
+def test_dense_run_equals_brute_force_cosine_in_numpy(demo_slice, index_lake, registry):
     from sentence_transformers import SentenceTransformer
 
     from bridge_assets.retrieval.weights import resolve_model
 
     corpus, queries = demo_slice
-    run = run_retriever("demo", "minilm", corpus, queries, k=5, registry=registry, lake=lake).run
+    run = run_retriever("demo", "minilm", corpus, queries, k=5, registry=registry, lake=index_lake).run
     model = SentenceTransformer(resolve_model(registry.model("all-minilm-l6-v2")).location, device="cpu")
     texts = [f"{t} {x}".strip() for t, x in corpus.select("title", "text").iter_rows()]
     docs = model.encode(texts, convert_to_numpy=True)
@@ -99,13 +99,13 @@ def test_pair_scores_in_chunks_equal_one_gather(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("depth", [10, 20])
-def test_reranker_only_reorders_its_first_stage(demo_slice, lake, registry, depth):
+def test_reranker_only_reorders_its_first_stage(demo_slice, index_lake, registry, depth):
     corpus, queries = demo_slice
     spec = registry.system("minilm_rerank_bm25")
     local = registry.model_copy(update={"systems": {**registry.systems, "minilm_rerank_bm25": spec.model_copy(
         update={"parameters": {"depth": depth}})}})
-    first = run_retriever("demo", "bm25", corpus, queries, k=depth, registry=local, lake=lake).run
-    reranked = run_retriever("demo", "minilm_rerank_bm25", corpus, queries, k=10, registry=local, lake=lake).run
+    first = run_retriever("demo", "bm25", corpus, queries, k=depth, registry=local, lake=index_lake).run
+    reranked = run_retriever("demo", "minilm_rerank_bm25", corpus, queries, k=10, registry=local, lake=index_lake).run
     assert rank_problems(reranked, 10) == []
     for qid in queries["query_id"].to_list():
         pool = set(first.filter(pl.col("query_id") == qid)["doc_id"])
@@ -123,17 +123,17 @@ def _stored(result, run=None):
         config_hash=pl.lit(result.config_hash), inputs_hash=pl.lit(result.inputs_hash))
 
 
-def test_reranker_takes_a_current_stored_first_stage_and_reruns_a_stale_one(demo_slice, lake, registry):
+def test_reranker_takes_a_current_stored_first_stage_and_reruns_a_stale_one(demo_slice, index_lake, registry):
     corpus, queries = demo_slice
     depth = registry.defaults.k  # the first stage's stored run (its default k) is deep enough
     spec = registry.system("minilm_rerank_bm25")
     registry = registry.model_copy(update={"systems": {**registry.systems, "minilm_rerank_bm25": spec.model_copy(
         update={"parameters": {"depth": depth}})}})
-    first = run_retriever("demo", "bm25", corpus, queries, registry=registry, lake=lake)
-    fresh = run_retriever("demo", "minilm_rerank_bm25", corpus, queries, registry=registry, lake=lake)
+    first = run_retriever("demo", "bm25", corpus, queries, registry=registry, lake=index_lake)
+    fresh = run_retriever("demo", "minilm_rerank_bm25", corpus, queries, registry=registry, lake=index_lake)
     assert fresh.metadata["first_stage"] == {"bm25": {"depth": depth, "stored_run_reused": False}}
 
-    reused = run_retriever("demo", "minilm_rerank_bm25", corpus, queries, registry=registry, lake=lake,
+    reused = run_retriever("demo", "minilm_rerank_bm25", corpus, queries, registry=registry, lake=index_lake,
                            stored_run=lambda system: _stored(first) if system == "bm25" else None)
     assert reused.metadata["first_stage"]["bm25"]["stored_run_reused"] is True
     assert reused.run.equals(fresh.run)
@@ -144,27 +144,27 @@ def test_reranker_takes_a_current_stored_first_stage_and_reruns_a_stale_one(demo
                                                         .to_list()))["doc_id"][0]
     planted = first.run.with_columns(doc_id=pl.when((pl.col("query_id") == q01) & (pl.col("rank") == 1))
                                      .then(pl.lit(outside)).otherwise(pl.col("doc_id")))
-    taken = run_retriever("demo", "minilm_rerank_bm25", corpus, queries, registry=registry, lake=lake,
+    taken = run_retriever("demo", "minilm_rerank_bm25", corpus, queries, registry=registry, lake=index_lake,
                           stored_run=lambda system: _stored(first, planted))
     assert outside in taken.run.filter(pl.col("query_id") == q01)["doc_id"].to_list()
 
     # made from other queries, by another configuration, or too shallow: run again
     other_queries = queries.with_columns(text=pl.col("text") + " ?")
     stale = [_stored(first).with_columns(inputs_hash=pl.lit(run_retriever(
-                 "demo", "bm25", corpus, other_queries, registry=registry, lake=lake).inputs_hash)),
+                 "demo", "bm25", corpus, other_queries, registry=registry, lake=index_lake).inputs_hash)),
              _stored(first).with_columns(config_hash=pl.lit(registry.config_hash("bm25", 5))),
-             _stored(run_retriever("demo", "bm25", corpus, queries, k=3, registry=registry, lake=lake))]
+             _stored(run_retriever("demo", "bm25", corpus, queries, k=3, registry=registry, lake=index_lake))]
     for rows in stale:
-        again = run_retriever("demo", "minilm_rerank_bm25", corpus, queries, registry=registry, lake=lake,
+        again = run_retriever("demo", "minilm_rerank_bm25", corpus, queries, registry=registry, lake=index_lake,
                               stored_run=lambda system, rows=rows: rows)
         assert again.metadata["first_stage"]["bm25"]["stored_run_reused"] is False
         assert again.run.equals(fresh.run)
 
 
-def test_every_fast_offline_system_ranks_1_to_k_on_the_demo_slice(demo_slice, lake, registry):
+def test_every_fast_offline_system_ranks_1_to_k_on_the_demo_slice(demo_slice, index_lake, registry):
     corpus, queries = demo_slice
     for name in registry.profile_systems("offline_fast"):
-        result = run_retriever("demo", name, corpus, queries, k=7, registry=registry, lake=lake)
+        result = run_retriever("demo", name, corpus, queries, k=7, registry=registry, lake=index_lake)
         assert rank_problems(result.run, 7) == [], name
         assert result.run["query_id"].n_unique() == queries.height, name
         assert set(result.run["doc_id"]) <= set(corpus["doc_id"]), name
@@ -172,21 +172,21 @@ def test_every_fast_offline_system_ranks_1_to_k_on_the_demo_slice(demo_slice, la
 
 
 @pytest.mark.slow  # encodes the whole demo corpus: IVF-PQ needs >= 256 documents to train
-def test_approximate_indexes_agree_with_exact_search(demo, lake, registry):
+def test_approximate_indexes_agree_with_exact_search(demo, index_lake, registry):
     corpus, queries = demo
-    exact = run_retriever("demo", "minilm", corpus, queries, registry=registry, lake=lake).run
+    exact = run_retriever("demo", "minilm", corpus, queries, registry=registry, lake=index_lake).run
     for index, params in [("hnsw", {"index": "hnsw", "m": 16}), ("ivfpq", {"index": "ivfpq", "m": 16, "nprobe": 64}),
                           ("binary", {"index": "binary", "candidates": 100})]:
         spec = registry.system("minilm").model_copy(update={"name": f"minilm_{index}", "parameters": params})
         local = registry.model_copy(update={"systems": {**registry.systems, spec.name: spec}})
-        approx = run_retriever("demo", spec.name, corpus, queries, registry=local, lake=lake).run
+        approx = run_retriever("demo", spec.name, corpus, queries, registry=local, lake=index_lake).run
         assert rank_problems(approx, 10) == []
         overlap = exact.join(approx, on=["query_id", "doc_id"]).height / exact.height
         assert overlap >= {"hnsw": 0.95, "ivfpq": 0.5, "binary": 0.5}[index], (index, overlap)
 
 
 @pytest.mark.parametrize("labels", [1, 2])
-def test_cross_encoder_reranker_loads_from_a_local_folder_and_only_reorders(tmp_path, demo, lake, registry,
+def test_cross_encoder_reranker_loads_from_a_local_folder_and_only_reorders(tmp_path, demo, index_lake, registry,
                                                                              labels):
     """The paper's cross-encoders have no offline weights; a tiny untrained BERT classifier
     saved to a folder exercises the same loading and scoring path (1 label: a score; 2
@@ -210,8 +210,8 @@ def test_cross_encoder_reranker_loads_from_a_local_folder_and_only_reorders(tmp_
         "systems": {**registry.systems, "tiny_ce_bm25": SystemSpec(
             name="tiny_ce_bm25", kind="rerank", first_stage="bm25", model=name, parameters={"depth": 10})}})
     corpus, queries = demo
-    first = run_retriever("demo", "bm25", corpus, queries, registry=local, lake=lake).run
-    reranked = run_retriever("demo", "tiny_ce_bm25", corpus, queries, registry=local, lake=lake).run
+    first = run_retriever("demo", "bm25", corpus, queries, registry=local, lake=index_lake).run
+    reranked = run_retriever("demo", "tiny_ce_bm25", corpus, queries, registry=local, lake=index_lake).run
     assert rank_problems(reranked, 10) == []
     assert sorted(reranked.select("query_id", "doc_id").rows()) == sorted(first.select("query_id", "doc_id").rows())
     if labels == 2:

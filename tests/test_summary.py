@@ -1,4 +1,4 @@
-"""The summary `bridge run` prints, on the labeled lake of test_qrels_bridge: found holes are
+"""The summary `bridge run` prints, on the labeled lake of fixtures.labeled_lake: found holes are
 verified labels only, pending pairs come with the command to annotate them, model guesses are
 reported apart, rank changes are robust ones, and the labels are scored against known holes."""
 
@@ -15,7 +15,7 @@ from bridge_assets.ingest.registry import DatasetSpec
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.summary import run_summary
-from test_qrels_bridge import DATASET, labeled_lake  # noqa: F401  (fixture)
+from fixtures.labeled_lake import DATASET
 
 
 def test_the_summary_counts_verified_holes_and_bounds_the_rest(labeled_lake, tmp_path):

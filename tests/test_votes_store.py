@@ -27,8 +27,8 @@ from bridge_assets.human.tables import ensure_schema
 from bridge_assets.human.votes import insert_vote
 from bridge_assets.resources import DuckDBStore
 from conftest import PROJECT_ROOT, annotations, votes_db
-from test_human_app import assignment_of, csrf_of, login, make_client
-from test_human_labels import DATASET, ESCALATED, write_escalated_set
+from fixtures.escalated_set import DATASET, ESCALATED, write_escalated_set
+from fixtures.human_app import assignment_of, csrf_of, login, make_client
 
 HUMAN_TABLES = {"annotators", "annotation_assignments", "human_votes"}
 # Holds a DuckDB file's write lock from another process until a line arrives on its stdin.
@@ -64,24 +64,18 @@ def stored_votes(lake) -> list[tuple]:
 
 
 @pytest.fixture
-def lake(data_lake):
-    write_escalated_set(data_lake)
-    return data_lake
-
-
-@pytest.fixture
-def token(lake) -> str:
+def token(escalated_lake) -> str:
     with annotations() as con:
         return add_annotator(con, "ann")
 
 
-def test_a_vote_never_waits_on_a_pipeline_write_and_lands_in_the_votes_store(duckdb_storage, lake, token):
+def test_a_vote_never_waits_on_a_pipeline_write_and_lands_in_the_votes_store(duckdb_storage, escalated_lake, token):
     """On a DuckDB file, the one storage whose writer locks readers out."""
-    client = make_client(lake, busy_seconds=0.5)
+    client = make_client(escalated_lake, busy_seconds=0.5)
     login(client, token)
     page = client.get("/annotate")
     assert page.status_code == 200
-    pipeline = Held(lake / "bridge.duckdb")  # a pipeline step writing its partition
+    pipeline = Held(escalated_lake / "bridge.duckdb")  # a pipeline step writing its partition
     try:
         voted = client.post("/annotate", data={"csrf_token": csrf_of(page.text), "label": "1",
                                                "assignment_id": assignment_of(page.text),
@@ -96,10 +90,10 @@ def test_a_vote_never_waits_on_a_pipeline_write_and_lands_in_the_votes_store(duc
     finally:
         pipeline.release()
     assert client.get("/annotate").status_code == 200
-    assert [v[1:] for v in stored_votes(lake)] == \
+    assert [v[1:] for v in stored_votes(escalated_lake)] == \
         [("ann", *ESCALATED[0], 1, "while the pipeline writes")]
-    assert not tables(lake / "bridge.duckdb") & HUMAN_TABLES
-    assert HUMAN_TABLES <= tables(votes_db(lake))
+    assert not tables(escalated_lake / "bridge.duckdb") & HUMAN_TABLES
+    assert HUMAN_TABLES <= tables(votes_db(escalated_lake))
 
 
 # Writes a DuckLake partition from another process and keeps its transaction open (the rows
@@ -118,14 +112,14 @@ WRITING = textwrap.dedent("""
 """)
 
 
-def test_on_ducklake_a_page_and_a_vote_are_served_while_a_pipeline_write_is_open(lake, token, monkeypatch):
+def test_on_ducklake_a_page_and_a_vote_are_served_while_a_pipeline_write_is_open(escalated_lake, token, monkeypatch):
     """The default storage has no lock for the app to wait on: a page and a vote while another
     process holds a write transaction open on the lake."""
     monkeypatch.setenv("BRIDGE_STORAGE", "ducklake")
-    client = make_client(lake, busy_seconds=0.5)
+    client = make_client(escalated_lake, busy_seconds=0.5)
     login(client, token)
     writer = subprocess.Popen([sys.executable, "-c", WRITING], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True, env={**os.environ, "BRIDGE_DATA_LAKE": str(lake)})
+                              text=True, env={**os.environ, "BRIDGE_DATA_LAKE": str(escalated_lake)})
     try:
         assert writer.stdout.readline().strip() == "writing"
         page = client.get("/annotate")
@@ -137,7 +131,7 @@ def test_on_ducklake_a_page_and_a_vote_are_served_while_a_pipeline_write_is_open
     finally:
         writer.communicate("\n", timeout=60)
     assert writer.returncode == 0
-    assert [v[1:] for v in stored_votes(lake)] == [("ann", *ESCALATED[0], 1, "while the lake is written")]
+    assert [v[1:] for v in stored_votes(escalated_lake)] == [("ann", *ESCALATED[0], 1, "while the lake is written")]
     with store.connect() as con:  # the writer's commit went through after the app's reads
         assert con.execute("select count(*) from corpus where dataset = 'other'").fetchone()[0] == 1
 
@@ -150,15 +144,15 @@ def kept_form(page: str) -> dict[str, str]:
             "comment": html.unescape(comment), "label": chosen[0] if len(chosen) == 1 else ""}
 
 
-def test_a_vote_on_a_locked_votes_store_gets_503_with_its_choice_and_comment_kept(lake, token,
+def test_a_vote_on_a_locked_votes_store_gets_503_with_its_choice_and_comment_kept(escalated_lake, token,
                                                                                   monkeypatch):
-    client = make_client(lake, busy_seconds=0.5)
+    client = make_client(escalated_lake, busy_seconds=0.5)
     login(client, token)
     page = client.get("/annotate").text
     comment = 'Close call: the <chunk> says "len" & nothing more.'
     posted = {"csrf_token": csrf_of(page), "label": "0", "assignment_id": assignment_of(page),
               "comment": comment}
-    votes = Held(votes_db(lake))  # e.g. `bridge annotate import` writing, or a long reader
+    votes = Held(votes_db(escalated_lake))  # e.g. `bridge annotate import` writing, or a long reader
     try:
         refused = client.post("/annotate", data=posted)
     finally:
@@ -167,7 +161,7 @@ def test_a_vote_on_a_locked_votes_store_gets_503_with_its_choice_and_comment_kep
     assert "not recorded yet" in refused.text
     assert kept_form(refused.text) == posted  # the same item, the choice and the comment
     assert "Close call: the &lt;chunk&gt; says &#34;len&#34; &amp; nothing more." in refused.text
-    assert stored_votes(lake) == []
+    assert stored_votes(escalated_lake) == []
 
     # the lock comes while recording the vote (after the login was checked): the same
     real = app_module.record_vote
@@ -182,7 +176,7 @@ def test_a_vote_on_a_locked_votes_store_gets_503_with_its_choice_and_comment_kep
 
     submitted = client.post("/annotate", data=kept_form(again.text))  # submit again: recorded
     assert submitted.status_code == 303
-    assert [v[1:] for v in stored_votes(lake)] == [("ann", *ESCALATED[0], 0, comment)]
+    assert [v[1:] for v in stored_votes(escalated_lake)] == [("ann", *ESCALATED[0], 0, comment)]
 
 
 # --- an old lake: its votes move on first use ------------------------------------------------------
@@ -297,12 +291,12 @@ def test_make_clean_never_removes_the_votes(tmp_path, duckdb_storage, monkeypatc
         assert con.execute("select annotator_id from annotators").fetchall() == [("ann",)]
 
 
-def test_on_ducklake_the_votes_store_is_attached_beside_the_lake_for_one_call_only(lake, monkeypatch):
+def test_on_ducklake_the_votes_store_is_attached_beside_the_lake_for_one_call_only(escalated_lake, monkeypatch):
     """The app's every page opens the votes store with the pipeline's tables: on DuckLake that
     is the process's lake instance (extensions loaded once) with the votes file attached for the
     call, and detached after it, whatever happened inside."""
     monkeypatch.setenv("BRIDGE_STORAGE", "ducklake")
-    votes_store.prepare(lake / "bridge.duckdb", votes_db(lake))
+    votes_store.prepare(escalated_lake / "bridge.duckdb", votes_db(escalated_lake))
     with store.connect() as con:
         debated = con.execute("select count(*) from debate_labels").fetchone()[0]
 
@@ -311,14 +305,14 @@ def test_on_ducklake_the_votes_store_is_attached_beside_the_lake_for_one_call_on
             return {row[0] for row in con.execute("select database_name from duckdb_databases()").fetchall()}
 
     for name in ("eve", "fay"):
-        with votes_store.connect(votes_db(lake), lake_db=lake / "bridge.duckdb") as con:
+        with votes_store.connect(votes_db(escalated_lake), lake_db=escalated_lake / "bridge.duckdb") as con:
             assert con.execute("select count(*) from debate_labels").fetchone()[0] == debated > 0
             in_use = {row[0] for row in con.execute("select database_name from duckdb_databases()").fetchall()}
             assert {ducklake.ALIAS, votes_store.VOTES} <= in_use  # the lake's own instance
             add_annotator(con, name)  # written to the votes store, not the lake
         assert votes_store.VOTES not in attached()
     with pytest.raises(duckdb.Error):
-        with votes_store.connect(votes_db(lake), lake_db=lake / "bridge.duckdb") as con:
+        with votes_store.connect(votes_db(escalated_lake), lake_db=escalated_lake / "bridge.duckdb") as con:
             con.execute("begin transaction")
             con.execute("select * from no_such_table")
     assert votes_store.VOTES not in attached()
@@ -326,7 +320,7 @@ def test_on_ducklake_the_votes_store_is_attached_beside_the_lake_for_one_call_on
         in_lake = {row[0] for row in con.execute(
             "select table_name from duckdb_tables() where database_name = current_database()").fetchall()}
     assert "debate_labels" in in_lake and not in_lake & HUMAN_TABLES
-    with duckdb.connect(str(votes_db(lake)), read_only=True) as con:
+    with duckdb.connect(str(votes_db(escalated_lake)), read_only=True) as con:
         assert con.execute("select annotator_id from annotators order by 1").fetchall() == [("eve",), ("fay",)]
 
 
