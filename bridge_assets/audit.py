@@ -218,7 +218,25 @@ def format_story(story: dict[str, Any]) -> str:
                                _line("judgment", f"relevance {original}" if original is not None
                                      else "not judged by the benchmark")])
 
-    lines = [_missing(story, "retrieval_run", "candidate_pool")]
+    section("Surfaced by", _surfaced_lines(story))
+    section("Filter", _filtered_lines(story))
+    section("Debate", _debated_lines(story))
+    section("Humans", _voted_lines(story))
+    section("Final label (bridge_qrels)", _final_lines(story))
+    section("Models and prompts", _models_lines(story))
+
+    runs = story["dagster_runs"]
+    section("Dagster runs", [_line(r["asset"] if r["partition"] == story["dataset"] else
+                                   f"{r['asset']} {r['partition'].split('|')[-1]}",
+                                   f"{r['run_id']}  {r['materialized_at']}"
+                                   + (f"  snapshot {r['snapshot']}" if r.get("snapshot") is not None else ""))
+                             for r in runs] if runs else ["  no materialization recorded in the Dagster instance"])
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _surfaced_lines(story: dict[str, Any]) -> list[str | None]:
+    """The systems that retrieved the pair, and its place in the pool."""
+    lines: list[str | None] = [_missing(story, "retrieval_run", "candidate_pool")]
     for run in story["retrieval"] or []:
         lines.append(_line(run["retriever"], f"rank {run['rank']}  score {run['score']:.4f}  "
                                              f"config {run['config_hash']}"))
@@ -227,9 +245,12 @@ def format_story(story: dict[str, Any]) -> str:
     if story["candidate_pool"]:
         pool = story["candidate_pool"]
         lines.append(_line("in the pool", f"{pool['n_systems']} system(s), best rank {pool['best_rank']}"))
-    section("Surfaced by", lines)
+    return lines
 
-    lines = [_missing(story, "filter_votes", "filtered_pool")]
+
+def _filtered_lines(story: dict[str, Any]) -> list[str | None]:
+    """The filter's votes and outcome."""
+    lines: list[str | None] = [_missing(story, "filter_votes", "filtered_pool")]
     if story["filter"]:
         outcome = story["filter"]["outcome"]
         if outcome:
@@ -241,9 +262,12 @@ def format_story(story: dict[str, Any]) -> str:
             lines.append(_line(vote["model"], f"{verdict}  call {vote['call_key']}"))
         if not outcome and not story["filter"]["votes"]:
             lines.append("  not filtered (judged by the original qrels, or not pooled)")
-    section("Filter", lines)
+    return lines
 
-    lines = [_missing(story, "debate_labels", "debate_turns")]
+
+def _debated_lines(story: dict[str, Any]) -> list[str | None]:
+    """The labeler's outcome, its checks and every debate turn."""
+    lines: list[str | None] = [_missing(story, "debate_labels", "debate_turns")]
     debate = story["debate"]
     if debate:
         lines.append(_line("outcome", f"{debate['outcome']}  label {debate['label']}  rounds "
@@ -274,9 +298,12 @@ def format_story(story: dict[str, Any]) -> str:
             lines.append(f"      reason: {turn['reason']}")
     elif "debate_labels" not in story["not_materialized"]:
         lines.append("  not debated")
-    section("Debate", lines)
+    return lines
 
-    lines = [_missing(story, "human_labels", "human_votes")]
+
+def _voted_lines(story: dict[str, Any]) -> list[str | None]:
+    """People's votes and their majority."""
+    lines: list[str | None] = [_missing(story, "human_labels", "human_votes")]
     human = story["human"]
     if human["label"]:
         label = human["label"]
@@ -289,9 +316,12 @@ def format_story(story: dict[str, Any]) -> str:
                            f"history  {vote['status']}  {vote['created_at']}"))
     if not human["label"] and not human["votes"]:
         lines.append("  no human votes")
-    section("Humans", lines)
+    return lines
 
-    lines = [_missing(story, "bridge_qrels")]
+
+def _final_lines(story: dict[str, Any]) -> list[str | None]:
+    """The label bridge_qrels holds, where it came from, and the imports behind it."""
+    lines: list[str | None] = [_missing(story, "bridge_qrels")]
     final = story["final"]
     if final and final["source"] == "pending":
         lines.append(_line("label", "pending: escalated, awaiting people (not a label)"))
@@ -326,9 +356,12 @@ def format_story(story: dict[str, Any]) -> str:
             lines.append(_line("calls", len(final["call_keys"])))
     if not final and story.get("final_status"):
         lines.append(_line("label", story["final_status"]))
-    section("Final label (bridge_qrels)", lines)
+    return lines
 
-    lines = [_missing(story, "llm_calls")]
+
+def _models_lines(story: dict[str, Any]) -> list[str | None]:
+    """The model calls behind the label and the prompts' current versions."""
+    lines: list[str | None] = [_missing(story, "llm_calls")]
     for call in story["llm_calls"] or []:
         lines.append(_line(call["purpose"] or "call", f"{call['profile']} ({call['model']})  prompt "
                                                       f"{call['prompt_hash']}  run {call['run_id']}  "
@@ -337,15 +370,7 @@ def format_story(story: dict[str, Any]) -> str:
         lines.append(_line(f"template {template}", f"{digest} (current)"))
     if story["llm_calls"] == []:
         lines.append("  no LLM call behind this label")
-    section("Models and prompts", lines)
-
-    runs = story["dagster_runs"]
-    section("Dagster runs", [_line(r["asset"] if r["partition"] == story["dataset"] else
-                                   f"{r['asset']} {r['partition'].split('|')[-1]}",
-                                   f"{r['run_id']}  {r['materialized_at']}"
-                                   + (f"  snapshot {r['snapshot']}" if r.get("snapshot") is not None else ""))
-                             for r in runs] if runs else ["  no materialization recorded in the Dagster instance"])
-    return "\n".join(out).rstrip() + "\n"
+    return lines
 
 
 def audit_command(
