@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import dagster as dg
 import duckdb
@@ -12,6 +12,12 @@ import polars as pl
 
 from bridge_assets import settings, store
 from bridge_assets.paths import LakeLocation
+
+
+class VotesSource(Protocol):
+    """What a snapshot needs of the votes store (which depends on this module, not the reverse)."""
+
+    def copy_votes(self, con: duckdb.DuckDBPyConnection, dataset: str | None) -> None: ...
 
 
 class DuckDBStore(dg.ConfigurableResource):
@@ -54,19 +60,16 @@ class DuckDBStore(dg.ConfigurableResource):
     def read(self, sql: str, params: list[Any] | None = None) -> pl.DataFrame:
         return store.read_frame(sql, params, self.lake)
 
-    def snapshot(self, dataset: str, tables: Sequence[str], *, votes: bool = False) -> duckdb.DuckDBPyConnection:
+    def snapshot(self, dataset: str, tables: Sequence[str], *,
+                 votes: VotesSource | None = None) -> duckdb.DuckDBPyConnection:
         """An in-memory copy of `dataset`'s rows of `tables` (those that exist), and with
-        `votes` its human_votes from the votes store (attached read-only for the copy). The
-        caller closes it. `tables` is the asset's declared reads: its deps come from the same
-        tuple, so lineage and reads cannot drift apart."""
-        lake = self.lake
-        memory = store.dataset_snapshot(lake, dataset, tables)
-        if votes:
-            # (imported here: the votes store's module depends on this one, VotesStore)
-            from bridge_assets.human.votes_store import copy_votes
-
+        `votes` (the votes store, human/votes_store.VotesStore) its human_votes. The caller
+        closes it. `tables` is the asset's declared reads: its deps come from the same tuple,
+        so lineage and reads cannot drift apart."""
+        memory = store.dataset_snapshot(self.lake, dataset, tables)
+        if votes is not None:
             try:
-                copy_votes(memory, dataset, lake_db=lake, votes_db=lake.votes_db)
+                votes.copy_votes(memory, dataset)
             except BaseException:
                 memory.close()
                 raise

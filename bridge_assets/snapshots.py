@@ -24,7 +24,7 @@ import polars as pl
 if TYPE_CHECKING:
     import duckdb
 
-    from bridge_assets.resources import DuckDBStore
+    from bridge_assets.resources import DuckDBStore, VotesSource
 
 METADATA_KEY = "lake_snapshot"
 NOT_AVAILABLE = "n/a"
@@ -32,10 +32,11 @@ NOT_AVAILABLE = "n/a"
 
 @contextlib.contextmanager
 def inputs(store: DuckDBStore, dataset: str, tables: Sequence[str], *,
-           votes: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:
+           votes: VotesSource | None = None) -> Iterator[duckdb.DuckDBPyConnection]:
     """`with inputs(store, dataset, READS) as con:` an in-memory copy of `dataset`'s rows of
-    `tables` (DuckDBStore.snapshot), closed on leaving the block. `tables` is what the asset
-    declares: its deps come from the same tuple (tests/test_lineage.py checks it reads no more)."""
+    `tables` (DuckDBStore.snapshot; with `votes`, the votes store's human_votes too), closed on
+    leaving the block. `tables` is what the asset declares: its deps come from the same tuple
+    (tests/test_lineage.py checks it reads no more)."""
     con = store.snapshot(dataset, tables, votes=votes)
     try:
         yield con

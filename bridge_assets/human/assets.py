@@ -9,6 +9,7 @@ from pydantic import Field
 from bridge_assets import run_settings, snapshots
 from bridge_assets.human.labels import (REQUIRED_VOTES, HumanLabels, compute_human_labels,
                                         datasets_with_escalations)
+from bridge_assets.human.votes_store import VotesStore
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.resources import DuckDBStore
 
@@ -66,7 +67,7 @@ def human_labels(context: dg.AssetExecutionContext, config: HumanLabelsConfig,
     dataset = context.partition_key
     settings = run_settings.for_run(context, config)
     config = settings.config
-    with snapshots.inputs(store, dataset, READS, votes=True) as con:
+    with snapshots.inputs(store, dataset, READS, votes=VotesStore(store=store)) as con:
         result = compute_human_labels(con, dataset)
     metadata = {**settings.metadata(), **_metadata(result)}
     if result.open_pairs and not config.allow_partial:
@@ -84,7 +85,7 @@ def human_labels(context: dg.AssetExecutionContext, config: HumanLabelsConfig,
 
 def votes_version(store: DuckDBStore, dataset: str) -> str:
     """The data version human_labels would have now: a hash of the dataset's counted votes."""
-    with snapshots.inputs(store, dataset, READS, votes=True) as con:
+    with snapshots.inputs(store, dataset, READS, votes=VotesStore(store=store)) as con:
         return compute_human_labels(con, dataset).data_version
 
 

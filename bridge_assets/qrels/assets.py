@@ -8,6 +8,7 @@ import great_expectations as gx
 import polars as pl
 
 from bridge_assets import snapshots
+from bridge_assets.human.votes_store import VotesStore
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.qrels.merge import BridgeQrels, add_missing_columns, build_bridge_qrels, stand_ins
 from bridge_assets.qrels.sources import IMPORT_TABLES, SOURCES, precedence_order
@@ -25,7 +26,7 @@ READS = ("original_qrels", "human_labels", "debate_labels", "debate_turns", "fil
 def qrels_inputs(store: DuckDBStore, dataset: str):
     """`with qrels_inputs(store, dataset) as con:` an in-memory snapshot of everything
     bridge_qrels reads for `dataset`."""
-    return snapshots.inputs(store, dataset, (*READS, *IMPORT_TABLES), votes=True)
+    return snapshots.inputs(store, dataset, (*READS, *IMPORT_TABLES), votes=VotesStore(store=store))
 
 
 def qrels_version(qrels: pl.DataFrame) -> str:
