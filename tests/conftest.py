@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -94,3 +95,19 @@ def labeled_lake(data_lake) -> Path:
     write_labeled_lake(data_lake)
     return data_lake
 
+
+@pytest.fixture(autouse=True)
+def no_dagster_instance_left_entered() -> Iterator[None]:
+    """Fails the test that leaves a Dagster instance entered (e.g. a `build_schedule_context`
+    never closed: it enters an instance of its own). That instance's state storage stays
+    Dagster's current one after the test, and the next Definitions to resolve in the session,
+    in whatever later test, fails on its dead weakref ("Attempted to resolve undefined
+    DagsterInstance weakref")."""
+    yield
+    if "dagster" not in sys.modules:  # nothing could have entered an instance
+        return
+    from dagster._core.storage.defs_state import base
+
+    if base.DefsStateStorage.get() is not None:
+        base._current_storage.set(None)  # so that only this test fails, not the ones after it
+        pytest.fail("the test left a Dagster instance entered: close what enters one (`with ...`)")

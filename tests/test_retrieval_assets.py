@@ -175,8 +175,9 @@ def test_a_reranker_partition_reads_its_first_stage_from_the_lake_when_current(r
 def test_rebenchmark_schedule_requests_every_partition(registry_file):
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("retriever", ["bm25", "minilm"])
-        context = dg.build_schedule_context(instance=instance,
-                                            scheduled_execution_time=dt.datetime(2026, 1, 4, 3, tzinfo=dt.UTC))
-        requests = retrieval_rebenchmark_schedule(context)
+        # closed: it enters an instance of its own (see conftest.no_dagster_instance_left_entered)
+        with dg.build_schedule_context(instance=instance,
+                                       scheduled_execution_time=dt.datetime(2026, 1, 4, 3, tzinfo=dt.UTC)) as context:
+            requests = retrieval_rebenchmark_schedule(context)
     assert len(requests) == 2 * len(DATASETS)
     assert retrieval_rebenchmark_schedule.cron_schedule == load_registry().rebenchmark.cron
