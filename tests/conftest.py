@@ -8,7 +8,6 @@ import one another."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 from collections.abc import Iterator
@@ -16,21 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from fixtures.paths import annotations
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
-
-PROJECT_ROOT = Path(__file__).resolve().parents[1]
-SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
-
-
-def shared_data(relative: str) -> Path:
-    """A path under ../shared/data, skipping the test with a message when it is absent."""
-    path = SHARED_DATA / relative
-    if not path.exists():
-        pytest.skip(f"{path} is absent (the real data lives in ../shared/data beside the project)")
-    return path
-
 
 @pytest.fixture
 def data_lake(tmp_path, monkeypatch) -> Path:
@@ -46,23 +35,6 @@ def duckdb_storage(monkeypatch) -> None:
     """The DuckDB-file storage (BRIDGE_STORAGE=duckdb) whatever the default: for what only a
     DuckDB file has (its write lock) and for lakes from before DuckLake."""
     monkeypatch.setenv("BRIDGE_STORAGE", "duckdb")
-
-
-def votes_db(lake: Path) -> Path:
-    """The votes store of a test lake (annotators, assignments, votes)."""
-    return lake / "annotations" / "votes.duckdb"
-
-
-@contextlib.contextmanager
-def annotations(lake: Path | None = None) -> Iterator:
-    """A connection to the test lake's votes store (read-write) with the pipeline's tables
-    readable, as the annotation app sees them; `lake` defaults to $BRIDGE_DATA_LAKE."""
-    from bridge_assets.human import votes_store
-
-    lake = Path(lake or os.environ["BRIDGE_DATA_LAKE"])
-    votes_store.prepare(lake / "bridge.duckdb", votes_db(lake))
-    with votes_store.connect(votes_db(lake), lake_db=lake / "bridge.duckdb") as con:
-        yield con
 
 
 @pytest.fixture

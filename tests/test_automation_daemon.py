@@ -34,7 +34,7 @@ from bridge_assets.human.votes import insert_vote
 from bridge_assets.llm import get_profile, weights
 from bridge_assets.llm.budget import DEFERRED
 from bridge_assets.paths import PROJECT_ROOT, RESOURCES_DIR
-from conftest import annotations
+from fixtures.paths import annotations
 
 pytest.importorskip("llama_cpp")
 

@@ -26,7 +26,7 @@ from bridge_assets import ducklake, store
 from bridge_assets.executors import dask_cluster_config, executor_from_env
 from bridge_assets.ingest.assets import ingest_dataset
 from bridge_assets.resources import DuckDBStore
-from conftest import PROJECT_ROOT
+from fixtures.paths import PROJECT_ROOT
 from fixtures.killed_runs import complete, dagster_home, kill_in_the_write
 
 TESTS = Path(__file__).resolve().parent

@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 from bridge_assets import ducklake, settings, store
 from bridge_assets.llm import ledger
 from bridge_assets.llm.types import LLMRequest, LLMResult
-from conftest import PROJECT_ROOT
+from fixtures.paths import PROJECT_ROOT
 
 
 def frame(dataset: str, values: list[int], **extra) -> pl.DataFrame:

@@ -91,7 +91,7 @@ def test_every_bridge_command_goes_through_the_handler():
 ])
 def test_bridge_eval_stops_through_the_handler(args, message, tmp_path):
     """`bridge eval` (metrics/cli.py) catches nothing itself any more."""
-    from conftest import shared_data
+    from fixtures.paths import shared_data
 
     from bridge_assets.cli import app
 

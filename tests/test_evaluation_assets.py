@@ -14,7 +14,7 @@ from bridge_assets.llm.profiles import role_profiles
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.store import read_frame
-from test_evaluation_methods import OracleModel
+from fixtures.oracle_model import OracleModel
 
 GOLDSET = "nq_scifact_mini"
 METHODS = ["judge-0.5b", "lara-0.5b-25", "dream-0.5b-r2", "utilrank-0.5b"]

@@ -12,7 +12,7 @@ import pytest
 
 from bridge_assets.evaluation.goldsets import (GoldSetError, GoldTriplet, load_registry, read_goldset,
                                                stratified_head)
-from conftest import PROJECT_ROOT, shared_data
+from fixtures.paths import PROJECT_ROOT, shared_data
 
 SHIPPED = PROJECT_ROOT / "resources" / "goldsets" / "nq_scifact_mini" / "goldset.jsonl"
 HARD = PROJECT_ROOT / "resources" / "goldsets" / "nq_scifact_hard"

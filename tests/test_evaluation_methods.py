@@ -1,6 +1,6 @@
 """Every labeling method of the evaluation on a small gold set, driven by a scripted model.
 
-The scripted model lives only in these tests: it reads each request's prompt and answers the
+The scripted model (tests/fixtures/oracle_model.py) reads each request's prompt and answers the
 way the test dictates (an oracle that sees the word RELEVANT in a chunk, with a stubborn
 agent A in round 1 of a debate), so every figure the runner reports can be checked by hand.
 """
@@ -8,8 +8,6 @@ agent A in round 1 of a debate), so every figure the runner reports can be check
 from __future__ import annotations
 
 import json
-import math
-import re
 
 import pytest
 
@@ -17,14 +15,8 @@ from bridge_assets.evaluation.goldsets import GoldTriplet, MethodSpec
 from bridge_assets.evaluation.runner import (CostMeter, format_stability, format_table, result_frames,
                                              run_method, summary_json)
 from bridge_assets.evaluation.utility import group_by_query, useful_from_reply, RankingReply
-from bridge_assets.llm.ledger import call_key
-from bridge_assets.llm.types import LLMResult, TokenLogprob
-
-# "You are agent B; your opening stance was that the chunk is irrelevant." (debate_turn.j2)
-AGENT = re.compile(r"You are agent (\w+)\b[^\n]*? the chunk is (\w+)")
-ROUND = re.compile(r"This is round (\d+)")
-CHUNK = re.compile(r"Chunk:\n<<<\n(.*?)\n>>>", re.S)
-PASSAGE = re.compile(r"\[(\d+)\]\n<<<\n(.*?)\n>>>", re.S)
+from bridge_assets.llm.types import LLMResult
+from fixtures.oracle_model import OracleModel
 
 
 def triplets() -> list[GoldTriplet]:
@@ -40,67 +32,6 @@ def triplets() -> list[GoldTriplet]:
 def profiles_for(role: str) -> list[str]:
     return {"judge": ["judge-model"], "debate": ["debate-model"], "filter": ["filter-model"],
             "adjudicator": ["adjudicator-model"]}[role]
-
-
-def score_logprobs(p_yes: float) -> list[TokenLogprob]:
-    word = "yes" if p_yes >= 0.5 else "no"
-    top = {"yes": math.log(p_yes), "no": math.log(1 - p_yes)}
-    return [TokenLogprob(token='{"', logprob=0.0), TokenLogprob(token=word, logprob=top[word], top=top)]
-
-
-class OracleModel:
-    """Answers by the RELEVANT marker; agents opening with "relevant" say yes in round 1.
-
-    `is_relevant(chunk)` is the oracle; `key(profile, request)` the result's cache key;
-    `p_yes` maps a chunk to the P(yes) of the pointwise scorer (default .8 / .3);
-    `fail` holds chunks (or queries, for utility labels) whose call fails."""
-
-    def __init__(self, p_yes=None, fail=(), ranking_reversed=False,
-                 is_relevant=lambda chunk: "RELEVANT" in chunk,
-                 key=lambda profile, request: f"{profile}:{call_key('scripted', profile, request)}"):
-        self.p_yes = p_yes or {}
-        self.is_relevant = is_relevant
-        self.key = key
-        self.fail = set(fail)
-        self.ranking_reversed = ranking_reversed
-        self.calls: list[tuple[str, str]] = []  # (profile, purpose)
-        self.stances: set[tuple[str, str]] = set()  # (agent, opening stance) seen in debate prompts
-
-    def reply(self, profile, request) -> LLMResult:
-        system, user = (text for _, text in request.messages)
-        key = self.key(profile, request)
-        self.calls.append((profile, request.purpose))
-        if request.purpose in ("utilsel", "utilrank"):
-            passages = {int(n): text for n, text in PASSAGE.findall(user)}
-            if any(text in self.fail for text in passages.values()):
-                return LLMResult(key=key, error="scripted failure")
-            useful = [n for n, text in passages.items() if self.is_relevant(text)]
-            if request.purpose == "utilsel":
-                return LLMResult(key=key, text=json.dumps({"selected": useful}))
-            ranking = useful + [n for n in passages if n not in useful]
-            return LLMResult(key=key, text=json.dumps({"ranking": ranking[::-1] if self.ranking_reversed else ranking}))
-        chunk = CHUNK.search(user).group(1)
-        if chunk in self.fail:
-            return LLMResult(key=key, error="scripted failure")
-        relevant = self.is_relevant(chunk)
-        if request.purpose == "filter":
-            return LLMResult(key=key, text=json.dumps({"is_supported": relevant}))
-        if request.purpose == "relevance_score":
-            p = self.p_yes.get(chunk, 0.8 if relevant else 0.3)
-            return LLMResult(key=key, text=json.dumps({"response": "yes" if p >= 0.5 else "no"}),
-                             logprobs=score_logprobs(p), tokens_in=10, tokens_out=6, latency_s=0.5)
-        if request.purpose == "adjudicator":
-            return LLMResult(key=key, text=json.dumps({"reason": "r", "response": "yes" if relevant else "no"}))
-        agent = AGENT.search(user)
-        if agent is not None:
-            self.stances.add(agent.groups())
-        stubborn = agent is not None and agent.group(2) == "relevant" and ROUND.search(user).group(1) == "1"
-        answer = "yes" if relevant or stubborn else "no"
-        return LLMResult(key=key, text=json.dumps({"reference": [], "reason": "r", "response": answer}),
-                         tokens_in=100, tokens_out=20, latency_s=1.0)
-
-    def __call__(self, profile, requests):
-        return [self.reply(profile, r) for r in requests]
 
 
 def run(method: str, model=None, **knobs):

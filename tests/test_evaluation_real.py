@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from bridge_assets.evaluation.cli import label_eval_command
 from bridge_assets.llm import get_profile, weights
 from bridge_assets.llm.ledger import read_calls
-from conftest import PROJECT_ROOT
+from fixtures.paths import PROJECT_ROOT
 
 pytest.importorskip("llama_cpp")
 

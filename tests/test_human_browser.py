@@ -24,7 +24,7 @@ from bridge_assets.human.app import AppSettings, annotation_app
 from bridge_assets.human.assets import human_labels
 from bridge_assets.human.labels import compute_human_labels
 from bridge_assets.resources import DuckDBStore
-from conftest import annotations, votes_db
+from fixtures.paths import annotations, votes_db
 from fixtures.escalated_set import DATASET, QUERIES, write_escalated_set
 from fixtures.human_app import served
 

@@ -19,7 +19,7 @@ from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.labels import compute_human_labels
 from bridge_assets.human.tables import SCHEMA, ensure_schema
 from bridge_assets.human.transfer import ImportFailed, import_votes
-from conftest import annotations
+from fixtures.paths import annotations
 from fixtures.escalated_set import DATASET, ESCALATED, vote, write_escalated_set
 from fixtures.human_app import expected_of, login, make_client, post_answer, served_pair, votes
 

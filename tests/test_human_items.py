@@ -15,7 +15,7 @@ import pytest
 from bridge_assets import store
 from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.items import highlight
-from conftest import annotations
+from fixtures.paths import annotations
 from fixtures.escalated_set import CORPUS, ESCALATED
 from fixtures.human_app import expected_of, login, make_client, post_answer, served_pair
 

@@ -21,7 +21,7 @@ from bridge_assets.human.assets import human_labels, human_labels_sensor
 from bridge_assets.human.items import highlight
 from bridge_assets.human.labels import compute_human_labels
 from bridge_assets.resources import DuckDBStore
-from conftest import annotations, votes_db
+from fixtures.paths import annotations, votes_db
 from fixtures.escalated_set import DATASET, ESCALATED, vote
 
 

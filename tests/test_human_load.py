@@ -21,7 +21,7 @@ import pytest
 from bridge_assets import store
 from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.app import AppSettings, annotation_app
-from conftest import PROJECT_ROOT, annotations, votes_db
+from fixtures.paths import PROJECT_ROOT, annotations, votes_db
 from fixtures.human_app import served
 
 DATASET = "load"

@@ -15,7 +15,7 @@ from bridge_assets import store
 from bridge_assets.ingest import assets as ingest_assets
 from bridge_assets.ingest import checks as ingest_checks
 from bridge_assets.resources import DuckDBStore
-from conftest import PROJECT_ROOT, shared_data
+from fixtures.paths import PROJECT_ROOT, shared_data
 from fixtures.datasets import write_beir
 
 CHECKS = [ingest_checks.corpus_is_valid, ingest_checks.queries_are_valid,

@@ -24,7 +24,7 @@ from bridge_assets.labeling.pairs import Pair
 from bridge_assets.labeling.prompts import Prompts, worked_examples
 from bridge_assets.llm.scores import field_yes_probability
 from bridge_assets.llm.types import LLMResult, TokenLogprob
-from conftest import PROJECT_ROOT
+from fixtures.paths import PROJECT_ROOT
 
 DEMO = PROJECT_ROOT / "resources" / "data" / "demo"
 GOLD = PROJECT_ROOT / "resources" / "goldsets" / "nq_scifact_hard"

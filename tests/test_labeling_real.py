@@ -24,7 +24,7 @@ PROFILE = "qwen-0.5b"
 
 
 @pytest.fixture
-def demo_lake(data_lake):
+def provisioned_demo_lake(data_lake):
     weights.provision(get_profile(PROFILE))
     store = DuckDBStore(data_lake=str(data_lake))
     assert dg.materialize([ingest_assets.ingest_dataset], partition_key="demo",
@@ -32,8 +32,8 @@ def demo_lake(data_lake):
     return data_lake
 
 
-def test_real_debate_records_its_calls_and_a_rerun_makes_none(demo_lake):
-    with store.connect(demo_lake / "bridge.duckdb") as con:
+def test_real_debate_records_its_calls_and_a_rerun_makes_none(provisioned_demo_lake):
+    with store.connect(provisioned_demo_lake / "bridge.duckdb") as con:
         pairs = load_pairs(con, "demo", "select 'q02' as query_id, 'pydoc-return-1' as doc_id")
     client = LLMClient(PROFILE)
     outcome = run_debate(pairs, debate_agents([PROFILE]), lambda p, r: client.generate(r),
@@ -54,10 +54,10 @@ def test_real_debate_records_its_calls_and_a_rerun_makes_none(demo_lake):
 
 
 @pytest.mark.slow
-def test_real_pipeline_reruns_for_free_and_pays_only_for_a_new_pair(demo_lake):
-    write_run(demo_lake, "bm25", {"q01": ["pydoc-function-7"], "q02": ["pydoc-return-1"]})
-    resources = {"store": DuckDBStore(data_lake=str(demo_lake)),
-                 "llm": LLMResource(store=DuckDBStore(data_lake=str(demo_lake)))}
+def test_real_pipeline_reruns_for_free_and_pays_only_for_a_new_pair(provisioned_demo_lake):
+    write_run(provisioned_demo_lake, "bm25", {"q01": ["pydoc-function-7"], "q02": ["pydoc-return-1"]})
+    resources = {"store": DuckDBStore(data_lake=str(provisioned_demo_lake)),
+                 "llm": LLMResource(store=DuckDBStore(data_lake=str(provisioned_demo_lake)))}
     run_config = {"ops": {"candidate_pool": {"config": {"depth": 1}},
                           "filter_pool": {"config": {"models": [PROFILE]}},
                           "debate": {"config": {"models": [PROFILE], "reason_words": 15}}}}
@@ -72,7 +72,7 @@ def test_real_pipeline_reruns_for_free_and_pays_only_for_a_new_pair(demo_lake):
         return result
 
     first = materialize()
-    made = read_calls(demo_lake / "bridge.duckdb").height
+    made = read_calls(provisioned_demo_lake / "bridge.duckdb").height
     filtered, debated = metadata(first, "filtered_pool"), metadata(first, "debate_labels")
     assert filtered["pairs"] == 2 and filtered["calls"] == 2
     assert made == filtered["calls"] + debated["calls"] > 2
@@ -81,14 +81,14 @@ def test_real_pipeline_reruns_for_free_and_pays_only_for_a_new_pair(demo_lake):
     second = materialize()
     assert metadata(second, "filtered_pool")["calls"] == 0
     assert metadata(second, "debate_labels")["calls"] == 0
-    assert read_calls(demo_lake / "bridge.duckdb").height == made
+    assert read_calls(provisioned_demo_lake / "bridge.duckdb").height == made
 
-    write_run(demo_lake, "dense", {"q01": ["pydoc-function-7"], "q03": ["pydoc-with-1"]})
+    write_run(provisioned_demo_lake, "dense", {"q01": ["pydoc-function-7"], "q03": ["pydoc-with-1"]})
     third = materialize()
     assert metadata(third, "candidate_pool")["new_pairs"] == 1
     new_filter, new_debate = metadata(third, "filtered_pool"), metadata(third, "debate_labels")
     assert new_filter["calls"] == 1 and new_filter["cache_hits"] == 2
-    calls = read_calls(demo_lake / "bridge.duckdb")
+    calls = read_calls(provisioned_demo_lake / "bridge.duckdb")
     assert calls.height == made + new_filter["calls"] + new_debate["calls"]
     new_prompts = calls["request_json"].to_list()[made:]
     assert all("__enter__" in prompt for prompt in new_prompts)  # all about the new pair (q03)

@@ -8,7 +8,7 @@ on the snapshot or on a live connection (`connect`, `read`): a table read either
 declared fails. An asset may read its own table (its earlier rows) without declaring it: that
 is no dep. An asset whose options change what it reads (the pooled or every-query scope, a
 dataset with known holes) runs under each. The downstream stages run on the labeled lake of
-tests/test_qrels_bridge.py; ingest, retrieval and labeling on the demo dataset from its files."""
+tests/fixtures/labeled_lake.py; ingest, retrieval and labeling on the demo dataset from its files."""
 
 from __future__ import annotations
 
@@ -27,15 +27,12 @@ from bridge_assets.analysis import assets as analysis_assets
 from bridge_assets.definitions import defs
 from bridge_assets.human import assets as human_assets
 from bridge_assets.ingest import assets as ingest_assets
-from bridge_assets.labeling import assets as labeling_assets
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.reports import assets as report_assets
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.retrieval import assets as retrieval_assets
-from test_analysis_rag import scripted_server_reply
-from test_labeling_assets import ScriptedLLM, scripted_reply
-from test_llm_client import ScriptedServer
-from test_qrels_bridge import DATASET, labeled_lake  # noqa: F401  (fixture)
+from fixtures.labeled_lake import DATASET
+from fixtures.scripted_llm import ScriptedLLM, ScriptedServer, scripted_reply, scripted_server_reply
 
 GRAPH = defs.resolve_asset_graph()
 ASSET_TABLES = {key.to_user_string() for key in GRAPH.get_all_asset_keys()}
@@ -191,7 +188,7 @@ def with_known_holes(tmp_path, monkeypatch) -> None:
 def test_the_declared_deps_equal_the_tables_each_asset_reads(labeled_lake, tmp_path, monkeypatch):  # noqa: F811
     with ScriptedServer(scripted_server_reply) as server:
         resources = {"store": RecordingStore(data_lake=str(labeled_lake)),
-                     "llm": ScriptedLLM(data_lake=str(labeled_lake), url=server.url)}
+                     "llm": ScriptedLLM(store=DuckDBStore(data_lake=str(labeled_lake)), url=server.url)}
         # in dependency order: each reads the last
         found = materialize_recording(RUNS, resources, DATASET,
                                       known_holes=lambda: with_known_holes(tmp_path, monkeypatch))
@@ -201,7 +198,8 @@ def test_the_declared_deps_equal_the_tables_each_asset_reads(labeled_lake, tmp_p
 def test_ingest_retrieval_and_labeling_read_what_they_declare(data_lake):
     with ScriptedServer(scripted_reply) as server, dg.instance_for_test() as instance:
         resources = {"store": RecordingStore(data_lake=str(data_lake)),
-                     "llm": ScriptedLLM(data_lake=str(data_lake), url=server.url, debate="agent")}
+                     "llm": ScriptedLLM(store=DuckDBStore(data_lake=str(data_lake)), url=server.url,
+                                            debate="agent")}
         instance.add_dynamic_partitions("retriever", [RETRIEVER])
         found = materialize_recording({"corpus": UPSTREAM["corpus"]}, resources, DATASET, instance=instance)
         found |= materialize_recording({"retrieval_run": UPSTREAM["retrieval_run"]}, resources,
@@ -209,8 +207,6 @@ def test_ingest_retrieval_and_labeling_read_what_they_declare(data_lake):
                                        instance=instance)
         labeling = materialize_recording(labeling_runs(), resources, DATASET, instance=instance)
     assert_declared(found)
-    if not hasattr(labeling_assets, "READS"):  # until labeling/assets.py declares its reads
-        pytest.xfail("labeling/assets.py reads through live connections, declares no READS")
     assert_declared(labeling)
 
 

@@ -78,7 +78,7 @@ def script(index: int, body: dict):
 
 
 @pytest.fixture
-def demo(data_lake, tmp_path, monkeypatch):
+def scripted_demo(data_lake, tmp_path, monkeypatch):
     """A temp lake and Dagster home, a registry folder (the demo with a small pool, BM25 and
     HyDE, the fake model with prices) and the scripted server."""
     folder = tmp_path / "registry"
@@ -122,8 +122,8 @@ def stage(estimate: RunEstimate, name: str) -> StageCalls:
     return next(s for s in estimate.stages if s.stage == name)
 
 
-def test_the_dry_run_counts_the_calls_the_run_makes(demo):
-    lake, server = demo
+def test_the_dry_run_counts_the_calls_the_run_makes(scripted_demo):
+    lake, server = scripted_demo
     before = bridge("run", "-d", "demo", "--dry-run")
     assert before.exit_code == 0, before.output
     assert "must run first" in before.output and "ingest" in before.output
@@ -202,8 +202,8 @@ def test_the_dry_run_counts_the_calls_the_run_makes(demo):
     assert stage(again, "rag_judgments").answered == calls.get("rag_judgment", 0)
 
 
-def test_a_budget_stops_before_the_chunk_that_would_pass_it_and_the_next_run_resumes(demo):
-    lake, server = demo
+def test_a_budget_stops_before_the_chunk_that_would_pass_it_and_the_next_run_resumes(scripted_demo):
+    lake, server = scripted_demo
     assert bridge("materialize", "-d", "demo", "retrieval_run").exit_code == 0
     retrieval = ledger(lake)
     estimate = estimate_run("demo", PIPELINE)

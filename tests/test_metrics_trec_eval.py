@@ -15,7 +15,7 @@ from bridge_assets.metrics import (FAMILIES, MeasureError, evaluate_trec_files, 
                                    resolve_measures, trec_eval_lines)
 from bridge_assets.metrics.cli import eval_command
 from bridge_assets.metrics.measures import _split_spec
-from conftest import shared_data
+from fixtures.paths import shared_data
 
 # trec_eval's test commands (EXPECTED_COMMANDS.txt) whose files we have: expected output ->
 # (qrels, run, options). out.test.meas_params has no command listed; its values are those of

@@ -10,7 +10,7 @@ import tomllib
 
 from packaging.requirements import Requirement
 
-from conftest import PROJECT_ROOT
+from fixtures.paths import PROJECT_ROOT
 
 # Needed at run time without an import of their own.
 RUNTIME_ONLY = {"pyarrow": "polars' DuckDB and Arrow exchange", "python-multipart": "FastAPI's form parsing",

@@ -19,7 +19,7 @@ from bridge_assets.qrels.cli import app as qrels_app
 from bridge_assets.qrels.merge import build_bridge_qrels
 from bridge_assets.resources import DuckDBStore
 # labeled_lake: test_lineage.py still imports the fixture from here
-from conftest import annotations, labeled_lake  # noqa: F401
+from fixtures.paths import annotations
 from fixtures.labeled_lake import (CORPUS, DATASET, EXPECTED, EXPECTED_LABELS, ORIGINAL, QUERIES, materialize_qrels,
                                    pair_key, read, write_labeled_lake)
 

@@ -19,7 +19,7 @@ from bridge_assets.retrieval.lucene import lucene_contents, start_jvm
 from bridge_assets.retrieval.registry import load_registry
 from bridge_assets.retrieval.runs import rank_problems
 from bridge_assets.retrieval.systems import run_retriever
-from conftest import shared_data
+from fixtures.paths import shared_data
 
 
 def lucene_tokens(texts: list[str]) -> list[list[str]]:

@@ -30,7 +30,7 @@ from bridge_assets.retrieval.registry import load_registry
 from bridge_assets.retrieval.run_files import read_run_file, register_run_file, template_for
 from bridge_assets.retrieval.sensors import run_files_sensor
 from bridge_assets.retrieval.systems import run_retriever
-from conftest import shared_data
+from fixtures.paths import shared_data
 
 CORPUS = pl.DataFrame({"doc_id": ["a", "b", "c", "d"], "title": [""] * 4, "text": ["x"] * 4})
 QUERIES = pl.DataFrame({"query_id": ["q1", "q2"], "text": ["x", "y"]})

@@ -16,15 +16,15 @@ SLICE = 40  # documents: enough to rank, small enough to encode on two CPU cores
 
 
 @pytest.fixture(scope="module")
-def demo():
+def demo_texts():
     tables = load_dataset(get_dataset("demo"))
     return tables.corpus, tables.queries
 
 
 @pytest.fixture(scope="module")
-def demo_slice(demo):
+def demo_slice(demo_texts):
     """The judged documents of the demo queries plus the first others, up to SLICE documents."""
-    corpus, queries = demo
+    corpus, queries = demo_texts
     judged = load_dataset(get_dataset("demo")).qrels["doc_id"].unique().to_list()
     others = corpus.filter(~pl.col("doc_id").is_in(judged)).head(SLICE - len(judged))["doc_id"].to_list()
     return corpus.filter(pl.col("doc_id").is_in(judged + others)), queries
@@ -40,8 +40,8 @@ def registry():
     return load_registry()
 
 
-def test_bm25_index_is_built_once_and_reused(demo, index_lake, registry):
-    corpus, queries = demo
+def test_bm25_index_is_built_once_and_reused(demo_texts, index_lake, registry):
+    corpus, queries = demo_texts
     first = run_retriever("demo", "bm25", corpus, queries, registry=registry, lake=index_lake)
     again = run_retriever("demo", "bm25", corpus, queries, registry=registry, lake=index_lake)
     assert first.metadata["indexes"]["bm25-lucene"]["built_now"] is True
@@ -54,8 +54,8 @@ def test_bm25_index_is_built_once_and_reused(demo, index_lake, registry):
     assert hits >= queries.height // 2
 
 
-def test_changed_corpus_gets_a_new_index(demo, index_lake, registry):
-    corpus, queries = demo
+def test_changed_corpus_gets_a_new_index(demo_texts, index_lake, registry):
+    corpus, queries = demo_texts
     base = run_retriever("demo", "bm25", corpus, queries, registry=registry, lake=index_lake)
     smaller = run_retriever("demo", "bm25", corpus.head(100), queries, registry=registry, lake=index_lake)
     assert smaller.metadata["indexes"]["bm25-lucene"]["built_now"] is True
@@ -172,8 +172,8 @@ def test_every_fast_offline_system_ranks_1_to_k_on_the_demo_slice(demo_slice, in
 
 
 @pytest.mark.slow  # encodes the whole demo corpus: IVF-PQ needs >= 256 documents to train
-def test_approximate_indexes_agree_with_exact_search(demo, index_lake, registry):
-    corpus, queries = demo
+def test_approximate_indexes_agree_with_exact_search(demo_texts, index_lake, registry):
+    corpus, queries = demo_texts
     exact = run_retriever("demo", "minilm", corpus, queries, registry=registry, lake=index_lake).run
     for index, params in [("hnsw", {"index": "hnsw", "m": 16}), ("ivfpq", {"index": "ivfpq", "m": 16, "nprobe": 64}),
                           ("binary", {"index": "binary", "candidates": 100})]:
@@ -186,8 +186,8 @@ def test_approximate_indexes_agree_with_exact_search(demo, index_lake, registry)
 
 
 @pytest.mark.parametrize("labels", [1, 2])
-def test_cross_encoder_reranker_loads_from_a_local_folder_and_only_reorders(tmp_path, demo, index_lake, registry,
-                                                                             labels):
+def test_cross_encoder_reranker_loads_from_a_local_folder_and_only_reorders(tmp_path, demo_texts, index_lake,
+                                                                             registry, labels):
     """The paper's cross-encoders have no offline weights; a tiny untrained BERT classifier
     saved to a folder exercises the same loading and scoring path (1 label: a score; 2
     labels: P(relevant) from the softmax)."""
@@ -209,7 +209,7 @@ def test_cross_encoder_reranker_loads_from_a_local_folder_and_only_reorders(tmp_
                                                       sources=(ModelSource(path=str(folder)),))},
         "systems": {**registry.systems, "tiny_ce_bm25": SystemSpec(
             name="tiny_ce_bm25", kind="rerank", first_stage="bm25", model=name, parameters={"depth": 10})}})
-    corpus, queries = demo
+    corpus, queries = demo_texts
     first = run_retriever("demo", "bm25", corpus, queries, registry=local, lake=index_lake).run
     reranked = run_retriever("demo", "tiny_ce_bm25", corpus, queries, registry=local, lake=index_lake).run
     assert rank_problems(reranked, 10) == []
@@ -226,7 +226,7 @@ def test_pca_reduction_survives_the_in_process_jvm(tmp_path):
     import sys
     import textwrap
 
-    from conftest import PROJECT_ROOT
+    from fixtures.paths import PROJECT_ROOT
 
     script = textwrap.dedent("""
         import numpy as np

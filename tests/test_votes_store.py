@@ -26,7 +26,7 @@ from bridge_assets.human.assets import human_labels
 from bridge_assets.human.tables import ensure_schema
 from bridge_assets.human.votes import insert_vote
 from bridge_assets.resources import DuckDBStore
-from conftest import PROJECT_ROOT, annotations, votes_db
+from fixtures.paths import PROJECT_ROOT, annotations, votes_db
 from fixtures.escalated_set import DATASET, ESCALATED, write_escalated_set
 from fixtures.human_app import assignment_of, csrf_of, login, make_client
 
