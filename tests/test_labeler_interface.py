@@ -120,3 +120,12 @@ def test_a_labeler_that_learns_from_known_labels_cannot_run_in_the_pipeline():
         pipeline_labeler(build_labeler({"labeler": "judge"}, role_profiles).settings, role_profiles, "graded")
     with pytest.raises(LabelerError, match="unknown labeler 'nope'"):
         build_labeler({"labeler": "nope"}, role_profiles)
+
+
+def test_a_single_judges_labels_are_votes_not_consensus():
+    from bridge_assets.evaluation.goldsets import GoldTriplet
+    from fixtures.oracle_model import OracleModel
+
+    items = [GoldTriplet("a", "q", ("x",), "RELEVANT x", 1).item(), GoldTriplet("b", "q", ("x",), "y", 0).item()]
+    run = build_labeler({"labeler": "judge", "models": ["m"]}, role_profiles).label(items, OracleModel())
+    assert [(label.label, label.outcome) for label in run.labels] == [(1, "vote"), (0, "vote")]
