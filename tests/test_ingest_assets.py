@@ -8,7 +8,6 @@ import subprocess
 import sys
 
 import dagster as dg
-import duckdb
 import pytest
 
 from bridge_assets import store
