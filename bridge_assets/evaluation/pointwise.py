@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict
 
-from bridge_assets.labeling.calls import Generate, parse_reply
+from bridge_assets.labeling.calls import Generate, YesNo, parse_reply
 from bridge_assets.labeling.labeler import LabelItem
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.llm.scores import yes_probability
@@ -33,12 +32,7 @@ TOP_LOGPROBS = 10
 
 class ScoreReply(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    response: Literal["yes", "no"]
-
-    @field_validator("response", mode="before")
-    @classmethod
-    def _normalise(cls, value: object) -> object:
-        return value.strip().lower() if isinstance(value, str) else value
+    response: YesNo
 
 
 @dataclass(frozen=True)

@@ -10,13 +10,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict
 
 from bridge_assets.ingest.registry import LabelScale
-from bridge_assets.labeling.calls import Generate, parse_reply
-from bridge_assets.labeling.debate import (AgentConfig, DebateOutcome, grade_value, graded_schema,
+from bridge_assets.labeling.calls import Generate, Grade, YesNo, parse_reply
+from bridge_assets.labeling.debate import (AgentConfig, DebateOutcome, graded_schema,
                                            reply_budget)
 from bridge_assets.labeling.pairs import Pair
 from bridge_assets.labeling.prompts import Prompts
@@ -45,24 +44,14 @@ class AdjudicatorReply(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     reason: str
-    response: Literal["yes", "no"]
-
-    @field_validator("response", mode="before")
-    @classmethod
-    def _normalise(cls, value: object) -> object:
-        return value.strip().lower() if isinstance(value, str) else value
+    response: YesNo
 
 
 class GradedAdjudicatorReply(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     reason: str
-    grade: Literal[0, 1, 2, 3]
-
-    @field_validator("grade", mode="before")
-    @classmethod
-    def _as_int(cls, value: object) -> object:
-        return grade_value(value)
+    grade: Grade
 
 
 def adjudicate(outcome: DebateOutcome, pairs: Sequence[Pair], model: str, generate: Generate, *,

@@ -12,11 +12,19 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, BeforeValidator, ValidationError
 
 from bridge_assets.llm.types import LLMRequest, LLMResult
+
+# A model's yes/no and grade as the reply models read them: case and spaces aside, a grade
+# written as a string ("2") taken as the number.
+YesNo = Annotated[Literal["yes", "no"],
+                  BeforeValidator(lambda value: value.strip().lower() if isinstance(value, str) else value)]
+Grade = Annotated[Literal[0, 1, 2, 3],
+                  BeforeValidator(lambda value: int(value.strip())
+                                  if isinstance(value, str) and value.strip().isdigit() else value)]
 
 # (model profile name, requests) -> one result per request, in the same order.
 Generate = Callable[[str, Sequence[LLMRequest]], list[LLMResult]]

@@ -38,10 +38,10 @@ from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 import polars as pl
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict
 
 from bridge_assets.ingest.registry import GRADES, LabelScale
-from bridge_assets.labeling.calls import Generate, generate_grouped, parse_reply
+from bridge_assets.labeling.calls import Generate, Grade, YesNo, generate_grouped, parse_reply
 from bridge_assets.labeling.evidence import (DEFAULT_MIN_RATIO, answer_in_chunk, answers_are_short,
                                              evidence_status)
 from bridge_assets.labeling.pairs import Pair
@@ -158,17 +158,7 @@ class TurnReply(BaseModel):
 
     reference: list[str]
     reason: str
-    response: Literal["yes", "no"]
-
-    @field_validator("response", mode="before")
-    @classmethod
-    def _normalise(cls, value: object) -> object:
-        return value.strip().lower() if isinstance(value, str) else value
-
-
-def grade_value(value: object) -> object:
-    """A grade as an int; models sometimes write it as a string ("2")."""
-    return int(value.strip()) if isinstance(value, str) and value.strip().isdigit() else value
+    response: YesNo
 
 
 class GradedTurnReply(BaseModel):
@@ -178,12 +168,7 @@ class GradedTurnReply(BaseModel):
 
     reference: list[str]
     reason: str
-    grade: Literal[0, 1, 2, 3]
-
-    @field_validator("grade", mode="before")
-    @classmethod
-    def _as_int(cls, value: object) -> object:
-        return grade_value(value)
+    grade: Grade
 
 
 @dataclass(frozen=True)
