@@ -6,11 +6,13 @@
 -- pending pairs (bridge_assets.analysis.views): `refined` counts every pending pair
 -- irrelevant, `refined_upper` relevant. A change is robust when it goes the same way at both
 -- ends; robust_rank_change is then the smaller of the two moves, else 0.
+-- Means are compared at 12 decimals: sums taken in another order differ in their last bits,
+-- and two systems with the same run must share their place (and tie in Kendall's tau).
 with means as (
     select retriever, measure,
-           max(value) filter (where qrels_version = 'original') as value_original,
-           max(value) filter (where qrels_version = 'refined') as value_refined,
-           max(value) filter (where qrels_version = 'refined_upper') as value_refined_upper
+           round(max(value) filter (where qrels_version = 'original'), 12) as value_original,
+           round(max(value) filter (where qrels_version = 'refined'), 12) as value_refined,
+           round(max(value) filter (where qrels_version = 'refined_upper'), 12) as value_refined_upper
     from retrieval_metrics
     where dataset = $dataset and query_id = 'all' and list_contains($measures, measure)
     group by retriever, measure

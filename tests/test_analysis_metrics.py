@@ -110,6 +110,26 @@ def test_kendall_tau_matches_scipy():
     assert kendall_tau_b([1, 1, 2], [1, 2, 3])[0] == pytest.approx(2 / math.sqrt(2 * 3))
 
 
+def test_systems_equal_but_for_the_last_bits_of_a_sum_share_their_place():
+    import duckdb
+    import polars as pl
+
+    from bridge_assets.analysis.shift import compute_ranking_shift
+
+    # the demo's e5_small and e5_hnsw: the same run, means 0.555972671991146 and ...1459
+    values = {"a": (0.555972671991146, 0.7), "b": (0.5559726719911459, 0.7), "c": (0.6, 0.5)}
+    rows = [(DATASET, system, "all", "ndcg_cut_10", version, value)
+            for system, pair in values.items() for version, value in zip(("original", "refined"), pair)]
+    con = duckdb.connect()
+    con.register("metrics", pl.DataFrame(rows, orient="row", schema=[
+        "dataset", "retriever", "query_id", "measure", "qrels_version", "value"]).to_arrow())
+    con.execute("create table retrieval_metrics as select * from metrics")
+    shift = compute_ranking_shift(con, DATASET, ["ndcg_cut_10"])
+    ranks = {r["retriever"]: (r["rank_original"], r["rank_refined"]) for r in shift.iter_rows(named=True)}
+    assert ranks == {"c": (1, 3), "a": (2, 1), "b": (2, 1)}
+    assert shift["kendall_tau_b"][0] == pytest.approx(stats.kendalltau([0.556, 0.556, 0.6], [0.7, 0.7, 0.5]).statistic)
+
+
 def test_ranking_shift_places_tau_and_robust_changes(labeled_lake):
     result = materialize(labeled_lake, analysis_assets.retrieval_metrics, analysis_assets.ranking_shift)
     shift = read(labeled_lake, "select * from ranking_shift where measure = 'recall_10' order by retriever")
