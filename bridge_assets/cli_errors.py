@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
-import click
 import typer
 from typer.core import TyperCommand
 
@@ -26,7 +25,7 @@ def fail(message: str) -> NoReturn:
 class StopsOnBridgeError(TyperCommand):
     """A command that turns a BridgeError it raises into `fail(message)`."""
 
-    def invoke(self, ctx: click.Context) -> Any:
+    def invoke(self, ctx: typer.Context) -> Any:
         try:
             return super().invoke(ctx)
         except BridgeError as exc:

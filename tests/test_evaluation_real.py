@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
+from bridge_assets.cli_errors import BridgeTyper
 from bridge_assets.evaluation.cli import label_eval_command
 from bridge_assets.llm import get_profile, weights
 from bridge_assets.llm.ledger import read_calls
@@ -25,17 +25,22 @@ def provisioned_lake(data_lake):
     return data_lake
 
 
+def app() -> BridgeTyper:
+    """The command as `bridge label-eval` runs it (its errors through the one handler)."""
+    typer_app = BridgeTyper()
+    typer_app.command()(label_eval_command)
+    return typer_app
+
+
 def label_eval(*args: str) -> dict:
-    app = typer.Typer()
-    app.command()(label_eval_command)
-    outcome = CliRunner().invoke(app, ["--gold", str(GOLD), "--profile", "qwen-0.5b", "--threads", "1",
-                                       "--json", *args])
+    outcome = CliRunner().invoke(app(), ["--gold", str(GOLD), "--profile", "qwen-0.5b", "--threads", "1",
+                                         "--json", *args])
     assert outcome.exit_code == 0, outcome.output
     return json.loads(outcome.output)
 
 
 def test_label_eval_lara_with_the_real_model_and_again_from_the_cache(provisioned_lake):
-    first = label_eval("--method", "lara", "--limit", "4", "--escalation-ratio", "0.25")
+    first = label_eval("--method", "lara", "--limit", "4", "--set", "escalation_ratio=0.25")
     assert (first["n"], first["calls"], first["failures"]) == (4, 4, 0)
     assert first["escalation_ratio"] == 0.25 and first["new_calls"] == 4
     assert first["tokens_in"] > 4 * 300 and first["model_seconds"] > 0
@@ -46,7 +51,7 @@ def test_label_eval_lara_with_the_real_model_and_again_from_the_cache(provisione
     assert calls.height == 4 and set(calls["purpose"]) == {"relevance_score"}
     assert calls["logprobs_json"].is_not_null().all()
 
-    again = label_eval("--method", "lara", "--limit", "4", "--escalation-ratio", "0.25")
+    again = label_eval("--method", "lara", "--limit", "4", "--set", "escalation_ratio=0.25")
     assert again["new_calls"] == 0
     same = {k: v for k, v in first.items() if k not in ("new_calls", "wall_seconds")}
     assert {k: v for k, v in again.items() if k not in ("new_calls", "wall_seconds")} == same
@@ -54,13 +59,13 @@ def test_label_eval_lara_with_the_real_model_and_again_from_the_cache(provisione
 
 @pytest.mark.slow
 def test_label_eval_judge_and_dream_with_the_real_model(provisioned_lake):
-    judge = label_eval("--method", "judge", "--limit", "2", "--reason-words", "10")
+    judge = label_eval("--method", "judge", "--limit", "2", "--set", "reason_words=10")
     assert judge["n"] == 2 and judge["calls"] == 2 and judge["escalation_ratio"] <= 0.5
-    dream = label_eval("--method", "dream", "--limit", "2", "--rounds", "1", "--reason-words", "10")
+    dream = label_eval("--method", "dream", "--limit", "2", "--set", "rounds=1", "--set", "reason_words=10")
     assert dream["calls"] == 4 and len(dream["stability"]) == 1
     assert dream["stability"][0]["debating"] == 2
     # the pipeline's order: the filter first, the debate on what it keeps
-    piped = label_eval("--method", "dream", "--limit", "2", "--rounds", "1", "--reason-words", "10",
+    piped = label_eval("--method", "dream", "--limit", "2", "--set", "rounds=1", "--set", "reason_words=10",
                        "--prefilter", "qwen-0.5b")
     assert piped["models"] == "qwen-0.5b,prefilter:qwen-0.5b"
     kept = piped["stability"][0]["debating"]
@@ -68,7 +73,5 @@ def test_label_eval_judge_and_dream_with_the_real_model(provisioned_lake):
 
 
 def test_label_eval_rejects_an_unknown_method():
-    app = typer.Typer()
-    app.command()(label_eval_command)
-    outcome = CliRunner().invoke(app, ["--gold", str(GOLD), "--method", "vote"])
-    assert outcome.exit_code == 2 and "unknown method 'vote'" in outcome.output
+    outcome = CliRunner().invoke(app(), ["--gold", str(GOLD), "--method", "vote"])
+    assert outcome.exit_code == 2 and "unknown labeler 'vote'" in outcome.output
