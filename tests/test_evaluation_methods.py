@@ -38,7 +38,7 @@ def run(method: str, model=None, **knobs):
     if method == "dream":  # these chunks hold no answer string: the pipeline's answer check is
         knobs.setdefault("answer_check", "off")  # tested with the debate (test_labeling_checks)
     spec = MethodSpec.parse(f"{method}-test", {"method": method, **knobs})
-    return run_method(spec, triplets(), model or OracleModel(), profiles_for=profiles_for)
+    return run_method(spec, triplets(), model or OracleModel(), profiles_for=profiles_for, model_id=str)
 
 
 def test_judge_labels_every_pair_with_one_call_each_and_escalates_nothing():
@@ -171,9 +171,9 @@ def test_diras_shows_the_per_query_definition_only_when_asked():
 
     with_definition = [GoldTriplet("a1", "q", (), "RELEVANT c", 1, definition="only exact dates count")]
     run_method(MethodSpec.parse("d", {"method": "diras", "models": ["m"]}), with_definition, model,
-               profiles_for=profiles_for)
+               profiles_for=profiles_for, model_id=str)
     run_method(MethodSpec.parse("d", {"method": "diras", "models": ["m"], "use_definitions": False}),
-               with_definition, model, profiles_for=profiles_for)
+               with_definition, model, profiles_for=profiles_for, model_id=str)
     assert "only exact dates count" in seen[0] and "only exact dates count" not in seen[1]
 
 

@@ -58,7 +58,8 @@ def labeler_eval(context: dg.AssetExecutionContext, config: LabelerEvalConfig, s
         context.log.info(f"{goldset} / {result.spec.name}: bAcc {m.bacc}, escalated {m.escalation_ratio:.3f}, "
                          f"resolved bAcc {m.bacc_resolved}, {cost.calls} calls ({cost.new_calls} new)")
 
-    results = evaluate(triplets, specs, generate, profiles_for=llm.profiles_for, on_result=save)
+    results = evaluate(triplets, specs, generate, profiles_for=llm.profiles_for, on_result=save,
+                       model_id=lambda name: llm.client(name).model_id)
     rows = [r.summary() for r in results]
     common = {"goldset": goldset, "triplets": len(triplets), "methods": len(results),
               "calls": sum(r.cost.calls for r in results),

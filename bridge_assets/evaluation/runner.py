@@ -23,9 +23,8 @@ from bridge_assets.evaluation.goldsets import GoldTriplet, MethodSpec
 from bridge_assets.evaluation.metrics import LabelerMetrics, labeler_metrics
 from bridge_assets.labeling.calls import Generate
 from bridge_assets.labeling.filter import run_filter
-from bridge_assets.labeling.labeler import Labeler, LabelerError, LabelItem, ProfilesFor, build_labeler
+from bridge_assets.labeling.labeler import LabelerError, LabelItem, ModelId, ProfilesFor, build_labeler
 from bridge_assets.labeling.prompts import Prompts
-from bridge_assets.llm.profiles import ModelConfigError
 from bridge_assets.llm.types import LLMRequest, LLMResult
 
 
@@ -110,10 +109,12 @@ EXTRA_COLUMNS = ("ece", "brier", "auroc", "kappa", "agreement")
 
 
 def run_method(spec: MethodSpec, triplets: Sequence[GoldTriplet | LabelItem], generate: Generate, *,
-               profiles_for: ProfilesFor, prompts: Prompts | None = None) -> MethodResult:
+               profiles_for: ProfilesFor, prompts: Prompts | None = None,
+               model_id: ModelId | None = None) -> MethodResult:
     """Label `triplets` with one labeler and score it against their gold labels (an item
     without one is labelled but not scored). Escalated items are resolved by their gold label
-    (people standing in) or by the labeler's adjudicator when it has one."""
+    (people standing in) or by the labeler's adjudicator when it has one. `model_id`: a
+    profile's model id for the config hash (default: models.yaml's)."""
     prompts = prompts or Prompts()
     labeler = build_labeler(spec.settings, profiles_for)
     meter = CostMeter(generate)
@@ -145,14 +146,8 @@ def run_method(spec: MethodSpec, triplets: Sequence[GoldTriplet | LabelItem], ge
                               [o.escalated for o in scored], [o.resolved for o in scored])
     models = [*run.models, *(f"prefilter:{name}" for name in spec.prefilter)]
     return MethodResult(spec, models, scored, metrics, meter.cost(time.perf_counter() - started),
-                        extra, run.stability, _config_hash(labeler, prompts, len(kept)))
-
-
-def _config_hash(labeler: Labeler, prompts: Prompts, items: int) -> str:
-    try:
-        return labeler.config_hash(prompts, items=items)
-    except ModelConfigError:  # a profile outside models.yaml (a scripted model): no model id
-        return ""
+                        extra, run.stability,
+                        labeler.config_hash(prompts, items=len(kept), model_id=model_id))
 
 
 def prefilter_kept(items: Sequence[LabelItem], filter_models: list[str], generate: Generate,
@@ -167,11 +162,13 @@ def prefilter_kept(items: Sequence[LabelItem], filter_models: list[str], generat
 
 def evaluate(triplets: Sequence[GoldTriplet], specs: Sequence[MethodSpec], generate: Generate, *,
              profiles_for: ProfilesFor, prompts: Prompts | None = None,
-             on_result: Callable[[MethodResult], None] | None = None) -> list[MethodResult]:
+             on_result: Callable[[MethodResult], None] | None = None,
+             model_id: ModelId | None = None) -> list[MethodResult]:
     """Every method on the same triplets, one after the other (`on_result` after each)."""
     results = []
     for spec in specs:
-        result = run_method(spec, triplets, generate, profiles_for=profiles_for, prompts=prompts)
+        result = run_method(spec, triplets, generate, profiles_for=profiles_for, prompts=prompts,
+                            model_id=model_id)
         if on_result is not None:
             on_result(result)
         results.append(result)

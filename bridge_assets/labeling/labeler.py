@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+from abc import ABC, abstractmethod
 
 import duckdb
 from collections.abc import Callable, Sequence
@@ -115,7 +116,7 @@ class LabelerSettings(BaseModel):
     temperature: float = Field(0.0, ge=0.0)
 
 
-class Labeler:
+class Labeler(ABC):
     """Base class: a labeler built from its settings and the models it resolved."""
 
     Settings: ClassVar[type[LabelerSettings]] = LabelerSettings
@@ -136,9 +137,10 @@ class Labeler:
     def model(self) -> str:
         return self.models[0]
 
+    @abstractmethod
     def label(self, items: Sequence[LabelItem], generate: Generate,
               prompts: Prompts | None = None) -> LabelerRun:
-        raise NotImplementedError
+        """One `PairLabel` per item, in order (the labeler's one obligation)."""
 
     def describe(self, items: int = 0) -> dict[str, Any]:
         """What the pipeline's metadata shows of it, labelling `items` pairs."""
