@@ -97,9 +97,6 @@ class LabelerRun:
     stability: list[dict[str, Any]] = field(default_factory=list)  # per round (a debate)
     models: list[str] = field(default_factory=list)       # every profile it called, for reports
 
-    def escalated(self) -> list[bool]:
-        return [label.outcome in ("escalated", "failed") for label in self.labels]
-
     def count(self, outcome: str) -> int:
         return sum(1 for label in self.labels if label.outcome == outcome)
 
@@ -131,7 +128,6 @@ class Labeler(ABC):
         if self.max_models is not None and len(self.models) > self.max_models:
             raise LabelerError(f"labeler '{settings.labeler}' takes {self.max_models} model "
                                f"profile(s), got {self.models}")
-        self.profiles_for = profiles_for
 
     @property
     def model(self) -> str:
