@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 import dagster as dg
 import polars as pl
 
+from bridge_assets.errors import BridgeError
+
 if TYPE_CHECKING:
     import duckdb
 
@@ -117,26 +119,30 @@ def snapshot_of(record: Any) -> int | str | None:
     return value
 
 
+class AsOfError(BridgeError, ValueError):
+    """An `--as-of` that names no snapshot of this lake."""
+
+
 def resolve_as_of(value: str, path=None) -> int:
     """A DuckLake snapshot from `--as-of`: a snapshot id (digits), else a Dagster run id (or a
-    unique prefix of one): the last snapshot that run committed. ValueError when neither."""
+    unique prefix of one): the last snapshot that run committed. AsOfError when neither."""
     from bridge_assets import ducklake, store
 
     if store.lake_config(path) is None:
-        raise ValueError("--as-of needs the DuckLake storage (BRIDGE_STORAGE=ducklake): a DuckDB "
+        raise AsOfError("--as-of needs the DuckLake storage (BRIDGE_STORAGE=ducklake): a DuckDB "
                          "file keeps no earlier states")
     with store.connect(path) as con:
         if value.strip().isdigit():
             snapshot = int(value)
             known = {s["snapshot"] for s in ducklake.snapshots(con)}
             if snapshot not in known:
-                raise ValueError(f"no snapshot {snapshot} in the lake (it has {min(known)}..{max(known)})")
+                raise AsOfError(f"no snapshot {snapshot} in the lake (it has {min(known)}..{max(known)})")
             return snapshot
         try:
             snapshot = ducklake.snapshot_of_run(con, value.strip())
         except ducklake.LakeError as exc:
-            raise ValueError(str(exc)) from exc
+            raise AsOfError(str(exc)) from exc
     if snapshot is None:
-        raise ValueError(f"no lake snapshot was written by a run '{value}' (bridge lake snapshots lists "
+        raise AsOfError(f"no lake snapshot was written by a run '{value}' (bridge lake snapshots lists "
                          "them; runs from before DuckLake have none)")
     return snapshot

@@ -57,12 +57,9 @@ def export(
     from bridge_assets.snapshots import resolve_as_of
 
     _require_lake()
-    try:
-        snapshot = resolve_as_of(as_of) if as_of else None
-        with store.connect_read_only(snapshot=snapshot) if snapshot is not None else store.connect() as con:
-            written = export_qrels(con, dataset, fmt, out)
-    except ValueError as exc:  # snapshots.resolve_as_of refuses an --as-of with a plain ValueError
-        _fail(str(exc))
+    snapshot = resolve_as_of(as_of) if as_of else None
+    with store.connect_read_only(snapshot=snapshot) if snapshot is not None else store.connect() as con:
+        written = export_qrels(con, dataset, fmt, out)
     if snapshot is not None:
         typer.echo(f"as of lake snapshot {snapshot}", err=True)
     typer.echo(str(written))
