@@ -4,6 +4,8 @@
                                                       # on the pairs it labelled, against the
                                                       # dataset's known holes
     bridge label-eval --gold FILE --method dream --set rounds=3 --profile qwen-1.5b
+    bridge label-eval --gold FILE --method dream --persistence 4   # debates go on to round 4:
+                                                      # consensus survival and flips by round
 
 Register on the `bridge` app as `app.command("label-eval")(label_eval_command)`. Every model
 call goes through the data lake's LLM call ledger, so a repeated command is answered from it.
@@ -74,13 +76,20 @@ def label_eval_command(
                               "from the ledger)."),
     threads: int = typer.Option(None, "--threads", min=1, help="llama.cpp CPU threads for this run "
                                 "(not part of the cache key; 1 is fastest on a busy CPU)."),
+    persistence: int = typer.Option(None, "--persistence", min=2, help="dream: debate every pair to "
+                                    "round R even after its agents agree (an evaluation; the "
+                                    "labels and figures stay those of the debate that stops, the "
+                                    "cost counts the extra rounds) and print how often a consensus "
+                                    "reached at round r survives to later rounds and the agents' "
+                                    "flips by opening stance and round. R: at least the debate's rounds."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
 ) -> None:
     """Label a gold set (or a dataset's labelled pairs) with one labeler; print recalls, bAcc,
     escalation ratio, cost and the labeler's config hash (the key the pipeline stores its labels
     under)."""
     from bridge_assets.evaluation.goldsets import MethodSpec, read_goldset, stratified_head
-    from bridge_assets.evaluation.runner import format_stability, format_table, run_method, summary_json
+    from bridge_assets.evaluation.runner import (format_persistence_tables, format_stability, format_table,
+                                                 run_method, summary_json)
     from bridge_assets.llm import LLMClient, get_profile
     from bridge_assets.llm.profiles import role_profiles
 
@@ -112,7 +121,7 @@ def label_eval_command(
                                                         f"{spec.method}")
 
     try:
-        result = run_method(spec, items, generate, profiles_for=role_profiles)
+        result = run_method(spec, items, generate, profiles_for=role_profiles, persistence=persistence or 0)
     finally:
         for client in clients.values():
             client.close()
@@ -124,6 +133,8 @@ def label_eval_command(
     typer.echo(format_table([result.summary()]))
     if result.stability:
         typer.echo(format_stability(result))
+    if persistence:
+        typer.echo(format_persistence_tables(result))
 
 
 def _dataset_settings(dataset: str, typed: dict[str, Any]) -> dict[str, Any]:

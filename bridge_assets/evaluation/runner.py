@@ -22,8 +22,10 @@ import polars as pl
 from bridge_assets.evaluation.goldsets import GoldTriplet, MethodSpec
 from bridge_assets.evaluation.metrics import LabelerMetrics, labeler_metrics
 from bridge_assets.labeling.calls import Generate
+from bridge_assets.labeling.dream import DreamLabeler
 from bridge_assets.labeling.filter import run_filter
 from bridge_assets.labeling.labeler import LabelerError, LabelItem, ModelId, ProfilesFor, build_labeler
+from bridge_assets.labeling.persistence import DebatePersistence, format_persistence
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.llm.types import LLMRequest, LLMResult
 
@@ -110,16 +112,24 @@ EXTRA_COLUMNS = ("ece", "brier", "auroc", "kappa", "agreement")
 
 def run_method(spec: MethodSpec, triplets: Sequence[GoldTriplet | LabelItem], generate: Generate, *,
                profiles_for: ProfilesFor, prompts: Prompts | None = None,
-               model_id: ModelId | None = None) -> MethodResult:
+               model_id: ModelId | None = None, persistence: int = 0) -> MethodResult:
     """Label `triplets` with one labeler and score it against their gold labels (an item
     without one is labelled but not scored). Escalated items are resolved by their gold label
     (people standing in) or by the labeler's adjudicator when it has one. `model_id`: a
-    profile's model id for the config hash (default: models.yaml's)."""
+    profile's model id for the config hash (default: models.yaml's). `persistence` R (dream
+    only): the debates go on to round R after their decision, for the survival and flip tables
+    (`extra["persistence"]`); the labels and figures stay those of the debate that stops, the
+    cost counts the rounds it went on."""
     prompts = prompts or Prompts()
     labeler = build_labeler(spec.settings, profiles_for)
+    items = [t.item() if isinstance(t, GoldTriplet) else t for t in triplets]
+    debate = labeler if isinstance(labeler, DreamLabeler) and persistence else None
+    if persistence:
+        if debate is None:
+            raise LabelerError(f"persistence applies to a debate (dream), not to labeler '{spec.method}'")
+        debate.check_persistence(persistence, items)
     meter = CostMeter(generate)
     started = time.perf_counter()
-    items = [t.item() if isinstance(t, GoldTriplet) else t for t in triplets]
     kept = list(range(len(items)))
     extra: dict[str, Any] = {}
     if spec.prefilter:
@@ -129,7 +139,9 @@ def run_method(spec: MethodSpec, triplets: Sequence[GoldTriplet | LabelItem], ge
         # model says no to is labelled not relevant by the filter; the rest go on.
         kept = prefilter_kept(items, list(spec.prefilter), meter, prompts)
         extra["prefiltered"] = len(items) - len(kept)
-    run = labeler.label([items[i] for i in kept], meter, prompts)
+    chosen = [items[i] for i in kept]
+    run = debate.label(chosen, meter, prompts, persistence=persistence) if debate is not None \
+        else labeler.label(chosen, meter, prompts)
     extra.update(run.extra)
     outcomes = {i: ItemOutcome(item.id, item.domain, item.gold, 0, False, None, None, "filtered")
                 for i, item in enumerate(items)}
@@ -249,13 +261,25 @@ def format_stability(result: MethodResult) -> str:
     return "\n".join(lines)
 
 
+def persistence_table(result: MethodResult) -> DebatePersistence | None:
+    """The survival and flip tables of a run with --persistence (None without)."""
+    return result.extra.get("persistence")
+
+
+def format_persistence_tables(result: MethodResult) -> str:
+    table = persistence_table(result)
+    return "" if table is None else format_persistence(table)
+
+
 def summary_json(result: MethodResult) -> str:
     """The CLI's --json output: the issue's keys first, then every other figure."""
     summary = result.summary()
     ordered = {key: summary[key] for key in ("bacc", "recall_relevant", "recall_irrelevant",
                                               "escalation_ratio", "n", "calls")}
     rest = {k: v for k, v in summary.items() if k not in ordered and k != "config"}
+    table = persistence_table(result)
     return json.dumps({**ordered, **rest, **({"stability": result.stability} if result.stability else {}),
                        **({"flags": result.extra["flags"]} if result.extra.get("flags") else {}),
+                       **({"persistence": table.as_dict()} if table is not None else {}),
                        "config": json.loads(summary["config"]), "config_hash": result.config_hash},
                       indent=2)

@@ -21,6 +21,13 @@ relevance than every agent saw). The evidence check then applies to a grade of 1
 answer check to 2 or more (a grade of 1 says the chunk does not answer); grades carry no
 confidence, so `min_confidence` does not apply.
 
+Persistence mode (`persistence` R, an evaluation of the debate, `bridge label-eval
+--persistence R`; never the pipeline's) keeps every pair debating to round R whatever its
+agents said (a failed turn still ends it): each pair is still decided as above, at the round
+the debate would have stopped, and the turns after that round are kept apart
+(`DebateOutcome.continued`), so labels, turns and adjudication are those of the debate that
+stops; only the measurement of how agreements hold (labeling/persistence.py) reads them.
+
 Agents within a round answer independently, so a round is one batch: the requests of all
 pairs still debating go to the model in one `generate` call per model profile, which lets a
 server see many requests at once and lets the call ledger store the round as it returns.
@@ -34,7 +41,7 @@ import math
 import re
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Literal
 
 import polars as pl
@@ -255,6 +262,14 @@ class DebateOutcome:
     turns: list[Turn]
     agents: tuple[AgentConfig, ...] = ()
     rounds: int = 0
+    # persistence mode: the rounds every pair was debated, and the turns after each pair's
+    # decision (the debate that stops has none)
+    persistence: int = 0
+    continued: list[Turn] = field(default_factory=list)
+
+    def all_turns(self) -> list[Turn]:
+        """The turns of the debate that stops, then those of the rounds it continued."""
+        return [*self.turns, *self.continued]
 
     def consensus_by_round(self) -> dict[int, int]:
         """Pairs agreed by the end of each round (cumulative), for rounds 1..R."""
@@ -464,14 +479,19 @@ def run_debate(pairs: Sequence[Pair], agents: Sequence[AgentConfig], generate: G
                rounds: int = 2, temperature: float = 0.0, reason_words: int = DEFAULT_REASON_WORDS,
                examples: Sequence[Mapping] = (), prompts: Prompts | None = None,
                checks: DebateChecks | None = None,
-               grade_consensus: GradeConsensus = "exact", answer_first: bool = False) -> DebateOutcome:
+               grade_consensus: GradeConsensus = "exact", answer_first: bool = False,
+               persistence: int = 0) -> DebateOutcome:
     """Debate every pair for at most `rounds` rounds; see the module docstring. `checks`
     None: no checks (the LLMJudge); `reason_words`: the word limit of each turn's reason;
     `examples`: worked examples shown in the prompt (`worked_examples()`);
     `grade_consensus`: when graded pairs' agents agree; `answer_first`: each turn gives its
-    yes/no before its quotes and reason (`turn_schema`)."""
+    yes/no before its quotes and reason (`turn_schema`); `persistence` R (0: off, else at
+    least `rounds`): every pair goes on to round R after its decision (the module docstring)."""
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
+    if persistence and persistence < rounds:
+        raise ValueError(f"persistence must be 0 (off) or at least the debate's rounds ({rounds}), "
+                         f"got {persistence}")
     if not agents:
         raise ValueError("a debate needs at least one agent")
     if len({agent.name for agent in agents}) != len(agents):
@@ -482,7 +502,7 @@ def run_debate(pairs: Sequence[Pair], agents: Sequence[AgentConfig], generate: G
     histories: dict[int, list[list[Turn]]] = {i: [] for i in range(len(pairs))}
     labels: dict[int, PairLabel] = {}
     active = list(range(len(pairs)))
-    for round_number in range(1, rounds + 1):
+    for round_number in range(1, max(rounds, persistence) + 1):
         if not active:
             break
         slots = [(i, agent) for i in active for agent in agents]
@@ -497,6 +517,10 @@ def run_debate(pairs: Sequence[Pair], agents: Sequence[AgentConfig], generate: G
         still_active = []
         for i in active:
             histories[i].append(round_turns[i])
+            if i in labels:  # persistence mode: decided, debating on while every turn is answered
+                if all(t.response is not None for t in round_turns[i]):
+                    still_active.append(i)
+                continue
             last_round = round_number == rounds
             if pairs[i].scale == "graded":
                 label = decide_graded(pairs[i], round_turns[i], round_number, last_round, checks,
@@ -507,12 +531,17 @@ def run_debate(pairs: Sequence[Pair], agents: Sequence[AgentConfig], generate: G
                 still_active.append(i)
             else:
                 labels[i] = label
+                if persistence and label.outcome != "failed":
+                    still_active.append(i)
         active = still_active
     ordered = [labels[i] for i in range(len(pairs))]
     if checks is not None and checks.budget is not None:
         ordered = apply_budget(ordered, checks.budget)
-    turns = [turn for i in range(len(pairs)) for round_turns in histories[i] for turn in round_turns]
-    return DebateOutcome(ordered, turns, agents, rounds)
+    turns = [turn for i in range(len(pairs)) for round_turns in histories[i][:labels[i].rounds_used]
+             for turn in round_turns]
+    continued = [turn for i in range(len(pairs)) for round_turns in histories[i][labels[i].rounds_used:]
+                 for turn in round_turns]
+    return DebateOutcome(ordered, turns, agents, rounds, persistence, continued)
 
 
 def debate_config_hash(agents: Sequence[AgentConfig], *, rounds: int, temperature: float,

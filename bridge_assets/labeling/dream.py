@@ -16,9 +16,11 @@ from bridge_assets.labeling.debate import (DEBATE_TEMPLATES, AgentConfig, Debate
                                            fewshot_examples, run_debate, turn_max_tokens)
 from bridge_assets.labeling.labeler import (Labeler, LabelerError, LabelerRun, LabelerSettings, LabelItem,
                                             ModelId, profile_model_id)
+from bridge_assets.labeling.persistence import debate_persistence
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.llm.budget import prompt_tokens
 from bridge_assets.llm.replay import NOT_ANSWERED, LedgerReplay, StageCalls
+from bridge_assets.llm.types import LLMRequest, LLMResult
 
 ADJUDICATOR_MAX_TOKENS = 256
 
@@ -93,18 +95,28 @@ class DreamLabeler(Labeler):
                                "yes/no, so they cannot show a graded debate")
 
     def debate(self, items: Sequence[LabelItem], generate: Generate, prompts: Prompts | None = None,
-               *, adjudicated: bool = True) -> DebateOutcome:
-        """The debate these settings describe, adjudicated when opted in (and `adjudicated`)."""
+               *, adjudicated: bool = True, persistence: int = 0) -> DebateOutcome:
+        """The debate these settings describe, adjudicated when opted in (and `adjudicated`);
+        `persistence` R: every pair debated on to round R (an evaluation, `label()`)."""
         s = self.settings
         pairs = [item.pair for item in items]
         outcome = run_debate(pairs, self.agents, generate, rounds=s.rounds, temperature=s.temperature,
                              reason_words=s.reason_words, examples=fewshot_examples(s.fewshot),
                              prompts=prompts, checks=self.checks(len(pairs)),
-                             grade_consensus=s.grade_consensus, answer_first=s.answer_first)
+                             grade_consensus=s.grade_consensus, answer_first=s.answer_first,
+                             persistence=persistence)
         if self.adjudicator and adjudicated:
             outcome = adjudicate(outcome, pairs, self.adjudicator, generate, prompts=prompts,
                                  max_tokens=ADJUDICATOR_MAX_TOKENS)
         return outcome
+
+    def check_persistence(self, persistence: int, items: Sequence[LabelItem] = ()) -> None:
+        """Raise LabelerError unless the debate can go on to round `persistence` on `items`."""
+        if persistence < self.settings.rounds:
+            raise LabelerError(f"persistence {persistence} is fewer rounds than the debate's "
+                               f"(rounds={self.settings.rounds}): give at least {self.settings.rounds}")
+        if any(item.pair.scale == "graded" for item in items):
+            raise LabelerError("persistence counts yes/no flips; the dataset is graded")
 
     def estimate(self, items: Sequence[LabelItem], unsure: set[tuple[str, str]],
                  replay: LedgerReplay) -> list[StageCalls]:
@@ -156,16 +168,27 @@ class DreamLabeler(Labeler):
         return stage
 
     def label(self, items: Sequence[LabelItem], generate: Generate,
-              prompts: Prompts | None = None) -> LabelerRun:
-        outcome = self.debate(items, generate, prompts)
+              prompts: Prompts | None = None, *, persistence: int = 0) -> LabelerRun:
+        """The debate's labels. `persistence` R (an evaluation; the pipeline never passes it):
+        the pairs are debated on to round R after their decision, the labels and turns stay
+        those of the debate that stops, and `extra["persistence"]` holds the survival and flip
+        tables of every round (labeling/persistence.py)."""
+        if persistence:
+            self.check_persistence(persistence, items)
+        answered: dict[str, bool] = {}  # call key -> answered by the ledger
+        outcome = self.debate(items, _noting_ledger(generate, answered) if persistence else generate,
+                              prompts, persistence=persistence)
         gold = [item.gold for item in items]
         known = all(g is not None for g in gold)
         details = [f"{label.outcome}@{label.rounds_used}"
                    + "".join(f" {flag}" for flag in label.flags if flag not in ("failed", "disagreement"))
                    for label in outcome.labels]
+        extra: dict[str, Any] = {"consensus_by_round": outcome.consensus_by_round(),
+                                 "flags": outcome.flag_counts()}
+        if persistence:
+            extra["persistence"] = debate_persistence(outcome.all_turns(), persistence, answered)
         return LabelerRun(
-            outcome.labels, outcome.turns, details=details,
-            extra={"consensus_by_round": outcome.consensus_by_round(), "flags": outcome.flag_counts()},
+            outcome.labels, outcome.turns, details=details, extra=extra,
             stability=consensus_stability(outcome, gold) if known else [],
             models=[*self.models, *([f"adjudicator:{self.adjudicator}"] if self.adjudicator else [])])
 
@@ -185,6 +208,15 @@ class DreamLabeler(Labeler):
                                   adjudicator=adjudicator, checks=self.checks(items),
                                   examples=fewshot_examples(s.fewshot), scale=scale,
                                   grade_consensus=s.grade_consensus, answer_first=s.answer_first)
+
+
+def _noting_ledger(generate: Generate, answered: dict[str, bool]) -> Generate:
+    """`generate`, noting for each call key whether the call ledger answered it."""
+    def noting(profile: str, requests: Sequence[LLMRequest]) -> list[LLMResult]:
+        results = list(generate(profile, requests))
+        answered.update((result.key, result.cached) for result in results)
+        return results
+    return noting
 
 
 def _open_rounds(history: list[list[Turn]], rounds: int) -> int:
