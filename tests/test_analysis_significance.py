@@ -283,6 +283,12 @@ def test_significance_asset_on_the_labeled_lake(labeled_lake):
     assert rows[("refined", "randomization")]["mean_a"] == pytest.approx(0.875)
     # four queries cannot make anything significant after Holm: the smallest exact p is 2/16
     assert not frame["significant"].any()
+    # so every pair concludes 'no significant difference' on every qrels: all agree (D-MERIT's
+    # concordance 1), and no pair is significant on either side
+    refined = frame.filter(pl.col("qrels_version") != "original")
+    assert set(frame["conclusion"]) == {"none"} and refined["agrees_with_original"].all()
+    assert set(refined["concordance"]) == {1.0} and refined["concordance_significant"].is_null().all()
+    assert frame.filter(pl.col("qrels_version") == "original")["concordance"].is_null().all()
     again = dg.materialize([analysis_assets.significance], partition_key=DATASET,
                            resources={"store": DuckDBStore(data_lake=str(labeled_lake))})
     assert again.success and read(labeled_lake, "select count(*) as n from significance")["n"][0] == frame.height

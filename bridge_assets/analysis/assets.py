@@ -30,7 +30,7 @@ from bridge_assets.analysis.saturation import DEFAULT_MEASURES as SATURATION_MEA
 from bridge_assets.analysis.saturation import compute_pool_saturation
 from bridge_assets.analysis.shift import DEFAULT_MEASURES as SHIFT_MEASURES
 from bridge_assets.analysis.shift import compute_ranking_shift
-from bridge_assets.analysis.significance import ALPHA, RESAMPLES, compute_significance
+from bridge_assets.analysis.significance import ALPHA, RESAMPLES, compute_significance, concordance_summary
 from bridge_assets.analysis.significance import DEFAULT_MEASURES as SIGNIFICANCE_MEASURES
 from bridge_assets.analysis.views import ScopeInfo
 from bridge_assets.ingest.registry import GRADES, get_dataset
@@ -199,9 +199,11 @@ class SignificanceConfig(dg.Config):
 @analysis_asset("significance",
                 "Every pair of systems, per measure, on the original and on the refined qrels: "
                 "two-sided paired t-test and randomization test over the queries, p-values "
-                "Holm-Bonferroni corrected over the system pairs, significant at alpha. Long "
+                "Holm-Bonferroni corrected over the system pairs, significant at alpha; each "
+                "pair's conclusion and its concordance with the original qrels (D-MERIT). Long "
                 "table: dataset, measure, qrels_version, system_a, system_b, queries, mean_a, "
-                "mean_b, test, statistic, p_value, p_holm, significant.")
+                "mean_b, test, statistic, p_value, p_holm, significant, conclusion, "
+                "agrees_with_original, concordance, concordance_significant.")
 def significance(context: dg.AssetExecutionContext, config: SignificanceConfig,
                  store: DuckDBStore) -> dg.MaterializeResult:
     run = AnalysisRun.start(context, config)
@@ -215,7 +217,8 @@ def significance(context: dg.AssetExecutionContext, config: SignificanceConfig,
     return run.finish(store, frame, {
         "systems": len(set(frame["system_a"]) | set(frame["system_b"])),
         "resamples": config.resamples, "seed": config.seed, "alpha": config.alpha,
-        "significant_pairs": dg.MetadataValue.md(_markdown(counts))})
+        "significant_pairs": dg.MetadataValue.md(_markdown(counts)),
+        "concordance": dg.MetadataValue.md(_markdown(concordance_summary(frame)))})
 
 
 # --- pool_saturation, partial_annotation_study ------------------------------------------------

@@ -30,6 +30,15 @@ it, p-values are corrected for the number of pairs, alpha is 0.05 rather than 0.
 randomization p-value follows scipy (the observed arrangement counted among the resamples, two
 sides as twice the smaller one-sided p-value) rather than the share of permutations with an
 absolute difference at least the observed one. docs/metrics.md, "Significance".
+
+Concordance (D-MERIT: do two qrels lead to the same conclusions?): each pair's conclusion on a
+qrels version is 'a' or 'b' (significantly better, at alpha after Holm) or 'none' (no
+significant difference; ties and undefined p-values included), and each refined row (both
+bounds over pending pairs: refined, refined_upper) says whether it agrees with the original
+qrels' conclusion. `concordance` is the share of the system pairs of a (measure, qrels version,
+test) that agree, pairs significant on neither side counting as agreeing; `concordance_significant`
+the same share over the pairs significant on at least one side. sql/significance_concordance.sql
+defines them; docs/metrics.md, "Concordance".
 """
 
 from __future__ import annotations
@@ -59,8 +68,11 @@ SIGNIFICANCE_SCHEMA = {
     "dataset": pl.Utf8, "measure": pl.Utf8, "qrels_version": pl.Utf8, "system_a": pl.Utf8,
     "system_b": pl.Utf8, "queries": pl.Int32, "mean_a": pl.Float64, "mean_b": pl.Float64,
     "test": pl.Utf8, "statistic": pl.Float64, "p_value": pl.Float64, "p_holm": pl.Float64,
-    "significant": pl.Boolean,
+    "significant": pl.Boolean, "conclusion": pl.Utf8, "agrees_with_original": pl.Boolean,
+    "concordance": pl.Float64, "concordance_significant": pl.Float64,
 }
+CONCORDANCE_COLUMNS = ("conclusion", "agrees_with_original", "concordance", "concordance_significant")
+CONCLUSIONS = ("a", "b", "none")  # system_a / system_b significantly better, or no significant difference
 # scipy.stats.permutation_test's relative tolerance for null values equal to the observed one
 _TIES = np.finfo(np.float64).eps * 100
 
@@ -197,11 +209,37 @@ def compute_significance(con: duckdb.DuckDBPyConnection, dataset: str, *,
     frame = pl.concat([keys.with_columns(test=pl.lit(test), statistic=pl.Series(results[test][0]),
                                          p_value=pl.Series(results[test][1]))
                        for test in TESTS]).select(
-        [k for k in SIGNIFICANCE_SCHEMA if k not in ("dataset", "p_holm", "significant")])
+        [k for k in SIGNIFICANCE_SCHEMA if k not in ("dataset", "p_holm", "significant", *CONCORDANCE_COLUMNS)])
     families = [family.with_columns(p_holm=pl.Series(holm(family["p_value"].to_numpy()), dtype=pl.Float64))
                 for family in frame.partition_by(list(FAMILY), maintain_order=True)]
     frame = pl.concat(families) if families else frame.with_columns(p_holm=pl.lit(None, pl.Float64))
     frame = frame.with_columns(pl.lit(dataset).alias("dataset"),
                                pl.col("statistic", "p_value", "p_holm").fill_nan(None))
-    return frame.with_columns((pl.col("p_holm") <= alpha).fill_null(False).alias("significant")) \
-        .select(list(SIGNIFICANCE_SCHEMA)).cast(SIGNIFICANCE_SCHEMA).sort(*FAMILY, "system_a", "system_b")
+    frame = frame.with_columns((pl.col("p_holm") <= alpha).fill_null(False).alias("significant"))
+    return with_concordance(frame).sort(*FAMILY, "system_a", "system_b")
+
+
+def with_concordance(tested: pl.DataFrame) -> pl.DataFrame:
+    """`tested` (significance rows up to `significant`) with each pair's conclusion and its
+    concordance with the original qrels (sql/significance_concordance.sql)."""
+    con = duckdb.connect()
+    try:
+        con.register("tested_pairs", tested.to_arrow())
+        frame = con.execute(read_sql("significance_concordance")).pl()
+    finally:
+        con.close()
+    return frame.select(list(SIGNIFICANCE_SCHEMA)).cast(SIGNIFICANCE_SCHEMA)
+
+
+def concordance_summary(significance: pl.DataFrame) -> pl.DataFrame:
+    """Per (measure, refined qrels version, test): the system pairs compared with the original
+    qrels, how many agree, how many are significant on at least one side, and the two
+    concordances (one row per family of the significance table; original rows left out)."""
+    compared = significance.filter(pl.col("agrees_with_original").is_not_null())
+    return (compared.group_by("measure", "qrels_version", "test", maintain_order=True)
+            .agg(pl.len().alias("pairs"), pl.col("agrees_with_original").sum().alias("agree"),
+                 # a conclusion on the refined side, or a disagreement: one on the original side
+                 ((pl.col("conclusion") != "none") | ~pl.col("agrees_with_original")).sum()
+                 .alias("significant_either"),
+                 pl.col("concordance").first(), pl.col("concordance_significant").first())
+            .sort("measure", "qrels_version", "test"))

@@ -20,7 +20,7 @@ import jinja2
 import polars as pl
 
 from bridge_assets.analysis.retrieval import measure_label, measures_at
-from bridge_assets.analysis.significance import TESTS
+from bridge_assets.analysis.significance import TESTS, concordance_summary
 from bridge_assets.ingest.registry import validate_dataset_name
 from bridge_assets.qrels.known_holes import KnownHoles, score_known_holes
 from bridge_assets.qrels.merge import corrections, qrels_counts
@@ -244,7 +244,13 @@ def significance_section(significance: pl.DataFrame | None, k: int) -> Section:
                       "(pending pairs irrelevant) = significant both (reversed: in opposite "
                       "directions), only on the refined = gained, only on the original = lost. "
                       "Both bounds: whether the refined verdict holds with the pending pairs "
-                      "relevant too. Difference: mean of system a - mean of system b.")
+                      "relevant too. Difference: mean of system a - mean of system b. Concordance "
+                      "(D-MERIT): the share of system pairs whose conclusion (a better, b better, "
+                      "or no significant difference) is the same on the refined qrels as on the "
+                      "original ones, at each bound over pending pairs; a pair significant on "
+                      "neither side (ties included) agrees, one significant on one side only or in "
+                      "opposite directions does not. 'Over significant pairs' leaves out the pairs "
+                      "significant on neither side.")
     if significance is None:
         section.missing.append("significance")
         return section
@@ -284,6 +290,9 @@ def significance_section(significance: pl.DataFrame | None, k: int) -> Section:
     counts = counts.with_columns([pl.lit(0, pl.UInt32).alias(v) for v in verdicts if v not in counts.columns])
     section.tables.append(table("System pairs by verdict", counts.fill_null(0).sort("measure_order", "test_order"),
                                 {"measure": "measure", "test_label": "test", **{v: v for v in verdicts}}))
+    concordance = concordance_table(significance, measures)
+    if concordance is not None:
+        section.tables.append(concordance)
     for measure in measures:
         rows = wide.filter(pl.col("measure") == measure).sort("system_a", "system_b", "test_order")
         section.tables.append(table(f"{measure_label(measure)}: system pairs", rows, {
@@ -292,6 +301,32 @@ def significance_section(significance: pl.DataFrame | None, k: int) -> Section:
             "p_holm_refined": "p refined (Holm)", "p_holm_refined_upper": "p refined, pending relevant (Holm)",
             "verdict": "verdict", "both_bounds": "refined, both bounds"}))
     return section
+
+
+def concordance_table(significance: pl.DataFrame, measures: list[str]) -> Table | None:
+    """D-MERIT's concordance of the significance conclusions, original vs refined at both bounds
+    over pending pairs, per measure and test (None on a table without it: an older lake)."""
+    if "concordance" not in significance.columns or significance["agrees_with_original"].is_null().all():
+        return None
+    summary = concordance_summary(significance)
+    wide = summary.pivot(on="qrels_version", index=["measure", "test"],
+                         values=["pairs", "concordance", "concordance_significant"])
+    wide = wide.with_columns([pl.lit(None, pl.Float64).alias(f"{c}_{v}") for c in ("concordance",
+                              "concordance_significant") for v in ("refined", "refined_upper")
+                              if f"{c}_{v}" not in wide.columns])
+    if "pairs_refined" not in wide.columns:
+        wide = wide.with_columns(pl.lit(None, pl.UInt32).alias("pairs_refined"))
+    wide = wide.with_columns(
+        pl.col("measure").replace_strict(measures, list(range(len(measures))), default=len(measures))
+        .alias("measure_order"),
+        pl.col("test").replace_strict(list(TESTS), list(range(len(TESTS))), default=len(TESTS)).alias("test_order"),
+        pl.col("measure").map_elements(measure_label, return_dtype=pl.Utf8),
+        pl.col("test").replace_strict({"paired_t": "paired t-test"}, default=pl.col("test")))
+    return table("Concordance with the original qrels (D-MERIT)", wide.sort("measure_order", "test_order"), {
+        "measure": "measure", "test": "test", "pairs_refined": "pairs",
+        "concordance_refined": "concordance", "concordance_refined_upper": "concordance, pending relevant",
+        "concordance_significant_refined": "over significant pairs",
+        "concordance_significant_refined_upper": "over significant pairs, pending relevant"})
 
 
 def saturation_section(saturation: pl.DataFrame | None, out: Path) -> Section:
