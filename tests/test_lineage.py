@@ -24,6 +24,7 @@ import pytest
 
 from bridge_assets import store
 from bridge_assets.analysis import assets as analysis_assets
+from bridge_assets.analysis import impact_asset
 from bridge_assets.definitions import defs
 from bridge_assets.human import assets as human_assets
 from bridge_assets.ingest import assets as ingest_assets
@@ -99,6 +100,7 @@ RUNS: dict[str, tuple[dg.AssetsDefinition, list[dict]]] = {
     "retrieval_metrics": (analysis_assets.retrieval_metrics, [{"scope": "pooled"}, {"scope": "all"}]),
     "ranking_shift": (analysis_assets.ranking_shift, [{}]),
     "significance": (analysis_assets.significance, [{"resamples": 20}]),
+    "pending_impact": (impact_asset.pending_impact, [{}]),
     "pool_saturation": (analysis_assets.pool_saturation,
                         [{"orders": 2, "scope": "pooled"}, {"orders": 2, "scope": "all"}]),
     "partial_annotation_study": (analysis_assets.partial_annotation_study,

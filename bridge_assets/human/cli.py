@@ -165,3 +165,19 @@ def export(
         typer.secho(f"wrote {output}", err=True)
     else:
         typer.echo(body, nl=False)
+
+
+@app.command()
+def plan(
+    dataset: str = typer.Option(..., "--dataset", "-d", help="The dataset whose pending pairs to plan."),
+    systems: tuple[str, str] | None = typer.Option(None, "--systems", metavar="A B",
+                                                   help="Only the pairs that decide the order of these two systems."),
+    limit: int = typer.Option(20, min=0, help="Pairs to list."),
+) -> None:
+    """The pending pairs in the order the queue serves them (by impact: pending_impact), how
+    many labels decide every rank change (the stopping point), and why each pair matters."""
+    from bridge_assets.human.plan import annotation_plan, describe
+
+    with _votes(lake=True) as con:
+        result = annotation_plan(con, dataset)
+    typer.echo(describe(result, systems=systems or None, limit=limit))

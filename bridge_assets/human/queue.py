@@ -7,6 +7,11 @@ needs one more vote. About `attention_rate` of the items are attention checks: a
 answer is known (an original-qrels chunk with its query, or a chunk gold for another query that
 contains none of this query's answers) dressed in the shape of an unrelated pair's debate (the
 item view fills it with quotes from the check's own chunk).
+
+Order: pairs that already have votes first (finish what was started), then by impact (the
+pipeline's pending_impact table: pairs whose label can decide a rank change first, largest
+share of the doubt first; bridge_assets.analysis.impact), then by dataset, query and chunk.
+Without pending_impact (not materialized yet) the impact is left out of the order.
 """
 
 from __future__ import annotations
@@ -60,14 +65,20 @@ def get_assignment(con: duckdb.DuckDBPyConnection, assignment_id: str) -> Assign
 
 def pairs_open_to(con: duckdb.DuckDBPyConnection, annotator_id: str, settings: QueueSettings,
                   now: datetime) -> pl.DataFrame:
-    """Escalated pairs `annotator_id` may vote on, pairs closest to done first: still short of
-    votes once the others' live leases are counted, and never served to (or voted on by) them."""
+    """Escalated pairs `annotator_id` may vote on, pairs closest to done first, then by impact
+    (see the module doc): still short of votes once the others' live leases are counted, and
+    never served to (or voted on by) them."""
     ensure_schema(con)
     if not table_exists(con, "debate_labels"):
         return pl.DataFrame(schema={"dataset": pl.String, "query_id": pl.String,
-                                    "doc_id": pl.String, "votes": pl.Int32})
+                                    "doc_id": pl.String, "votes": pl.Int32, "impact": pl.Float64,
+                                    "impact_rank": pl.Int32})
+    impact = table_exists(con, "pending_impact")
     frame = con.execute(f"""
         with tallies as ({read_sql("human_labels")}),
+        impact as ({"select dataset, query_id, doc_id, impact, impact_rank from pending_impact"
+                    if impact else "select null::varchar as dataset, null::varchar as query_id, "
+                    "null::varchar as doc_id, null::double as impact, null::integer as impact_rank"}),
         leases as (
             select dataset, query_id, doc_id, count(*) as n
             from annotation_assignments
@@ -75,8 +86,9 @@ def pairs_open_to(con: duckdb.DuckDBPyConnection, annotator_id: str, settings: Q
               and annotator_id <> $annotator
             group by all
         )
-        select t.dataset, t.query_id, t.doc_id, t.votes
+        select t.dataset, t.query_id, t.doc_id, t.votes, i.impact, i.impact_rank
         from tallies t left join leases l using (dataset, query_id, doc_id)
+        left join impact i using (dataset, query_id, doc_id)
         where not t.decided
           -- votes still needed: the missing ones, or one more to break a tie
           and greatest($required_votes - t.votes, 1) > coalesce(l.n, 0)
@@ -88,7 +100,8 @@ def pairs_open_to(con: duckdb.DuckDBPyConnection, annotator_id: str, settings: Q
                           where v.annotator_id = $annotator and not v.is_attention_check
                             and v.dataset = t.dataset and v.query_id = t.query_id
                             and v.doc_id = t.doc_id)
-        order by t.votes desc, t.dataset, t.query_id, t.doc_id""",
+        order by t.votes desc, coalesce(i.impact, 0) desc, t.dataset, i.impact_rank nulls last,
+                 t.query_id, t.doc_id""",
         {"dataset": None, "required_votes": REQUIRED_VOTES, "annotator": annotator_id,
          "lease_start": now - settings.lease}).pl()
     if settings.datasets is not None:
@@ -216,7 +229,7 @@ def next_assignment(con: duckdb.DuckDBPyConnection, annotator_id: str, settings:
     candidates = pairs_open_to(con, annotator_id, settings, now)
     if candidates.is_empty():
         return None
-    dataset, query_id, doc_id, _ = candidates.row(0)
+    dataset, query_id, doc_id = candidates.row(0)[:3]
     if rng.random() < settings.attention_rate:
         check = _attention_check(con, dataset, annotator_id, settings, rng, now)
         if check is not None:
@@ -231,6 +244,9 @@ class Progress:
     remaining_for_you: int      # further pairs they could still be served
     decided_pairs: int          # escalated pairs with their votes complete (all annotators)
     escalated_pairs: int
+    # labels left, in impact order, until every rank change is decided (the stopping point,
+    # bridge_assets.human.plan); None without pending_impact
+    stopping_point: int | None = None
 
 
 def progress(con: duckdb.DuckDBPyConnection, annotator_id: str, settings: QueueSettings,
@@ -242,4 +258,8 @@ def progress(con: duckdb.DuckDBPyConnection, annotator_id: str, settings: QueueS
     if settings.datasets is not None:
         tallies = tallies.filter(pl.col("dataset").is_in(list(settings.datasets)))
     remaining = pairs_open_to(con, annotator_id, settings, now or utc_now()).height
-    return Progress(labelled, remaining, tallies.filter(pl.col("decided")).height, tallies.height)
+    from bridge_assets.human.plan import stopping_points  # plan imports nothing of the queue's
+
+    left = stopping_points(con, settings.datasets)
+    return Progress(labelled, remaining, tallies.filter(pl.col("decided")).height, tallies.height,
+                    sum(left.values()) if left else None)

@@ -1,7 +1,9 @@
-"""The admin pages: the overview of labels, activity and annotators, and unflagging one.
+"""The admin pages: the overview of labels, the queue's impact order and stopping point,
+activity and annotators, and unflagging one.
 Every route here needs an admin (the router's dependency), whatever its own parameters say."""
 
 import duckdb
+import polars as pl
 from fastapi import APIRouter, Depends, Request
 
 from bridge_assets.human import annotators
@@ -10,9 +12,14 @@ from bridge_assets.human.app.auth import CurrentAdmin, checked_form, current_adm
 from bridge_assets.human.app.responses import BadRequest, redirect, render
 from bridge_assets.human.app.state import State
 from bridge_assets.human.labels import compute_human_labels, datasets_with_escalations
+from bridge_assets.human.plan import impact_order, stopping_points
 from bridge_assets.human.votes import annotator_activity
+from bridge_assets.store import table_exists
 
 router = APIRouter(dependencies=[Depends(current_admin)])
+
+
+QUEUE_SHOWN = 50  # pairs of the impact order on the admin page
 
 
 def admin_overview(con: duckdb.DuckDBPyConnection):
@@ -20,11 +27,25 @@ def admin_overview(con: duckdb.DuckDBPyConnection):
     return datasets, annotator_activity(con).to_dicts(), annotators.list_annotators(con)
 
 
+def queue_overview(con: duckdb.DuckDBPyConnection, datasets: tuple[str, ...] | None):
+    """The open pending pairs in impact order (the first QUEUE_SHOWN), and per dataset the
+    labels left to the stopping point."""
+    order = impact_order(con).filter(~pl.col("completed")) if table_exists(con, "pending_impact") else None
+    if order is None or order.is_empty():
+        return [], {}
+    if datasets is not None:
+        order = order.filter(pl.col("dataset").is_in(list(datasets)))
+    order = order.sort(pl.col("votes") > 0, "impact", descending=True, maintain_order=True)
+    return order.head(QUEUE_SHOWN).to_dicts(), stopping_points(con, datasets)
+
+
 @router.get("/admin")
 async def admin_page(request: Request, viewer: CurrentAdmin, state: State):
     datasets, activity, people = await state.db.run(admin_overview)
+    queue, stopping = await state.db.run(queue_overview, state.settings.datasets)
     return render(request, "admin.html", viewer.session, viewer=viewer, datasets=datasets,
-                  activity=activity, annotators=people, settings=state.settings)
+                  activity=activity, annotators=people, settings=state.settings, queue=queue,
+                  stopping=stopping)
 
 
 @router.post("/admin/annotators/{annotator_id}/unflag")

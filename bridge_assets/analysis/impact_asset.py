@@ -1,0 +1,39 @@
+"""Dagster wiring of `pending_impact` (bridge_assets.analysis.impact), one partition per
+dataset, its deps from assets.READS like every analysis asset."""
+
+# No `from __future__ import annotations`: Dagster resolves dg.Config annotations at runtime.
+import dagster as dg
+import polars as pl
+from pydantic import Field
+
+from bridge_assets.analysis.assets import AnalysisRun, analysis_asset
+from bridge_assets.analysis.impact import HEADLINE, compute_pending_impact, stopping_point
+from bridge_assets.ingest.registry import GRADES, get_dataset
+from bridge_assets.resources import DuckDBStore
+
+
+class PendingImpactConfig(dg.Config):
+    measure: str = Field(HEADLINE, description="The headline measure, nDCG@k (ndcg_cut_<k>) of "
+                         "retrieval_metrics, whose system order the pending pairs may decide.")
+
+
+@analysis_asset("pending_impact",
+                "Per pending pair: the system pairs whose order on the headline measure "
+                "(nDCG@10) differs between the two bounds and whose rankings hold its chunk, "
+                "the share of each one's doubt its label moves, the impact (their sum), its "
+                "place in impact order and the reason in words. The annotation queue serves "
+                "by it; the pairs with an impact are the stopping point.")
+def pending_impact(context: dg.AssetExecutionContext, config: PendingImpactConfig,
+                   store: DuckDBStore) -> dg.MaterializeResult:
+    run = AnalysisRun.start(context, config)
+    top_grade = GRADES[-1] if get_dataset(run.dataset).label_scale == "graded" else 1
+    with run.inputs(store) as con:
+        frame = compute_pending_impact(con, run.dataset, measure=run.config.measure, top_grade=top_grade)
+    top = frame.filter(pl.col("impact") > 0).head(5)
+    return run.finish(store, frame, {
+        "pending_pairs": frame.height,
+        "system_pairs_in_doubt": int(frame["pairs_in_doubt"].max() or 0) if frame.height else 0,
+        "stopping_point": stopping_point(frame),
+        "first_pairs": dg.MetadataValue.md("\n".join(
+            f"{rank}. {q} / {d}: {reason}" for rank, q, d, reason in
+            top.select("impact_rank", "query_id", "doc_id", "reason").iter_rows()) or "none")})

@@ -1,0 +1,120 @@
+"""The annotation plan: the pending pairs in the order the queue serves them (by impact, from
+the pipeline's pending_impact table), which of them decide a rank change, and how many labels
+are left to the stopping point (bridge_assets.analysis.impact).
+
+pending_impact is a reading of the bounds when it was materialized; votes cast since then are
+counted here from the votes store, so a pair people have completed meanwhile leaves the plan
+(and the stopping point falls) before the pipeline runs again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import duckdb
+import polars as pl
+
+from bridge_assets.analysis.retrieval import measure_label
+from bridge_assets.human.labels import REQUIRED_VOTES
+from bridge_assets.human.tables import ensure_schema
+from bridge_assets.store import table_exists
+
+PLAN_SCHEMA = {"dataset": pl.Utf8, "impact_rank": pl.Int32, "query_id": pl.Utf8, "doc_id": pl.Utf8,
+               "votes": pl.Int32, "impact": pl.Float64, "decides": pl.Int32, "reason": pl.Utf8,
+               "system_pairs": pl.List(pl.Utf8), "measure": pl.Utf8, "pairs_in_doubt": pl.Int32}
+
+
+@dataclass(frozen=True)
+class Plan:
+    dataset: str
+    pairs: pl.DataFrame          # the pairs still open, impact order (PLAN_SCHEMA)
+    completed: int               # pending when pending_impact was made, completed by votes since
+    measure: str | None          # None: pending_impact not materialized for the dataset
+    pairs_in_doubt: int
+
+    @property
+    def deciding(self) -> pl.DataFrame:
+        return self.pairs.filter(pl.col("impact") > 0)
+
+    @property
+    def stopping_point(self) -> int:
+        """Labels left, in impact order, until every system pair now in doubt is decided."""
+        return self.deciding.height
+
+    def deciding_between(self, system_a: str, system_b: str) -> pl.DataFrame:
+        """The open pairs whose label can decide the order of `system_a` and `system_b`."""
+        names = {f"{system_a} vs {system_b}", f"{system_b} vs {system_a}"}
+        return self.deciding.filter(pl.col("system_pairs").list.eval(pl.element().is_in(list(names))).list.any())
+
+
+def impact_order(con: duckdb.DuckDBPyConnection, dataset: str | None = None) -> pl.DataFrame:
+    """pending_impact's rows (of `dataset`, or all) with their accepted votes so far, those with
+    their votes complete left out: impact order. Empty without the table."""
+    ensure_schema(con)
+    if not table_exists(con, "pending_impact"):
+        return pl.DataFrame(schema=PLAN_SCHEMA)
+    frame = con.execute("""
+        with votes as (
+            select dataset, query_id, doc_id, list_sort(list(label)) as labels, count(*) as n
+            from human_votes
+            where status = 'accepted' and not is_attention_check
+              and ($dataset is null or dataset = $dataset)
+            group by all
+        )
+        select i.dataset, i.impact_rank, i.query_id, i.doc_id, coalesce(v.n, 0)::integer as votes,
+               i.impact, i.decides, i.reason,
+               list_transform(i.system_pairs, lambda p: p.system_a || ' vs ' || p.system_b) as system_pairs,
+               i.measure, i.pairs_in_doubt,
+               coalesce(v.n >= $required and v.labels[(v.n + 1) // 2] = v.labels[v.n // 2 + 1], false)
+                   as completed
+        from pending_impact i
+        left join votes v on v.dataset = i.dataset and v.query_id = i.query_id and v.doc_id = i.doc_id
+        where $dataset is null or i.dataset = $dataset
+        order by i.dataset, i.impact_rank""", {"dataset": dataset, "required": REQUIRED_VOTES}).pl()
+    return frame.cast({**PLAN_SCHEMA, "completed": pl.Boolean})
+
+
+def annotation_plan(con: duckdb.DuckDBPyConnection, dataset: str) -> Plan:
+    frame = impact_order(con, dataset)
+    if frame.is_empty() or "completed" not in frame.columns:
+        return Plan(dataset, pl.DataFrame(schema=PLAN_SCHEMA), 0, None, 0)
+    open_pairs = frame.filter(~pl.col("completed")).drop("completed")
+    return Plan(dataset, open_pairs, frame.height - open_pairs.height, frame["measure"][0],
+                int(frame["pairs_in_doubt"].max() or 0))
+
+
+def stopping_points(con: duckdb.DuckDBPyConnection, datasets: tuple[str, ...] | None = None) -> dict[str, int]:
+    """Per dataset with a pending_impact table: labels left to its stopping point."""
+    frame = impact_order(con)
+    if frame.is_empty() or "completed" not in frame.columns:
+        return {}
+    if datasets is not None:
+        frame = frame.filter(pl.col("dataset").is_in(list(datasets)))
+    counts = frame.group_by("dataset").agg(((pl.col("impact") > 0) & ~pl.col("completed")).sum().alias("left"))
+    return dict(counts.sort("dataset").iter_rows())
+
+
+def describe(plan: Plan, *, systems: tuple[str, str] | None = None, limit: int = 20) -> str:
+    """The plan as `bridge annotate plan` prints it."""
+    if plan.measure is None:
+        return (f"{plan.dataset}: no pending_impact table (materialize pending_impact for "
+                f"'{plan.dataset}': bridge run --dataset {plan.dataset}); the queue serves in its "
+                "plain order meanwhile")
+    label = measure_label(plan.measure)
+    lines = [f"{plan.dataset}: {plan.pairs.height} pending pair(s) open on {label}; "
+             f"{plan.pairs_in_doubt} system pair(s) in doubt (their order differs between the bounds)"
+             + (f"; {plan.completed} completed by votes since pending_impact was made" if plan.completed else "")]
+    lines.append(f"stopping point: {plan.stopping_point} label(s), in impact order, decide every rank change "
+                 f"on {label}; the other {plan.pairs.height - plan.stopping_point} cannot change any")
+    shown = plan.pairs
+    if systems is not None:
+        shown = plan.deciding_between(*systems)
+        lines.append(f"pairs that decide {systems[0]} vs {systems[1]}: {shown.height}")
+    if shown.height:
+        lines.append(f"{'#':>5}  {'query':<12} {'chunk':<14} {'votes':>5} {'impact':>7}  reason")
+        for row in shown.head(limit).iter_rows(named=True):
+            lines.append(f"{row['impact_rank']:>5}  {row['query_id']:<12} {row['doc_id']:<14} "
+                         f"{row['votes']:>5} {row['impact']:>7.3f}  {row['reason']}")
+        if shown.height > limit:
+            lines.append(f"  ... and {shown.height - limit} more (--limit)")
+    return "\n".join(lines)

@@ -1,0 +1,151 @@
+-- pending_impact: for each pending pair of one dataset, the system pairs whose order it can
+-- decide on the headline measure (nDCG@k), and how much of each one's doubt it carries.
+-- Parameters: $dataset; $measure (the retrieval_metrics name, e.g. 'ndcg_cut_10'); $k (its
+-- cutoff); $gain (the relevance a pending pair has at the upper bound: the scale's top grade).
+--
+-- A system pair is in doubt when its order differs between the two bounds (refined: every
+-- pending pair irrelevant; refined_upper: every one relevant), means compared at 12 decimals
+-- as in ranking_shift.sql. Its swing is how much the gap between the two moves from one bound
+-- to the other. A pending pair decides a system pair in doubt when its chunk stands in the
+-- top k of either system and its label moves the gap: the move is the difference of the two
+-- systems' mean nDCG@k with the pair relevant rather than not, the other pending pairs held
+-- at the lower bound, or at the upper one (the larger). Its share of the pair's doubt is the
+-- move over the swing (at most 1); a pair's impact is the sum of its shares.
+--
+-- nDCG@k is trec_eval's (sql/retrieval_metrics.sql): rankings by score, ties by doc id
+-- descending; the gain is the relevance grade; the ideal DCG is over the query's qrels. A
+-- pending pair changes both: its own gain where it is ranked, and the ideal DCG of its query
+-- (so a chunk at the same rank in two rankings can still move their gap). Every pending pair
+-- of a query flips the same gain, so each query needs its ideal DCG at four states only.
+--
+-- Inputs: retrieval_metrics (the means at both bounds and the queries each system is averaged
+-- over), retrieval_run, bridge_qrels.
+with
+evaluated as (
+    select retriever, query_id
+    from retrieval_metrics
+    where dataset = $dataset and measure = $measure and qrels_version = 'refined'
+      and query_id <> 'all'
+),
+counts as (
+    select retriever, count(*) as n_queries from evaluated group by retriever
+),
+means as (
+    select retriever,
+           round(max(value) filter (where qrels_version = 'refined'), 12) as low,
+           round(coalesce(max(value) filter (where qrels_version = 'refined_upper'),
+                          max(value) filter (where qrels_version = 'refined')), 12) as high
+    from retrieval_metrics
+    where dataset = $dataset and measure = $measure and query_id = 'all'
+    group by retriever
+),
+doubtful as (
+    select a.retriever as system_a, b.retriever as system_b,
+           abs((a.high - b.high) - (a.low - b.low)) as swing
+    from means a
+    join means b on a.retriever < b.retriever
+    where sign(a.low - b.low) <> sign(a.high - b.high)
+),
+qrels as (
+    select query_id, doc_id, relevance
+    from bridge_qrels
+    where dataset = $dataset
+),
+pending as (
+    select query_id, doc_id from qrels where relevance is null
+),
+-- per query: the known gains, and how many pending pairs it has
+gains as (
+    select query_id,
+           coalesce(list(relevance) filter (where relevance > 0), []) as known,
+           count(*) filter (where relevance is null) as n_pending
+    from qrels
+    group by query_id
+),
+states as (
+    select query_id,
+           list_sort(known, 'DESC') as low,
+           list_sort(list_concat(known, [$gain]), 'DESC') as low_plus,
+           list_sort(list_concat(known, list_resize([]::integer[], n_pending, $gain)), 'DESC') as high,
+           list_sort(list_concat(known, list_resize([]::integer[], greatest(n_pending - 1, 0), $gain)),
+                     'DESC') as high_minus
+    from gains
+),
+ideal as (
+    select query_id,
+           coalesce(list_sum(list_transform(list_slice(low, 1, $k), lambda g, i: g / log2(i + 1))), 0) as low,
+           coalesce(list_sum(list_transform(list_slice(low_plus, 1, $k), lambda g, i: g / log2(i + 1))), 0)
+               as low_plus,
+           coalesce(list_sum(list_transform(list_slice(high, 1, $k), lambda g, i: g / log2(i + 1))), 0) as high,
+           coalesce(list_sum(list_transform(list_slice(high_minus, 1, $k), lambda g, i: g / log2(i + 1))), 0)
+               as high_minus
+    from states
+),
+ranked as (
+    select r.retriever, r.query_id, r.doc_id,
+           row_number() over (partition by r.retriever, r.query_id
+                              order by r.score desc, r.doc_id desc) as rank
+    from retrieval_run r
+    semi join evaluated e on e.retriever = r.retriever and e.query_id = r.query_id
+    where r.dataset = $dataset
+    qualify rank <= $k
+),
+-- each evaluated ranking's DCG@k at both bounds
+dcg as (
+    select e.retriever, e.query_id,
+           coalesce(sum(if(q.doc_id is null, 0, greatest(coalesce(q.relevance, 0), 0)) / log2(r.rank + 1)), 0)
+               as low,
+           coalesce(sum(if(q.doc_id is null, 0, greatest(coalesce(q.relevance, $gain), 0)) / log2(r.rank + 1)), 0)
+               as high
+    from evaluated e
+    left join ranked r on r.retriever = e.retriever and r.query_id = e.query_id
+    left join qrels q on q.query_id = r.query_id and q.doc_id = r.doc_id
+    group by e.retriever, e.query_id
+),
+-- per pending pair and system that evaluates its query: how much the system's mean moves when
+-- the pair is relevant rather than not, at each bound
+effects as (
+    select p.query_id, p.doc_id, e.retriever, r.rank,
+           ((d.low + coalesce($gain / log2(r.rank + 1), 0)) / i.low_plus
+            - if(i.low > 0, d.low / i.low, 0)) / c.n_queries as effect_low,
+           (if(i.high > 0, d.high / i.high, 0)
+            - if(i.high_minus > 0, (d.high - coalesce($gain / log2(r.rank + 1), 0)) / i.high_minus, 0))
+               / c.n_queries as effect_high
+    from pending p
+    join evaluated e on e.query_id = p.query_id
+    join counts c on c.retriever = e.retriever
+    join dcg d on d.retriever = e.retriever and d.query_id = p.query_id
+    join ideal i on i.query_id = p.query_id
+    left join ranked r on r.retriever = e.retriever and r.query_id = p.query_id and r.doc_id = p.doc_id
+),
+-- the system pairs in doubt whose rankings hold the chunk, and the share of their doubt it moves
+decisions as (
+    select p.query_id, p.doc_id, s.system_a, s.system_b, a.rank as rank_a, b.rank as rank_b,
+           least(greatest(abs(coalesce(a.effect_low, 0) - coalesce(b.effect_low, 0)),
+                          abs(coalesce(a.effect_high, 0) - coalesce(b.effect_high, 0))) / s.swing, 1.0)
+               as share
+    from pending p
+    cross join doubtful s
+    left join effects a on a.query_id = p.query_id and a.doc_id = p.doc_id and a.retriever = s.system_a
+    left join effects b on b.query_id = p.query_id and b.doc_id = p.doc_id and b.retriever = s.system_b
+    where (a.rank is not null or b.rank is not null)
+),
+decided as (
+    select query_id, doc_id, sum(share) as impact, count(*)::integer as decides,
+           list({'system_a': system_a, 'system_b': system_b, 'rank_a': rank_a::integer,
+                 'rank_b': rank_b::integer, 'share': share}
+                order by share desc, system_a, system_b) as system_pairs
+    from decisions
+    where round(share, 12) > 0
+    group by query_id, doc_id
+)
+select $dataset as dataset, p.query_id, p.doc_id, $measure as measure,
+       coalesce(d.impact, 0.0) as impact,
+       coalesce(d.decides, 0) as decides,
+       coalesce(d.system_pairs, []) as system_pairs,
+       (select count(*) from doubtful)::integer as pairs_in_doubt,
+       row_number() over (order by coalesce(d.impact, 0.0) desc, p.query_id, p.doc_id)::integer
+           as impact_rank
+from pending p
+left join decided d on d.query_id = p.query_id and d.doc_id = p.doc_id
+order by impact_rank

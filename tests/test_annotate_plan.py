@@ -1,0 +1,51 @@
+"""`bridge annotate plan` and the pending_impact asset on the labeled lake (issue 26, item 2):
+the pairs in impact order, the stopping point, the pairs deciding a named system pair; the
+admin page shows the same order with its reasons."""
+
+from __future__ import annotations
+
+import dagster as dg
+from typer.testing import CliRunner
+
+from bridge_assets.analysis import assets as analysis_assets
+from bridge_assets.analysis import impact_asset
+from bridge_assets.human import cli
+from bridge_assets.qrels import assets as qrels_assets
+from bridge_assets.resources import DuckDBStore
+from fixtures.labeled_lake import DATASET, read
+
+
+def materialize(lake) -> dg.ExecuteInProcessResult:
+    result = dg.materialize([qrels_assets.bridge_qrels, analysis_assets.retrieval_metrics,
+                             impact_asset.pending_impact], partition_key=DATASET,
+                            resources={"store": DuckDBStore(data_lake=str(lake))})
+    assert result.success
+    return result
+
+
+def test_pending_impact_asset_and_the_plan_command(labeled_lake):
+    result = materialize(labeled_lake)
+    metadata = result.asset_materializations_for_node("pending_impact")[0].metadata
+    frame = read(labeled_lake, "select * from pending_impact order by impact_rank")
+    # the labeled lake's one pending pair: q2/d10, third in bm25's ranking only
+    assert frame.select("query_id", "doc_id").rows() == [("q2", "d10")]
+    row = frame.row(0, named=True)
+    assert metadata["stopping_point"].value == (1 if row["impact"] > 0 else 0)
+    assert metadata["pending_pairs"].value == 1
+
+    out = CliRunner().invoke(cli.app, ["plan", "--dataset", DATASET])
+    assert out.exit_code == 0, out.output
+    assert out.output.startswith(f"{DATASET}: 1 pending pair(s) open on nDCG@10")
+    assert f"stopping point: {metadata['stopping_point'].value} label(s)" in out.output
+    assert "q2" in out.output and "d10" in out.output and row["reason"] in out.output
+
+    named = CliRunner().invoke(cli.app, ["plan", "--dataset", DATASET, "--systems", "bm25", "dense"])
+    assert named.exit_code == 0, named.output
+    deciding = [p for p in row["system_pairs"] if {p["system_a"], p["system_b"]} == {"bm25", "dense"}]
+    assert f"pairs that decide bm25 vs dense: {len(deciding)}" in named.output
+
+
+def test_plan_without_pending_impact_says_what_to_materialize(labeled_lake):
+    out = CliRunner().invoke(cli.app, ["plan", "--dataset", DATASET])
+    assert out.exit_code == 0, out.output
+    assert "materialize pending_impact" in out.output

@@ -1,0 +1,192 @@
+"""pending_impact (issue 26, item 1 and 3): which rank changes each pending pair's label can
+decide, on a hand-made example and against brute force (the metrics recomputed for every
+answer the pending pairs may get)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import duckdb
+import polars as pl
+import pytest
+
+from bridge_assets.analysis.impact import UnsupportedMeasure, compute_pending_impact, explain, stopping_point
+from bridge_assets.analysis.retrieval import compute_dataset_metrics
+
+DATASET = "toy"
+MEASURE = "ndcg_cut_10"
+
+# Three systems on two queries. q2's gold is d1, q1's d2; two pending pairs: (q2, d9), ranked
+# first by B only, and (q1, d8), ranked third by C only. At the lower bound A (1.0) > B (0.82)
+# > C (0); at the upper bound B (0.81) > A (0.61) > C (0.15): A vs B is in doubt, and only d9
+# can decide it; C is last at both bounds, so d8 changes no conclusion. (The plain order, by
+# query, would serve d8 first.)
+HAND_MADE = {
+    "runs": {"A": {"q2": ["d1", "d2", "d3"], "q1": ["d2", "d5", "d6"]},
+             "B": {"q2": ["d9", "d1", "d3"], "q1": ["d2", "d5", "d6"]},
+             "C": {"q2": ["d4", "d5", "d6"], "q1": ["d5", "d6", "d8"]}},
+    "original": {("q2", "d1"): 1, ("q1", "d2"): 1},
+    "pending": [("q2", "d9"), ("q1", "d8")],
+}
+
+
+def lake(runs: dict, original: dict, pending: list, labels: dict | None = None) -> duckdb.DuckDBPyConnection:
+    """An in-memory lake with the tables pending_impact reads (retrieval_metrics computed by the
+    pipeline's own function); `labels`: pending pairs given a label (then no longer pending)."""
+    labels = labels or {}
+    con = duckdb.connect()
+    queries = sorted({q for ranking in runs.values() for q in ranking})
+    con.execute("create table queries as select 'toy' as dataset, unnest(?) as query_id, "
+                "'text' as text, ['a'] as answers", [queries])
+    con.execute("create table retrieval_run (dataset varchar, retriever varchar, query_id varchar, "
+                "doc_id varchar, rank integer, score double)")
+    for system, ranking in runs.items():
+        for q, docs in ranking.items():
+            for rank, d in enumerate(docs, 1):
+                con.execute("insert into retrieval_run values ('toy', ?, ?, ?, ?, ?)", [system, q, d, rank, 100.0 - rank])
+    con.execute("create table original_qrels (dataset varchar, query_id varchar, doc_id varchar, relevance integer)")
+    con.execute("create table bridge_qrels (dataset varchar, query_id varchar, doc_id varchar, "
+                "relevance integer, source varchar)")
+    for (q, d), r in original.items():
+        con.execute("insert into original_qrels values ('toy', ?, ?, ?)", [q, d, r])
+        con.execute("insert into bridge_qrels values ('toy', ?, ?, ?, 'original')", [q, d, r])
+    for q, d in pending:
+        label = labels.get((q, d))
+        con.execute("insert into bridge_qrels values ('toy', ?, ?, ?, ?)",
+                    [q, d, label, "pending" if label is None else "human"])
+    metrics, _ = compute_dataset_metrics(con, DATASET, scope="all")
+    con.register("metrics_frame", metrics)
+    con.execute("create table retrieval_metrics as select * from metrics_frame")
+    return con
+
+
+def ranking_at_bounds(con: duckdb.DuckDBPyConnection) -> tuple[list, list]:
+    """Each bound's order of every two systems (-1, 0, 1), means at 12 decimals."""
+    means = con.execute("""select retriever, qrels_version, round(value, 12) from retrieval_metrics
+                           where query_id = 'all' and measure = ? and qrels_version like 'refined%'""",
+                        [MEASURE]).fetchall()
+    by = {(s, v): x for s, v, x in means}
+    systems = sorted({s for s, _, _ in means})
+    def order(version):
+        return [(by[a, version] > by[b, version]) - (by[a, version] < by[b, version])
+                for a, b in itertools.combinations(systems, 2)]
+    return order("refined"), order("refined_upper")
+
+
+def settled(case: dict, labels: dict) -> bool:
+    low, high = ranking_at_bounds(lake(**case, labels=labels))
+    return low == high
+
+
+def brute_force_stopping_point(case: dict, order: list) -> int:
+    """The fewest pairs, in `order`, whose labels (whatever they are: every combination) leave
+    the same system order at both bounds: every rank change robust."""
+    for m in range(len(order) + 1):
+        if all(settled(case, dict(zip(order[:m], answers, strict=True)))
+               for answers in itertools.product((0, 1), repeat=m)):
+            return m
+    raise AssertionError("never settled")
+
+
+def test_the_pair_that_decides_a_rank_change_comes_first_and_says_why():
+    frame = compute_pending_impact(lake(**HAND_MADE), DATASET)
+    assert frame["doc_id"].to_list() == ["d9", "d8"]           # impact order
+    first, second = frame.row(0, named=True), frame.row(1, named=True)
+    assert first["impact_rank"] == 1 and first["impact"] > 0 and first["decides"] == 1
+    assert first["reason"].startswith("decides A vs B on nDCG@10: not in A's top 10, rank 1 in B")
+    assert [(p["system_a"], p["system_b"], p["rank_a"], p["rank_b"]) for p in first["system_pairs"]] == \
+        [("A", "B", None, 1)]
+    assert second["impact"] == 0 and second["decides"] == 0 and second["system_pairs"] == []
+    assert second["reason"].startswith("changes no conclusion")
+    assert first["pairs_in_doubt"] == 1
+
+
+def test_the_stopping_point_equals_brute_force_on_the_hand_made_case():
+    frame = compute_pending_impact(lake(**HAND_MADE), DATASET)
+    order = list(zip(frame["query_id"], frame["doc_id"], strict=True))
+    assert stopping_point(frame) == brute_force_stopping_point(HAND_MADE, order) == 1
+
+
+def random_case(seed: int) -> dict:
+    rng = random.Random(seed)
+    docs = [f"d{i}" for i in range(8)]
+    queries = ["q1", "q2", "q3"]
+    runs = {s: {q: rng.sample(docs, 4) for q in queries} for s in ("A", "B", "C")}
+    original = {(q, rng.choice(docs)): 1 for q in queries}
+    pooled = sorted({(q, d) for ranking in runs.values() for q, ds in ranking.items() for d in ds} - set(original))
+    return {"runs": runs, "original": original, "pending": rng.sample(pooled, 4)}
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_each_pair_moves_exactly_the_system_gaps_brute_force_finds(seed):
+    """Impact > 0 exactly for the pending pairs whose label, the others held at either bound,
+    changes the gap of a system pair in doubt that ranks its chunk (metrics recomputed)."""
+    case = random_case(seed)
+    frame = compute_pending_impact(lake(**case), DATASET)
+    low, high = ranking_at_bounds(lake(**case))
+    systems = ["A", "B", "C"]
+    doubtful = [pair for pair, lo, hi in zip(itertools.combinations(systems, 2), low, high, strict=True) if lo != hi]
+    expected = set()
+    for q, d in case["pending"]:
+        for bound in (0, 1):
+            others = {p: bound for p in case["pending"] if p != (q, d)}
+            means = {}
+            for answer in (0, 1):
+                con = lake(**case, labels={**others, (q, d): answer})
+                means[answer] = dict(con.execute(
+                    "select retriever, value from retrieval_metrics where query_id = 'all' and measure = ? "
+                    "and qrels_version = 'refined'", [MEASURE]).fetchall())
+            for a, b in doubtful:
+                ranks = {s: case["runs"][s][q] for s in (a, b)}
+                if d not in ranks[a] and d not in ranks[b]:
+                    continue
+                if abs((means[1][a] - means[1][b]) - (means[0][a] - means[0][b])) > 1e-9:
+                    expected.add((q, d))
+    found = set(zip(*frame.filter(pl.col("impact") > 0).select("query_id", "doc_id").to_dict(as_series=False).values(),
+                    strict=True))
+    assert found == expected
+
+
+def test_only_ndcg_is_supported():
+    with pytest.raises(UnsupportedMeasure, match="nDCG@k"):
+        compute_pending_impact(lake(**HAND_MADE), DATASET, measure="success_10")
+
+
+def test_the_reason_names_both_ranks_and_more_pairs():
+    pairs = [{"system_a": "bm25", "system_b": "minilm_bpr", "rank_a": 2, "rank_b": 2, "share": 0.5},
+             {"system_a": "bm25", "system_b": "e5", "rank_a": 2, "rank_b": None, "share": 0.25},
+             {"system_a": "e5", "system_b": "splade", "rank_a": None, "rank_b": 7, "share": 0.1}]
+    assert explain(pairs, MEASURE, 3) == (
+        "decides bm25 vs minilm_bpr on nDCG@10: rank 2 in both (50% of the swing); "
+        "bm25 vs e5 on nDCG@10: rank 2 in bm25, not in e5's top 10 (25% of the swing); "
+        "and 1 more system pair(s)")
+
+
+def test_the_queue_serves_the_deciding_pair_first_and_finishes_started_pairs_first():
+    """The hand-made lake as the queue sees it: both pending pairs escalated; the pair that
+    decides A vs B is served first (the plain order would serve q1/d8), a pair with votes
+    before either."""
+    from bridge_assets.human.annotators import add_annotator
+    from bridge_assets.human.queue import QueueSettings, next_assignment, pairs_open_to, progress
+    from bridge_assets.human.tables import ensure_schema, utc_now
+    from bridge_assets.human.votes import insert_vote
+
+    con = lake(**HAND_MADE)
+    frame = compute_pending_impact(con, DATASET)
+    con.register("impact_frame", frame)
+    con.execute("create table pending_impact as select * from impact_frame")
+    con.execute("create table debate_labels as select 'toy' as dataset, query_id, doc_id, 'escalated' as outcome "
+                "from bridge_qrels where relevance is null")
+    ensure_schema(con)
+    for name in ("ann", "other"):
+        add_annotator(con, name)
+    settings = QueueSettings(attention_rate=0.0)
+    first = next_assignment(con, "ann", settings, random.Random(0))
+    assert (first.query_id, first.doc_id) == ("q2", "d9")
+    assert progress(con, "ann", settings).stopping_point == 1
+    # a vote on the other pair puts it first for everyone else
+    insert_vote(con, dataset="toy", query_id="q1", doc_id="d8", annotator_id="ann", label=0, comment=None,
+                with_history=True, is_attention_check=False, expected_label=None, status="accepted",
+                source="app", created_at=utc_now())
+    assert pairs_open_to(con, "other", settings, utc_now())["doc_id"].to_list() == ["d8", "d9"]
