@@ -17,8 +17,9 @@ from bridge_assets.qrels import definitions as qrels
 from bridge_assets.reports import definitions as reports
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.retrieval import definitions as retrieval
+from bridge_assets.student import definitions as student
 
-STAGES = [ingest, retrieval, labeling, human, qrels, analysis, reports, evaluation]
+STAGES = [ingest, retrieval, labeling, human, qrels, student, analysis, reports, evaluation]
 
 # What `make run` / `bridge run` materializes for one dataset: the whole pipeline. The labeler
 # evaluation runs on gold sets, not datasets, so it is left out; human_labels runs with

@@ -48,6 +48,7 @@ LABELERS = {
     "diras": "bridge_assets.evaluation.diras:DirasLabeler",
     "utilsel": "bridge_assets.evaluation.utility:UtilitySelectionLabeler",
     "utilrank": "bridge_assets.evaluation.utility:UtilityRankingLabeler",
+    "student": "bridge_assets.student.labeler:StudentLabeler",
 }
 DEFAULT_LABELER = "dream"
 

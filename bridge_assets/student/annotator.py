@@ -1,0 +1,108 @@
+"""The student annotator of one dataset, from the lake: what it learns from, where its trained
+model lives, and the scores it gives the candidate pool. Plain functions (no Dagster): the
+assets in assets.py wire them.
+
+A student is stored once per key, `<data lake>/students/<dataset>/<key>/` (the folder holds
+the encoder, calibration.json and meta.json), where the key hashes its training set (the
+verified labels, sql/student_training_set.sql), its settings and its base encoder: unchanged
+labels find the trained student again, changed ones train a new one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import polars as pl
+
+from bridge_assets.labeling.pairs import Pair, load_pairs
+from bridge_assets.paths import read_sql
+from bridge_assets.retrieval.cache import ensure_built, read_meta
+from bridge_assets.student.model import (Example, Student, StudentSettings, base_model_location,
+                                         split_by_query, train_student, weights_hash)
+
+SCORE_BATCH = 64
+
+
+@dataclass(frozen=True)
+class TrainingSet:
+    """The verified labels of a dataset, with their texts."""
+
+    labels: pl.DataFrame   # query_id, doc_id, label, source
+    pairs: list[Pair]      # the same rows' texts, in the same order
+
+    @property
+    def version(self) -> str:
+        """Changes exactly when a label, its source or a text it reads does."""
+        digest = hashlib.sha256()
+        for (query_id, doc_id, label, source), pair in zip(self.labels.iter_rows(), self.pairs, strict=True):
+            digest.update(json.dumps([query_id, doc_id, label, source, pair.query, pair.chunk]).encode())
+        return digest.hexdigest()[:16]
+
+    def examples(self) -> list[Example]:
+        return [Example(pair.query_id, pair.query, pair.chunk, float(label), source)
+                for (_, _, label, source), pair in zip(self.labels.iter_rows(), self.pairs, strict=True)]
+
+
+def training_set(con: duckdb.DuckDBPyConnection, dataset: str) -> TrainingSet:
+    """The verified labels of `dataset` in `con` (bridge_qrels, queries, corpus)."""
+    labels = con.execute(read_sql("student_training_set"), {"dataset": dataset}).pl()
+    pairs = load_pairs(con, dataset, "select query_id, doc_id from bridge_qrels where dataset = $dataset "
+                       "and verified and relevance is not null")
+    return TrainingSet(labels, pairs)
+
+
+def student_folder(lake_folder: Path, dataset: str, key: str) -> Path:
+    return lake_folder / "students" / dataset / key
+
+
+def student_key(version: str, settings: StudentSettings, base_location: str) -> str:
+    """Its training set's version, its settings and the encoder it starts from."""
+    config = {"training_set": version, "settings": settings.model_dump(), "base": base_location}
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class StoredStudent:
+    key: str
+    folder: Path
+    meta: dict[str, Any]
+    trained_now: bool
+
+    def load(self) -> Student:
+        return Student.load(self.folder)
+
+
+def ensure_student(lake_folder: Path, dataset: str, data: TrainingSet,
+                   settings: StudentSettings) -> StoredStudent:
+    """The student of `data` under `settings`: found again when one was trained on the same
+    labels, else trained now (under a file lock; a half-trained folder is never read)."""
+    location = base_model_location(settings.base_model)
+    key = student_key(data.version, settings, location)
+
+    def build(folder: Path) -> dict[str, Any]:
+        student = train_student(data.examples(), settings, location)
+        student.save(folder)
+        return {"weights_hash": weights_hash(folder), "training_set": data.version,
+                "report": asdict(student.report), "settings": settings.model_dump()}
+
+    folder, built_now = ensure_built(student_folder(lake_folder, dataset, key), build)
+    return StoredStudent(key, folder, read_meta(folder), built_now)
+
+
+def splits(data: TrainingSet, settings: StudentSettings) -> list[str]:
+    """'train' or 'calibration' per label, as the training split them (for the audit table)."""
+    examples = data.examples()
+    _, held = split_by_query(examples, settings.calibration_share, settings.seed)
+    held_queries = {e.query_id for e in held}
+    return ["calibration" if e.query_id in held_queries else "train" for e in examples]
+
+
+def score_pairs(student: Student, pairs: Sequence[Pair]) -> list[float]:
+    """Calibrated P(relevant) of each pair."""
+    return student.score([(pair.query, pair.chunk) for pair in pairs], batch_size=SCORE_BATCH)

@@ -1,0 +1,129 @@
+"""Dagster wiring of the student stage, per dataset: bridge_qrels -> student_annotator ->
+student_scores (annotator.py does the work).
+
+student_annotator trains (or finds again) the student of the dataset's verified labels and
+records what it learned from: the table `student_annotator` (one row: its key, weights hash,
+settings, figures, the lake snapshot it read) and `student_training_set` (every label it saw,
+with its split). Its data version is the student's key, so student_scores, and what reads it,
+are stale only when the labels or settings changed. student_scores gives every candidate-pool
+pair the student's calibrated P(relevant).
+"""
+
+# No `from __future__ import annotations`: Dagster resolves dg.Config annotations at runtime.
+import json
+
+import dagster as dg
+import polars as pl
+from pydantic import Field
+
+from bridge_assets import ducklake, snapshots
+from bridge_assets.labeling.pairs import load_pairs
+from bridge_assets.partitions import dataset_partitions
+from bridge_assets.resources import DuckDBStore
+from bridge_assets.student.annotator import ensure_student, score_pairs, splits, student_folder, training_set
+from bridge_assets.student.model import StudentSettings
+
+GROUP = "student"
+READS: dict[str, tuple[str, ...]] = {
+    "student_annotator": ("bridge_qrels", "queries", "corpus"),
+    "student_scores": ("student_annotator", "candidate_pool", "queries", "corpus"),
+}
+_DEFAULTS = StudentSettings()
+
+
+class StudentConfig(dg.Config):
+    """How the student is trained (bridge_assets/student/model.py StudentSettings)."""
+
+    base_model: str = Field(_DEFAULTS.base_model, description="The encoder it starts from: a "
+                            "model of resources/retrievers.yaml (sentence-transformers).")
+    epochs: int = Field(_DEFAULTS.epochs, ge=1)
+    learning_rate: float = Field(_DEFAULTS.learning_rate, gt=0)
+    batch_size: int = Field(_DEFAULTS.batch_size, ge=1)
+    max_length: int = Field(_DEFAULTS.max_length, ge=16)
+    calibration_share: float = Field(_DEFAULTS.calibration_share, ge=0.0, lt=1.0,
+                                     description="Share of the queries held out to calibrate.")
+    seed: int = _DEFAULTS.seed
+
+    def settings(self) -> StudentSettings:
+        return StudentSettings(**self.model_dump())
+
+
+def _lake_snapshot(store: DuckDBStore) -> int | str:
+    """The DuckLake snapshot current now ("n/a" on a DuckDB file, which keeps no history)."""
+    if store.lake.ducklake is None:
+        return snapshots.NOT_AVAILABLE
+    with store.connect() as con:
+        return ducklake.current_snapshot(con)
+
+
+@dg.asset(
+    partitions_def=dataset_partitions, group_name=GROUP, deps=list(READS["student_annotator"]),
+    code_version="1",
+    description="A small cross-encoder (DIRAS's student) trained on the dataset's verified labels "
+                "(bridge_qrels: original, human, DREAM consensus, filter, verified imports; never "
+                "pending pairs or unverified guesses) and Platt-calibrated on held-out queries. "
+                "Stored under <data lake>/students/<dataset>/<key>/; retrained only when the "
+                "labels or settings change.",
+)
+def student_annotator(context: dg.AssetExecutionContext, config: StudentConfig,
+                      store: DuckDBStore) -> dg.MaterializeResult:
+    dataset, settings = context.partition_key, config.settings()
+    learned_from = _lake_snapshot(store)
+    with snapshots.inputs(store, dataset, READS["student_annotator"]) as con:
+        data = training_set(con, dataset)
+    stored = ensure_student(store.lake.folder, dataset, data, settings)
+    report = stored.meta["report"]
+    held_out = report["held_out"].get("after") or {}
+    row = {"dataset": dataset, "student_key": stored.key, "weights_hash": stored.meta["weights_hash"],
+           "folder": str(stored.folder), "base_model": settings.base_model,
+           "settings": json.dumps(settings.model_dump(), sort_keys=True),
+           "training_set_version": data.version, "labels": report["examples"],
+           "relevant": report["relevant"], "trained_on": report["trained_on"],
+           "calibrated_on": report["calibrated_on"], "calibration": report["calibration"],
+           "held_out_ece": held_out.get("ece"), "held_out_auroc": held_out.get("auroc"),
+           "learned_from_snapshot": str(learned_from), "train_seconds": report["seconds"]}
+    labels = data.labels.with_columns(pl.lit(dataset).alias("dataset"),
+                                      pl.Series("split", splits(data, settings)),
+                                      pl.lit(stored.key).alias("student_key"))
+    store.write_partitions({"student_annotator": pl.DataFrame([row]), "student_training_set": labels},
+                           dataset=dataset)
+    verb = "trained" if stored.trained_now else "unchanged labels: kept"
+    context.log.info(f"{dataset}: student {stored.key} {verb} ({report['examples']} verified labels, "
+                     f"{report['relevant']} relevant; calibration {report['calibration']})")
+    return dg.MaterializeResult(
+        metadata={"student_key": stored.key, "weights_hash": stored.meta["weights_hash"],
+                  "trained_now": stored.trained_now, "labels": report["examples"],
+                  "relevant": report["relevant"], "sources": json.dumps(report["sources"]),
+                  "calibration": report["calibration"],
+                  "held_out_ece": held_out.get("ece"), "held_out_auroc": held_out.get("auroc"),
+                  "learned_from_snapshot": str(learned_from),
+                  "folder": dg.MetadataValue.path(str(stored.folder))},
+        data_version=dg.DataVersion(stored.key))
+
+
+@dg.asset(
+    partitions_def=dataset_partitions, group_name=GROUP, deps=list(READS["student_scores"]),
+    code_version="1",
+    description="The student's calibrated P(relevant) of every candidate-pool pair (all of "
+                "them, debated or not), with the key of the student that scored it.",
+)
+def student_scores(context: dg.AssetExecutionContext, store: DuckDBStore) -> dg.MaterializeResult:
+    from bridge_assets.student.model import Student
+
+    dataset = context.partition_key
+    with snapshots.inputs(store, dataset, READS["student_scores"]) as con:
+        key, = con.execute("select student_key from student_annotator where dataset = ?",
+                           [dataset]).fetchone()
+        pairs = load_pairs(con, dataset, "select distinct query_id, doc_id from candidate_pool "
+                                         "where dataset = $dataset")
+    scores = score_pairs(Student.load(student_folder(store.lake.folder, dataset, key)), pairs)
+    frame = pl.DataFrame({"dataset": [dataset] * len(pairs),
+                          "query_id": [p.query_id for p in pairs], "doc_id": [p.doc_id for p in pairs],
+                          "p_relevant": scores, "student_key": [key] * len(pairs)},
+                         schema={"dataset": pl.Utf8, "query_id": pl.Utf8, "doc_id": pl.Utf8,
+                                 "p_relevant": pl.Float64, "student_key": pl.Utf8})
+    store.write_partitions({"student_scores": frame}, dataset=dataset)
+    return dg.MaterializeResult(
+        metadata={"dagster/row_count": frame.height, "student_key": key,
+                  "above_half": int((frame["p_relevant"] >= 0.5).sum()) if frame.height else 0},
+        data_version=snapshots.frame_version(frame))

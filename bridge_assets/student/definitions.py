@@ -1,0 +1,8 @@
+"""The student stage's Dagster definitions: student_annotator and student_scores (merged with
+the other stages' in bridge_assets/definitions.py)."""
+
+import dagster as dg
+
+from bridge_assets.student import assets
+
+defs = dg.Definitions(assets=dg.load_assets_from_modules([assets]))

@@ -1,0 +1,97 @@
+"""The student as a labeler (`bridge label-eval --method student`): measured on a gold set
+like every other labeler, never on a pair it learned from.
+
+The gold set's queries are split into `folds` (seeded); each fold is labelled by a student
+trained (and calibrated) on the other folds' known labels, so every pair gets an out-of-fold
+P(relevant) and no student sees a query it is scored on. Its labels are votes (a calibrated
+score is not a verified label): relevant where P >= `threshold`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+from pydantic import Field
+
+from bridge_assets.evaluation.metrics import calibration_metrics
+from bridge_assets.labeling.calls import Generate
+from bridge_assets.labeling.labeler import (Labeler, LabelerError, LabelerRun, LabelerSettings, LabelItem,
+                                            ProfilesFor, outcome_label)
+from bridge_assets.labeling.prompts import Prompts
+from bridge_assets.student.model import Example, StudentSettings, train_student
+
+
+class StudentLabelerSettings(LabelerSettings):
+    folds: int = Field(2, ge=2, description="Query folds: each is labelled by a student trained "
+                       "on the others.")
+    threshold: float = Field(0.5, gt=0.0, lt=1.0, description="Calibrated P(relevant) at or "
+                             "above which a pair is labelled relevant.")
+    base_model: str = StudentSettings.model_fields["base_model"].default
+    epochs: int = Field(StudentSettings.model_fields["epochs"].default, ge=1)
+    learning_rate: float = Field(StudentSettings.model_fields["learning_rate"].default, gt=0)
+    batch_size: int = Field(StudentSettings.model_fields["batch_size"].default, ge=1)
+    max_length: int = Field(StudentSettings.model_fields["max_length"].default, ge=16)
+    calibration_share: float = Field(StudentSettings.model_fields["calibration_share"].default,
+                                     ge=0.0, lt=1.0)
+    seed: int = 0
+
+    def student(self) -> StudentSettings:
+        """The training settings (the fields both spell the same)."""
+        return StudentSettings(**self.model_dump(include=set(StudentSettings.model_fields)))
+
+
+def query_folds(items: Sequence[LabelItem], folds: int, seed: int) -> list[int]:
+    """The fold of each item: its query's, queries dealt round-robin after a seeded shuffle."""
+    queries = sorted({item.query for item in items})
+    random.Random(seed).shuffle(queries)
+    fold_of = {query: n % folds for n, query in enumerate(queries)}
+    return [fold_of[item.query] for item in items]
+
+
+class StudentLabeler(Labeler):
+    """DIRAS's student: a cross-encoder trained on known labels, cross-fitted by query."""
+
+    Settings = StudentLabelerSettings
+    needs_gold = True
+    max_models: ClassVar[int | None] = 0
+    settings: StudentLabelerSettings
+
+    def __init__(self, settings: LabelerSettings, profiles_for: ProfilesFor):
+        if settings.models:
+            raise LabelerError("the student calls no LLM: it takes no model profiles "
+                               "(its encoder is `base_model`)")
+        self.settings = settings
+        self.models = []
+
+    def describe(self, items: int = 0) -> dict[str, Any]:
+        return {"models": f"student ({self.settings.base_model})"}
+
+    def label(self, items: Sequence[LabelItem], generate: Generate,
+              prompts: Prompts | None = None) -> LabelerRun:
+        if any(item.gold is None for item in items):
+            raise LabelerError("the student learns from known labels: it needs a gold set "
+                               "(bridge label-eval), not unlabelled pairs")
+        folds = query_folds(items, self.settings.folds, self.settings.seed)
+        scores: list[float | None] = [None] * len(items)
+        reports = []
+        for fold in range(self.settings.folds):
+            train = [Example(item.query, item.query, item.chunk, float(item.gold), "gold")
+                     for item, f in zip(items, folds, strict=True) if f != fold]
+            scored = [i for i, f in enumerate(folds) if f == fold]
+            if not scored:
+                continue
+            student = train_student(train, self.settings.student())
+            for i, p in zip(scored, student.score([(items[i].query, items[i].chunk) for i in scored]),
+                            strict=True):
+                scores[i] = p
+            reports.append({"fold": fold, "trained_on": student.report.trained_on,
+                            "calibrated_on": student.report.calibrated_on,
+                            "calibration": student.report.calibration,
+                            "train_seconds": student.report.seconds})
+        labels = [outcome_label(item.pair, int(p >= self.settings.threshold), p_yes=p)
+                  for item, p in zip(items, scores, strict=True)]
+        gold = [int(item.gold) for item in items]
+        return LabelerRun(labels, scores=scores, models=[],
+                          extra={**calibration_metrics(gold, scores), "folds": reports})

@@ -1,0 +1,228 @@
+"""The student annotator (DIRAS): a small cross-encoder trained on verified labels, calibrated
+on held-out queries, that gives P(relevant) for any (query, chunk) at a fraction of an LLM
+call's cost.
+
+    student = train_student(examples, StudentSettings())
+    student.save(folder); student = Student.load(folder)
+    student.score([(query, chunk), ...])          # calibrated P(relevant), one per pair
+
+The encoder starts from a shipped bi-encoder checkpoint (retrievers.yaml `models`, default
+all-MiniLM-L6-v2) with a new one-logit relevance head, trained with binary cross-entropy
+(targets may be soft: a teacher's P(yes)). A share of the queries (never their pairs apart)
+is held out and a Platt calibration (the same logistic fit LARA uses) is fitted on it; with
+too few held-out labels of both classes the calibration is the identity and says so.
+Training is seeded and runs single-process on the CPU.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import random
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from bridge_assets.errors import BridgeError
+from bridge_assets.evaluation.lara import IDENTITY, Calibrator, fit_calibrator
+from bridge_assets.evaluation.metrics import calibration_metrics
+
+CALIBRATION_FILE = "calibration.json"
+WEIGHTS_FILE = "model.safetensors"
+
+
+class StudentError(BridgeError, ValueError):
+    """A student that cannot be trained (no labels, one class) or loaded."""
+
+
+class StudentSettings(BaseModel):
+    """How a student is trained (every field is part of its key: a change retrains it)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    base_model: str = Field("all-minilm-l6-v2", description="The encoder it starts from: a "
+                            "model of resources/retrievers.yaml `models` (sentence-transformers).")
+    epochs: int = Field(4, ge=1)
+    learning_rate: float = Field(5e-5, gt=0)
+    batch_size: int = Field(16, ge=1)
+    max_length: int = Field(256, ge=16, description="Tokens of query + chunk it reads.")
+    calibration_share: float = Field(0.25, ge=0.0, lt=1.0, description="Share of the queries "
+                                     "held out of training to fit the calibration.")
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Example:
+    """One training pair: `target` is 1/0 for a verified label, or a teacher's P(yes)."""
+
+    query_id: str
+    query: str
+    chunk: str
+    target: float
+    source: str = ""
+
+
+@dataclass
+class TrainingReport:
+    """What a training learned from and how well it calibrates on its held-out queries."""
+
+    examples: int
+    trained_on: int
+    calibrated_on: int
+    relevant: int
+    sources: dict[str, int]
+    calibration: str                      # "platt" | "identity (why)"
+    held_out: dict[str, Any] = field(default_factory=dict)   # ECE/Brier/AUROC before and after
+    seconds: float = 0.0
+
+
+def split_by_query(examples: Sequence[Example], share: float, seed: int) -> tuple[list[Example], list[Example]]:
+    """(train, held out): `share` of the queries, chosen at random (seeded), are held out
+    whole, so the calibration never sees a query the encoder trained on."""
+    queries = sorted({e.query_id for e in examples})
+    random.Random(seed).shuffle(queries)
+    held = set(queries[:round(len(queries) * share)]) if share else set()
+    return ([e for e in examples if e.query_id not in held], [e for e in examples if e.query_id in held])
+
+
+def base_model_location(name: str) -> str:
+    """The folder (or Hub id) of a retrievers.yaml model, through its declared sources."""
+    from bridge_assets.retrieval.registry import load_registry
+    from bridge_assets.retrieval.weights import resolve_model
+
+    registry = load_registry()
+    if name not in registry.models:
+        raise StudentError(f"student base_model '{name}' is not a model of retrievers.yaml "
+                           f"(known: {', '.join(registry.models)})")
+    return resolve_model(registry.models[name]).location
+
+
+def _cross_encoder(location: str, max_length: int):
+    from sentence_transformers import CrossEncoder
+
+    return CrossEncoder(location, num_labels=1, max_length=max_length, device="cpu")
+
+
+def train_encoder(examples: Sequence[Example], settings: StudentSettings, location: str):
+    """A CrossEncoder fine-tuned on `examples` (binary cross-entropy on the relevance logit,
+    soft targets allowed), seeded."""
+    import torch
+    from transformers import logging as hf_logging
+
+    torch.manual_seed(settings.seed)
+    hf_logging.set_verbosity_error()  # "newly initialized classifier weights" is the point here
+    model = _cross_encoder(location, settings.max_length)
+    network, tokenizer = model.model, model.tokenizer
+    optimizer = torch.optim.AdamW(network.parameters(), lr=settings.learning_rate)
+    loss_fn = torch.nn.BCEWithLogitsLoss()
+    order = list(range(len(examples)))
+    shuffle = random.Random(settings.seed)
+    network.train()
+    for _ in range(settings.epochs):
+        shuffle.shuffle(order)
+        for start in range(0, len(order), settings.batch_size):
+            batch = [examples[i] for i in order[start:start + settings.batch_size]]
+            features = tokenizer([e.query for e in batch], [e.chunk for e in batch], padding=True,
+                                 truncation=True, max_length=settings.max_length, return_tensors="pt")
+            logits = network(**features).logits.view(-1)
+            loss = loss_fn(logits, torch.tensor([e.target for e in batch], dtype=torch.float32))
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    network.eval()
+    return model
+
+
+def encoder_probabilities(model, pairs: Sequence[tuple[str, str]], batch_size: int = 64) -> list[float]:
+    """sigmoid(logit) of each (query, chunk): the uncalibrated score."""
+    if not pairs:
+        return []
+    logits = model.predict(list(pairs), batch_size=batch_size, show_progress_bar=False,
+                           activation_fn=None, convert_to_numpy=True)
+    return [1 / (1 + math.exp(-float(z))) for z in np.asarray(logits).reshape(-1)]
+
+
+@dataclass
+class Student:
+    """A trained student: its encoder and its calibration."""
+
+    encoder: Any
+    calibrator: Calibrator
+    settings: StudentSettings
+    report: TrainingReport
+
+    def score(self, pairs: Sequence[tuple[str, str]], batch_size: int = 64) -> list[float]:
+        """Calibrated P(relevant) of each (query, chunk)."""
+        return [self.calibrator(p) for p in encoder_probabilities(self.encoder, pairs, batch_size)]
+
+    def save(self, folder: Path) -> None:
+        self.encoder.save_pretrained(str(folder))
+        (folder / CALIBRATION_FILE).write_text(json.dumps(
+            {"calibrator": asdict(self.calibrator), "settings": self.settings.model_dump(),
+             "report": asdict(self.report)}, indent=2, sort_keys=True))
+
+    @classmethod
+    def load(cls, folder: Path) -> Student:
+        try:
+            saved = json.loads((folder / CALIBRATION_FILE).read_text())
+        except FileNotFoundError:
+            raise StudentError(f"{folder} holds no trained student ({CALIBRATION_FILE} missing)") from None
+        settings = StudentSettings(**saved["settings"])
+        return cls(_cross_encoder(str(folder), settings.max_length), Calibrator(**saved["calibrator"]),
+                   settings, TrainingReport(**saved["report"]))
+
+
+def weights_hash(folder: Path) -> str:
+    """sha256 (16 hex) of the saved weights: the student's identity in lineage and audits."""
+    digest = hashlib.sha256()
+    with open(folder / WEIGHTS_FILE, "rb") as weights:
+        for block in iter(lambda: weights.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:16]
+
+
+def calibrate(probabilities: Sequence[float], labels: Sequence[int]) -> tuple[Calibrator, str]:
+    """Platt scaling of the encoder's P on held-out labels; the identity (and why) when they
+    do not hold both classes."""
+    if not labels:
+        return IDENTITY, "identity (no held-out queries)"
+    if len(set(labels)) < 2:
+        return IDENTITY, "identity (held-out labels of one class only)"
+    return fit_calibrator(probabilities, labels), "platt"
+
+
+def train_student(examples: Sequence[Example], settings: StudentSettings,
+                  location: str | None = None) -> Student:
+    """Train on `examples` (held-out queries apart), then calibrate on the held-out ones.
+    Hard labels (0/1) of held-out queries fit the calibration; soft targets only train."""
+    import time
+
+    started = time.perf_counter()
+    if not examples:
+        raise StudentError("the student has no verified labels to learn from")
+    hard = [e for e in examples if e.target in (0.0, 1.0)]
+    if len({e.target for e in hard}) < 2:
+        raise StudentError("the student needs verified labels of both classes (relevant and not)")
+    train, held = split_by_query(examples, settings.calibration_share, settings.seed)
+    held = [e for e in held if e.target in (0.0, 1.0)]
+    if not train:
+        raise StudentError("no examples left to train on after holding out the calibration queries")
+    encoder = train_encoder(train, settings, location or base_model_location(settings.base_model))
+    raw = encoder_probabilities(encoder, [(e.query, e.chunk) for e in held])
+    labels = [int(e.target) for e in held]
+    calibrator, how = calibrate(raw, labels)
+    before = calibration_metrics(labels, raw) if held else {}
+    after = calibration_metrics(labels, [calibrator(p) for p in raw]) if held else {}
+    sources: dict[str, int] = {}
+    for e in examples:
+        sources[e.source] = sources.get(e.source, 0) + 1
+    report = TrainingReport(
+        examples=len(examples), trained_on=len(train), calibrated_on=len(held),
+        relevant=sum(1 for e in hard if e.target == 1.0), sources=sources, calibration=how,
+        held_out={"before": before, "after": after}, seconds=round(time.perf_counter() - started, 1))
+    return Student(encoder, calibrator, settings, report)

@@ -1,0 +1,165 @@
+"""The student annotator: what it learns from (verified labels only), its calibration, its
+storage (retrained only when the labels change), the pipeline's student assets and the
+student as a labeler on a gold set. Real MiniLM weights, tiny inputs, one short epoch."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import dagster as dg
+import pytest
+
+from bridge_assets import store
+from bridge_assets.evaluation.metrics import expected_calibration_error
+from bridge_assets.labeling.labeler import LabelerError, LabelItem, build_labeler, pipeline_labeler
+from bridge_assets.labeling.pairs import Pair
+from bridge_assets.resources import DuckDBStore
+from bridge_assets.student import assets as student_assets
+from bridge_assets.student.annotator import ensure_student, training_set
+from bridge_assets.student.labeler import query_folds
+from bridge_assets.student.model import (Example, Student, StudentError, StudentSettings, calibrate,
+                                         split_by_query, train_student, weights_hash)
+from fixtures.labeled_lake import DATASET, EXPECTED_LABELS, materialize_qrels, read
+
+TINY = StudentSettings(epochs=1, max_length=48, batch_size=8, calibration_share=0.34)
+
+
+def _examples() -> list[Example]:
+    """Six queries, each with a chunk that answers it and one about something else."""
+    facts = [("What does len() return?", "len returns the number of items."),
+             ("Which keyword defines a function?", "def defines a function."),
+             ("What is the boiling point of water?", "Water boils at 100 degrees."),
+             ("Who wrote Hamlet?", "Hamlet was written by Shakespeare."),
+             ("What is the capital of France?", "Paris is the capital of France."),
+             ("How many legs does a spider have?", "A spider has eight legs.")]
+    examples = []
+    for n, (query, chunk) in enumerate(facts):
+        other = facts[(n + 3) % len(facts)][1]
+        examples += [Example(f"q{n}", query, chunk, 1.0, "original"),
+                     Example(f"q{n}", query, other, 0.0, "debate")]
+    return examples
+
+
+def _plant_pending_yes(lake) -> None:
+    """The escalated pair nobody voted on gets a model's 'yes' guess (an adjudicator label)."""
+    with store.connect(lake / "bridge.duckdb") as con:
+        con.execute("update debate_labels set adjudicator_label = 1 "
+                    "where query_id = 'q2' and doc_id = 'd10'")
+
+
+def test_training_set_holds_verified_labels_only(labeled_lake):
+    _plant_pending_yes(labeled_lake)
+    materialize_qrels(labeled_lake)
+    pending = read(labeled_lake, "select unverified_label from bridge_qrels where source = 'pending'")
+    assert pending["unverified_label"].to_list() == [1]  # the planted guess is in the qrels, apart
+    with DuckDBStore(data_lake=str(labeled_lake)).snapshot(DATASET, ("bridge_qrels", "queries", "corpus")) as con:
+        data = training_set(con, DATASET)
+    got = {(q, d): (label, source) for q, d, label, source in data.labels.iter_rows()}
+    assert ("q2", "d10") not in got
+    assert got == {pair: (int(relevance > 0), source) for pair, (relevance, source) in EXPECTED_LABELS.items()}
+    assert [(p.query_id, p.doc_id) for p in data.pairs] == list(got)
+    assert {e.target for e in data.examples()} == {0.0, 1.0}
+
+
+def test_split_keeps_each_query_whole():
+    train, held = split_by_query(_examples(), 0.34, seed=3)
+    assert {e.query_id for e in train}.isdisjoint({e.query_id for e in held})
+    assert len({e.query_id for e in held}) == 2 and len(train) + len(held) == 12
+
+
+def test_platt_calibration_repairs_an_overconfident_score():
+    rng = random.Random(0)
+    truth = [rng.random() for _ in range(2000)]
+    labels = [int(rng.random() < p) for p in truth]
+    # the score says the truth's log-odds three times over: far too sure of itself
+    overconfident = [1 / (1 + math.exp(-3 * math.log(max(p, 1e-6) / max(1 - p, 1e-6)))) for p in truth]
+    calibrator, how = calibrate(overconfident, labels)
+    assert how == "platt"
+    before = expected_calibration_error(labels, overconfident)
+    after = expected_calibration_error(labels, [calibrator(p) for p in overconfident])
+    assert after < before / 3 and after < 0.05
+    assert calibrate(overconfident[:5], [1] * 5) == (calibrate([], [])[0], "identity (held-out labels of one class only)")
+
+
+def test_a_student_needs_labels_of_both_classes():
+    with pytest.raises(StudentError, match="both classes"):
+        train_student([e for e in _examples() if e.target == 1.0], TINY)
+    with pytest.raises(StudentError, match="no verified labels"):
+        train_student([], TINY)
+
+
+def test_student_is_stored_once_per_training_set(tmp_path):
+    from bridge_assets.student.annotator import TrainingSet
+    import polars as pl
+
+    examples = _examples()
+    data = TrainingSet(pl.DataFrame({"query_id": [e.query_id for e in examples],
+                                     "doc_id": [f"d{i}" for i in range(len(examples))],
+                                     "label": [int(e.target) for e in examples],
+                                     "source": [e.source for e in examples]}),
+                       [Pair(e.query_id, f"d{i}", e.query, (), e.chunk) for i, e in enumerate(examples)])
+    first = ensure_student(tmp_path, "toy", data, TINY)
+    again = ensure_student(tmp_path, "toy", data, TINY)
+    assert first.trained_now and not again.trained_now
+    assert (again.key, again.meta["weights_hash"]) == (first.key, weights_hash(first.folder))
+    report = first.meta["report"]
+    assert (report["examples"], report["relevant"], report["calibrated_on"]) == (12, 6, 4)
+    assert report["sources"] == {"original": 6, "debate": 6}
+
+    student = Student.load(first.folder)  # the saved student scores as the trained one did
+    pairs = [(e.query, e.chunk) for e in examples[:4]]
+    scores = student.score(pairs)
+    assert all(0.0 < p < 1.0 for p in scores) and scores == Student.load(first.folder).score(pairs)
+
+    flipped = TrainingSet(data.labels.with_columns(pl.when(pl.col("doc_id") == "d1").then(1)
+                                                   .otherwise(pl.col("label")).alias("label")), data.pairs)
+    changed = ensure_student(tmp_path, "toy", flipped, TINY)
+    assert changed.trained_now and changed.key != first.key
+
+
+def test_student_assets_train_once_and_score_the_whole_pool(labeled_lake):
+    _plant_pending_yes(labeled_lake)
+    materialize_qrels(labeled_lake)
+    resources = {"store": DuckDBStore(data_lake=str(labeled_lake))}
+    config = dg.RunConfig(ops={"student_annotator": student_assets.StudentConfig(
+        epochs=1, max_length=48, batch_size=8, calibration_share=0.25)})
+    assets = [student_assets.student_annotator, student_assets.student_scores]
+
+    def materialize():
+        result = dg.materialize(assets, partition_key=DATASET, resources=resources, run_config=config)
+        assert result.success
+        return result.asset_materializations_for_node("student_annotator")[0].metadata
+
+    first, second = materialize(), materialize()
+    assert first["trained_now"].value is True and second["trained_now"].value is False
+    assert first["student_key"] == second["student_key"]
+    row = read(labeled_lake, "select * from student_annotator").to_dicts()
+    assert len(row) == 1 and row[0]["labels"] == len(EXPECTED_LABELS)
+    assert row[0]["weights_hash"] == first["weights_hash"].value
+    audit = read(labeled_lake, "select query_id, doc_id, split from student_training_set")
+    assert ("q2", "d10") not in set(zip(audit["query_id"], audit["doc_id"], strict=True))
+    assert set(audit["split"]) <= {"train", "calibration"}
+    scores = read(labeled_lake, "select s.query_id, s.doc_id, s.p_relevant from student_scores s")
+    pool = read(labeled_lake, "select distinct query_id, doc_id from candidate_pool")
+    assert scores.height == pool.height
+    assert scores["p_relevant"].is_between(0, 1).all()
+
+
+def test_student_labeler_scores_every_pair_out_of_fold():
+    examples = _examples()
+    items = [LabelItem(str(i), Pair(e.query_id, f"d{i}", e.query, (), e.chunk), int(e.target))
+             for i, e in enumerate(examples)]
+    folds = query_folds(items, 2, seed=0)
+    assert all(folds[i] == folds[i + 1] for i in range(0, len(items), 2))  # a query stays in its fold
+    labeler = build_labeler({"labeler": "student", "epochs": 1, "max_length": 48, "batch_size": 8},
+                            profiles_for=lambda role: [])
+    run = labeler.label(items, generate=None)
+    assert [label.outcome for label in run.labels] == ["vote"] * len(items)  # a score is no verified label
+    assert all(0 < p < 1 for p in run.scores)
+    assert [f["trained_on"] + f["calibrated_on"] for f in run.extra["folds"]] == [6, 6]
+    assert run.extra["scored"] == len(items) and run.extra["auroc"] is not None
+    with pytest.raises(LabelerError, match="known labels"):
+        pipeline_labeler(labeler.settings, lambda role: [], "binary")
+    with pytest.raises(LabelerError, match="no LLM"):
+        build_labeler({"labeler": "student", "models": ["qwen-0.5b"]}, profiles_for=lambda role: [])
