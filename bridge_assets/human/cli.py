@@ -181,3 +181,24 @@ def plan(
     with _votes(lake=True) as con:
         result = annotation_plan(con, dataset)
     typer.echo(describe(result, systems=systems or None, limit=limit))
+
+
+@app.command("export-gold")
+def export_gold(
+    output: Path = typer.Option(None, "--output", "-o", help="JSONL file to write (default: stdout)."),
+    dataset: str = typer.Option(None, "--dataset", "-d", help="Only this dataset's pairs."),
+    min_agreement: float = typer.Option(0.0, min=0.0, max=1.0,
+                                        help="Keep only pairs whose most frequent vote has at least "
+                                             "this share (e.g. 1.0: unanimous)."),
+) -> None:
+    """The pairs people decided, as a gold set for `bridge label-eval --gold FILE` (the votes'
+    median as the label, their agreement in each triplet's note)."""
+    from bridge_assets.human.gold import export_gold as gold
+
+    with _votes(lake=True) as con:
+        body = gold(con, dataset, min_agreement)
+    if output:
+        output.write_text(body, encoding="utf-8")
+        typer.secho(f"wrote {body.count(chr(10))} triplet(s) to {output}", err=True)
+    else:
+        typer.echo(body, nl=False)

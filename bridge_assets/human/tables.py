@@ -10,7 +10,10 @@
 - human_votes: append-only. Rows are never deleted and labels never change; the only update is
   `status` going from 'accepted' to 'excluded' when an attention check fails. A label is 0/1,
   or a grade 0-3 on a graded dataset (the app checks which); an attention check's expected
-  label stays 0/1 (known irrelevant or relevant).
+  label stays 0/1 (known irrelevant or relevant). `seconds`: the time the judgment took, from
+  the item being served to the vote, idle time capped (bridge_assets.human.votes); NULL for
+  imported votes and for votes cast before it was recorded (stores from before it get the
+  column on first use).
 """
 
 from __future__ import annotations
@@ -36,9 +39,12 @@ create table if not exists human_votes (
     status varchar not null check (status in ('accepted', 'excluded')),
     created_at timestamp not null,
     source varchar not null,
+    seconds double check (seconds >= 0),
     unique (dataset, query_id, doc_id, annotator_id, is_attention_check)
 );
 """
+# votes stores from before the time per judgment was recorded
+_SECONDS = "alter table human_votes add column if not exists seconds double;"
 
 SCHEMA = """
 create sequence if not exists human_vote_ids start 1;
@@ -69,7 +75,7 @@ create table if not exists annotation_assignments (
     assigned_at timestamp not null,
     closed_at timestamp
 );
-""" + HUMAN_VOTES
+""" + HUMAN_VOTES + _SECONDS
 
 # The check of lakes from before graded votes, which allowed 0 and 1 only.
 _BINARY_VOTES = """

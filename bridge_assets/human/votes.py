@@ -27,6 +27,10 @@ from bridge_assets.ingest.registry import GRADES
 from bridge_assets.store import transaction
 
 
+# The longest a judgment counts (served -> answered); longer is idle time.
+IDLE_CAP_SECONDS = 300.0
+
+
 class VoteRejected(BridgeError):
     """A vote the server refuses; `status` is the HTTP status the app answers with."""
 
@@ -65,14 +69,21 @@ class VoteReceipt:
 def insert_vote(con: duckdb.DuckDBPyConnection, *, dataset: str, query_id: str, doc_id: str,
                  annotator_id: str, label: int, comment: str | None, with_history: bool,
                  is_attention_check: bool, expected_label: int | None, status: str,
-                 source: str, created_at: datetime | None = None) -> int:
+                 source: str, created_at: datetime | None = None, seconds: float | None = None) -> int:
     return con.execute("""
         insert into human_votes (dataset, query_id, doc_id, annotator_id, label, comment,
                                  with_history, is_attention_check, expected_label, status,
-                                 created_at, source)
-        values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) returning vote_id""",
+                                 created_at, source, seconds)
+        values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) returning vote_id""",
         [dataset, query_id, doc_id, annotator_id, label, comment, with_history,
-         is_attention_check, expected_label, status, created_at or utc_now(), source]).fetchone()[0]
+         is_attention_check, expected_label, status, created_at or utc_now(), source,
+         seconds]).fetchone()[0]
+
+
+def judgment_seconds(served: datetime, answered: datetime, idle_cap: float = IDLE_CAP_SECONDS) -> float:
+    """The time a judgment took: from the item being served to the vote, at most `idle_cap`
+    seconds (an annotator who left the page open over lunch did not judge for an hour)."""
+    return round(min(max((answered - served).total_seconds(), 0.0), idle_cap), 3)
 
 
 def exclude_since_last_passed_check(con: duckdb.DuckDBPyConnection, annotator_id: str) -> int:
@@ -88,9 +99,11 @@ def exclude_since_last_passed_check(con: duckdb.DuckDBPyConnection, annotator_id
 
 
 def record_vote(con: duckdb.DuckDBPyConnection, *, assignment_id: str, annotator_id: str,
-                label: int, comment: str | None, graded: Collection[str] = ()) -> VoteReceipt:
+                label: int, comment: str | None, graded: Collection[str] = (),
+                idle_cap: float = IDLE_CAP_SECONDS, now: datetime | None = None) -> VoteReceipt:
     """Record `annotator_id`'s answer to the item `assignment_id` they were served; `graded`:
-    the datasets whose votes are grades 0-3 (else 0/1).
+    the datasets whose votes are grades 0-3 (else 0/1). The vote keeps the time the judgment
+    took (judgment_seconds: served -> now, at most `idle_cap`).
 
     The pair, whether it is an attention check and the expected answer all come from the
     assignment the server stored, never from the form. One transaction: a refused vote
@@ -99,14 +112,15 @@ def record_vote(con: duckdb.DuckDBPyConnection, *, assignment_id: str, annotator
     ensure_schema(con)
     try:
         with transaction(con):
-            return _record(con, assignment_id, annotator_id, label, comment, graded)
+            return _record(con, assignment_id, annotator_id, label, comment, graded, idle_cap,
+                           now or utc_now())
     except PairCompleted:  # refuse the vote (rolled back), but stop serving the item
         close_assignment(con, assignment_id, "dropped")
         raise
 
 
 def _record(con, assignment_id: str, annotator_id: str, label: int, comment: str | None,
-            graded: Collection[str]) -> VoteReceipt:
+            graded: Collection[str], idle_cap: float, now: datetime) -> VoteReceipt:
     assignment = get_assignment(con, assignment_id)
     # Another annotator's item looks exactly like an unknown one: no hint that it exists.
     if assignment is None or assignment.annotator_id != annotator_id:
@@ -120,6 +134,7 @@ def _record(con, assignment_id: str, annotator_id: str, label: int, comment: str
     if annotator is None or annotator.flagged:
         raise AnnotatorFlagged("your account is paused after a failed attention check")
     pair = dict(dataset=assignment.dataset, query_id=assignment.query_id, doc_id=assignment.doc_id)
+    timing = dict(created_at=now, seconds=judgment_seconds(assignment.assigned_at, now, idle_cap))
     if not assignment.is_attention_check:
         voted = con.execute("""select count(*) from human_votes where dataset = ? and query_id = ?
                                and doc_id = ? and annotator_id = ? and not is_attention_check""",
@@ -130,7 +145,7 @@ def _record(con, assignment_id: str, annotator_id: str, label: int, comment: str
             raise PairCompleted("other annotators completed this pair meanwhile; here is the next one")
         vote_id = insert_vote(con, **pair, annotator_id=annotator_id, label=label, comment=comment,
                               with_history=assignment.with_history, is_attention_check=False,
-                              expected_label=None, status="accepted", source="app")
+                              expected_label=None, status="accepted", source="app", **timing)
         close_assignment(con, assignment_id, "answered")
         return VoteReceipt(vote_id, Verdict.RECORDED)
 
@@ -138,7 +153,7 @@ def _record(con, assignment_id: str, annotator_id: str, label: int, comment: str
     vote_id = insert_vote(con, **pair, annotator_id=annotator_id, label=label, comment=comment,
                           with_history=assignment.with_history, is_attention_check=True,
                           expected_label=assignment.expected_label,
-                          status="accepted" if passed else "excluded", source="app")
+                          status="accepted" if passed else "excluded", source="app", **timing)
     close_assignment(con, assignment_id, "answered")
     if passed:
         return VoteReceipt(vote_id, Verdict.CHECK_PASSED)
@@ -172,3 +187,19 @@ def annotator_activity(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
                count(*) filter (where is_attention_check and least(label, 1) <> expected_label) as checks_failed,
                max(created_at) as last_vote_at
         from human_votes group by all order by annotator_id, dataset""").pl()
+
+
+def judgment_times(con: duckdb.DuckDBPyConnection, dataset: str | None = None,
+                   idle_cap: float = IDLE_CAP_SECONDS) -> pl.DataFrame:
+    """Per annotator and arm (with / without the debate history): timed judgments (attention
+    checks included: they take the same look), their median and mean seconds, and the share of
+    them that reached the idle cap."""
+    ensure_schema(con)
+    return con.execute("""
+        select annotator_id, with_history, count(seconds) as timed,
+               median(seconds) as median_seconds, avg(seconds) as mean_seconds,
+               count(*) filter (where seconds >= $cap) / greatest(count(seconds), 1) as capped_share
+        from human_votes
+        where seconds is not null and ($dataset is null or dataset = $dataset)
+        group by all order by annotator_id, with_history desc""",
+        {"dataset": dataset, "cap": idle_cap}).pl()

@@ -13,7 +13,7 @@ from bridge_assets.human.app.responses import BadRequest, redirect, render
 from bridge_assets.human.app.state import State
 from bridge_assets.human.labels import compute_human_labels, datasets_with_escalations
 from bridge_assets.human.plan import impact_order, stopping_points
-from bridge_assets.human.votes import annotator_activity
+from bridge_assets.human.votes import annotator_activity, judgment_times
 from bridge_assets.store import table_exists
 
 router = APIRouter(dependencies=[Depends(current_admin)])
@@ -43,9 +43,10 @@ def queue_overview(con: duckdb.DuckDBPyConnection, datasets: tuple[str, ...] | N
 async def admin_page(request: Request, viewer: CurrentAdmin, state: State):
     datasets, activity, people = await state.db.run(admin_overview)
     queue, stopping = await state.db.run(queue_overview, state.settings.datasets)
+    times = (await state.db.votes(judgment_times, None, state.settings.idle_cap_seconds)).to_dicts()
     return render(request, "admin.html", viewer.session, viewer=viewer, datasets=datasets,
                   activity=activity, annotators=people, settings=state.settings, queue=queue,
-                  stopping=stopping)
+                  stopping=stopping, times=times)
 
 
 @router.post("/admin/annotators/{annotator_id}/unflag")

@@ -88,7 +88,7 @@ async def vote(request: Request, viewer: Annotated[Viewer | None, Depends(voter)
         await state.db.votes(record_vote, assignment_id=answer.assignment_id,
                              annotator_id=viewer.annotator.annotator_id,
                              label=int(answer.label), comment=answer.comment or None,
-                             graded=state.settings.graded)
+                             graded=state.settings.graded, idle_cap=state.settings.idle_cap_seconds)
     except VoteRejected as exc:
         raise BadRequest(str(exc), exc.status) from None
     except StoreBusy as exc:

@@ -6,6 +6,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, Field
 
 from bridge_assets.human.queue import QueueSettings
+from bridge_assets.human.votes import IDLE_CAP_SECONDS
 from bridge_assets.settings import lake_location
 
 IMPORT_PATH = "/admin/import"  # the one route whose body may be a whole votes file
@@ -28,6 +29,7 @@ class AppSettings(BaseModel):
     max_upload_bytes: int = 10 * 2**20
     max_form_bytes: int = 64 * 2**10      # every other body (a vote's comment is 2,000 chars at most)
     busy_seconds: float = Field(3.0, gt=0)  # longest wait for a locked file before answering 503
+    idle_cap_seconds: float = Field(IDLE_CAP_SECONDS, gt=0)  # the longest a judgment counts
 
     @property
     def votes_db(self) -> Path:
