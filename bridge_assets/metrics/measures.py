@@ -14,7 +14,10 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import duckdb
+import numpy as np
 import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from bridge_assets.errors import BridgeError, DatasetError
 from bridge_assets.paths import read_sql
@@ -264,49 +267,347 @@ def _check_judgments(con: duckdb.DuckDBPyConnection, qrels: str, original_qrels:
 
 
 KEYS = ["dataset", "retriever", "query_id"]
+UNJUDGED = -(2**62)  # the relevance of a document the qrels do not list (below every judgment)
+_MIX = np.uint64(0x9E3779B97F4A7C15)  # spreads the ranking number over the 64-bit doc hash
 
 
-def _long_frame(wide: pl.DataFrame, selection: MeasureSelection) -> pl.DataFrame:
-    """The SQL's wide rows (a column per family; a row per ranking, and per ranking and cutoff
-    or recall level) as one row per requested value, under trec_eval's names (P at depth 10 ->
-    P_10). Vectorised: one filter and select per requested name, not per row."""
-    whole = wide.filter(pl.col("depth").is_null() & pl.col("level").is_null())
-    at_depth = wide.filter(pl.col("depth").is_not_null()).partition_by("depth", as_dict=True)
-    at_level = wide.filter(pl.col("level").is_not_null()).partition_by("level", as_dict=True)
-    parts = []
-    for name in selection.names:
-        family = selection.family_of[name]
-        if name == "runid":
-            continue
-        if family.params == "cutoff":
-            rows = at_depth.get((int(selection.param_of[name]),))
-        elif family.params == "level":
-            rows = at_level.get((selection.param_of[name],))
-        else:
-            rows = whole
-        if rows is not None:
-            parts.append(rows.select(*KEYS, pl.lit(name).alias("measure"),
-                                     pl.col(family.name).cast(pl.Float64).alias("value"))
-                         .drop_nulls("value"))
-    schema = {**dict.fromkeys(KEYS, pl.String), "measure": pl.String, "value": pl.Float64}
-    return pl.concat(parts) if parts else pl.DataFrame(schema=schema)
+def _statements() -> tuple[str, str]:
+    rows, queries = read_sql("retrieval_metrics").split("\n;\n")
+    return rows, queries
 
 
-@contextlib.contextmanager
-def _without_join_reordering(con: duckdb.DuckDBPyConnection) -> Iterator[None]:
-    """DuckDB 1.5.5's join-order optimizer turns the SQL's -c branch (judged queries a run did
-    not answer) into a plan that never finishes once a run has a few hundred queries (366
-    queries x 100 documents: stalled for minutes, against 0.3 s without it); the order the SQL
-    is written in is a good plan, so that optimizer is off for this statement only."""
+def _with_build_side_as_written(con: duckdb.DuckDBPyConnection, sql: str,
+                                params: dict | None = None) -> pa.Table:
+    """Run `sql` with the right side of each join as the hash table. DuckDB 1.5.5 cannot size an
+    Arrow scan, and on the bench it hashed the 914,250 run rows to probe them with 55,202 qrels
+    (0.7 s, against 0.1 s the other way round); the qrels are the small side."""
     previous = con.execute("select current_setting('disabled_optimizers')").fetchone()[0]
-    con.execute("set disabled_optimizers = 'join_order" + (f",{previous}'" if previous else "'"))
+    con.execute("set disabled_optimizers = 'build_side_probe_side"
+                + (f",{previous}'" if previous else "'"))
     try:
-        yield
+        return con.execute(sql, params or {}).to_arrow_table()
     finally:
         if previous:
             con.execute(f"set disabled_optimizers = '{previous}'")
         else:
             con.execute("reset disabled_optimizers")
+
+
+def _changes(columns: Sequence[pa.Array]) -> np.ndarray:
+    """True where a row starts a new run of equal keys (row 0 included); NULL equals NULL."""
+    n = len(columns[0])
+    new = np.zeros(n, dtype=bool)
+    if n:
+        new[0] = True
+    for column in columns:
+        if n < 2:
+            break
+        after, before = column.slice(1), column.slice(0, n - 1)
+        differs = pc.not_equal(after, before)
+        if differs.null_count:
+            differs = pc.fill_null(differs, pc.not_equal(pc.is_null(after), pc.is_null(before)))
+        new[1:] |= differs.to_numpy(zero_copy_only=False)
+    return new
+
+
+def _ranking_problem(rows: pa.Table, run: str, at: int, problem: str) -> DatasetError:
+    dataset, retriever, query_id = (rows.column(c)[at].as_py() for c in KEYS)
+    return DatasetError(f"'{run}': {problem} of query '{query_id}' (dataset '{dataset}', "
+                        f"retriever '{retriever}')")
+
+
+def _in_trec_order(rows: pa.Table, run: str) -> pa.Table:
+    """The rows ranking by ranking, each in trec_eval's order: score descending, ties by doc id
+    descending (byte order, strcmp). Nothing is sorted when the run was stored that way (scan
+    order restored, then checked in one pass); otherwise only the rankings out of order are."""
+    n = rows.num_rows
+    position = rows.column("scan_position").to_numpy()
+    if not np.array_equal(position, np.arange(n)):
+        inverse = np.empty(n, dtype=np.int64)
+        inverse[position] = np.arange(n)
+        rows = rows.take(inverse)
+    rows = rows.combine_chunks()
+    score = rows.column("score").to_numpy(zero_copy_only=False)
+    bad = ~np.isfinite(score)
+    if rows.column("score").null_count or bad.any():
+        raise _ranking_problem(rows, run, int(np.flatnonzero(bad)[0]),
+                               "no finite score for some document")
+    keys = [rows.column(c).chunk(0) if rows.column(c).num_chunks else pa.array([], pa.string())
+            for c in KEYS]
+    new = _changes(keys)
+    starts = np.flatnonzero(new)
+    if len(starts) > 1 and pl.DataFrame([pl.Series(c, k.take(starts)) for c, k in zip(KEYS, keys)]
+                                        ).is_duplicated().any():
+        # a ranking's rows are not together: order by ranking (keeping their order within it)
+        order = pl.DataFrame([pl.Series(c, k) for c, k in zip(KEYS, keys)]).with_row_index() \
+            .sort(KEYS, maintain_order=True)["index"].to_numpy()
+        return _in_trec_order(rows.take(order).set_column(
+            0, "scan_position", pa.array(np.arange(n))), run)
+    same = ~new[1:]
+    out_of_order = same & (score[1:] > score[:-1])
+    tied = np.flatnonzero(same & (score[1:] == score[:-1]))
+    if len(tied):
+        doc = rows.column("doc_id").chunk(0)
+        in_order = pc.greater(doc.take(tied + 1 - 1), doc.take(tied + 1))
+        out_of_order[tied] |= ~pc.fill_null(in_order, False).to_numpy(zero_copy_only=False)
+    if not out_of_order.any():
+        return rows
+    ranking = np.cumsum(new) - 1
+    unsorted = np.zeros(len(starts), dtype=bool)
+    unsorted[ranking[1:][out_of_order]] = True
+    todo = np.flatnonzero(unsorted[ranking])  # rows of the rankings out of order (contiguous)
+    part = pl.DataFrame({"ranking": ranking[todo], "score": score[todo],
+                         "doc_id": pl.Series(rows.column("doc_id").chunk(0).take(todo))})
+    sorted_part = part.with_row_index().sort(["ranking", "score", "doc_id"],
+                                             descending=[False, True, True])["index"].to_numpy()
+    order = np.arange(n)
+    order[todo] = todo[sorted_part]
+    return rows.take(order)
+
+
+def _check_no_duplicates(rows: pa.Table, ranking: np.ndarray, keep: np.ndarray, run: str) -> None:
+    """trec_eval stops on a document retrieved twice for one query; so do we. The ranking
+    number mixed into DuckDB's 64-bit hash of the doc id is sorted (SIMD, ~10 ms for 1M) and
+    neighbours compared; an equal pair is confirmed on the ids themselves."""
+    kept = np.flatnonzero(keep)
+    doc_hash = rows.column("doc_hash").to_numpy()[kept]
+    mixed = doc_hash + ranking[kept].astype(np.uint64) * _MIX
+    ordered = np.sort(mixed)
+    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+    if not len(repeated):
+        return
+    suspects = kept[np.isin(mixed, repeated)]
+    seen: dict[tuple[int, object], int] = {}
+    for at, number, doc in zip(suspects, ranking[suspects],
+                               rows.column("doc_id").take(suspects).to_pylist()):
+        if (number, doc) in seen:
+            raise _ranking_problem(rows, run, int(at), "a document appears twice in the ranking")
+        seen[number, doc] = at
+
+
+def _relevance(column: pa.ChunkedArray) -> np.ndarray:
+    values = pc.fill_null(column, 0).to_numpy().astype(np.int64)
+    if column.null_count:
+        values[pc.is_null(column).to_numpy(zero_copy_only=False)] = UNJUDGED
+    return values
+
+
+def _round_half_away(x: np.ndarray) -> np.ndarray:
+    """DuckDB's round() and C's lround for x >= 0: halves away from zero (x + 0.5 would round
+    0.49999999999999994 up)."""
+    floor = np.floor(x)
+    return np.where(x - floor >= 0.5, floor + 1, floor)
+
+
+def _divide(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
+    """numerator / denominator, 0 where the denominator is 0 (trec_eval's convention)."""
+    out = np.zeros(len(numerator))
+    np.divide(numerator, denominator, out=out, where=denominator > 0)
+    return out
+
+
+def _segment_starts(new: np.ndarray) -> np.ndarray:
+    """For each element, the index where its segment starts (new: True at a segment's start)."""
+    return np.maximum.accumulate(np.where(new, np.arange(len(new)), 0)) if len(new) else \
+        np.zeros(0, dtype=np.int64)
+
+
+def _values(selection: MeasureSelection, families: set[str], relevance_level: int,
+            rankings: int, ranking: np.ndarray, rank: np.ndarray, relevance: np.ndarray,
+            original: np.ndarray | None, num_rel: np.ndarray, num_nonrel: np.ndarray,
+            ideal_dcg: np.ndarray, ideal_dcg_at: dict[int, np.ndarray]) -> dict[str, np.ndarray]:
+    """Every requested per-query value, one array per measure name over `rankings` rankings.
+
+    The rows (`ranking`, `rank` 1-based, `relevance`) hold the kept documents of every ranking,
+    ranking by ranking, each in trec_eval's order; a ranking without rows is an empty ranking.
+    Every measure is a sum over a ranking's rows (bincount) or its first relevant row."""
+    def per_ranking(rows_of: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+        return np.bincount(rows_of, weights=weights, minlength=rankings).astype(np.float64)
+
+    R, N = num_rel.astype(np.float64), num_nonrel.astype(np.float64)
+    relevant = relevance >= relevance_level
+    judged_nonrel = (relevance >= 0) & ~relevant
+    # the relevant rows: their ranking, rank, and place among the ranking's relevant documents
+    rel_ranking, rel_rank = ranking[relevant], rank[relevant]
+    first_rel = np.ones(len(rel_ranking), dtype=bool)
+    first_rel[1:] = rel_ranking[1:] != rel_ranking[:-1]
+    nth = np.arange(len(rel_ranking)) - _segment_starts(first_rel) + 1
+    precision = nth / rel_rank  # the terms of average precision
+    first_rank = np.zeros(rankings)
+    first_rank[rel_ranking[first_rel]] = rel_rank[first_rel]
+    recip = np.zeros(rankings)
+    np.divide(1.0, first_rank, out=recip, where=first_rank > 0)
+    num_ret = per_ranking(ranking)
+    num_rel_ret = per_ranking(rel_ranking)
+
+    gain_rows = relevance > 0  # nDCG's gain is the relevance value itself, not binarised
+    if families & {"ndcg", "ndcg_cut"}:
+        gain_ranking, gain_rank = ranking[gain_rows], rank[gain_rows]
+        discounted = relevance[gain_rows] / np.log2(gain_rank + 1.0)
+
+    out: dict[str, np.ndarray] = {}
+    for name in selection.names:
+        family = selection.family_of[name].name
+        if family == "num_ret":
+            out[name] = num_ret
+        elif family == "num_rel":
+            out[name] = R
+        elif family == "num_rel_ret":
+            out[name] = num_rel_ret
+        elif family == "num_nonrel_judged_ret":
+            out[name] = per_ranking(ranking[judged_nonrel])
+        elif family in ("map", "gm_map"):  # gm_map: each query's average precision, summarised
+            out[name] = _divide(per_ranking(rel_ranking, precision), R)
+        elif family == "Rprec":  # relevant among the top R
+            out[name] = _divide(per_ranking(rel_ranking, rel_rank <= R[rel_ranking]), R)
+        elif family == "bpref":
+            # each relevant document: 1 - (judged non-relevant above it, at most R) / min(R, N)
+            nonrel_so_far = np.cumsum(judged_nonrel)
+            ranking_start = np.searchsorted(ranking, np.arange(rankings))
+            before = np.concatenate([[0], nonrel_so_far])[ranking_start]
+            above = nonrel_so_far[relevant] - before[rel_ranking]
+            term = 1.0 - np.minimum(above, R[rel_ranking]) \
+                / np.maximum(np.minimum(N, R), 1)[rel_ranking]
+            out[name] = _divide(per_ranking(rel_ranking, term), R)
+        elif family == "recip_rank":
+            out[name] = recip
+        elif family == "ndcg":
+            out[name] = _divide(per_ranking(gain_ranking, discounted), ideal_dcg)
+        elif family == "iprec_at_recall":
+            # the best precision at or after the c-th relevant document, c = round(level * R)
+            level = selection.param_of[name]
+            c = np.maximum(_round_half_away(level * R), 1)
+            eligible = np.where(nth >= c[rel_ranking], precision, 0.0)
+            best = np.zeros(rankings)
+            if len(eligible):
+                best[rel_ranking[first_rel]] = np.maximum.reduceat(eligible, np.flatnonzero(first_rel))
+            out[name] = best
+        elif selection.family_of[name].params == "cutoff":
+            k = int(selection.param_of[name])
+            rel_ret = per_ranking(rel_ranking, rel_rank <= k)
+            if family == "P":
+                out[name] = rel_ret / k
+            elif family == "recall":
+                out[name] = _divide(rel_ret, R)
+            elif family == "ndcg_cut":
+                out[name] = _divide(per_ranking(gain_ranking, np.where(gain_rank <= k, discounted, 0.0)),
+                                    ideal_dcg_at[k])
+            elif family == "map_cut":
+                out[name] = _divide(per_ranking(rel_ranking, np.where(rel_rank <= k, precision, 0.0)), R)
+            elif family == "success":
+                out[name] = (rel_ret > 0).astype(np.float64)
+            elif family == "recip_rank_cut":
+                out[name] = np.where(first_rank <= k, recip, 0.0)
+            elif family in ("judged", "unj"):
+                judged_ret = per_ranking(ranking, (relevance >= 0) & (rank <= k))
+                # empty slots past the end of a short ranking count as judged (trec_eval's unj)
+                out[name] = judged_ret / k if family == "judged" \
+                    else (np.minimum(num_ret, k) - judged_ret) / k
+            elif family == "hole":  # relevant now, not judged in the original qrels
+                assert original is not None
+                out[name] = per_ranking(ranking, relevant & (original < 0) & (rank <= k)) / k
+    return out
+
+
+def _ideal_dcg(queries: pa.Table, cutoffs: Sequence[int]) -> tuple[np.ndarray, dict[int, np.ndarray]]:
+    """Each judged query's ideal DCG, in full and cut at each cutoff."""
+    gains_list = queries.column("ideal_gains").combine_chunks()
+    count = len(queries)
+    if count == 0:
+        return np.zeros(0), {k: np.zeros(0) for k in cutoffs}
+    offsets = gains_list.offsets.to_numpy()
+    gains = gains_list.values.to_numpy(zero_copy_only=False).astype(np.float64)
+    query = np.repeat(np.arange(count), np.diff(offsets))
+    rank = np.arange(len(gains)) - offsets[query] + 1
+    discounted = gains / np.log2(rank + 1.0)
+    full = np.bincount(query, weights=discounted, minlength=count)
+    return full, {k: np.bincount(query, weights=np.where(rank <= k, discounted, 0.0), minlength=count)
+                  for k in cutoffs}
+
+
+def _evaluate(con: duckdb.DuckDBPyConnection, selection: MeasureSelection, run: str, *,
+              relevance_level: int, complete: bool, max_docs: int | None,
+              per_query: bool) -> pl.DataFrame:
+    rows_sql, queries_sql = _statements()
+    try:
+        rows = _with_build_side_as_written(con, rows_sql)
+    except duckdb.InvalidInputException as exc:
+        raise DatasetError(f"'{run}': {str(exc).partition('Error: ')[2] or exc}") from None
+    queries = con.execute(queries_sql, {"relevance_level": relevance_level}).to_arrow_table()
+    rows = _in_trec_order(rows, run)
+    n = rows.num_rows
+    new = _changes([rows.column(c).chunk(0) for c in KEYS]) if n else np.zeros(0, dtype=bool)
+    starts = np.flatnonzero(new)
+    ranking = np.cumsum(new) - 1
+    rank = np.arange(n) - starts[ranking] + 1 if n else np.zeros(0, dtype=np.int64)
+    keep = rank <= max_docs if max_docs is not None else np.ones(n, dtype=bool)
+    _check_no_duplicates(rows, ranking, keep, run)
+
+    # which rankings are evaluated: those of a query the qrels know (with -c also the judged
+    # queries a retriever did not answer, as empty rankings)
+    found = pl.DataFrame([pl.Series(c, rows.column(c).chunk(0).take(starts)) for c in KEYS]) \
+        if n else pl.DataFrame(schema=dict.fromkeys(KEYS, pl.String))
+    judged = pl.DataFrame([pl.Series("dataset", queries.column("dataset")),
+                           pl.Series("query_id", queries.column("query_id"))]).with_row_index("query")
+    found = found.with_row_index("ranking").join(judged, on=["dataset", "query_id"], how="inner",
+                                                  maintain_order="left")
+    if complete:
+        systems = pl.DataFrame([pl.Series(c, rows.column(c).chunk(0).take(starts)) for c in KEYS[:2]]) \
+            .unique(maintain_order=True) if n else pl.DataFrame(schema=dict.fromkeys(KEYS[:2], pl.String))
+        missing = systems.join(judged, on="dataset").join(found, on=KEYS, how="anti")
+        found = pl.concat([found, missing.select(pl.lit(None, pl.UInt32).alias("ranking"), *KEYS,
+                                                 "query")], how="vertical_relaxed")
+    rankings = found.height
+    # renumber the evaluated rankings 0..; rows of the others go
+    renumber = np.full(len(starts) + 1, -1, dtype=np.int64)
+    answered = found["ranking"].drop_nulls().to_numpy()
+    renumber[answered] = np.arange(len(answered))
+    evaluated_rank = renumber[ranking] if n else np.zeros(0, dtype=np.int64)
+    used = keep & (evaluated_rank >= 0)
+    query = found["query"].to_numpy().astype(np.int64)
+    ideal_dcg, ideal_dcg_at = _ideal_dcg(queries, selection.cutoffs)
+    families = {f.name for f in selection.family_of.values()}
+    values = _values(
+        selection, families, relevance_level, rankings, evaluated_rank[used], rank[used],
+        _relevance(rows.column("relevance"))[used] if n else np.zeros(0, dtype=np.int64),
+        (_relevance(rows.column("original_relevance"))[used] if n else np.zeros(0, dtype=np.int64))
+        if "hole" in families else None,
+        queries.column("num_rel").to_numpy()[query], queries.column("num_nonrel").to_numpy()[query],
+        ideal_dcg[query], {k: v[query] for k, v in ideal_dcg_at.items()})
+    return _long_frame(found.select(KEYS), values, selection, per_query)
+
+
+def _long_frame(keys: pl.DataFrame, values: dict[str, np.ndarray], selection: MeasureSelection,
+                per_query: bool) -> pl.DataFrame:
+    """One row per (ranking, measure), and each system's summary under query_id 'all': the
+    mean over its evaluated queries, the sum for the num_* counts, num_q, and gm_map (geometric
+    mean of average precision, each floored at trec_eval's MIN_GEO_MEAN 0.00001)."""
+    schema = {**dict.fromkeys(KEYS, pl.String), "measure": pl.String, "value": pl.Float64}
+    wide = keys.with_columns(**{name: pl.Series(name, v) for name, v in values.items()})
+    parts = []
+    per_query_names = [name for name in values if not selection.family_of[name].summary_only]
+    if per_query and per_query_names:
+        parts.append(wide.unpivot(on=per_query_names, index=KEYS, variable_name="measure",
+                                  value_name="value"))
+    summary = []
+    for name in selection.names:
+        family = selection.family_of[name]
+        if family.name == "num_q":
+            summary.append(pl.len().cast(pl.Float64).alias(name))
+        elif family.name == "gm_map":
+            summary.append(pl.col(name).clip(lower_bound=0.00001).log().mean().exp())
+        elif name in values:
+            summary.append(pl.col(name).sum() if family.count else pl.col(name).mean())
+    if summary and wide.height:
+        totals = wide.group_by("dataset", "retriever", maintain_order=True).agg(*summary)
+        measures = [c for c in totals.columns if c not in ("dataset", "retriever")]
+        parts.append(totals.with_columns(query_id=pl.lit("all"))
+                     .select(*KEYS, *measures)
+                     .unpivot(on=measures, index=KEYS, variable_name="measure", value_name="value"))
+    if not parts:
+        return pl.DataFrame(schema=schema)
+    return pl.concat([p.with_columns(pl.col("value").cast(pl.Float64)) for p in parts]) \
+        .drop_nulls("value")
 
 
 def compute_measures(con: duckdb.DuckDBPyConnection, selection: MeasureSelection, *,
@@ -331,22 +632,10 @@ def compute_measures(con: duckdb.DuckDBPyConnection, selection: MeasureSelection
         raise MeasureError(f"relevance level must be 0 or more, got {relevance_level}")
     if max_docs is not None and max_docs < 1:
         raise MeasureError(f"max_docs must be positive, got {max_docs}")
-    with _metric_views(con, run, qrels, original_qrels), \
-            (_without_join_reordering(con) if complete else contextlib.nullcontext()):
+    with _metric_views(con, run, qrels, original_qrels):
         _check_judgments(con, qrels, original_qrels)
-        try:
-            wide = con.execute(read_sql("retrieval_metrics"), {
-                "relevance_level": relevance_level,
-                "max_docs": max_docs or NO_LIMIT,
-                "complete": complete,
-                "cutoffs": list(selection.cutoffs),
-                "recall_levels": list(selection.levels),
-                "families": sorted({f.name for f in selection.family_of.values()}),
-                "per_query": per_query,
-            }).pl()
-        except duckdb.InvalidInputException as exc:  # the SQL's own refusal of a bad ranking
-            raise DatasetError(f"'{run}': {str(exc).partition('Error: ')[2] or exc}") from None
-        return _long_frame(wide, selection)
+        return _evaluate(con, selection, run, relevance_level=relevance_level, complete=complete,
+                         max_docs=max_docs, per_query=per_query)
 
 
 def compute_retrieval_metrics(con: duckdb.DuckDBPyConnection, *, run: str = "retrieval_run",
