@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 
 import dagster as dg
 import pytest
@@ -17,7 +18,10 @@ from bridge_assets.labeling.pairs import Pair
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.student import assets as student_assets
 from bridge_assets.student.annotator import ensure_student, training_set
-from bridge_assets.student.labeler import query_folds
+from bridge_assets.qrels.known_holes import KnownHoles
+from bridge_assets.student.labeler import StudentLabelerSettings, query_folds
+from bridge_assets.student.prefilter import lake_study, threshold_table
+from bridge_assets.summary import run_summary
 from bridge_assets.student.model import (Example, Student, StudentError, StudentSettings, calibrate,
                                          split_by_query, train_student, weights_hash)
 from fixtures.labeled_lake import DATASET, EXPECTED_LABELS, materialize_qrels, read
@@ -144,6 +148,11 @@ def test_student_assets_train_once_and_score_the_whole_pool(labeled_lake):
     pool = read(labeled_lake, "select distinct query_id, doc_id from candidate_pool")
     assert scores.height == pool.height
     assert scores["p_relevant"].is_between(0, 1).all()
+    with store.connect(labeled_lake / "bridge.duckdb") as con:
+        summary = run_summary(con, DATASET, time.time())
+    assert (f"student annotator {first['student_key'].value}: trained on {len(EXPECTED_LABELS)} "
+            f"verified labels") in summary
+    assert f"scores {pool.height} pool pairs" in summary
 
 
 def test_student_labeler_scores_every_pair_out_of_fold():
@@ -163,3 +172,24 @@ def test_student_labeler_scores_every_pair_out_of_fold():
         pipeline_labeler(labeler.settings, lambda role: [], "binary")
     with pytest.raises(LabelerError, match="no LLM"):
         build_labeler({"labeler": "student", "models": ["qwen-0.5b"]}, profiles_for=lambda role: [])
+
+
+def test_prefilter_threshold_table_by_hand():
+    rows = threshold_table([0.01, 0.08, 0.15, 0.6, 0.9], [False, True, False, True, True], (0.1, 0.2, 0.95))
+    assert [(r.skipped, r.relevant_lost, r.relevant) for r in rows] == [(2, 1, 3), (3, 1, 3), (5, 3, 3)]
+    assert rows[0].skipped_share == pytest.approx(0.4) and rows[0].lost_share == pytest.approx(1 / 3)
+    low, high = rows[0].lost_ci
+    assert low < 1 / 3 < high and rows[2].lost_ci[1] == pytest.approx(1.0)
+
+
+def test_prefilter_lake_study_scores_the_filtered_pairs_out_of_fold(labeled_lake):
+    materialize_qrels(labeled_lake)
+    settings = StudentLabelerSettings(labeler="student", epochs=1, max_length=48, batch_size=8)
+    tables = ("bridge_qrels", "filtered_pool", "filter_votes", "queries", "corpus")
+    holes = KnownHoles(holes={"q1": frozenset({"d5"}), "q3": frozenset({"d7"})}, partial={})
+    with DuckDBStore(data_lake=str(labeled_lake)).snapshot(DATASET, tables) as con:
+        study = lake_study(con, DATASET, holes, settings, thresholds=(0.5, 1.0))
+        seen = con.execute("select count(*) from filtered_pool").fetchone()[0]
+    assert [row.pairs for row in study.rows] == [seen, seen]
+    assert study.rows[1].skipped == seen and study.rows[1].relevant_lost == 2  # below 1.0: all
+    assert study.filter_models >= 1 and len(study.folds) == 2

@@ -9,6 +9,7 @@ score is not a verified label): relevant where P >= `threshold`.
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -73,25 +74,34 @@ class StudentLabeler(Labeler):
         if any(item.gold is None for item in items):
             raise LabelerError("the student learns from known labels: it needs a gold set "
                                "(bridge label-eval), not unlabelled pairs")
-        folds = query_folds(items, self.settings.folds, self.settings.seed)
-        scores: list[float | None] = [None] * len(items)
-        reports = []
-        for fold in range(self.settings.folds):
-            train = [Example(item.query, item.query, item.chunk, float(item.gold), "gold")
-                     for item, f in zip(items, folds, strict=True) if f != fold]
-            scored = [i for i, f in enumerate(folds) if f == fold]
-            if not scored:
-                continue
-            student = train_student(train, self.settings.student())
-            for i, p in zip(scored, student.score([(items[i].query, items[i].chunk) for i in scored]),
-                            strict=True):
-                scores[i] = p
-            reports.append({"fold": fold, "trained_on": student.report.trained_on,
-                            "calibrated_on": student.report.calibrated_on,
-                            "calibration": student.report.calibration,
-                            "train_seconds": student.report.seconds})
+        scores, reports = cross_fitted_scores(items, items, self.settings)
         labels = [outcome_label(item.pair, int(p >= self.settings.threshold), p_yes=p)
                   for item, p in zip(items, scores, strict=True)]
         gold = [int(item.gold) for item in items]
-        return LabelerRun(labels, scores=scores, models=[],
+        return LabelerRun(labels, scores=list(scores), models=[],
                           extra={**calibration_metrics(gold, scores), "folds": reports})
+
+
+def cross_fitted_scores(known: Sequence[LabelItem], to_score: Sequence[LabelItem],
+                        settings: StudentLabelerSettings) -> tuple[list[float], list[dict[str, Any]]]:
+    """P(relevant) of each of `to_score`, each from a student trained on the `known` labels of
+    the other query folds only (folds dealt over the queries of both)."""
+    folds = query_folds([*known, *to_score], settings.folds, settings.seed)
+    known_folds, score_folds = folds[:len(known)], folds[len(known):]
+    scores: list[float] = [math.nan] * len(to_score)
+    reports = []
+    for fold in range(settings.folds):
+        scored = [i for i, f in enumerate(score_folds) if f == fold]
+        if not scored:
+            continue
+        train = [Example(item.query, item.query, item.chunk, float(item.gold), "gold")
+                 for item, f in zip(known, known_folds, strict=True) if f != fold]
+        student = train_student(train, settings.student())
+        for i, p in zip(scored, student.score([(to_score[i].query, to_score[i].chunk) for i in scored]),
+                        strict=True):
+            scores[i] = p
+        reports.append({"fold": fold, "trained_on": student.report.trained_on,
+                        "calibrated_on": student.report.calibrated_on,
+                        "calibration": student.report.calibration,
+                        "train_seconds": student.report.seconds})
+    return scores, reports
