@@ -14,6 +14,7 @@ from pathlib import Path
 
 import duckdb
 
+from bridge_assets.analysis.retrieval import measure_label
 from bridge_assets.ingest.registry import DatasetSpec
 from bridge_assets.labeling.debate import FLAG_DEFERRED
 from bridge_assets.qrels.known_holes import read_known_holes, score_known_holes
@@ -107,6 +108,19 @@ def _rank_changes(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
     return [line]
 
 
+def _stopping_point(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
+    """One line: labels left, in impact order, until every rank change holds (pending_impact)."""
+    rows = _rows(con, "pending_impact", """
+        select count(*) filter (where impact > 0), count(*), max(pairs_in_doubt), any_value(measure)
+        from pending_impact where dataset = ?""", [dataset])
+    if not rows or not rows[0][1]:
+        return []
+    deciding, pending, doubt, measure = rows[0]
+    return [f"stopping point: {deciding} more label(s) of {pending} pending, in impact order, make every "
+            f"rank change robust on {measure_label(measure)} ({doubt} system pair(s) in doubt): "
+            f"bridge annotate plan --dataset {dataset}"]
+
+
 def run_summary(con: duckdb.DuckDBPyConnection, dataset: str, started: float,
                 spec: DatasetSpec | None = None, report: Path | None = None) -> str:
     """Counts, found holes, pending pairs, robust rank changes, the score against the
@@ -135,6 +149,7 @@ def run_summary(con: duckdb.DuckDBPyConnection, dataset: str, started: float,
         if score is not None:
             lines.append(f"against the known holes ({spec.known_holes}): {score.summary_line()}")
     lines += _rank_changes(con, dataset)
+    lines += _stopping_point(con, dataset)
     wall = time.time() - started
     calls = _rows(con, "llm_calls", """
         select count(*), coalesce(sum(latency_s), 0), coalesce(sum(tokens_out), 0) from llm_calls

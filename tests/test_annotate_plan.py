@@ -49,3 +49,25 @@ def test_plan_without_pending_impact_says_what_to_materialize(labeled_lake):
     out = CliRunner().invoke(cli.app, ["plan", "--dataset", DATASET])
     assert out.exit_code == 0, out.output
     assert "materialize pending_impact" in out.output
+
+
+def test_the_summary_and_the_report_state_the_stopping_point(labeled_lake, tmp_path):
+    import time
+
+    from bridge_assets import store
+    from bridge_assets.reports.build import build_report
+    from bridge_assets.summary import run_summary
+
+    materialize(labeled_lake)
+    frame = read(labeled_lake, "select * from pending_impact")
+    deciding = frame.filter(frame["impact"] > 0).height
+    with store.connect(labeled_lake / "bridge.duckdb") as con:
+        summary = run_summary(con, DATASET, time.time())
+        files = build_report(con, DATASET, tmp_path / "report")
+    line = [x for x in summary.splitlines() if x.startswith("stopping point:")]
+    assert line == [f"stopping point: {deciding} more label(s) of 1 pending, in impact order, make every rank "
+                    f"change robust on nDCG@10 ({frame['pairs_in_doubt'][0]} system pair(s) in doubt): "
+                    f"bridge annotate plan --dataset {DATASET}"]
+    section = next(s for s in files.sections if s.key == "impact")
+    assert section.notes[0].startswith(f"Stopping point: {deciding} more label(s), in impact order")
+    assert "Stopping point:" in files.markdown.read_text()

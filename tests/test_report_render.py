@@ -14,6 +14,7 @@ import pytest
 
 from bridge_assets import store
 from bridge_assets.analysis import assets as analysis_assets
+from bridge_assets.analysis import impact_asset
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.reports import assets as report_assets
 from bridge_assets.resources import DuckDBStore
@@ -24,7 +25,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ANALYSES = [qrels_assets.bridge_qrels, analysis_assets.retrieval_metrics, analysis_assets.ranking_shift,
             analysis_assets.significance, analysis_assets.pool_saturation, analysis_assets.partial_annotation_study,
-            analysis_assets.rag_alignment, report_assets.report]
+            analysis_assets.rag_alignment, impact_asset.pending_impact, report_assets.report]
 CONFIG = {"ops": {"partial_annotation_study": {"config": {"samples": 100, "fractions": [0.5, 1.0],
                                                           "sweep_samples": 3}}}}
 FIGURES = {"holes.png", "before_after.png", "saturation.png", "partial.png", "rag_alignment.png"}
@@ -88,10 +89,10 @@ def test_report_says_which_sections_wait_for_their_tables(labeled_lake):
                             resources={"store": DuckDBStore(data_lake=str(labeled_lake))})
     assert result.success
     metadata = result.asset_materializations_for_node("report")[0].metadata
-    assert metadata["not_materialized"].value == ("partial_annotation_study, pool_saturation, rag_alignment, "
-                                                  "ranking_shift, retrieval_metrics, significance")
+    assert metadata["not_materialized"].value == ("partial_annotation_study, pending_impact, pool_saturation, "
+                                                  "rag_alignment, ranking_shift, retrieval_metrics, significance")
     page = (labeled_lake / "reports" / DATASET / "report.html").read_text()
-    assert page.count('class="missing"') == 6 and "<caption>Judgments by source</caption>" in page
+    assert page.count('class="missing"') == 7 and "<caption>Judgments by source</caption>" in page
     assert not list((labeled_lake / "reports" / DATASET).glob("*.png"))
 
 

@@ -29,7 +29,7 @@ from bridge_assets.store import table_exists
 
 TEMPLATES = Path(__file__).parent / "templates"
 REPORT_TABLES = ("bridge_qrels", "candidate_pool", "retrieval_metrics", "ranking_shift", "significance",
-                 "pool_saturation", "partial_annotation_study", "rag_alignment")
+                 "pool_saturation", "partial_annotation_study", "rag_alignment", "pending_impact")
 
 
 @dataclass
@@ -230,6 +230,38 @@ def shift_section(shift: pl.DataFrame | None, k: int, out: Path) -> Section:
     if panels:
         plots.before_after(panels, out / "before_after.png")
         section.figures.append(("Scores on the original and the refined qrels", "before_after.png"))
+    return section
+
+
+IMPACT_SHOWN = 10  # pairs of the impact order listed in the report
+
+
+def impact_section(impact: pl.DataFrame | None, qrels: pl.DataFrame | None) -> Section:
+    """The stopping point: how many more labels, in impact order, decide every rank change
+    (pending_impact, bridge_assets.analysis.impact), and the first pairs to label."""
+    section = Section("impact", "What people's labels can still change",
+                      "A pending pair decides a system pair when the two systems' order differs "
+                      "between the bounds and its chunk stands in either's top k; its impact is "
+                      "the share of that doubt its label moves, summed over the system pairs. The "
+                      "annotation queue serves pairs in this order (pairs with votes first).")
+    pending = 0 if qrels is None else qrels.filter(pl.col("source") == "pending").height
+    if impact is None:
+        if pending:
+            section.missing.append("pending_impact")
+        else:
+            section.notes.append("No pending pair: every rank change already holds whatever people decide.")
+        return section
+    deciding = impact.filter(pl.col("impact") > 0).sort("impact_rank")
+    label = measure_label(impact["measure"][0])
+    section.notes.append(f"Stopping point: {deciding.height} more label(s), in impact order, decide every "
+                         f"rank change on {label} ({int(impact['pairs_in_doubt'].max() or 0)} system pair(s) "
+                         f"in doubt); the other {impact.height - deciding.height} pending pair(s) cannot "
+                         "change any. (Read at the current bounds: each vote moves them.)")
+    if deciding.height:
+        section.tables.append(table(f"The first {min(IMPACT_SHOWN, deciding.height)} pairs to label",
+                                    deciding.head(IMPACT_SHOWN), {
+            "impact_rank": "#", "query_id": "query", "doc_id": "chunk", "impact": "impact",
+            "reason": "why"}))
     return section
 
 
@@ -443,6 +475,7 @@ def build_report(con: duckdb.DuckDBPyConnection, dataset: str, out: Path, *, k: 
         known_holes_section(con, dataset, known_holes, known_holes_source),
         holes_section(tables["retrieval_metrics"], k, out),
         shift_section(tables["ranking_shift"], k, out),
+        impact_section(tables["pending_impact"], tables["bridge_qrels"]),
         significance_section(tables["significance"], k),
         saturation_section(tables["pool_saturation"], out),
         partial_section(tables["partial_annotation_study"], out),
