@@ -1,4 +1,4 @@
--- retrieval_metrics: what trec_eval's measures are computed from, in two statements (split on
+-- retrieval_metrics: what trec_eval's measures are computed from, in three statements (split on
 -- the line holding only ';'). The measures themselves are vectorised numpy over these rows in
 -- bridge_assets/metrics/measures.py (one pass over every ranking at once); conventions in
 -- docs/metrics.md.
@@ -6,22 +6,53 @@
 -- Inputs, temp views made by bridge_assets.metrics.measures:
 --   metrics_run(dataset, retriever, query_id, doc_id, score)
 --   metrics_qrels(dataset, query_id, doc_id, relevance)            the qrels evaluated against
---   metrics_original_qrels(dataset, query_id, doc_id, relevance)   for hole_k (may be empty)
+--   metrics_original_qrels(dataset, query_id, doc_id, relevance)   for hole_k (measures.py drops
+--                                              the last join of 1. and 2. when it is not asked for)
 --
--- 1. Every retrieved document with its judgment: relevance is NULL for a document the qrels do
---    not list, original_relevance likewise. scan_position is the run's own row order (a
---    streaming row_number, cheap): the join does not keep that order, measures.py restores it,
---    and a run stored ranking by ranking, best first (as BRIDGE writes them) then needs no sort
---    at all. doc_hash only screens for a document listed twice in a ranking (the ids confirm).
-select r.scan_position, r.dataset, r.retriever, r.query_id, r.doc_id, hash(r.doc_id) as doc_hash,
-       r.score, q.relevance, o.relevance as original_relevance
+-- 1. The run as stored, with what tells whether it is already in trec_eval's order: ranking
+--    by ranking, each by score descending, ties by doc id descending. A streaming window (in the
+--    run's own row order, no sort) compares each row with the one before it: new_ranking where
+--    (dataset, retriever, query_id) changes, out_of_order where the score rises or a tie is not
+--    in doc id order. The keys travel only on a ranking's first row; the join with the qrels
+--    does not keep the row order, scan_position restores it. When the run is in order (BRIDGE
+--    writes its runs so) nothing else is read; otherwise measures.py reads statement 2.
+select r.scan_position, r.score, r.new_ranking, r.out_of_order,
+       case when r.new_ranking then r.dataset end as dataset,
+       case when r.new_ranking then r.retriever end as retriever,
+       case when r.new_ranking then r.query_id end as query_id,
+       hash(r.doc_id) as doc_hash, q.relevance, o.relevance as original_relevance
+from (
+    select scan_position, dataset, retriever, query_id, doc_id, score, new_ranking,
+           not new_ranking and (score > previous_score or score = previous_score
+                                and coalesce(doc_id >= previous_doc_id, true)) as out_of_order
+    from (
+        select row_number() over () - 1 as scan_position, dataset, retriever, query_id, doc_id, score,
+               dataset is distinct from lag(dataset) over ()
+                   or retriever is distinct from lag(retriever) over ()
+                   or query_id is distinct from lag(query_id) over () as new_ranking,
+               lag(score) over () as previous_score, lag(doc_id) over () as previous_doc_id
+        from metrics_run
+    )
+) r
+left join metrics_qrels q
+       on q.dataset = r.dataset and q.query_id = r.query_id and q.doc_id = r.doc_id
+left join metrics_original_qrels o
+       on o.dataset = r.dataset and o.query_id = r.query_id and o.doc_id = r.doc_id
+;
+-- 2. Read only when the run is not in that order (or a doc id may repeat): every retrieved
+--    document with its ids and judgment, relevance NULL for a document the qrels do not list,
+--    original_relevance likewise; ranking_hash tells the rankings apart in one pass, doc_hash
+--    screens for a document listed twice in a ranking (the ids confirm both).
+select r.scan_position, r.dataset, r.retriever, r.query_id, r.doc_id, r.score,
+       hash(r.dataset, r.retriever, r.query_id) as ranking_hash, hash(r.doc_id) as doc_hash,
+       q.relevance, o.relevance as original_relevance
 from (select row_number() over () - 1 as scan_position, * from metrics_run) r
 left join metrics_qrels q
        on q.dataset = r.dataset and q.query_id = r.query_id and q.doc_id = r.doc_id
 left join metrics_original_qrels o
        on o.dataset = r.dataset and o.query_id = r.query_id and o.doc_id = r.doc_id
 ;
--- 2. Per query, from the qrels alone. A query is known to the qrels with any judgment, even
+-- 3. Per query, from the qrels alone. A query is known to the qrels with any judgment, even
 --    only non-relevant or -1 ("in the pool, unjudged"). R = num_rel, N = num_nonrel; the ideal
 --    ranking's gains: every judged document with a positive gain, highest first.
 select dataset, query_id,

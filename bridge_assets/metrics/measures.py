@@ -246,23 +246,23 @@ def _metric_views(con: duckdb.DuckDBPyConnection, run: str, qrels: str,
             con.execute(f"drop view if exists {name}")
 
 
-def _first_duplicate(con: duckdb.DuckDBPyConnection, view: str, keys: str) -> tuple | None:
-    """A key that occurs twice in `view`, if any. Counting distinct 64-bit hashes first keeps
-    the common case (no duplicate) cheap; a hash collision falls through to the exact query."""
-    rows, hashes = con.execute(f"select count(*), count(distinct hash({keys})) from {view}").fetchone()
-    if rows == hashes:
-        return None
-    return con.execute(f"select {keys} from {view} group by all having count(*) > 1 limit 1").fetchone()
-
-
 def _check_judgments(con: duckdb.DuckDBPyConnection, qrels: str, original_qrels: str | None) -> None:
-    """trec_eval refuses a document judged twice for one query; so do we."""
+    """trec_eval refuses a document judged twice for one query; so do we. Counting distinct
+    64-bit hashes first keeps the common case (no duplicate) cheap; a hash collision falls
+    through to the exact query."""
+    keys = "dataset, query_id, doc_id"
     for view, relation in (("metrics_qrels", qrels), ("metrics_original_qrels", original_qrels)):
-        duplicate = _first_duplicate(con, view, "dataset, query_id, doc_id")
+        if relation is None:
+            continue
+        rows, hashes, no_value = con.execute(
+            f"select count(*), count(distinct hash({keys})), count(*) - count(relevance) from {view}"
+        ).fetchone()
+        duplicate = None if rows == hashes else con.execute(
+            f"select {keys} from {view} group by all having count(*) > 1 limit 1").fetchone()
         if duplicate:
             raise DatasetError(f"'{relation}': document '{duplicate[2]}' is judged twice for query "
-                             f"'{duplicate[1]}' (dataset '{duplicate[0]}')")
-        if con.execute(f"select count(*) from {view} where relevance is null").fetchone()[0]:
+                               f"'{duplicate[1]}' (dataset '{duplicate[0]}')")
+        if no_value:
             raise DatasetError(f"'{relation}': a judgment has no relevance value")
 
 
@@ -271,21 +271,28 @@ UNJUDGED = -(2**62)  # the relevance of a document the qrels do not list (below 
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # spreads the ranking number over the 64-bit doc hash
 
 
-def _statements() -> tuple[str, str]:
-    rows, queries = read_sql("retrieval_metrics").split("\n;\n")
-    return rows, queries
+def _statements() -> tuple[str, str, str]:
+    """sql/retrieval_metrics.sql: the run as stored (with its order checked), the run with its
+    ids (when it is not in order), the judged queries."""
+    stored, with_ids, queries = read_sql("retrieval_metrics").split("\n;\n")
+    return stored, with_ids, queries
 
 
-def _with_build_side_as_written(con: duckdb.DuckDBPyConnection, sql: str,
-                                params: dict | None = None) -> pa.Table:
+def _with_build_side_as_written(con: duckdb.DuckDBPyConnection, sql: str, *,
+                                original: bool) -> pa.Table:
     """Run `sql` with the right side of each join as the hash table. DuckDB 1.5.5 cannot size an
     Arrow scan, and on the bench it hashed the 914,250 run rows to probe them with 55,202 qrels
-    (0.7 s, against 0.1 s the other way round); the qrels are the small side."""
+    (0.7 s, against 0.1 s the other way round); the qrels are the small side. Without
+    `original` (no hole_k asked for) the join with the original qrels is left out."""
+    if not original:
+        join = sql.index("left join metrics_original_qrels")
+        sql = sql[:join].replace("o.relevance as original_relevance",
+                                 "null::integer as original_relevance")
     previous = con.execute("select current_setting('disabled_optimizers')").fetchone()[0]
     con.execute("set disabled_optimizers = 'build_side_probe_side"
                 + (f",{previous}'" if previous else "'"))
     try:
-        return con.execute(sql, params or {}).to_arrow_table()
+        return con.execute(sql).to_arrow_table()
     finally:
         if previous:
             con.execute(f"set disabled_optimizers = '{previous}'")
@@ -293,7 +300,7 @@ def _with_build_side_as_written(con: duckdb.DuckDBPyConnection, sql: str,
             con.execute("reset disabled_optimizers")
 
 
-def _changes(columns: Sequence[pa.Array]) -> np.ndarray:
+def _changes(columns: Sequence[pa.ChunkedArray | pa.Array]) -> np.ndarray:
     """True where a row starts a new run of equal keys (row 0 included); NULL equals NULL."""
     n = len(columns[0])
     new = np.zeros(n, dtype=bool)
@@ -311,84 +318,107 @@ def _changes(columns: Sequence[pa.Array]) -> np.ndarray:
 
 
 def _ranking_problem(rows: pa.Table, run: str, at: int, problem: str) -> DatasetError:
-    dataset, retriever, query_id = (rows.column(c)[at].as_py() for c in KEYS)
+    dataset, retriever, query_id = (rows.column(c)[int(at)].as_py() for c in KEYS)
     return DatasetError(f"'{run}': {problem} of query '{query_id}' (dataset '{dataset}', "
                         f"retriever '{retriever}')")
 
 
-def _in_trec_order(rows: pa.Table, run: str) -> pa.Table:
-    """The rows ranking by ranking, each in trec_eval's order: score descending, ties by doc id
-    descending (byte order, strcmp). Nothing is sorted when the run was stored that way (scan
-    order restored, then checked in one pass); otherwise only the rankings out of order are."""
+def _in_trec_order(rows: pa.Table, run: str) -> tuple[np.ndarray, np.ndarray]:
+    """(at, new): `at[i]` is the row of `rows` that comes i-th when the run is laid out ranking
+    by ranking, each in trec_eval's order (score descending, ties by doc id descending in byte
+    order, strcmp); `new[i]` is True where a ranking starts.
+
+    Nothing is sorted when the run is stored that way (BRIDGE writes its runs so): the scan
+    order is restored (the join does not keep it) and checked in one pass over numbers, the
+    rankings told apart by DuckDB's 64-bit hash of (dataset, retriever, query_id). When a
+    ranking's rows are not together, or two rankings' hashes are equal, the rows are grouped by
+    the ids themselves; only rankings out of score order are sorted."""
     n = rows.num_rows
-    position = rows.column("scan_position").to_numpy()
-    if not np.array_equal(position, np.arange(n)):
-        inverse = np.empty(n, dtype=np.int64)
-        inverse[position] = np.arange(n)
-        rows = rows.take(inverse)
-    rows = rows.combine_chunks()
-    score = rows.column("score").to_numpy(zero_copy_only=False)
-    bad = ~np.isfinite(score)
-    if rows.column("score").null_count or bad.any():
-        raise _ranking_problem(rows, run, int(np.flatnonzero(bad)[0]),
-                               "no finite score for some document")
-    keys = [rows.column(c).chunk(0) if rows.column(c).num_chunks else pa.array([], pa.string())
-            for c in KEYS]
-    new = _changes(keys)
+    at = np.empty(n, dtype=np.int64)
+    at[rows.column("scan_position").to_numpy()] = np.arange(n)
+    score = rows.column("score").to_numpy()
+    if rows.column("score").null_count or not np.isfinite(score).all():
+        bad = np.flatnonzero(~np.isfinite(score) | pc.is_null(rows.column("score")).to_numpy())
+        raise _ranking_problem(rows, run, bad[0], "no finite score for some document")
+    ranking_hash = rows.column("ranking_hash").to_numpy()[at]
+    new = np.ones(n, dtype=bool)
+    new[1:] = ranking_hash[1:] != ranking_hash[:-1]
     starts = np.flatnonzero(new)
-    if len(starts) > 1 and pl.DataFrame([pl.Series(c, k.take(starts)) for c, k in zip(KEYS, keys)]
-                                        ).is_duplicated().any():
-        # a ranking's rows are not together: order by ranking (keeping their order within it)
+    first_hashes = np.sort(ranking_hash[starts])
+    if (first_hashes[1:] == first_hashes[:-1]).any():
+        keys = [rows.column(c).take(at) for c in KEYS]
         order = pl.DataFrame([pl.Series(c, k) for c, k in zip(KEYS, keys)]).with_row_index() \
             .sort(KEYS, maintain_order=True)["index"].to_numpy()
-        return _in_trec_order(rows.take(order).set_column(
-            0, "scan_position", pa.array(np.arange(n))), run)
+        at = at[order]
+        new = _changes([k.take(order) for k in keys])
+    score = score[at]
     same = ~new[1:]
     out_of_order = same & (score[1:] > score[:-1])
     tied = np.flatnonzero(same & (score[1:] == score[:-1]))
+    doc = rows.column("doc_id")
     if len(tied):
-        doc = rows.column("doc_id").chunk(0)
-        in_order = pc.greater(doc.take(tied + 1 - 1), doc.take(tied + 1))
-        out_of_order[tied] |= ~pc.fill_null(in_order, False).to_numpy(zero_copy_only=False)
+        in_order = pc.fill_null(pc.greater(doc.take(at[tied]), doc.take(at[tied + 1])), False)
+        out_of_order[tied] |= ~in_order.to_numpy(zero_copy_only=False)
     if not out_of_order.any():
-        return rows
+        return at, new
     ranking = np.cumsum(new) - 1
-    unsorted = np.zeros(len(starts), dtype=bool)
+    unsorted = np.zeros(ranking[-1] + 1, dtype=bool)
     unsorted[ranking[1:][out_of_order]] = True
-    todo = np.flatnonzero(unsorted[ranking])  # rows of the rankings out of order (contiguous)
+    todo = np.flatnonzero(unsorted[ranking])  # the rows of the rankings out of order
     part = pl.DataFrame({"ranking": ranking[todo], "score": score[todo],
-                         "doc_id": pl.Series(rows.column("doc_id").chunk(0).take(todo))})
-    sorted_part = part.with_row_index().sort(["ranking", "score", "doc_id"],
-                                             descending=[False, True, True])["index"].to_numpy()
-    order = np.arange(n)
-    order[todo] = todo[sorted_part]
-    return rows.take(order)
+                         "doc_id": pl.Series(doc.take(at[todo]))})
+    order = part.with_row_index().sort(["ranking", "score", "doc_id"],
+                                       descending=[False, True, True])["index"].to_numpy()
+    at[todo] = at[todo][order]
+    return at, new
 
 
-def _check_no_duplicates(rows: pa.Table, ranking: np.ndarray, keep: np.ndarray, run: str) -> None:
-    """trec_eval stops on a document retrieved twice for one query; so do we. The ranking
-    number mixed into DuckDB's 64-bit hash of the doc id is sorted (SIMD, ~10 ms for 1M) and
+def _as_stored(rows: pa.Table) -> tuple[np.ndarray, np.ndarray] | None:
+    """(at, new) as _in_trec_order gives them, when the run is stored in trec_eval's order
+    (statement 1 compared each row with the one before it), every score is finite, each
+    ranking's rows are together and no doc id hash repeats within a ranking; else None."""
+    n = rows.num_rows
+    at = np.empty(n, dtype=np.int64)
+    at[rows.column("scan_position").to_numpy()] = np.arange(n)
+    score = rows.column("score")
+    if score.null_count or not np.isfinite(score.to_numpy()).all() \
+            or pc.any(rows.column("out_of_order")).as_py():
+        return None
+    new = rows.column("new_ranking").to_numpy(zero_copy_only=False)[at]
+    new[0] = True
+    starts = at[new]
+    if pl.DataFrame([pl.Series(c, rows.column(c).take(starts), pl.String) for c in KEYS]) \
+            .is_duplicated().any():
+        return None  # a ranking's rows are not together
+    mixed = rows.column("doc_hash").to_numpy()[at] + (np.cumsum(new) - 1).astype(np.uint64) * _MIX
+    ordered = np.sort(mixed)
+    if (ordered[1:] == ordered[:-1]).any():
+        return None  # maybe a document twice in a ranking: confirmed on the ids
+    return at, new
+
+
+def _check_no_duplicates(rows: pa.Table, at: np.ndarray, ranking: np.ndarray, run: str) -> None:
+    """trec_eval stops on a document retrieved twice for one query; so do we. DuckDB's 64-bit
+    hash of each doc id, mixed with its ranking's number, is sorted (SIMD: ~10 ms for 1M) and
     neighbours compared; an equal pair is confirmed on the ids themselves."""
-    kept = np.flatnonzero(keep)
-    doc_hash = rows.column("doc_hash").to_numpy()[kept]
-    mixed = doc_hash + ranking[kept].astype(np.uint64) * _MIX
+    mixed = rows.column("doc_hash").to_numpy()[at] + ranking.astype(np.uint64) * _MIX
     ordered = np.sort(mixed)
     repeated = ordered[1:][ordered[1:] == ordered[:-1]]
     if not len(repeated):
         return
-    suspects = kept[np.isin(mixed, repeated)]
-    seen: dict[tuple[int, object], int] = {}
-    for at, number, doc in zip(suspects, ranking[suspects],
-                               rows.column("doc_id").take(suspects).to_pylist()):
-        if (number, doc) in seen:
-            raise _ranking_problem(rows, run, int(at), "a document appears twice in the ranking")
-        seen[number, doc] = at
+    suspects = np.flatnonzero(np.isin(mixed, repeated))
+    seen: set[tuple[int, object]] = set()
+    for i, doc in zip(suspects, rows.column("doc_id").take(at[suspects]).to_pylist()):
+        if (ranking[i], doc) in seen:
+            raise _ranking_problem(rows, run, at[i], "a document appears twice in the ranking")
+        seen.add((ranking[i], doc))
 
 
-def _relevance(column: pa.ChunkedArray) -> np.ndarray:
-    values = pc.fill_null(column, 0).to_numpy().astype(np.int64)
+def _judgment(column: pa.ChunkedArray, at: np.ndarray) -> np.ndarray:
+    """The relevance values at rows `at`, UNJUDGED where the qrels do not list the document."""
+    values = pc.fill_null(column, 0).to_numpy().astype(np.int64)[at]
     if column.null_count:
-        values[pc.is_null(column).to_numpy(zero_copy_only=False)] = UNJUDGED
+        values[~pc.is_valid(column).to_numpy(zero_copy_only=False)[at]] = UNJUDGED
     return values
 
 
@@ -412,18 +442,23 @@ def _segment_starts(new: np.ndarray) -> np.ndarray:
         np.zeros(0, dtype=np.int64)
 
 
-def _values(selection: MeasureSelection, families: set[str], relevance_level: int,
-            rankings: int, ranking: np.ndarray, rank: np.ndarray, relevance: np.ndarray,
+def _values(selection: MeasureSelection, relevance_level: int, num_ret: np.ndarray,
+            ranking: np.ndarray, rank: np.ndarray, relevance: np.ndarray,
             original: np.ndarray | None, num_rel: np.ndarray, num_nonrel: np.ndarray,
             ideal_dcg: np.ndarray, ideal_dcg_at: dict[int, np.ndarray]) -> dict[str, np.ndarray]:
-    """Every requested per-query value, one array per measure name over `rankings` rankings.
+    """Every requested per-query value, one array per measure name, over the rankings.
 
-    The rows (`ranking`, `rank` 1-based, `relevance`) hold the kept documents of every ranking,
-    ranking by ranking, each in trec_eval's order; a ranking without rows is an empty ranking.
-    Every measure is a sum over a ranking's rows (bincount) or its first relevant row."""
+    `num_ret` holds each ranking's length. The rows (`ranking`, `rank` 1-based, `relevance`,
+    `original` relevance or UNJUDGED) are the retrieved documents that the qrels judge (every
+    measure depends only on those), ranking by ranking, each in trec_eval's order; the others
+    count only in num_ret. Every value is a sum over a ranking's rows (bincount) or reads its
+    first relevant row."""
+    rankings = len(num_ret)
+
     def per_ranking(rows_of: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
         return np.bincount(rows_of, weights=weights, minlength=rankings).astype(np.float64)
 
+    families = {f.name for f in selection.family_of.values()}
     R, N = num_rel.astype(np.float64), num_nonrel.astype(np.float64)
     relevant = relevance >= relevance_level
     judged_nonrel = (relevance >= 0) & ~relevant
@@ -437,23 +472,20 @@ def _values(selection: MeasureSelection, families: set[str], relevance_level: in
     first_rank[rel_ranking[first_rel]] = rel_rank[first_rel]
     recip = np.zeros(rankings)
     np.divide(1.0, first_rank, out=recip, where=first_rank > 0)
-    num_ret = per_ranking(ranking)
-    num_rel_ret = per_ranking(rel_ranking)
-
-    gain_rows = relevance > 0  # nDCG's gain is the relevance value itself, not binarised
-    if families & {"ndcg", "ndcg_cut"}:
-        gain_ranking, gain_rank = ranking[gain_rows], rank[gain_rows]
-        discounted = relevance[gain_rows] / np.log2(gain_rank + 1.0)
+    if families & {"ndcg", "ndcg_cut"}:  # nDCG's gain is the relevance value, not binarised
+        gains = relevance > 0
+        gain_ranking, gain_rank = ranking[gains], rank[gains]
+        discounted = relevance[gains] / np.log2(gain_rank + 1.0)
 
     out: dict[str, np.ndarray] = {}
     for name in selection.names:
         family = selection.family_of[name].name
         if family == "num_ret":
-            out[name] = num_ret
+            out[name] = num_ret.astype(np.float64)
         elif family == "num_rel":
             out[name] = R
         elif family == "num_rel_ret":
-            out[name] = num_rel_ret
+            out[name] = per_ranking(rel_ranking)
         elif family == "num_nonrel_judged_ret":
             out[name] = per_ranking(ranking[judged_nonrel])
         elif family in ("map", "gm_map"):  # gm_map: each query's average precision, summarised
@@ -463,8 +495,7 @@ def _values(selection: MeasureSelection, families: set[str], relevance_level: in
         elif family == "bpref":
             # each relevant document: 1 - (judged non-relevant above it, at most R) / min(R, N)
             nonrel_so_far = np.cumsum(judged_nonrel)
-            ranking_start = np.searchsorted(ranking, np.arange(rankings))
-            before = np.concatenate([[0], nonrel_so_far])[ranking_start]
+            before = np.concatenate([[0], nonrel_so_far])[np.searchsorted(ranking, np.arange(rankings))]
             above = nonrel_so_far[relevant] - before[rel_ranking]
             term = 1.0 - np.minimum(above, R[rel_ranking]) \
                 / np.maximum(np.minimum(N, R), 1)[rel_ranking]
@@ -475,8 +506,7 @@ def _values(selection: MeasureSelection, families: set[str], relevance_level: in
             out[name] = _divide(per_ranking(gain_ranking, discounted), ideal_dcg)
         elif family == "iprec_at_recall":
             # the best precision at or after the c-th relevant document, c = round(level * R)
-            level = selection.param_of[name]
-            c = np.maximum(_round_half_away(level * R), 1)
+            c = np.maximum(_round_half_away(selection.param_of[name] * R), 1)
             eligible = np.where(nth >= c[rel_ranking], precision, 0.0)
             best = np.zeros(rankings)
             if len(eligible):
@@ -484,18 +514,17 @@ def _values(selection: MeasureSelection, families: set[str], relevance_level: in
             out[name] = best
         elif selection.family_of[name].params == "cutoff":
             k = int(selection.param_of[name])
-            rel_ret = per_ranking(rel_ranking, rel_rank <= k)
             if family == "P":
-                out[name] = rel_ret / k
+                out[name] = per_ranking(rel_ranking, rel_rank <= k) / k
             elif family == "recall":
-                out[name] = _divide(rel_ret, R)
+                out[name] = _divide(per_ranking(rel_ranking, rel_rank <= k), R)
             elif family == "ndcg_cut":
                 out[name] = _divide(per_ranking(gain_ranking, np.where(gain_rank <= k, discounted, 0.0)),
                                     ideal_dcg_at[k])
             elif family == "map_cut":
                 out[name] = _divide(per_ranking(rel_ranking, np.where(rel_rank <= k, precision, 0.0)), R)
             elif family == "success":
-                out[name] = (rel_ret > 0).astype(np.float64)
+                out[name] = ((first_rank > 0) & (first_rank <= k)).astype(np.float64)
             elif family == "recip_rank_cut":
                 out[name] = np.where(first_rank <= k, recip, 0.0)
             elif family in ("judged", "unj"):
@@ -511,10 +540,10 @@ def _values(selection: MeasureSelection, families: set[str], relevance_level: in
 
 def _ideal_dcg(queries: pa.Table, cutoffs: Sequence[int]) -> tuple[np.ndarray, dict[int, np.ndarray]]:
     """Each judged query's ideal DCG, in full and cut at each cutoff."""
-    gains_list = queries.column("ideal_gains").combine_chunks()
     count = len(queries)
     if count == 0:
         return np.zeros(0), {k: np.zeros(0) for k in cutoffs}
+    gains_list = queries.column("ideal_gains").combine_chunks()
     offsets = gains_list.offsets.to_numpy()
     gains = gains_list.values.to_numpy(zero_copy_only=False).astype(np.float64)
     query = np.repeat(np.arange(count), np.diff(offsets))
@@ -528,67 +557,70 @@ def _ideal_dcg(queries: pa.Table, cutoffs: Sequence[int]) -> tuple[np.ndarray, d
 def _evaluate(con: duckdb.DuckDBPyConnection, selection: MeasureSelection, run: str, *,
               relevance_level: int, complete: bool, max_docs: int | None,
               per_query: bool) -> pl.DataFrame:
-    rows_sql, queries_sql = _statements()
-    try:
-        rows = _with_build_side_as_written(con, rows_sql)
-    except duckdb.InvalidInputException as exc:
-        raise DatasetError(f"'{run}': {str(exc).partition('Error: ')[2] or exc}") from None
+    stored_sql, with_ids_sql, queries_sql = _statements()
+    hole = selection.uses("hole")
+    rows = _with_build_side_as_written(con, stored_sql, original=hole)
+    ordered = _as_stored(rows) if rows.num_rows else \
+        (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool))
+    if ordered is None:
+        rows = _with_build_side_as_written(con, with_ids_sql, original=hole)
+        ordered = _in_trec_order(rows, run)
+    at, new = ordered
     queries = con.execute(queries_sql, {"relevance_level": relevance_level}).to_arrow_table()
-    rows = _in_trec_order(rows, run)
-    n = rows.num_rows
-    new = _changes([rows.column(c).chunk(0) for c in KEYS]) if n else np.zeros(0, dtype=bool)
-    starts = np.flatnonzero(new)
     ranking = np.cumsum(new) - 1
-    rank = np.arange(n) - starts[ranking] + 1 if n else np.zeros(0, dtype=np.int64)
-    keep = rank <= max_docs if max_docs is not None else np.ones(n, dtype=bool)
-    _check_no_duplicates(rows, ranking, keep, run)
+    starts = np.flatnonzero(new)
+    if max_docs is not None:  # trec_eval's -M: only the top max_docs of each ranking count
+        keep = np.arange(len(at)) - starts[ranking] < max_docs
+        at, new, ranking = at[keep], new[keep], ranking[keep]
+        starts = np.flatnonzero(new)
+    if "doc_id" in rows.column_names:  # checked already when the run was in order
+        _check_no_duplicates(rows, at, ranking, run)
 
     # which rankings are evaluated: those of a query the qrels know (with -c also the judged
     # queries a retriever did not answer, as empty rankings)
-    found = pl.DataFrame([pl.Series(c, rows.column(c).chunk(0).take(starts)) for c in KEYS]) \
-        if n else pl.DataFrame(schema=dict.fromkeys(KEYS, pl.String))
-    judged = pl.DataFrame([pl.Series("dataset", queries.column("dataset")),
-                           pl.Series("query_id", queries.column("query_id"))]).with_row_index("query")
-    found = found.with_row_index("ranking").join(judged, on=["dataset", "query_id"], how="inner",
-                                                  maintain_order="left")
+    found = pl.DataFrame([pl.Series(c, rows.column(c).take(at[starts]), pl.String) for c in KEYS])
+    judged = pl.DataFrame([pl.Series("dataset", queries.column("dataset"), pl.String),
+                           pl.Series("query_id", queries.column("query_id"), pl.String)]) \
+        .with_row_index("query")
+    evaluated = found.with_row_index("ranking").join(judged, on=["dataset", "query_id"],
+                                                     maintain_order="left")
     if complete:
-        systems = pl.DataFrame([pl.Series(c, rows.column(c).chunk(0).take(starts)) for c in KEYS[:2]]) \
-            .unique(maintain_order=True) if n else pl.DataFrame(schema=dict.fromkeys(KEYS[:2], pl.String))
-        missing = systems.join(judged, on="dataset").join(found, on=KEYS, how="anti")
-        found = pl.concat([found, missing.select(pl.lit(None, pl.UInt32).alias("ranking"), *KEYS,
-                                                 "query")], how="vertical_relaxed")
-    rankings = found.height
-    # renumber the evaluated rankings 0..; rows of the others go
-    renumber = np.full(len(starts) + 1, -1, dtype=np.int64)
-    answered = found["ranking"].drop_nulls().to_numpy()
-    renumber[answered] = np.arange(len(answered))
-    evaluated_rank = renumber[ranking] if n else np.zeros(0, dtype=np.int64)
-    used = keep & (evaluated_rank >= 0)
-    query = found["query"].to_numpy().astype(np.int64)
+        systems = found.select(KEYS[:2]).unique(maintain_order=True)
+        missing = systems.join(judged, on="dataset").join(evaluated, on=KEYS, how="anti")
+        evaluated = pl.concat([evaluated, missing.select(pl.lit(None, pl.UInt32).alias("ranking"),
+                                                         *KEYS, "query")])
+    answered = evaluated["ranking"].drop_nulls().to_numpy().astype(np.int64)
+    number = np.full(len(starts), -1, dtype=np.int64)
+    number[answered] = np.arange(len(answered))
+    num_ret = np.zeros(evaluated.height, dtype=np.int64)
+    num_ret[:len(answered)] = np.diff(np.append(starts, len(at)))[answered]
+
+    # the judged documents of the evaluated rankings: all that the measures read
+    valid = pc.is_valid(rows.column("relevance")).to_numpy(zero_copy_only=False)[at]
+    judged_rows = np.flatnonzero(valid & (number[ranking] >= 0))
+    row_ranking = ranking[judged_rows]
+    query = evaluated["query"].to_numpy().astype(np.int64)
     ideal_dcg, ideal_dcg_at = _ideal_dcg(queries, selection.cutoffs)
-    families = {f.name for f in selection.family_of.values()}
     values = _values(
-        selection, families, relevance_level, rankings, evaluated_rank[used], rank[used],
-        _relevance(rows.column("relevance"))[used] if n else np.zeros(0, dtype=np.int64),
-        (_relevance(rows.column("original_relevance"))[used] if n else np.zeros(0, dtype=np.int64))
-        if "hole" in families else None,
+        selection, relevance_level, num_ret, number[row_ranking], judged_rows - starts[row_ranking] + 1,
+        _judgment(rows.column("relevance"), at[judged_rows]),
+        _judgment(rows.column("original_relevance"), at[judged_rows]) if hole else None,
         queries.column("num_rel").to_numpy()[query], queries.column("num_nonrel").to_numpy()[query],
         ideal_dcg[query], {k: v[query] for k, v in ideal_dcg_at.items()})
-    return _long_frame(found.select(KEYS), values, selection, per_query)
+    return _long_frame(evaluated.select(KEYS), values, selection, per_query)
 
 
 def _long_frame(keys: pl.DataFrame, values: dict[str, np.ndarray], selection: MeasureSelection,
                 per_query: bool) -> pl.DataFrame:
     """One row per (ranking, measure), and each system's summary under query_id 'all': the
     mean over its evaluated queries, the sum for the num_* counts, num_q, and gm_map (geometric
-    mean of average precision, each floored at trec_eval's MIN_GEO_MEAN 0.00001)."""
+    mean of average precision, each floored at trec_eval's MIN_GEO_MEAN 0.00001). The parts are
+    put together without copying (one chunk per measure)."""
     schema = {**dict.fromkeys(KEYS, pl.String), "measure": pl.String, "value": pl.Float64}
-    wide = keys.with_columns(**{name: pl.Series(name, v) for name, v in values.items()})
     parts = []
-    per_query_names = [name for name in values if not selection.family_of[name].summary_only]
-    if per_query and per_query_names:
-        parts.append(wide.unpivot(on=per_query_names, index=KEYS, variable_name="measure",
-                                  value_name="value"))
+    if per_query:
+        parts = [keys.with_columns(measure=pl.lit(name), value=pl.Series(values[name]))
+                 for name in values if not selection.family_of[name].summary_only]
     summary = []
     for name in selection.names:
         family = selection.family_of[name]
@@ -598,16 +630,14 @@ def _long_frame(keys: pl.DataFrame, values: dict[str, np.ndarray], selection: Me
             summary.append(pl.col(name).clip(lower_bound=0.00001).log().mean().exp())
         elif name in values:
             summary.append(pl.col(name).sum() if family.count else pl.col(name).mean())
-    if summary and wide.height:
+    if summary and keys.height:
+        wide = keys.select("dataset", "retriever").with_columns(
+            **{name: pl.Series(name, v) for name, v in values.items()})
         totals = wide.group_by("dataset", "retriever", maintain_order=True).agg(*summary)
-        measures = [c for c in totals.columns if c not in ("dataset", "retriever")]
-        parts.append(totals.with_columns(query_id=pl.lit("all"))
-                     .select(*KEYS, *measures)
-                     .unpivot(on=measures, index=KEYS, variable_name="measure", value_name="value"))
-    if not parts:
-        return pl.DataFrame(schema=schema)
-    return pl.concat([p.with_columns(pl.col("value").cast(pl.Float64)) for p in parts]) \
-        .drop_nulls("value")
+        parts.extend(totals.select("dataset", "retriever", query_id=pl.lit("all"),
+                                   measure=pl.lit(name), value=pl.col(name).cast(pl.Float64))
+                     for name in totals.columns[2:])
+    return pl.concat(parts, rechunk=False) if parts else pl.DataFrame(schema=schema)
 
 
 def compute_measures(con: duckdb.DuckDBPyConnection, selection: MeasureSelection, *,
