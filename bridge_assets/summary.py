@@ -90,6 +90,25 @@ def _escalations(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
     return lines
 
 
+def _pool_coverage(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
+    """One line with the extrapolation of the relevant chunks outside the pool (pool_coverage,
+    verified labels), only when it is meaningful (enough systems, a levelling curve); the report
+    says why when it is not."""
+    rows = _rows(con, "pool_coverage", """
+        select max(value) filter (where statistic = 'in_pool'),
+               max(value) filter (where statistic = 'outside_pool_estimate'),
+               max(low) filter (where statistic = 'outside_pool_estimate'),
+               max(high) filter (where statistic = 'outside_pool_estimate'),
+               bool_or(note is not null) filter (where statistic = 'outside_pool_estimate'),
+               max(systems_added) filter (where statistic = 'relevant_found')
+        from pool_coverage where dataset = ? and qrels_version = 'refined'""", [dataset])
+    if not rows or rows[0][1] is None or rows[0][4]:
+        return []
+    in_pool, outside, low, high, _, systems = rows[0]
+    return [f"relevant chunks outside the pool (saturation curve fitted over {systems} systems): about "
+            f"{outside:.0f} (95% interval {low:.0f}..{high:.0f}) beyond the {in_pool:.0f} in the pool"]
+
+
 def _rank_changes(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
     shifts = _rows(con, "ranking_shift", """
         select retriever, rank_original, rank_refined, rank_refined_upper, robust_rank_change
@@ -149,6 +168,7 @@ def run_summary(con: duckdb.DuckDBPyConnection, dataset: str, started: float,
         if score is not None:
             lines.append(f"against the known holes ({spec.known_holes}): {score.summary_line()}")
     lines += _rank_changes(con, dataset)
+    lines += _pool_coverage(con, dataset)
     lines += _stopping_point(con, dataset)
     wall = time.time() - started
     calls = _rows(con, "llm_calls", """

@@ -11,11 +11,14 @@ import itertools
 import math
 
 import dagster as dg
+import duckdb
 import numpy as np
+import polars as pl
 import pytest
 
 from bridge_assets.analysis import assets as analysis_assets
 from bridge_assets.analysis.saturation import growth_rates, holes_found_curve, system_orders
+from bridge_assets.metrics import compute_retrieval_metrics
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.resources import DuckDBStore
 from fixtures.labeled_lake import DATASET, read
@@ -83,3 +86,76 @@ def test_pool_saturation_asset_matches_the_hand_computed_curves(labeled_lake):
     assert perf_all[("bm25", "ndcg_cut_10")] - mc[("bm25", "ndcg_cut_10")] == pytest.approx(
         frame.filter((frame["statistic"] == "perf_without") & (frame["retriever"] == "bm25")
                      & (frame["measure"] == "ndcg_cut_10"))["value"][0])
+
+
+def brute_force_contributions(lake, orders: list[list[str]], measures: list[str]) -> dict:
+    """(order index, m, measure) -> |Perf_D(C_m)(r_m) - Perf_D(C_m-1)(r_m)|, each qrels built in
+    Python from the lake's tables and each score computed alone by the metrics core on the
+    system's whole run: another path than the asset's (variants in SQL, rankings cut to 10)."""
+    refined = read(lake, "select query_id, doc_id, coalesce(relevance, 0) as relevance from bridge_qrels")
+    original = {(q, d) for q, d in read(lake, "select query_id, doc_id from original_qrels").iter_rows()}
+    pool = {(q, d): set(s) for q, d, s in
+            read(lake, "select query_id, doc_id, systems from candidate_pool").iter_rows()}
+    runs = read(lake, "select retriever, query_id, doc_id, score from retrieval_run")
+
+    def score(system: str, members: set[str], measure: str) -> float:
+        qrels = pl.DataFrame([(q, d, r) for q, d, r in refined.iter_rows()
+                              if (q, d) in original or (q, d) not in pool or pool[(q, d)] & members],
+                             schema=["query_id", "doc_id", "relevance"], orient="row")
+        con = duckdb.connect()
+        con.register("qrels_frame", qrels.to_arrow())
+        con.register("run_frame", runs.filter(pl.col("retriever") == system).to_arrow())
+        values = compute_retrieval_metrics(con, run="run_frame", qrels="qrels_frame",
+                                           measures=[measure], k=10, per_query=False)
+        return values.filter((pl.col("query_id") == "all") & (pl.col("measure") == measure))["value"][0]
+
+    return {(i, m, measure): abs(score(order[m - 1], set(order[:m]), measure)
+                                 - score(order[m - 1], set(order[:m - 1]), measure))
+            for i, order in enumerate(orders) for m in range(1, len(order) + 1) for measure in measures}
+
+
+def test_marginal_contribution_curve_is_the_mean_over_orders_of_a_brute_force_computation(labeled_lake):
+    orders, seed = 6, 11
+    result = dg.materialize(
+        [qrels_assets.bridge_qrels, analysis_assets.pool_saturation], partition_key=DATASET,
+        resources={"store": DuckDBStore(data_lake=str(labeled_lake))},
+        run_config={"ops": {"pool_saturation": {"config": {"orders": orders, "seed": seed}}}})
+    assert result.success
+    frame = read(labeled_lake, "select * from pool_saturation")
+    drawn = system_orders(["bm25", "dense", "splade"], orders, seed)
+    measures = ["ndcg_cut_10", "success_10", "recall_10"]
+    brute = brute_force_contributions(labeled_lake, drawn, measures)
+    # by hand, for one step: dense added first brings q1/d5 and q3/d7, both relevant, which it
+    # ranks first, ahead of the gold it ranked second: nDCG@10 on q1 and q3 1/log2(3) -> 1
+    first_dense = [i for i, order in enumerate(drawn) if order[0] == "dense"]
+    assert first_dense and all(brute[(i, 1, "ndcg_cut_10")] == pytest.approx((1 - NDCG_SECOND) / 2)
+                               for i in first_dense)
+    curve = frame.filter(pl.col("statistic") == "marginal_contribution_curve")
+    for measure in measures:
+        rows = curve.filter(pl.col("measure") == measure).sort("systems_added")
+        assert rows["systems_added"].to_list() == [1, 2, 3] and rows["orders"].to_list() == [orders] * 3
+        for m in (1, 2, 3):
+            expected = [brute[(i, m, measure)] for i in range(orders)]
+            row = rows.row(m - 1, named=True)
+            assert row["value"] == pytest.approx(np.mean(expected), abs=1e-12)
+            assert row["std"] == pytest.approx(np.std(expected), abs=1e-12)
+    # the last step of an order is its last system's leave-one-out MC
+    loo = {(r["retriever"], r["measure"]): r["value"]
+           for r in frame.filter(pl.col("statistic") == "marginal_contribution").iter_rows(named=True)}
+    for i, order in enumerate(drawn):
+        for measure in measures:
+            assert brute[(i, 3, measure)] == pytest.approx(loo[(order[-1], measure)], abs=1e-12)
+    # each system's mean contribution over the orders, whenever it was added, and their order
+    mean = {(r["retriever"], r["measure"]): r for r in
+            frame.filter(pl.col("statistic") == "mean_contribution").iter_rows(named=True)}
+    rank = {(r["retriever"], r["measure"]): r["value"] for r in
+            frame.filter(pl.col("statistic") == "contribution_rank").iter_rows(named=True)}
+    for measure in measures:
+        by_hand = {s: np.mean([brute[(i, order.index(s) + 1, measure)] for i, order in enumerate(drawn)])
+                   for s in ("bm25", "dense", "splade")}
+        for s, value in by_hand.items():
+            assert mean[(s, measure)]["value"] == pytest.approx(value, abs=1e-12)
+            assert mean[(s, measure)]["orders"] == orders
+            assert rank[(s, measure)] == 1 + sum(1 for v in by_hand.values() if round(v, 12) > round(value, 12))
+    # splade surfaced no hole: it never contributes and comes last on nDCG@10
+    assert mean[("splade", "ndcg_cut_10")]["value"] == 0.0 and rank[("splade", "ndcg_cut_10")] == 3.0

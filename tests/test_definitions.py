@@ -13,7 +13,7 @@ ASSETS = {
     "bridge_qrels", "candidate_pool", "consensus_stability", "corpus", "debate_labels",
     "debate_turns", "filter_votes", "filtered_pool", "human_labels", "labeler_eval_items",
     "labeler_eval_plot", "labeler_eval_results", "original_qrels", "partial_annotation_study",
-    "pool_saturation", "queries", "rag_alignment", "rag_answers", "rag_judgments", "ranking_shift",
+    "pool_coverage", "pool_saturation", "queries", "rag_alignment", "rag_answers", "rag_judgments", "ranking_shift",
     "report", "retrieval_metrics", "retrieval_run", "significance",
 }
 CHECKS = {
@@ -29,7 +29,7 @@ GROUPS = {
     "labeling": {"candidate_pool", "filter_votes", "filtered_pool", "debate_labels", "debate_turns"},
     "human": {"human_labels"},
     "qrels": {"bridge_qrels"},
-    "analysis": {"retrieval_metrics", "ranking_shift", "significance", "pool_saturation",
+    "analysis": {"retrieval_metrics", "ranking_shift", "significance", "pool_saturation", "pool_coverage",
                  "partial_annotation_study", "rag_answers", "rag_judgments", "rag_alignment"},
     "reports": {"report"},
     "labeler_eval": {"labeler_eval_items", "labeler_eval_results", "labeler_eval_plot",
@@ -39,7 +39,7 @@ JOBS = {
     "ingest_job": {"corpus", "original_qrels", "queries"},
     "retrieval_job": {"retrieval_run"},
     "human_labels_job": {"human_labels", "bridge_qrels", "retrieval_metrics", "ranking_shift",
-                         "significance", "pool_saturation", "partial_annotation_study",
+                         "significance", "pool_saturation", "pool_coverage", "partial_annotation_study",
                          "rag_alignment", "report"},
 }
 SENSORS = {"retriever_registry_sensor": "retrieval_job", "run_files_sensor": "retrieval_job",

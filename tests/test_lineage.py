@@ -103,6 +103,8 @@ RUNS: dict[str, tuple[dg.AssetsDefinition, list[dict]]] = {
     "pending_impact": (impact_asset.pending_impact, [{}]),
     "pool_saturation": (analysis_assets.pool_saturation,
                         [{"orders": 2, "scope": "pooled"}, {"orders": 2, "scope": "all"}]),
+    "pool_coverage": (analysis_assets.pool_coverage,
+                      [{"orders": 2, "resamples": 5, "scope": scope} for scope in ("pooled", "all")]),
     "partial_annotation_study": (analysis_assets.partial_annotation_study,
                                  [{"samples": 3, "sweep_samples": 2, "scope": scope} for scope in ("pooled", "all")]),
     "rag_answers": (analysis_assets.rag_answers,

@@ -24,11 +24,13 @@ CHROMIUM = Path(os.environ.get("BRIDGE_CHROMIUM") or shutil.which("chromium") or
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync"]
 ANALYSES = [qrels_assets.bridge_qrels, analysis_assets.retrieval_metrics, analysis_assets.ranking_shift,
-            analysis_assets.significance, analysis_assets.pool_saturation, analysis_assets.partial_annotation_study,
+            analysis_assets.significance, analysis_assets.pool_saturation, analysis_assets.pool_coverage,
+            analysis_assets.partial_annotation_study,
             analysis_assets.rag_alignment, impact_asset.pending_impact, report_assets.report]
 CONFIG = {"ops": {"partial_annotation_study": {"config": {"samples": 100, "fractions": [0.5, 1.0],
                                                           "sweep_samples": 3}}}}
-FIGURES = {"holes.png", "before_after.png", "saturation.png", "partial.png", "rag_alignment.png"}
+FIGURES = {"holes.png", "before_after.png", "saturation.png", "contribution.png", "coverage.png", "partial.png",
+           "rag_alignment.png"}
 
 
 def write_judgments(lake) -> None:
@@ -59,8 +61,14 @@ def test_report_files_hold_every_section_table_and_figure(report_lake):
     page = html.read_text()
     for caption in ("Judgments by source", "Found and pending", "Hole@10 and Judged@10",
                     "Agreement of the rankings", "nDCG@10", "System pairs by verdict", "nDCG@10: system pairs",
-                    "Growth", "Marginal contribution", "Settings", "Per system", "All systems"):
+                    "Growth", "Marginal contribution", "Settings", "Per system", "All systems",
+                    "Concordance with the original qrels (D-MERIT)",
+                    "Marginal contribution as the pool grows (mean over orders)",
+                    "Systems by their mean contribution when added", "Relevant chunks found as systems are added",
+                    "Outside the pool"):
         assert f"<caption>{caption}</caption>" in page
+    # three systems: the report says why it shows no extrapolation of the pool's coverage
+    assert "verified labels: no extrapolation shown: 3 system(s): the extrapolation needs at least 6" in page
     assert page.count('<table class="report-table"') >= 10
     assert "Not materialized" not in page
     text = markdown.read_text()
@@ -89,10 +97,11 @@ def test_report_says_which_sections_wait_for_their_tables(labeled_lake):
                             resources={"store": DuckDBStore(data_lake=str(labeled_lake))})
     assert result.success
     metadata = result.asset_materializations_for_node("report")[0].metadata
-    assert metadata["not_materialized"].value == ("partial_annotation_study, pending_impact, pool_saturation, "
-                                                  "rag_alignment, ranking_shift, retrieval_metrics, significance")
+    assert metadata["not_materialized"].value == ("partial_annotation_study, pending_impact, pool_coverage, "
+                                                  "pool_saturation, rag_alignment, ranking_shift, retrieval_metrics, "
+                                                  "significance")
     page = (labeled_lake / "reports" / DATASET / "report.html").read_text()
-    assert page.count('class="missing"') == 7 and "<caption>Judgments by source</caption>" in page
+    assert page.count('class="missing"') == 8 and "<caption>Judgments by source</caption>" in page
     assert not list((labeled_lake / "reports" / DATASET).glob("*.png"))
 
 

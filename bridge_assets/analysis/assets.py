@@ -1,6 +1,6 @@
 """Dagster wiring of the re-benchmark and analysis assets, per dataset.
 
-retrieval_metrics -> ranking_shift, significance; pool_saturation; partial_annotation_study;
+retrieval_metrics -> ranking_shift, significance; pool_saturation; pool_coverage; partial_annotation_study;
 rag_answers -> rag_judgments -> rag_alignment. Each reads one dataset's rows into an
 in-memory DuckDB (snapshots.inputs), computes with the plain functions of this package, and
 replaces its partition in one transaction (AnalysisRun: the body every asset here shares).
@@ -23,6 +23,8 @@ from pydantic import Field
 
 from bridge_assets import automation, run_settings, snapshots
 from bridge_assets.analysis import rag
+from bridge_assets.analysis.coverage import MIN_SYSTEMS, compute_pool_coverage
+from bridge_assets.analysis.coverage import RESAMPLES as COVERAGE_RESAMPLES
 from bridge_assets.analysis.partial import DEFAULT_FRACTIONS, compute_partial_annotation_study
 from bridge_assets.analysis.partial import DEFAULT_MEASURES as PARTIAL_MEASURES
 from bridge_assets.analysis.retrieval import QRELS_VERSIONS, compute_dataset_metrics, measure_label, measures_at
@@ -54,6 +56,7 @@ READS: dict[str, tuple[str, ...]] = {
     "significance": ("retrieval_metrics",),
     "pending_impact": ("retrieval_metrics", "retrieval_run", "bridge_qrels"),  # impact_asset.py
     "pool_saturation": ("candidate_pool", "bridge_qrels", "retrieval_run", "original_qrels", "queries"),
+    "pool_coverage": ("candidate_pool", "bridge_qrels", "retrieval_run", "original_qrels", "queries"),
     "partial_annotation_study": ("bridge_qrels", "retrieval_run", "corpus", "candidate_pool",
                                  "original_qrels", "queries"),
     "rag_answers": ("retrieval_run", "queries", "corpus", "candidate_pool", "original_qrels"),
@@ -235,8 +238,10 @@ class PoolSaturationConfig(dg.Config):
 @analysis_asset("pool_saturation",
                 "Pool saturation from the stored labels (no LLM call): filled holes found "
                 "and growth rate GR(m) as systems are added (mean/std over seeded random "
-                "orders), and each system's marginal contribution MC(r) for Hit@10, "
-                "nDCG@10, Recall@10.")
+                "orders), each system's marginal contribution MC(r) for Hit@10, "
+                "nDCG@10, Recall@10, and the marginal-contribution curve as the pool grows "
+                "(mean over the orders of what the m-th system added brings), with the systems' "
+                "order by their mean contribution.")
 def pool_saturation(context: dg.AssetExecutionContext, config: PoolSaturationConfig,
                     store: DuckDBStore) -> dg.MaterializeResult:
     run = AnalysisRun.start(context, config)
@@ -251,7 +256,42 @@ def pool_saturation(context: dg.AssetExecutionContext, config: PoolSaturationCon
         **_scope_metadata(info), "holes": holes, "orders": config.orders, "seed": config.seed,
         "last_growth_rate": dg.MetadataValue.float(last_growth["value"][0])
         if last_growth.height and last_growth["value"][0] is not None else "undefined",
-        "marginal_contribution": dg.MetadataValue.md(_markdown(contributions))})
+        "marginal_contribution": dg.MetadataValue.md(_markdown(contributions)),
+        "contribution_curve": dg.MetadataValue.md(_markdown(
+            frame.filter(pl.col("statistic") == "marginal_contribution_curve")
+            .pivot(on="measure", index="systems_added", values="value").sort("systems_added")))})
+
+
+class PoolCoverageConfig(dg.Config):
+    orders: int = Field(20, ge=1, description="Random orders of adding systems (the curve's mean and band).")
+    seed: int = 0
+    resamples: int = Field(COVERAGE_RESAMPLES, ge=1, description="Pools drawn from the fitted curve for "
+                           "the interval of the extrapolation (parametric bootstrap).")
+    min_systems: int = Field(MIN_SYSTEMS, ge=3, description="Fewest systems for which the extrapolation "
+                             "is shown (fewer points cannot tell a levelling curve from a straight line).")
+    scope: Literal["pooled", "all"] = ScopeField
+
+
+@analysis_asset("pool_coverage",
+                "TREC-style pool coverage from the stored labels (no LLM call): relevant chunks "
+                "in the pool as systems are added (mean, std and 5-95% band over seeded random "
+                "orders), at both bounds over pending pairs, and a Michaelis-Menten saturation "
+                "curve fitted to it: how many relevant chunks systems like these would still "
+                "find outside the pool, with a 95% interval (parametric bootstrap), shown only "
+                "with enough systems and a levelling curve (the note says why not).")
+def pool_coverage(context: dg.AssetExecutionContext, config: PoolCoverageConfig,
+                  store: DuckDBStore) -> dg.MaterializeResult:
+    run = AnalysisRun.start(context, config)
+    config = run.config
+    with run.inputs(store) as con:
+        frame, info = compute_pool_coverage(con, run.dataset, orders=config.orders, seed=config.seed,
+                                            resamples=config.resamples, min_systems=config.min_systems,
+                                            scope=config.scope)
+    estimates = frame.filter(pl.col("statistic").is_in(["in_pool", "known_outside_pool", "outside_pool_estimate"])) \
+        .select("qrels_version", "statistic", "value", "low", "high", "note")
+    return run.finish(store, frame, {
+        **_scope_metadata(info), "orders": config.orders, "seed": config.seed, "resamples": config.resamples,
+        "min_systems": config.min_systems, "extrapolation": dg.MetadataValue.md(_markdown(estimates, 1))})
 
 
 class PartialAnnotationConfig(dg.Config):

@@ -10,6 +10,16 @@ From the stored labels only (no LLM call):
   pairs only r surfaced removed; sql/pool_saturation_qrels.sql), for Hit@10, nDCG@10,
   Recall@10. MC does not depend on the order in which systems are added, so it is computed
   once (averaging it over orders would return the same number).
+- The marginal-contribution curve as the pool grows (the DREAM paper's Figure 3b): in each of
+  the same seeded random orders, the m-th system r_m contributes
+  MC_m = |Perf_{D(C_m)}(r_m) - Perf_{D(C_m-1)}(r_m)|, where D(C) is the qrels the pipeline would
+  have built from the pools of the systems C only (original judgments and new judgments of
+  pairs outside the pool kept; sql/pool_saturation_prefix_qrels.sql). Rows
+  'marginal_contribution_curve' (per m and measure): mean and std over the orders where both
+  scores are defined. Rows 'mean_contribution' (per system and measure): the mean over the
+  orders of what the system contributed when it was added, and 'contribution_rank': the
+  systems' order by it (1: the largest; equal means share a place). The last step of an order
+  is the leave-one-out MC of its last system.
 """
 
 from __future__ import annotations
@@ -21,7 +31,7 @@ import numpy as np
 import polars as pl
 
 from bridge_assets.analysis.views import Scope, ScopeInfo, analysis_views, require_rows
-from bridge_assets.metrics import compute_retrieval_metrics
+from bridge_assets.metrics import compute_measures, compute_retrieval_metrics, resolve_measures
 from bridge_assets.paths import read_sql
 
 DEFAULT_MEASURES = ("success_10", "ndcg_cut_10", "recall_10")
@@ -106,6 +116,84 @@ def marginal_contributions(con: duckdb.DuckDBPyConnection, measures: Sequence[st
     ])
 
 
+Step = tuple[int, int, str, str, str]  # (order index, m, system added, variant before, variant after)
+
+
+def prefix_evaluations(orders: Sequence[Sequence[str]]) -> tuple[dict[frozenset, str], list[Step]]:
+    """The qrels variants the curve needs, one per distinct set of systems added so far
+    (frozenset -> variant name), and per (order, step m): (order index, m, system added,
+    variant before, variant after)."""
+    variants: dict[frozenset, str] = {}
+
+    def variant(members: frozenset) -> str:
+        return variants.setdefault(members, f"prefix:{len(variants)}")
+
+    steps = []
+    for i, order in enumerate(orders):
+        for m in range(1, len(order) + 1):
+            steps.append((i, m, order[m - 1], variant(frozenset(order[:m - 1])), variant(frozenset(order[:m]))))
+    return variants, steps
+
+
+def contribution_curve(con: duckdb.DuckDBPyConnection, orders: Sequence[Sequence[str]], measures: Sequence[str],
+                       k: int) -> pl.DataFrame:
+    """Rows 'marginal_contribution_curve', 'mean_contribution' and 'contribution_rank' (module
+    doc) over `orders`. Each variant's qrels are evaluated once, on the systems it is needed for,
+    on rankings cut to the measures' depth. Reads the analysis views, which the caller created."""
+    variants, steps = prefix_evaluations(orders)
+    prefixes = pl.DataFrame({"variant": list(variants.values()), "members": [sorted(m) for m in variants]},
+                            schema={"variant": pl.Utf8, "members": pl.List(pl.Utf8)})
+    needed = pl.DataFrame(sorted({(v, r) for _, _, r, before, after in steps for v in (before, after)}),
+                          schema={"variant": pl.Utf8, "retriever": pl.Utf8}, orient="row")
+    selection = resolve_measures(measures, cutoffs=(k,))
+    con.register("saturation_prefixes", prefixes.to_arrow())
+    con.register("saturation_needed", needed.to_arrow())
+    try:
+        con.execute(f"create or replace temp table saturation_prefix_qrels as "
+                    f"({read_sql('pool_saturation_prefix_qrels')})")
+        con.execute("""create or replace temp table saturation_prefix_run as
+                       select n.variant as dataset, r.retriever, r.query_id, r.doc_id, r.score
+                       from saturation_needed n join analysis_run r on r.retriever = n.retriever""")
+        values = compute_measures(con, selection, run="saturation_prefix_run", qrels="saturation_prefix_qrels",
+                                  per_query=False, max_docs=selection.depth)
+    finally:
+        con.execute("drop table if exists saturation_prefix_run")
+        con.execute("drop table if exists saturation_prefix_qrels")
+        con.unregister("saturation_needed")
+        con.unregister("saturation_prefixes")
+    scores = {(row["dataset"], row["retriever"], row["measure"]): row["value"]
+              for row in values.filter(pl.col("query_id") == "all").iter_rows(named=True)}
+    rows = []
+    systems = sorted({r for _, _, r, _, _ in steps})
+    for measure in dict.fromkeys(key[2] for key in scores):
+        # contribution[i, m - 1] of order i's m-th system; NaN where a score is undefined
+        contribution = np.full((len(orders), max(len(o) for o in orders)), np.nan)
+        by_system: dict[str, list[float]] = {r: [] for r in systems}
+        for i, m, system, before, after in steps:
+            a, b = scores.get((after, system, measure)), scores.get((before, system, measure))
+            if a is not None and b is not None:
+                contribution[i, m - 1] = abs(a - b)
+                by_system[system].append(abs(a - b))
+        for m in range(1, contribution.shape[1] + 1):
+            defined = contribution[:, m - 1][~np.isnan(contribution[:, m - 1])]
+            rows.append({"statistic": "marginal_contribution_curve", "systems_added": m, "measure": measure,
+                         "value": float(defined.mean()) if defined.size else None,
+                         "std": float(defined.std()) if defined.size else None, "orders": int(defined.size)})
+        means = {r: float(np.mean(v)) if v else None for r, v in by_system.items()}
+        for r in systems:
+            rows.append({"statistic": "mean_contribution", "retriever": r, "measure": measure, "value": means[r],
+                         "std": float(np.std(by_system[r])) if by_system[r] else None,
+                         "orders": len(by_system[r])})
+        # competition ranks, largest mean first, at 12 decimals (as ranking_shift)
+        ranked = {r: round(v, 12) for r, v in means.items() if v is not None}
+        for r, v in ranked.items():
+            rows.append({"statistic": "contribution_rank", "retriever": r, "measure": measure,
+                         "value": float(1 + sum(1 for other in ranked.values() if other > v))})
+    return pl.DataFrame(rows, schema={k: SATURATION_SCHEMA[k] for k in
+                                      ("statistic", "systems_added", "retriever", "measure", "value", "std",
+                                       "orders")})
+
+
 def compute_pool_saturation(con: duckdb.DuckDBPyConnection, dataset: str, *, orders: int = 10,
                             seed: int = 0, measures: Sequence[str] = DEFAULT_MEASURES, k: int = 10,
                             scope: Scope = "pooled") -> tuple[pl.DataFrame, ScopeInfo, int]:
@@ -118,7 +206,8 @@ def compute_pool_saturation(con: duckdb.DuckDBPyConnection, dataset: str, *, ord
         pooled_systems = sorted({s for systems in holes["systems"] for s in systems} | set(info.retrievers))
         curves = saturation_curves(holes["systems"].to_list(), pooled_systems, orders, seed)
         contributions = marginal_contributions(con, measures, k)
-    frame = pl.concat([curves, contributions.with_columns(pl.lit(None, pl.Int32).alias("orders"))],
+        curve = contribution_curve(con, system_orders(pooled_systems, orders, seed), measures, k)
+    frame = pl.concat([curves, contributions.with_columns(pl.lit(None, pl.Int32).alias("orders")), curve],
                       how="diagonal_relaxed")
     frame = frame.with_columns(pl.lit(dataset).alias("dataset")).select(list(SATURATION_SCHEMA))
     return frame.cast(SATURATION_SCHEMA), info, holes.height

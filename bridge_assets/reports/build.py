@@ -29,7 +29,8 @@ from bridge_assets.store import table_exists
 
 TEMPLATES = Path(__file__).parent / "templates"
 REPORT_TABLES = ("bridge_qrels", "candidate_pool", "retrieval_metrics", "ranking_shift", "significance",
-                 "pool_saturation", "partial_annotation_study", "rag_alignment", "pending_impact")
+                 "pool_saturation", "partial_annotation_study", "rag_alignment", "pending_impact",
+                 "pool_coverage")
 
 
 @dataclass
@@ -384,9 +385,88 @@ def saturation_section(saturation: pl.DataFrame | None, out: Path) -> Section:
                                    + pl.col("statistic").replace_strict(shown)).alias("column"))
                     .pivot(on="column", index="retriever", values="value").sort("retriever"))
     section.tables.append(table("Marginal contribution", contribution.rename({"retriever": "system"})))
+    mc_curve = saturation.filter(pl.col("statistic") == "marginal_contribution_curve")
+    if mc_curve.height:
+        labelled = mc_curve.with_columns(pl.col("measure").map_elements(measure_label, return_dtype=pl.Utf8))
+        section.tables.append(table("Marginal contribution as the pool grows (mean over orders)",
+                                    labelled.pivot(on="measure", index="systems_added", values="value")
+                                    .sort("systems_added").rename({"systems_added": "systems added (m)"})))
+        ranks = (saturation.filter(pl.col("statistic").is_in(["mean_contribution", "contribution_rank"]))
+                 .with_columns((pl.col("measure").map_elements(measure_label, return_dtype=pl.Utf8) + " "
+                                + pl.col("statistic").replace_strict({"mean_contribution": "mean MC",
+                                                                      "contribution_rank": "rank"})).alias("column"))
+                 .pivot(on="column", index="retriever", values="value"))
+        order = next((c for c in ranks.columns if c.endswith(" rank")), None)
+        ranks = ranks.sort([order, "retriever"] if order else ["retriever"], nulls_last=True)
+        section.tables.append(table("Systems by their mean contribution when added",
+                                    ranks.with_columns(pl.col("^.* rank$").cast(pl.Int64))
+                                    .rename({"retriever": "system"})))
     if found.height:
         plots.saturation(found, growth, out / "saturation.png")
         section.figures.append(("Saturation curves", "saturation.png"))
+    if mc_curve.height:
+        plots.contribution_curve(labelled, out / "contribution.png")
+        section.figures.append(("Marginal contribution of the m-th system added", "contribution.png"))
+    return section
+
+
+COVERAGE_BOUNDS = {"refined": "verified labels", "refined_upper": "pending pairs relevant"}
+
+
+def coverage_section(coverage: pl.DataFrame | None, out: Path) -> Section:
+    section = Section("coverage", "Pool coverage",
+                      "Relevant chunks (verified labels; with the pending pairs counted relevant as "
+                      "the upper bound) in the pool of the first m systems, mean and 5-95% band over "
+                      "random orders of adding them; and a Michaelis-Menten saturation curve "
+                      "total * m / (half + m) fitted to it, whose asymptote estimates how many relevant "
+                      "chunks systems like these would find in the end, so how many the pool still "
+                      "misses (95% interval from pools drawn from the fitted curve). Known outside: "
+                      "relevant judgments no system surfaced.")
+    if coverage is None:
+        section.missing.append("pool_coverage")
+        return section
+    found = coverage.filter((pl.col("statistic") == "relevant_found") & (pl.col("qrels_version") == "refined"))
+    upper = coverage.filter((pl.col("statistic") == "relevant_found") & (pl.col("qrels_version") == "refined_upper"))
+    curve = found.join(upper.select("systems_added", pl.col("value").alias("upper")), on="systems_added", how="left")
+    section.tables.append(table("Relevant chunks found as systems are added", curve.sort("systems_added"), {
+        "systems_added": "systems added (m)", "value": "found (mean)", "std": "std", "low": "band 5%",
+        "high": "band 95%", "upper": "found, pending relevant (mean)"}))
+
+    def scalar(version: str, statistic: str) -> dict | None:
+        rows = coverage.filter((pl.col("qrels_version") == version) & (pl.col("statistic") == statistic))
+        return rows.row(0, named=True) if rows.height else None
+
+    rows = []
+    for version, label in COVERAGE_BOUNDS.items():
+        estimate = scalar(version, "outside_pool_estimate")
+        if estimate is None:
+            continue
+        in_pool, known = scalar(version, "in_pool"), scalar(version, "known_outside_pool")
+        shown = estimate["note"] is None and estimate["value"] is not None
+        rows.append((label, int(in_pool["value"]) if in_pool else None, int(known["value"]) if known else None,
+                     f"{estimate['value']:.0f} ({estimate['low']:.0f} .. {estimate['high']:.0f})" if shown
+                     else "not shown"))
+        if shown:
+            total = scalar(version, "total_estimate")
+            section.notes.append(
+                f"{label}: the pool holds {int(in_pool['value'])} relevant chunks; the fitted curve puts "
+                f"about {estimate['value']:.0f} more (95% interval {estimate['low']:.0f} .. {estimate['high']:.0f}) "
+                f"within reach of more systems like these, a total of {total['value']:.0f}. "
+                + ("More systems are worth running." if estimate["high"] >= 0.1 * in_pool["value"] else
+                   "The pool is close to saturation: more such systems would add little."))
+        else:
+            section.notes.append(f"{label}: no extrapolation shown: {estimate['note']}.")
+    if rows:
+        section.tables.append(table("Outside the pool", pl.DataFrame(rows, schema=[
+            "labels", "relevant in the pool", "known outside (no system surfaced)",
+            "estimated outside (95% interval)"], orient="row")))
+    if found.height:
+        fitted = coverage.filter((pl.col("statistic") == "fitted") & (pl.col("qrels_version") == "refined"))
+        total = scalar("refined", "total_estimate")
+        plots.coverage(found.sort("systems_added"), fitted.sort("systems_added") if fitted.height else None,
+                       (total["value"], total["low"], total["high"]) if total else None, out / "coverage.png")
+        section.figures.append(("Relevant chunks in the pool as systems are added, and the fitted extrapolation",
+                                "coverage.png"))
     return section
 
 
@@ -478,6 +558,7 @@ def build_report(con: duckdb.DuckDBPyConnection, dataset: str, out: Path, *, k: 
         impact_section(tables["pending_impact"], tables["bridge_qrels"]),
         significance_section(tables["significance"], k),
         saturation_section(tables["pool_saturation"], out),
+        coverage_section(tables["pool_coverage"], out),
         partial_section(tables["partial_annotation_study"], out),
         rag_section(tables["rag_alignment"], k, out),
     ) if section is not None)

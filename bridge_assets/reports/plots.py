@@ -91,3 +91,45 @@ def partial_curves(sweep: pl.DataFrame, random_single: pl.DataFrame, path: Path)
     axis.set_title("Partial annotation: ranking agreement")
     axis.legend(fontsize=7)
     return _save(figure, path)
+
+
+def contribution_curve(curve: pl.DataFrame, path: Path) -> Path:
+    """Marginal contribution of the m-th system added (mean +- std over orders), one line per
+    measure."""
+    figure, axis = plt.subplots(figsize=(6.4, 3.8))
+    for i, ((measure,), group) in enumerate(curve.sort("systems_added").group_by(["measure"], maintain_order=True)):
+        axis.errorbar(group["systems_added"].to_numpy(), group["value"].fill_null(np.nan).to_numpy(),
+                      yerr=group["std"].fill_null(0.0).to_numpy(), marker="o", capsize=3, label=measure,
+                      color=f"C{i}")
+    axis.set_xlabel("systems added (m)")
+    axis.set_ylabel("MC of the m-th system")
+    axis.set_title("Marginal contribution as the pool grows")
+    axis.xaxis.get_major_locator().set_params(integer=True)
+    axis.legend(fontsize=8)
+    return _save(figure, path)
+
+
+def coverage(found: pl.DataFrame, fitted: pl.DataFrame | None, total: tuple[float, float, float] | None,
+             path: Path) -> Path:
+    """Relevant chunks in the pool as systems are added (mean, and the band over orders), with
+    the fitted saturation curve extrapolated beyond the systems run and the interval of its
+    asymptote (`total`: estimate, low, high) when there is one."""
+    figure, axis = plt.subplots(figsize=(6.4, 4.0))
+    m = found["systems_added"].to_numpy()
+    axis.fill_between(m, found["low"].to_numpy(), found["high"].to_numpy(), alpha=0.25, color="C0",
+                      label="band over orders (5-95%)")
+    axis.plot(m, found["value"].to_numpy(), marker="o", color="C0", label="relevant chunks found (mean)")
+    if fitted is not None and fitted.height:
+        axis.plot(fitted["systems_added"].to_numpy(), fitted["value"].to_numpy(), linestyle="--", color="C1",
+                  label="fitted saturation curve")
+    if total is not None:
+        estimate, low, high = total
+        axis.axhspan(low, high, color="C1", alpha=0.12, label="total relevant, 95% interval")
+        axis.axhline(estimate, color="C1", linewidth=0.8)
+    axis.axvline(m.max(), color="grey", linewidth=0.8, linestyle=":")
+    axis.set_xlabel("systems added (m)")
+    axis.set_ylabel("relevant chunks in the pool")
+    axis.set_title("Pool coverage")
+    axis.xaxis.get_major_locator().set_params(integer=True)
+    axis.legend(fontsize=7)
+    return _save(figure, path)
