@@ -190,3 +190,21 @@ def test_the_queue_serves_the_deciding_pair_first_and_finishes_started_pairs_fir
                 with_history=True, is_attention_check=False, expected_label=None, status="accepted",
                 source="app", created_at=utc_now())
     assert pairs_open_to(con, "other", settings, utc_now())["doc_id"].to_list() == ["d8", "d9"]
+
+
+def test_the_simulation_script_counts_labels_until_every_rank_change_is_robust():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "simulate_annotation_order.py"
+    spec = importlib.util.spec_from_file_location("simulate_annotation_order", path)
+    sim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sim)
+    con = lake(**HAND_MADE)
+    pending = sim.pending_pairs(con, DATASET)
+    assert sorted(pending) == sorted(HAND_MADE["pending"])
+    answers = {("q2", "d9"): 1, ("q1", "d8"): 0}
+    assert sim.impact_order(con, DATASET, pending, {}) == [("q2", "d9"), ("q1", "d8")]
+    assert sim.labels_needed(con, DATASET, pending, answers, [("q2", "d9"), ("q1", "d8")]) == 1
+    assert sim.labels_needed(con, DATASET, pending, answers, [("q1", "d8"), ("q2", "d9")]) == 2
+    assert sim.dynamic_labels_needed(con, DATASET, pending, answers) == 1
