@@ -34,7 +34,7 @@ from bridge_assets.store import table_exists
 # Assets whose latest materialization of the dataset's partition the story names.
 DATASET_ASSETS = ("corpus", "queries", "original_qrels", "candidate_pool", "filter_votes",
                   "filtered_pool", "debate_labels", "debate_turns", "human_labels", "bridge_qrels",
-                  "retrieval_metrics", "report")
+                  "student_annotator", "student_scores", "retrieval_metrics", "report")
 # Which prompt template made the calls of each purpose.
 TEMPLATES = {"filter": "filter", "debate": "debate_turn", "debate_paper": "debate_turn_paper",
              "adjudicator": "adjudicator", "judge": "judge", "rag_answer": "rag_answer",
@@ -172,6 +172,8 @@ def audit_pair(con: duckdb.DuckDBPyConnection, dataset: str, query_id: str, doc_
         order by s.precedence""", reader.params) \
         if table_exists(con, "imported_qrels") and table_exists(con, "qrels_sources") else []
 
+    story["student"] = _student(reader)
+
     keys = [v["call_key"] for v in story["filter"]["votes"] if v["call_key"]] if story["filter"] else []
     if story["debate"]:
         keys += [t["call_key"] for t in story["debate"]["turns"] if t["call_key"]]
@@ -186,6 +188,22 @@ def audit_pair(con: duckdb.DuckDBPyConnection, dataset: str, query_id: str, doc_
     story["dagster_runs"] = _dagster_runs(instance, dataset, retrievers) if instance is not None else None
     story["not_materialized"] = reader.not_materialized
     return story
+
+
+def _student(reader: _Reader) -> dict[str, Any] | None:
+    """The student's score of the pair, which student gave it (weights, labels, snapshot) and
+    whether the pair was one of the labels it learned from."""
+    scores = reader.pair_rows("student_scores", "p_relevant, student_key")
+    if not scores or not reader.exists("student_annotator"):
+        return None
+    student = _records(reader.con, """
+        select student_key, weights_hash, labels, relevant, calibration, learned_from_snapshot
+        from student_annotator where dataset = ? and student_key = ?""",
+                       [reader.params[0], scores[0]["student_key"]])
+    learned = reader.pair_rows("student_training_set", "label, source, split") \
+        if reader.exists("student_training_set") else None
+    return {**scores[0], "student": student[0] if student else None,
+            "learned_from_pair": learned[0] if learned else None}
 
 
 # --- text -----------------------------------------------------------------------------------------
@@ -223,6 +241,7 @@ def format_story(story: dict[str, Any]) -> str:
     section("Debate", _debated_lines(story))
     section("Humans", _voted_lines(story))
     section("Final label (bridge_qrels)", _final_lines(story))
+    section("Student annotator (a score, not a label)", _student_lines(story))
     section("Models and prompts", _models_lines(story))
 
     runs = story["dagster_runs"]
@@ -356,6 +375,23 @@ def _final_lines(story: dict[str, Any]) -> list[str | None]:
             lines.append(_line("calls", len(final["call_keys"])))
     if not final and story.get("final_status"):
         lines.append(_line("label", story["final_status"]))
+    return lines
+
+
+def _student_lines(story: dict[str, Any]) -> list[str | None]:
+    scored = story.get("student")
+    if scored is None:
+        return [_missing(story, "student_scores") or "  not scored (not in the candidate pool)"]
+    lines = [_line("P(relevant)", f"{scored['p_relevant']:.3f}")]
+    student = scored["student"]
+    if student:
+        lines.append(_line("scored by", f"student {student['student_key']} (weights {student['weights_hash']}), "
+                                        f"trained on {student['labels']} verified labels "
+                                        f"({student['relevant']} relevant) as of lake snapshot "
+                                        f"{student['learned_from_snapshot']}; calibration {student['calibration']}"))
+    learned = scored["learned_from_pair"]
+    lines.append(_line("learned from it", f"yes: label {learned['label']} ({learned['source']}, "
+                                          f"{learned['split']} split)" if learned else "no"))
     return lines
 
 

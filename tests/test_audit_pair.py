@@ -60,7 +60,8 @@ def test_debate_pair_text_tells_the_whole_story(audited_lake):
     assert f"prompt {prompt}" in text and "run run-debate-1" in text and MODEL in text
     assert f"{'template debate_turn':<22}{Prompts().hash('debate_turn')} (current)" in text
     assert f"{'bridge_qrels':<22}{run_id}" in text
-    assert "not materialized" not in text
+    # every stage but the student ran on this lake
+    assert text.count("not materialized") == 1 and "not materialized: student_scores" in text
 
 
 def test_debate_pair_json_for_machines(audited_lake):
@@ -87,7 +88,8 @@ def test_debate_pair_json_for_machines(audited_lake):
             assert qrels_run["snapshot"] == ducklake.snapshot_of_run(con, run_id)
     else:
         assert qrels_run["snapshot"] == "n/a"  # a DuckDB file keeps no snapshots
-    assert story["not_materialized"] == []
+    assert story["not_materialized"] == ["student_scores"]  # the one stage this lake never ran
+    assert story["student"] is None
 
 
 def test_human_pair_lists_annotators_history_and_attention_checks(audited_lake):
@@ -140,7 +142,7 @@ def test_stages_never_run_are_reported_not_materialized(labeled_lake):
         story = audit_pair(con, DATASET, "q1", "d1")
     assert set(story["not_materialized"]) == {"retrieval_run", "candidate_pool", "filter_votes", "filtered_pool",
                                               "debate_labels", "debate_turns", "human_labels", "human_votes",
-                                              "bridge_qrels"}
+                                              "bridge_qrels", "student_scores"}
     assert story["dagster_runs"] is None and story["final"] is None and story["original_judgment"] == 1
     text = format_story(story)
     assert "not materialized: retrieval_run, candidate_pool" in text

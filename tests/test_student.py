@@ -12,6 +12,7 @@ import dagster as dg
 import pytest
 
 from bridge_assets import store
+from bridge_assets.audit import audit_pair, format_story
 from bridge_assets.evaluation.metrics import expected_calibration_error
 from bridge_assets.labeling.labeler import LabelerError, LabelItem, build_labeler, pipeline_labeler
 from bridge_assets.labeling.pairs import Pair
@@ -153,6 +154,16 @@ def test_student_assets_train_once_and_score_the_whole_pool(labeled_lake):
     assert (f"student annotator {first['student_key'].value}: trained on {len(EXPECTED_LABELS)} "
             f"verified labels") in summary
     assert f"scores {pool.height} pool pairs" in summary
+
+    with store.connect(labeled_lake / "bridge.duckdb") as con:  # the audit names the student
+        learned, unlearned = audit_pair(con, DATASET, "q1", "d5"), audit_pair(con, DATASET, "q2", "d10")
+    assert learned["student"]["student"]["weights_hash"] == first["weights_hash"].value
+    assert learned["student"]["learned_from_pair"] == {"label": 1, "source": "debate",
+                                                       "split": learned["student"]["learned_from_pair"]["split"]}
+    assert unlearned["student"]["learned_from_pair"] is None  # the pending pair: scored, never learned
+    text = format_story(learned)
+    assert f"student {first['student_key'].value} (weights {first['weights_hash'].value}), trained on " \
+           f"{len(EXPECTED_LABELS)} verified labels" in text
 
 
 def test_student_labeler_scores_every_pair_out_of_fold():
