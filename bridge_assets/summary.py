@@ -140,6 +140,23 @@ def _stopping_point(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
             f"bridge annotate plan --dataset {dataset}"]
 
 
+def _student(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
+    rows = _rows(con, "student_annotator", """
+        select student_key, labels, relevant, calibration from student_annotator where dataset = ?""",
+                 [dataset])
+    if not rows:
+        return []
+    key, labels, relevant, calibration = rows[0]
+    scored = _rows(con, "student_scores", """
+        select count(*), count(*) filter (where p_relevant >= 0.5) from student_scores
+        where dataset = ? and student_key = ?""", [dataset, key])
+    line = (f"student annotator {key}: trained on {labels} verified labels ({relevant} relevant), "
+            f"calibration {calibration}")
+    if scored:
+        line += f"; scores {scored[0][0]} pool pairs, {scored[0][1]} at P(relevant) >= 0.5 (not labels)"
+    return [line]
+
+
 def run_summary(con: duckdb.DuckDBPyConnection, dataset: str, started: float,
                 spec: DatasetSpec | None = None, report: Path | None = None) -> str:
     """Counts, found holes, pending pairs, robust rank changes, the score against the
@@ -163,6 +180,7 @@ def run_summary(con: duckdb.DuckDBPyConnection, dataset: str, started: float,
                      f"queries ({pool[0][1]} not judged before)")
     lines += _labels(con, dataset)
     lines += _escalations(con, dataset)
+    lines += _student(con, dataset)
     if spec is not None and spec.known_holes:
         score = score_known_holes(con, dataset, read_known_holes(spec.resolve(spec.known_holes, "known_holes")))
         if score is not None:
