@@ -35,6 +35,10 @@ from bridge_assets.metrics import compute_measures, compute_retrieval_metrics, r
 from bridge_assets.paths import read_sql
 
 DEFAULT_MEASURES = ("success_10", "ndcg_cut_10", "recall_10")
+# measure families whose values an irrelevant judgment changes only through the queries
+# evaluated (sql/pool_saturation_prefix_qrels.sql leaves such judgments out where it can)
+RELEVANT_ONLY = {"success", "ndcg", "ndcg_cut", "recall", "P", "recip_rank", "recip_rank_cut", "map", "map_cut",
+                 "Rprec"}
 SATURATION_SCHEMA = {
     "dataset": pl.Utf8, "statistic": pl.Utf8, "systems_added": pl.Int32, "retriever": pl.Utf8,
     "measure": pl.Utf8, "value": pl.Float64, "std": pl.Float64, "orders": pl.Int32,
@@ -146,18 +150,26 @@ def contribution_curve(con: duckdb.DuckDBPyConnection, orders: Sequence[Sequence
     needed = pl.DataFrame(sorted({(v, r) for _, _, r, before, after in steps for v in (before, after)}),
                           schema={"variant": pl.Utf8, "retriever": pl.Utf8}, orient="row")
     selection = resolve_measures(measures, cutoffs=(k,))
+    relevant_only = all(family.name in RELEVANT_ONLY for family in selection.family_of.values())
+    # each ranking cut once to the depth the measures read, in trec_eval's order (as partial.py)
+    cut = "" if selection.depth is None else (
+        "qualify row_number() over (partition by retriever, query_id order by score desc, doc_id desc) "
+        f"<= {selection.depth}")
     con.register("saturation_prefixes", prefixes.to_arrow())
     con.register("saturation_needed", needed.to_arrow())
     try:
         con.execute(f"create or replace temp table saturation_prefix_qrels as "
-                    f"({read_sql('pool_saturation_prefix_qrels')})")
-        con.execute("""create or replace temp table saturation_prefix_run as
+                    f"({read_sql('pool_saturation_prefix_qrels')})", {"relevant_only": relevant_only})
+        con.execute(f"""create or replace temp table saturation_cut_run as
+                        select retriever, query_id, doc_id, score from analysis_run {cut}""")
+        con.execute("""create or replace temp view saturation_prefix_run as
                        select n.variant as dataset, r.retriever, r.query_id, r.doc_id, r.score
-                       from saturation_needed n join analysis_run r on r.retriever = n.retriever""")
+                       from saturation_needed n join saturation_cut_run r on r.retriever = n.retriever""")
         values = compute_measures(con, selection, run="saturation_prefix_run", qrels="saturation_prefix_qrels",
                                   per_query=False, max_docs=selection.depth)
     finally:
-        con.execute("drop table if exists saturation_prefix_run")
+        con.execute("drop view if exists saturation_prefix_run")
+        con.execute("drop table if exists saturation_cut_run")
         con.execute("drop table if exists saturation_prefix_qrels")
         con.unregister("saturation_needed")
         con.unregister("saturation_prefixes")
