@@ -204,3 +204,22 @@ def test_prefilter_lake_study_scores_the_filtered_pairs_out_of_fold(labeled_lake
     assert [row.pairs for row in study.rows] == [seen, seen]
     assert study.rows[1].skipped == seen and study.rows[1].relevant_lost == 2  # below 1.0: all
     assert study.filter_models >= 1 and len(study.folds) == 2
+
+
+def test_label_eval_runs_the_student_on_a_gold_file(tmp_path, data_lake):
+    import json
+
+    from typer.testing import CliRunner
+
+    from bridge_assets.cli import app
+
+    gold = tmp_path / "gold.jsonl"
+    gold.write_text("".join(json.dumps({"id": f"t{i}", "query": e.query, "answers": [], "chunk": e.chunk,
+                                        "label": int(e.target)}) + "\n" for i, e in enumerate(_examples())))
+    out = CliRunner().invoke(app, ["label-eval", "--gold", str(gold), "--method", "student", "--set", "epochs=1",
+                                   "--set", "max_length=48", "--set", "batch_size=8", "--json"])
+    assert out.exit_code == 0, out.output
+    figures = json.loads(out.output[out.output.index("{"):])
+    assert (figures["n"], figures["calls"], figures["escalated"]) == (12, 0, 0)
+    assert figures["auroc"] is not None and 0.0 <= figures["ece"] <= 1.0
+    assert figures["config"]["epochs"] == 1 and figures["config_hash"]
