@@ -1,4 +1,4 @@
-"""Benchmark: BRIDGE's set-based DuckDB metrics vs pytrec_eval vs ranx on the same data.
+"""Benchmark: BRIDGE's metrics vs pytrec_eval vs ranx on the same data (and BRIDGE's previous implementation).
 
 The paper's scale, synthetic: 25 systems x 3,657 queries x top-10 (914,250 run rows), about
 37,000 relevant pairs (graded 1-3) plus judged non-relevant ones. Every tool starts from the
@@ -7,13 +7,21 @@ the evaluation alone, wall-clock and CPU (all threads), best of --repeat runs. V
 asserted equal per query (1e-9) for every shared measure. Scores are distinct, so ranx's
 unstable tie order cannot matter; ranx's numba kernels are compiled before timing.
 
+--previous REV also times BRIDGE's metrics as of git revision REV (its measures.py and
+retrieval_metrics.sql, read with `git show`), in the same run, its values asserted equal too;
+the default is the last revision before the numpy rewrite (one SQL statement, docs/metrics.md).
+
     .venv/bin/python scripts/bench_metrics.py [--systems 25 --queries 3657 --seed 7 --repeat 3]
+                                              [--previous REV | --previous none]
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import sys
 import time
+import types
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,8 +33,11 @@ import pytrec_eval
 from ranx import Qrels, Run, evaluate
 
 from bridge_assets.metrics import compute_measures, resolve_measures
+from bridge_assets.paths import PROJECT_ROOT
 
 K = 10
+# the metrics as one set-based DuckDB SQL statement, before the numpy rewrite (issue 28)
+PREVIOUS = "0991ec8c32fc350ab24a31285fa1796251f10918"
 # our name -> (pytrec_eval measure request or None, ranx metric or None)
 SHARED = {
     "map": ("map", "map"),
@@ -115,15 +126,31 @@ def best_of(repeat: int, tool: Callable[[], tuple[dict, Timing]]) -> tuple[dict,
     return min(runs, key=lambda r: r[1].total)
 
 
-def run_ours(run: pl.DataFrame, qrels: pl.DataFrame) -> tuple[dict, Timing]:
-    """All systems in one query; registering polars frames with DuckDB is zero-copy (Arrow)."""
-    selection = resolve_measures([*SHARED, *OURS_ONLY])
+def previous_measures(revision: str) -> types.ModuleType:
+    """bridge_assets/metrics/measures.py as of `revision`, reading that revision's SQL."""
+    def show(path: str) -> str:
+        return subprocess.run(["git", "show", f"{revision}:{path}"], cwd=PROJECT_ROOT, check=True,
+                              capture_output=True, text=True).stdout
+    module = sys.modules["previous_measures"] = types.ModuleType("previous_measures")
+    exec(compile(show("bridge_assets/metrics/measures.py"), f"{revision}:measures.py", "exec"),
+         module.__dict__)
+    sql = show("sql/retrieval_metrics.sql")
+    module.read_sql = lambda name: sql  # the module's own name for bridge_assets.paths.read_sql
+    return module
+
+
+def run_ours(run: pl.DataFrame, qrels: pl.DataFrame,
+             measures: types.ModuleType | None = None) -> tuple[dict, Timing]:
+    """All systems in one call; DuckDB reads the registered polars frames in place (Arrow)."""
+    resolve, compute = ((measures.resolve_measures, measures.compute_measures) if measures
+                        else (resolve_measures, compute_measures))
+    selection = resolve([*SHARED, *OURS_ONLY])
     watch = Stopwatch()
     con = duckdb.connect()
     con.register("bench_run", run)
     con.register("bench_qrels", qrels)
     watch.lap("conversion")
-    frame = compute_measures(con, selection, run="bench_run", qrels="bench_qrels")
+    frame = compute(con, selection, run="bench_run", qrels="bench_qrels")
     watch.lap("evaluation")
     con.close()
     rows = frame.select("retriever", "query_id", "measure", "value").iter_rows()
@@ -177,6 +204,8 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=3657)
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--repeat", type=int, default=3, help="runs per tool; the best counts")
+    parser.add_argument("--previous", default=PREVIOUS,
+                        help="git revision of BRIDGE's metrics to time alongside ('none': skip)")
     args = parser.parse_args()
 
     run, qrels = synthetic(args.systems, args.queries, args.seed)
@@ -185,6 +214,12 @@ def main() -> None:
           f"{qrels.height:,} judgments, {relevant:,} relevant")
     warm_up_ranx()
     ours, ours_t = best_of(args.repeat, lambda: run_ours(run, qrels))
+    if args.previous != "none":
+        previous = previous_measures(args.previous)
+        before, before_t = best_of(args.repeat, lambda: run_ours(run, qrels, previous))
+        assert before.keys() == ours.keys()
+        for key, value in before.items():
+            assert abs(value - ours[key]) <= 1e-9, (key, value, ours[key])
     pytrec, pytrec_t = best_of(args.repeat, lambda: run_pytrec(run, qrels))
     ranx_values, ranx_t = best_of(args.repeat, lambda: run_ranx(run, qrels))
 
@@ -202,13 +237,18 @@ def main() -> None:
             checked += 1
     print(f"equal values: {checked:,} per-query comparisons within 1e-9 "
           f"({len(SHARED)} shared measures; ours also computed {', '.join(OURS_ONLY)})")
+    tools = [("BRIDGE", ours_t), ("pytrec_eval", pytrec_t), ("ranx", ranx_t)]
+    if args.previous != "none":
+        print(f"BRIDGE before ({args.previous[:7]}): all {len(before):,} values (every measure, "
+              "every query and 'all') equal to BRIDGE's within 1e-9")
+        tools.insert(1, (f"BRIDGE {args.previous[:7]}", before_t))
     print(f"best of {args.repeat} runs each, seconds:")
-    print(f"{'tool':<13}{'with conversion':>16}{'evaluation only':>17}{'CPU (all threads)':>19}")
-    for name, t in (("BRIDGE SQL", ours_t), ("pytrec_eval", pytrec_t), ("ranx", ranx_t)):
-        print(f"{name:<13}{t.total:>16.2f}{t.evaluation:>17.2f}{t.cpu:>19.2f}")
-    print("ratios, their time / ours (> 1: ours is faster):")
-    for name, t in (("pytrec_eval", pytrec_t), ("ranx", ranx_t)):
-        print(f"  {name:<12} with conversion {t.total / ours_t.total:.1f}x, evaluation only "
+    print(f"{'tool':<16}{'with conversion':>16}{'evaluation only':>17}{'CPU (all threads)':>19}")
+    for name, t in tools:
+        print(f"{name:<16}{t.total:>16.2f}{t.evaluation:>17.2f}{t.cpu:>19.2f}")
+    print("ratios, their time / BRIDGE's (> 1: BRIDGE is faster):")
+    for name, t in tools[1:]:
+        print(f"  {name:<15} with conversion {t.total / ours_t.total:.1f}x, evaluation only "
               f"{t.evaluation / ours_t.evaluation:.1f}x, CPU {t.cpu / ours_t.cpu:.1f}x")
 
 

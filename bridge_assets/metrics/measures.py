@@ -416,7 +416,7 @@ def _check_no_duplicates(rows: pa.Table, at: np.ndarray, ranking: np.ndarray, ru
 
 def _judgment(column: pa.ChunkedArray, at: np.ndarray) -> np.ndarray:
     """The relevance values at rows `at`, UNJUDGED where the qrels do not list the document."""
-    values = pc.fill_null(column, 0).to_numpy().astype(np.int64)[at]
+    values = pc.fill_null(column, 0).to_numpy()[at].astype(np.int64)
     if column.null_count:
         values[~pc.is_valid(column).to_numpy(zero_copy_only=False)[at]] = UNJUDGED
     return values
@@ -475,7 +475,7 @@ def _values(selection: MeasureSelection, relevance_level: int, num_ret: np.ndarr
     if families & {"ndcg", "ndcg_cut"}:  # nDCG's gain is the relevance value, not binarised
         gains = relevance > 0
         gain_ranking, gain_rank = ranking[gains], rank[gains]
-        discounted = relevance[gains] / np.log2(gain_rank + 1.0)
+        discounted = relevance[gains] / np.log2(np.arange(2.0, gain_rank.max(initial=0) + 2))[gain_rank - 1]
 
     out: dict[str, np.ndarray] = {}
     for name in selection.names:
@@ -597,13 +597,15 @@ def _evaluate(con: duckdb.DuckDBPyConnection, selection: MeasureSelection, run: 
 
     # the judged documents of the evaluated rankings: all that the measures read
     valid = pc.is_valid(rows.column("relevance")).to_numpy(zero_copy_only=False)[at]
-    judged_rows = np.flatnonzero(valid & (number[ranking] >= 0))
+    if len(answered) < len(starts):
+        valid &= number[ranking] >= 0
+    judged_rows = np.flatnonzero(valid)
     row_ranking = ranking[judged_rows]
     query = evaluated["query"].to_numpy().astype(np.int64)
     ideal_dcg, ideal_dcg_at = _ideal_dcg(queries, selection.cutoffs)
     values = _values(
         selection, relevance_level, num_ret, number[row_ranking], judged_rows - starts[row_ranking] + 1,
-        _judgment(rows.column("relevance"), at[judged_rows]),
+        pc.fill_null(rows.column("relevance"), 0).to_numpy()[at[judged_rows]].astype(np.int64),
         _judgment(rows.column("original_relevance"), at[judged_rows]) if hole else None,
         queries.column("num_rel").to_numpy()[query], queries.column("num_nonrel").to_numpy()[query],
         ideal_dcg[query], {k: v[query] for k, v in ideal_dcg_at.items()})
