@@ -111,9 +111,12 @@ def describe(plan: Plan, *, systems: tuple[str, str] | None = None, limit: int =
         shown = plan.deciding_between(*systems)
         lines.append(f"pairs that decide {systems[0]} vs {systems[1]}: {shown.height}")
     if shown.height:
-        lines.append(f"{'#':>5}  {'query':<12} {'chunk':<14} {'votes':>5} {'impact':>7}  reason")
-        for row in shown.head(limit).iter_rows(named=True):
-            lines.append(f"{row['impact_rank']:>5}  {row['query_id']:<12} {row['doc_id']:<14} "
+        rows = shown.head(limit)
+        wq = max(5, rows["query_id"].str.len_chars().max())
+        wd = max(5, rows["doc_id"].str.len_chars().max())
+        lines.append(f"{'#':>5}  {'query':<{wq}} {'chunk':<{wd}} {'votes':>5} {'impact':>7}  reason")
+        for row in rows.iter_rows(named=True):
+            lines.append(f"{row['impact_rank']:>5}  {row['query_id']:<{wq}} {row['doc_id']:<{wd}} "
                          f"{row['votes']:>5} {row['impact']:>7.3f}  {row['reason']}")
         if shown.height > limit:
             lines.append(f"  ... and {shown.height - limit} more (--limit)")
