@@ -17,7 +17,7 @@ import polars as pl
 import pytest
 
 from bridge_assets.analysis import assets as analysis_assets
-from bridge_assets.analysis.saturation import growth_rates, holes_found_curve, system_orders
+from bridge_assets.analysis.saturation import growth_rates, holes_found_curve, prefix_scores, system_orders
 from bridge_assets.metrics import compute_retrieval_metrics
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.resources import DuckDBStore
@@ -159,3 +159,56 @@ def test_marginal_contribution_curve_is_the_mean_over_orders_of_a_brute_force_co
             assert rank[(s, measure)] == 1 + sum(1 for v in by_hand.values() if round(v, 12) > round(value, 12))
     # splade surfaced no hole: it never contributes and comes last on nDCG@10
     assert mean[("splade", "ndcg_cut_10")]["value"] == 0.0 and rank[("splade", "ndcg_cut_10")] == 3.0
+
+
+def test_prefix_scores_equal_each_qrels_scored_alone_when_queries_gain_or_lose_judgments():
+    """Queries judged only through the pool: q2's judgments are all new (a relevant one only s2
+    surfaced, an irrelevant one only s1 did) and q3 has one new irrelevant judgment only s3
+    surfaced, so which queries are evaluated depends on the systems; q1 keeps its original gold
+    and a new irrelevant judgment (left out: it changes no score)."""
+    con = duckdb.connect()
+    runs = {"s1": {"q1": ["d2", "d1"], "q2": ["d5", "d4"], "q3": ["d7"]},
+            "s2": {"q1": ["d1", "d3"], "q2": ["d4", "d5"], "q3": ["d8"]},
+            "s3": {"q1": ["d3", "d2"], "q2": ["d6"], "q3": ["d9", "d7"]}}
+    run = pl.DataFrame([("toy", s, q, d, r + 1, float(10 - r)) for s, per in runs.items() for q, docs in per.items()
+                        for r, d in enumerate(docs)],
+                       schema=["dataset", "retriever", "query_id", "doc_id", "rank", "score"], orient="row")
+    pool = (run.filter(pl.col("rank") <= 1).group_by("dataset", "query_id", "doc_id")
+            .agg(pl.col("retriever").sort().alias("systems")))
+    original = pl.DataFrame([("toy", "q1", "d1", 1)], schema=["dataset", "query_id", "doc_id", "relevance"],
+                            orient="row")
+    refined = pl.concat([original, pl.DataFrame([("toy", "q1", "d3", 0), ("toy", "q2", "d4", 1),
+                                                 ("toy", "q2", "d5", 0), ("toy", "q3", "d9", 0)],
+                                                schema=original.columns, orient="row")])
+    for name, frame in {"analysis_run": run, "candidate_pool": pool, "analysis_original_qrels": original,
+                        "analysis_refined_qrels": refined}.items():
+        con.register("frame", frame.to_arrow())
+        con.execute(f"create temp table {name} as select * from frame")
+        con.unregister("frame")
+    systems = ["s1", "s2", "s3"]
+    subsets = [frozenset(c) for n in range(4) for c in itertools.combinations(systems, n)]
+    variants = {members: f"v{i}" for i, members in enumerate(subsets)}
+    measures = ["ndcg_cut_10", "success_10", "recall_10"]
+    scores = prefix_scores(con, variants, {(v, s) for v in variants.values() for s in systems}, measures, 10)
+    pooled = {(q, d): set(found) for _, q, d, found in pool.iter_rows()}
+    for members, name in variants.items():
+        # D(members), as the module doc defines it: the original gold, and pool pairs a member surfaced
+        kept = [(q, d) == ("q1", "d1") or (q, d) not in pooled or bool(pooled[(q, d)] & members)
+                for _, q, d, _ in refined.iter_rows()]
+        qrels = refined.filter(pl.Series(kept))
+        for system in systems:
+            alone = duckdb.connect()
+            alone.register("qrels_frame", qrels.to_arrow())
+            alone.register("run_frame", run.filter(pl.col("retriever") == system).to_arrow())
+            values = compute_retrieval_metrics(alone, run="run_frame", qrels="qrels_frame", measures=measures, k=10,
+                                               per_query=False).filter(pl.col("query_id") == "all")
+            expected = dict(zip(values["measure"], values["value"]))
+            for measure in measures:
+                assert scores.get((name, system, measure)) == pytest.approx(expected.get(measure), abs=1e-12), \
+                    (sorted(members), system, measure)
+    # by hand, s1's Hit@10 (it finds q1's gold d1 second, q2's d4 second, nothing on q3): with no
+    # system's pool only q1 is judged (1); s1's pool judges q2 by d5, irrelevant (1 + 0) / 2;
+    # with s2's too, q2's d4 is relevant (1 + 1) / 2; s3's pool alone judges q3 (1 + 0) / 2
+    hit = {tuple(sorted(members)): scores[(name, "s1", "success_10")] for members, name in variants.items()}
+    assert (hit[()], hit[("s1",)], hit[("s1", "s2")], hit[("s3",)]) == (1.0, 0.5, 1.0, 0.5)
+    assert hit[("s1", "s2", "s3")] == pytest.approx(2 / 3)

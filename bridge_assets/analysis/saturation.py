@@ -139,42 +139,114 @@ def prefix_evaluations(orders: Sequence[Sequence[str]]) -> tuple[dict[frozenset,
     return variants, steps
 
 
-def contribution_curve(con: duckdb.DuckDBPyConnection, orders: Sequence[Sequence[str]], measures: Sequence[str],
-                       k: int) -> pl.DataFrame:
-    """Rows 'marginal_contribution_curve', 'mean_contribution' and 'contribution_rank' (module
-    doc) over `orders`. Each variant's qrels are evaluated once, on the systems it is needed for,
-    on rankings cut to the measures' depth. Reads the analysis views, which the caller created."""
-    variants, steps = prefix_evaluations(orders)
-    prefixes = pl.DataFrame({"variant": list(variants.values()), "members": [sorted(m) for m in variants]},
-                            schema={"variant": pl.Utf8, "members": pl.List(pl.Utf8)})
-    needed = pl.DataFrame(sorted({(v, r) for _, _, r, before, after in steps for v in (before, after)}),
-                          schema={"variant": pl.Utf8, "retriever": pl.Utf8}, orient="row")
+def prefix_scores(con: duckdb.DuckDBPyConnection, variants: dict[frozenset, str],
+                  evaluations: set[tuple[str, str]], measures: Sequence[str], k: int) -> dict[tuple, float]:
+    """(variant, system, measure) -> the system's score (mean over the queries evaluated) on
+    the qrels D(C) of each variant's systems C, for the (variant, system) `evaluations`.
+
+    D(C) differs from D(no system) only on the queries where a system of C surfaced a judgment
+    that varies (sql/pool_saturation_prefix_qrels.sql), and on each such query only by which of
+    them it includes. So every system is scored once per query on D(no system), and once per
+    distinct (query, included judgments) it needs; a variant's mean is D(no system)'s sum and
+    count corrected on its queries. The average is the arithmetic mean over the evaluated
+    queries (trec_eval's for every measure but gm_map and the num_ counts)."""
     selection = resolve_measures(measures, cutoffs=(k,))
     relevant_only = all(family.name in RELEVANT_ONLY for family in selection.family_of.values())
-    # each ranking cut once to the depth the measures read, in trec_eval's order (as partial.py)
+    judgments = con.execute(read_sql("pool_saturation_prefix_qrels"), {"relevant_only": relevant_only}).pl()
+    always = judgments.filter(pl.col("systems").is_null()).drop("systems")
+    varying = judgments.filter(pl.col("systems").is_not_null()).with_row_index("pair")
+    systems = sorted({r for _, r in evaluations} | {s for found in varying["systems"] for s in found}
+                     | {s for members in variants for s in members})
+    column = {name: i for i, name in enumerate(systems)}
+    surfaced = np.zeros((varying.height, len(systems)), dtype=bool)
+    for i, found in enumerate(varying["systems"].to_list()):
+        surfaced[i, [column[s] for s in found]] = True
+    # per variant and query with included judgments: which (the combination's key)
+    included = []
+    for members, name in variants.items():
+        pairs = np.flatnonzero(surfaced[:, [column[s] for s in members]].any(axis=1)) if members else []
+        if len(pairs):
+            included.append(pl.DataFrame({"variant": name, "pair": np.asarray(pairs, dtype=np.uint32)}))
+    schema = {"variant": pl.Utf8, "query_id": pl.Utf8, "combo": pl.Utf8}
+    if included:
+        keyed = (pl.concat(included).join(varying.select("pair", "query_id"), on="pair")
+                 .group_by("variant", "query_id").agg(pl.col("pair").sort())
+                 .with_columns(pl.col("pair").cast(pl.List(pl.Utf8)).list.join(",").alias("key")))
+        combos = keyed.select("query_id", "key").unique().sort("query_id", "key").with_row_index("id")
+        combos = combos.with_columns(("combo:" + pl.col("id").cast(pl.Utf8)).alias("combo"))
+        affected = keyed.join(combos, on=["query_id", "key"]).select(list(schema))
+    else:
+        combos = pl.DataFrame(schema={"id": pl.UInt32, "query_id": pl.Utf8, "key": pl.Utf8, "combo": pl.Utf8})
+        affected = pl.DataFrame(schema=schema)
+    needed = pl.DataFrame(sorted(evaluations), schema={"variant": pl.Utf8, "retriever": pl.Utf8}, orient="row")
+    combo_needed = affected.join(needed, on="variant").select("combo", "query_id", "retriever").unique()
+    combo_pairs = (combos.select("combo", pl.col("key").str.split(",").alias("pair")).explode("pair")
+                   .with_columns(pl.col("pair").cast(pl.UInt32)))
     cut = "" if selection.depth is None else (
         "qualify row_number() over (partition by retriever, query_id order by score desc, doc_id desc) "
         f"<= {selection.depth}")
-    con.register("saturation_prefixes", prefixes.to_arrow())
-    con.register("saturation_needed", needed.to_arrow())
+    frames = {"saturation_always": always, "saturation_varying": varying.drop("systems"),
+              "saturation_combo_pairs": combo_pairs, "saturation_combos": combos.select("combo", "query_id"),
+              "saturation_combo_needed": combo_needed,
+              "saturation_base_needed": needed.select("retriever").unique()}
+    for name, frame in frames.items():
+        con.register(name, frame.to_arrow())
     try:
-        con.execute(f"create or replace temp table saturation_prefix_qrels as "
-                    f"({read_sql('pool_saturation_prefix_qrels')})", {"relevant_only": relevant_only})
+        # each ranking cut once to the depth the measures read, in trec_eval's order (as partial.py)
         con.execute(f"""create or replace temp table saturation_cut_run as
                         select retriever, query_id, doc_id, score from analysis_run {cut}""")
+        con.execute("""create or replace temp table saturation_prefix_qrels as
+                       select 'base' as dataset, query_id, doc_id, relevance from saturation_always
+                       union all
+                       select c.combo, a.query_id, a.doc_id, a.relevance
+                       from saturation_combos c join saturation_always a on a.query_id = c.query_id
+                       union all
+                       select p.combo, v.query_id, v.doc_id, v.relevance
+                       from saturation_combo_pairs p join saturation_varying v on v.pair = p.pair""")
         con.execute("""create or replace temp view saturation_prefix_run as
-                       select n.variant as dataset, r.retriever, r.query_id, r.doc_id, r.score
-                       from saturation_needed n join saturation_cut_run r on r.retriever = n.retriever""")
+                       select 'base' as dataset, r.retriever, r.query_id, r.doc_id, r.score
+                       from saturation_base_needed n join saturation_cut_run r on r.retriever = n.retriever
+                       union all
+                       select n.combo, r.retriever, r.query_id, r.doc_id, r.score
+                       from saturation_combo_needed n
+                       join saturation_cut_run r on r.retriever = n.retriever and r.query_id = n.query_id""")
         values = compute_measures(con, selection, run="saturation_prefix_run", qrels="saturation_prefix_qrels",
-                                  per_query=False, max_docs=selection.depth)
+                                  per_query=True, max_docs=selection.depth)
     finally:
         con.execute("drop view if exists saturation_prefix_run")
-        con.execute("drop table if exists saturation_cut_run")
         con.execute("drop table if exists saturation_prefix_qrels")
-        con.unregister("saturation_needed")
-        con.unregister("saturation_prefixes")
-    scores = {(row["dataset"], row["retriever"], row["measure"]): row["value"]
-              for row in values.filter(pl.col("query_id") == "all").iter_rows(named=True)}
+        con.execute("drop table if exists saturation_cut_run")
+        for name in frames:
+            con.unregister(name)
+    values = values.filter(pl.col("query_id") != "all").select("dataset", "retriever", "query_id", "measure", "value")
+    base = values.filter(pl.col("dataset") == "base").drop("dataset")
+    totals = base.group_by("retriever", "measure").agg(pl.col("value").sum().alias("sum"),
+                                                        pl.len().alias("count"))
+    names = values.select("measure").unique()
+    corrections = (affected.join(needed, on="variant").join(names, how="cross")
+                   .join(values.rename({"dataset": "combo", "value": "new"}), on=["combo", "retriever", "query_id",
+                                                                                   "measure"], how="left")
+                   .join(base.rename({"value": "old"}), on=["retriever", "query_id", "measure"], how="left")
+                   .group_by("variant", "retriever", "measure")
+                   .agg((pl.col("new").fill_null(0).sum() - pl.col("old").fill_null(0).sum()).alias("delta_sum"),
+                        (pl.col("new").is_not_null().sum().cast(pl.Int64)
+                         - pl.col("old").is_not_null().sum().cast(pl.Int64)).alias("delta_count")))
+    scores = (needed.join(names, how="cross").join(totals, on=["retriever", "measure"], how="left")
+              .join(corrections, on=["variant", "retriever", "measure"], how="left")
+              .with_columns((pl.col("sum").fill_null(0) + pl.col("delta_sum").fill_null(0)).alias("sum"),
+                            (pl.col("count").fill_null(0) + pl.col("delta_count").fill_null(0)).alias("count")))
+    return {(row["variant"], row["retriever"], row["measure"]): row["sum"] / row["count"]
+            for row in scores.iter_rows(named=True) if row["count"] > 0}
+
+
+def contribution_curve(con: duckdb.DuckDBPyConnection, orders: Sequence[Sequence[str]], measures: Sequence[str],
+                       k: int) -> pl.DataFrame:
+    """Rows 'marginal_contribution_curve', 'mean_contribution' and 'contribution_rank' (module
+    doc) over `orders` (prefix_scores gives the scores). Reads the analysis views, which the
+    caller created."""
+    variants, steps = prefix_evaluations(orders)
+    scores = prefix_scores(con, variants, {(v, r) for _, _, r, before, after in steps for v in (before, after)},
+                           measures, k)
     rows = []
     systems = sorted({r for _, _, r, _, _ in steps})
     for measure in dict.fromkeys(key[2] for key in scores):
