@@ -3,7 +3,9 @@
 Sections: the labels (found holes, pending pairs, unverified guesses apart, and the score
 against the dataset's known holes when it has them); holes per system; metrics before/after
 with both bounds over pending pairs, robust rank changes and Kendall tau; which differences
-between systems are significant before and after refinement; pool saturation;
+between systems are significant before and after refinement, and the concordance of those
+conclusions; pool saturation and the marginal-contribution curve; pool coverage and its
+extrapolation;
 the partial-annotation study; RAG alignment before/after.
 Each section reads its tables from the data lake; a table not materialized yet (the RAG
 assets are optional, for instance) leaves its section saying so instead of failing the report.
