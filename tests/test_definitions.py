@@ -14,7 +14,7 @@ ASSETS = {
     "debate_turns", "filter_votes", "filtered_pool", "human_labels", "labeler_eval_items",
     "labeler_eval_plot", "labeler_eval_results", "original_qrels", "partial_annotation_study",
     "pool_coverage", "pool_saturation", "queries", "rag_alignment", "rag_answers", "rag_judgments", "ranking_shift",
-    "report", "retrieval_metrics", "retrieval_run", "significance",
+    "report", "retrieval_metrics", "retrieval_run", "significance", "student_annotator", "student_scores",
 }
 CHECKS = {
     "bridge_qrels:bridge_qrels_escalations_resolved", "bridge_qrels:bridge_qrels_is_valid",
@@ -32,6 +32,7 @@ GROUPS = {
     "analysis": {"retrieval_metrics", "ranking_shift", "significance", "pool_saturation", "pool_coverage",
                  "partial_annotation_study", "rag_answers", "rag_judgments", "rag_alignment"},
     "reports": {"report"},
+    "student": {"student_annotator", "student_scores"},
     "labeler_eval": {"labeler_eval_items", "labeler_eval_results", "labeler_eval_plot",
                      "consensus_stability"},
 }
@@ -40,7 +41,7 @@ JOBS = {
     "retrieval_job": {"retrieval_run"},
     "human_labels_job": {"human_labels", "bridge_qrels", "retrieval_metrics", "ranking_shift",
                          "significance", "pool_saturation", "pool_coverage", "partial_annotation_study",
-                         "rag_alignment", "report"},
+                         "rag_alignment", "report", "student_annotator", "student_scores"},
 }
 SENSORS = {"retriever_registry_sensor": "retrieval_job", "run_files_sensor": "retrieval_job",
            "human_labels_sensor": "human_labels_job"}
