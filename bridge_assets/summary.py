@@ -135,9 +135,9 @@ def _stopping_point(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
     if not rows or not rows[0][1]:
         return []
     deciding, pending, doubt, measure = rows[0]
-    return [f"stopping point: {deciding} more label(s) of {pending} pending, in impact order, make every "
-            f"rank change robust on {measure_label(measure)} ({doubt} system pair(s) in doubt): "
-            f"bridge annotate plan --dataset {dataset}"]
+    return [f"stopping point: {deciding} more label(s), in impact order, decide every rank change on "
+            f"{measure_label(measure)} ({doubt} system pair(s) in doubt; the other {pending - deciding} "
+            f"pending pair(s) cannot change any): bridge annotate plan --dataset {dataset}"]
 
 
 def _student(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:

@@ -65,9 +65,9 @@ def test_the_summary_and_the_report_state_the_stopping_point(labeled_lake, tmp_p
         summary = run_summary(con, DATASET, time.time())
         files = build_report(con, DATASET, tmp_path / "report")
     line = [x for x in summary.splitlines() if x.startswith("stopping point:")]
-    assert line == [f"stopping point: {deciding} more label(s) of 1 pending, in impact order, make every rank "
-                    f"change robust on nDCG@10 ({frame['pairs_in_doubt'][0]} system pair(s) in doubt): "
-                    f"bridge annotate plan --dataset {DATASET}"]
+    assert line == [f"stopping point: {deciding} more label(s), in impact order, decide every rank change on "
+                    f"nDCG@10 ({frame['pairs_in_doubt'][0]} system pair(s) in doubt; the other {1 - deciding} "
+                    f"pending pair(s) cannot change any): bridge annotate plan --dataset {DATASET}"]
     section = next(s for s in files.sections if s.key == "impact")
     assert section.notes[0].startswith(f"Stopping point: {deciding} more label(s), in impact order")
     assert "Stopping point:" in files.markdown.read_text()
