@@ -139,7 +139,7 @@ def test_pool_coverage_asset_on_the_labeled_lake(labeled_lake):
         assert "3 system(s)" in scalars["outside_pool_estimate"]["note"]
     section = coverage_section(frame, labeled_lake)
     assert not section.missing and (labeled_lake / "coverage.png").exists()
-    assert any("no extrapolation shown: 3 system(s)" in note for note in section.notes)
+    assert "Verified labels: no extrapolation shown: 3 system(s)" in section.intro and not section.notes
     outside = next(t for t in section.tables if t.title == "Outside the pool")
     assert outside.rows == [["verified labels", "7", "0", "not shown"],
                             ["pending pairs relevant", "8", "0", "not shown"]]
@@ -159,8 +159,8 @@ def test_report_and_summary_show_a_meaningful_extrapolation(tmp_path):
     outside = next(t for t in section.tables if t.title == "Outside the pool")
     assert outside.rows[0] == ["verified labels", str(len(found_by)), "3",
                                f"{estimate['value']:.0f} ({estimate['low']:.0f} .. {estimate['high']:.0f})"]
-    assert section.notes[0].startswith(f"verified labels: the pool holds {len(found_by)} relevant chunks; the "
-                                       f"fitted curve puts about {estimate['value']:.0f} more")
+    assert (f"Verified labels: the pool holds {len(found_by)} relevant chunks; the fitted curve puts about "
+            f"{estimate['value']:.0f} more") in section.intro
     assert (tmp_path / "coverage.png").exists()
     con = duckdb.connect()
     con.execute("create table pool_coverage as select * from frame")

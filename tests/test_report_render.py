@@ -68,7 +68,7 @@ def test_report_files_hold_every_section_table_and_figure(report_lake):
                     "Outside the pool"):
         assert f"<caption>{caption}</caption>" in page
     # three systems: the report says why it shows no extrapolation of the pool's coverage
-    assert "verified labels: no extrapolation shown: 3 system(s): the extrapolation needs at least 6" in page
+    assert "Verified labels: no extrapolation shown: 3 system(s): the extrapolation needs at least 6" in page
     assert page.count('<table class="report-table"') >= 10
     assert "Not materialized" not in page
     text = markdown.read_text()

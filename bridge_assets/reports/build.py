@@ -438,7 +438,7 @@ def coverage_section(coverage: pl.DataFrame | None, out: Path) -> Section:
         rows = coverage.filter((pl.col("qrels_version") == version) & (pl.col("statistic") == statistic))
         return rows.row(0, named=True) if rows.height else None
 
-    rows = []
+    rows, findings = [], []  # findings: what the estimate means, or why there is none
     for version, label in COVERAGE_BOUNDS.items():
         estimate = scalar(version, "outside_pool_estimate")
         if estimate is None:
@@ -450,14 +450,15 @@ def coverage_section(coverage: pl.DataFrame | None, out: Path) -> Section:
                      else "not shown"))
         if shown:
             total = scalar(version, "total_estimate")
-            section.notes.append(
+            findings.append(
                 f"{label}: the pool holds {int(in_pool['value'])} relevant chunks; the fitted curve puts "
                 f"about {estimate['value']:.0f} more (95% interval {estimate['low']:.0f} .. {estimate['high']:.0f}) "
                 f"within reach of more systems like these, a total of {total['value']:.0f}. "
                 + ("More systems are worth running." if estimate["high"] >= 0.1 * in_pool["value"] else
                    "The pool is close to saturation: more such systems would add little."))
         else:
-            section.notes.append(f"{label}: no extrapolation shown: {estimate['note']}.")
+            findings.append(f"{label}: no extrapolation shown: {estimate['note']}.")
+    section.intro = " ".join([section.intro, *(f"{f[0].upper()}{f[1:]}" for f in findings)])
     if rows:
         section.tables.append(table("Outside the pool", pl.DataFrame(rows, schema=[
             "labels", "relevant in the pool", "known outside (no system surfaced)",
