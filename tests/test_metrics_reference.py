@@ -97,6 +97,33 @@ def test_equal_to_pytrec_eval_with_ties_and_edge_cases(seed, relevance_level):
     assert got["all", "num_q"] == len(reference)
 
 
+@pytest.mark.parametrize("layout", ["trec_order", "shuffled", "ties_ascending"])
+def test_the_run_s_row_order_does_not_matter(layout):
+    """The run read as stored (already in trec_eval's order: nothing sorted), with its rows
+    scattered over the table (rankings regrouped by their ids), and with tied documents stored
+    in ascending doc id order (as BRIDGE's own runs keep them: only those rankings re-sorted)
+    give the same values as pytrec_eval."""
+    qrels, run = generate(3, ties=True, edge_cases=True)
+    reference = pytrec_eval.RelevanceEvaluator(qrels, PYTREC_MEASURES).evaluate(run)
+    qrels_frame, run_frame = frames(qrels, run)
+    if layout == "trec_order":
+        run_frame = run_frame.sort(["query_id", "score", "doc_id"], descending=[False, True, True])
+    elif layout == "ties_ascending":
+        run_frame = run_frame.sort(["query_id", "score", "doc_id"], descending=[False, True, False])
+    else:
+        run_frame = run_frame.sample(fraction=1.0, shuffle=True, seed=5)
+    con = duckdb.connect()
+    con.register("test_run", run_frame)
+    con.register("test_qrels", qrels_frame)
+    frame = compute_measures(con, resolve_measures(list(PYTREC_MEASURES)), run="test_run",
+                             qrels="test_qrels")
+    got = {(q, m): v for q, m, v in frame.select("query_id", "measure", "value").iter_rows()}
+    for query_id, values in reference.items():
+        for name, value in values.items():
+            if name != "gm_map":
+                assert got[query_id, name] == pytest.approx(value, abs=1e-9), (layout, query_id, name)
+
+
 def trec_eval_iprec(qrels, run, level: float, relevance_level: int = 1) -> dict[str, float]:
     """iprec_at_recall as current trec_eval computes it (m_iprec_at_recall.c): the c-th relevant
     document with c = lround(level * R). pytrec_eval-terrier 0.5.x bundles an older trec_eval
