@@ -9,8 +9,12 @@
 -- to the other. A pending pair decides a system pair in doubt when its chunk stands in the
 -- top k of either system and its label moves the gap: the move is the difference of the two
 -- systems' mean nDCG@k with the pair relevant rather than not, the other pending pairs held
--- at the lower bound, or at the upper one (the larger). Its share of the pair's doubt is the
--- move over the swing (at most 1); a pair's impact is the sum of its shares.
+-- at the lower bound, or at the upper one (the larger), over the swing (at most 1). Its share
+-- of the pair's doubt is the larger of that move and its query's share: the part of the swing
+-- the query's pending pairs carry together (the doubt a query leaves is settled only once all
+-- of them are labelled, so the pairs of the query carrying most doubt come first, and a
+-- query's pairs come together). A pair's impact is the sum of its shares; ties go to the
+-- larger moves.
 --
 -- nDCG@k is trec_eval's (sql/retrieval_metrics.sql): rankings by score, ties by doc id
 -- descending; the gain is the relevance grade; the ideal DCG is over the query's qrels. A
@@ -118,25 +122,49 @@ effects as (
     join ideal i on i.query_id = p.query_id
     left join ranked r on r.retriever = e.retriever and r.query_id = p.query_id and r.doc_id = p.doc_id
 ),
--- the system pairs in doubt whose rankings hold the chunk, and the share of their doubt it moves
+-- each system's spread on each query: how far its mean moves from one bound to the other
+-- through that query's pending pairs
+spreads as (
+    select d.retriever, d.query_id,
+           (if(i.high > 0, d.high / i.high, 0) - if(i.low > 0, d.low / i.low, 0)) / c.n_queries as spread
+    from dcg d
+    join ideal i on i.query_id = d.query_id
+    join counts c on c.retriever = d.retriever
+),
+-- the part of each system pair's swing a query's pending pairs carry together (settled only
+-- once they are all labelled)
+query_shares as (
+    select q.query_id, s.system_a, s.system_b,
+           least(abs(coalesce(a.spread, 0) - coalesce(b.spread, 0)) / s.swing, 1.0) as query_share
+    from (select distinct query_id from pending) q
+    cross join doubtful s
+    left join spreads a on a.retriever = s.system_a and a.query_id = q.query_id
+    left join spreads b on b.retriever = s.system_b and b.query_id = q.query_id
+),
+-- the system pairs in doubt whose rankings hold the chunk, the share of their doubt its label
+-- moves alone, and the share its query carries (the larger is the pair's share)
 decisions as (
     select p.query_id, p.doc_id, s.system_a, s.system_b, a.rank as rank_a, b.rank as rank_b,
            least(greatest(abs(coalesce(a.effect_low, 0) - coalesce(b.effect_low, 0)),
                           abs(coalesce(a.effect_high, 0) - coalesce(b.effect_high, 0))) / s.swing, 1.0)
-               as share
+               as move,
+           coalesce(qs.query_share, 0) as query_share
     from pending p
     cross join doubtful s
     left join effects a on a.query_id = p.query_id and a.doc_id = p.doc_id and a.retriever = s.system_a
     left join effects b on b.query_id = p.query_id and b.doc_id = p.doc_id and b.retriever = s.system_b
+    left join query_shares qs on qs.query_id = p.query_id and qs.system_a = s.system_a
+                             and qs.system_b = s.system_b
     where (a.rank is not null or b.rank is not null)
 ),
 decided as (
-    select query_id, doc_id, sum(share) as impact, count(*)::integer as decides,
+    select query_id, doc_id, sum(greatest(move, query_share)) as impact, sum(move) as moves,
+           count(*)::integer as decides,
            list({'system_a': system_a, 'system_b': system_b, 'rank_a': rank_a::integer,
-                 'rank_b': rank_b::integer, 'share': share}
-                order by share desc, system_a, system_b) as system_pairs
+                 'rank_b': rank_b::integer, 'share': greatest(move, query_share)}
+                order by greatest(move, query_share) desc, system_a, system_b) as system_pairs
     from decisions
-    where round(share, 12) > 0
+    where round(move, 12) > 0
     group by query_id, doc_id
 )
 select $dataset as dataset, p.query_id, p.doc_id, $measure as measure,
@@ -144,8 +172,8 @@ select $dataset as dataset, p.query_id, p.doc_id, $measure as measure,
        coalesce(d.decides, 0) as decides,
        coalesce(d.system_pairs, []) as system_pairs,
        (select count(*) from doubtful)::integer as pairs_in_doubt,
-       row_number() over (order by coalesce(d.impact, 0.0) desc, p.query_id, p.doc_id)::integer
-           as impact_rank
+       row_number() over (order by coalesce(d.impact, 0.0) desc, coalesce(d.moves, 0.0) desc,
+                               p.query_id, p.doc_id)::integer as impact_rank
 from pending p
 left join decided d on d.query_id = p.query_id and d.doc_id = p.doc_id
 order by impact_rank
