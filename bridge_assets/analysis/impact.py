@@ -4,10 +4,12 @@ Refined metrics are bounds over the pending pairs (every one irrelevant / every 
 a system pair whose order on the headline measure differs between the two bounds is *in
 doubt*, and until none is, some rank change depends on how people will decide. For each
 pending pair (sql/pending_impact.sql): the system pairs in doubt whose rankings hold its chunk
-in their top k, each with the share of its doubt the pair's label moves (how much the chunk's
+in their top k, each with the share of its doubt the pair accounts for: how much the chunk's
 gain, and its query's ideal DCG, move the gap between the two systems, over how much that gap
-swings from one bound to the other); the impact is the sum of the shares, and the reason says
-it in words ("decides bm25 vs dense on nDCG@10: rank 2 in both").
+swings from one bound to the other, or, when larger, the part of that swing its query's
+pending pairs carry together (settled only once all of them are labelled). The impact is the
+sum of the shares, and the reason says it in words ("decides bm25 vs dense on nDCG@10: rank 2
+in both").
 
 The annotation queue serves pending pairs by impact (bridge_assets.human.queue); `bridge
 annotate plan` prints the order. The *stopping point* is the number of pending pairs with an
