@@ -59,7 +59,7 @@ def test_every_vote_keeps_its_time_and_the_idle_cap_holds(escalated_lake):
         assert seconds == [(first.doc_id, 17.0), (second.doc_id, 120.0)]
         times = judgment_times(con, idle_cap=120).to_dicts()
     assert times == [{"annotator_id": "ann", "with_history": True, "timed": 2, "median_seconds": 68.5,
-                      "mean_seconds": 68.5, "capped_share": 0.5}]
+                      "mean_seconds": 68.5, "capped_share": 0.5, "checks": 0, "check_accuracy": None}]
 
 
 def test_a_votes_store_from_before_the_timing_opens_and_keeps_its_votes(tmp_path):
@@ -113,3 +113,15 @@ def test_export_gold_round_trips_through_label_eval(escalated_lake, tmp_path):
     assert evaluated.exit_code == 0, evaluated.output
     figures = json.loads(evaluated.output)
     assert figures["n"] == 3 and figures["recall_relevant"] == 1.0 and figures["recall_irrelevant"] == 1.0
+
+
+def test_accuracy_on_known_answers_per_arm(escalated_lake):
+    with annotations(escalated_lake) as con:
+        vote(con, ESCALATED[0], "ann", 1)
+        vote(con, ("q1", "d1"), "ann", 1, check=True)                       # expected 1: right
+        vote(con, ("q2", "d2"), "ann", 0, check=True, status="excluded")    # expected 1: wrong
+        vote(con, ("q3", "d3"), "ann", 1, check=True, with_history=False)   # right, other arm
+        times = {(r["with_history"]): r for r in judgment_times(con).to_dicts()}
+    assert times[True]["checks"] == 2 and times[True]["check_accuracy"] == 0.5
+    assert times[False]["checks"] == 1 and times[False]["check_accuracy"] == 1.0
+    assert times[True]["timed"] == 0  # votes written without a time (imports, older stores)

@@ -192,14 +192,18 @@ def annotator_activity(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
 def judgment_times(con: duckdb.DuckDBPyConnection, dataset: str | None = None,
                    idle_cap: float = IDLE_CAP_SECONDS) -> pl.DataFrame:
     """Per annotator and arm (with / without the debate history): timed judgments (attention
-    checks included: they take the same look), their median and mean seconds, and the share of
-    them that reached the idle cap."""
+    checks included: they take the same look), their median and mean seconds and the share of
+    them that reached the idle cap; and their accuracy against known answers (the attention
+    checks: answered as expected / answered)."""
     ensure_schema(con)
     return con.execute("""
         select annotator_id, with_history, count(seconds) as timed,
                median(seconds) as median_seconds, avg(seconds) as mean_seconds,
-               count(*) filter (where seconds >= $cap) / greatest(count(seconds), 1) as capped_share
+               count(*) filter (where seconds >= $cap) / greatest(count(seconds), 1) as capped_share,
+               count(*) filter (where is_attention_check) as checks,
+               avg((least(label, 1) = expected_label)::integer) filter (where is_attention_check)
+                   as check_accuracy
         from human_votes
-        where seconds is not null and ($dataset is null or dataset = $dataset)
+        where $dataset is null or dataset = $dataset
         group by all order by annotator_id, with_history desc""",
         {"dataset": dataset, "cap": idle_cap}).pl()
