@@ -346,11 +346,18 @@ def _in_trec_order(rows: pa.Table, run: str) -> tuple[np.ndarray, np.ndarray]:
     starts = np.flatnonzero(new)
     first_hashes = np.sort(ranking_hash[starts])
     if (first_hashes[1:] == first_hashes[:-1]).any():
+        # a ranking's rows are not together: grouped by the hash (stably: their order kept),
+        # then the boundaries read off the ids; should two rankings share a hash, by the ids
+        at = at[np.argsort(ranking_hash, kind="stable")]
         keys = [rows.column(c).take(at) for c in KEYS]
-        order = pl.DataFrame([pl.Series(c, k) for c, k in zip(KEYS, keys)]).with_row_index() \
-            .sort(KEYS, maintain_order=True)["index"].to_numpy()
-        at = at[order]
-        new = _changes([k.take(order) for k in keys])
+        new = _changes(keys)
+        firsts = np.flatnonzero(new)
+        if pl.DataFrame([pl.Series(c, k.take(firsts), pl.String) for c, k in zip(KEYS, keys)]) \
+                .is_duplicated().any():
+            order = pl.DataFrame([pl.Series(c, k, pl.String) for c, k in zip(KEYS, keys)]) \
+                .with_row_index().sort(KEYS, maintain_order=True)["index"].to_numpy()
+            at = at[order]
+            new = _changes([k.take(order) for k in keys])
     score = score[at]
     same = ~new[1:]
     out_of_order = same & (score[1:] > score[:-1])
@@ -365,11 +372,21 @@ def _in_trec_order(rows: pa.Table, run: str) -> tuple[np.ndarray, np.ndarray]:
     unsorted = np.zeros(ranking[-1] + 1, dtype=bool)
     unsorted[ranking[1:][out_of_order]] = True
     todo = np.flatnonzero(unsorted[ranking])  # the rows of the rankings out of order
-    part = pl.DataFrame({"ranking": ranking[todo], "score": score[todo],
-                         "doc_id": pl.Series(doc.take(at[todo]))})
-    order = part.with_row_index().sort(["ranking", "score", "doc_id"],
-                                       descending=[False, True, True])["index"].to_numpy()
-    at[todo] = at[todo][order]
+    # by score descending within each ranking (numbers only), then each run of tied scores by
+    # doc id descending (polars sorts strings in byte order); a tie run keeps its places
+    todo = todo[np.lexsort((-score[todo], ranking[todo]))]
+    tie = (ranking[todo][1:] == ranking[todo][:-1]) & (score[todo][1:] == score[todo][:-1])
+    if tie.any():
+        tied_rows = np.zeros(len(todo), dtype=bool)
+        tied_rows[1:] |= tie
+        tied_rows[:-1] |= tie
+        slots = np.flatnonzero(tied_rows)
+        part = pl.DataFrame({"ranking": ranking[todo[slots]], "score": score[todo[slots]],
+                             "doc_id": pl.Series(doc.take(at[todo[slots]]), dtype=pl.String)})
+        order = part.with_row_index().sort(["ranking", "score", "doc_id"],
+                                           descending=[False, True, True])["index"].to_numpy()
+        todo[slots] = todo[slots][order]
+    at[np.sort(todo)] = at[todo]
     return at, new
 
 
