@@ -12,7 +12,7 @@ from bridge_assets.definitions import defs, main_selection
 ASSETS = {
     "bridge_qrels", "candidate_pool", "consensus_stability", "corpus", "debate_labels",
     "debate_turns", "filter_votes", "filtered_pool", "human_labels", "labeler_eval_items",
-    "labeler_eval_plot", "labeler_eval_results", "original_qrels", "partial_annotation_study",
+    "labeler_eval_plot", "labeler_eval_results", "original_qrels", "partial_annotation_study", "pending_impact",
     "pool_coverage", "pool_saturation", "queries", "rag_alignment", "rag_answers", "rag_judgments", "ranking_shift",
     "report", "retrieval_metrics", "retrieval_run", "significance", "student_annotator", "student_scores",
 }
@@ -30,7 +30,7 @@ GROUPS = {
     "human": {"human_labels"},
     "qrels": {"bridge_qrels"},
     "analysis": {"retrieval_metrics", "ranking_shift", "significance", "pool_saturation", "pool_coverage",
-                 "partial_annotation_study", "rag_answers", "rag_judgments", "rag_alignment"},
+                 "partial_annotation_study", "pending_impact", "rag_answers", "rag_judgments", "rag_alignment"},
     "reports": {"report"},
     "student": {"student_annotator", "student_scores"},
     "labeler_eval": {"labeler_eval_items", "labeler_eval_results", "labeler_eval_plot",
@@ -41,7 +41,7 @@ JOBS = {
     "retrieval_job": {"retrieval_run"},
     "human_labels_job": {"human_labels", "bridge_qrels", "retrieval_metrics", "ranking_shift",
                          "significance", "pool_saturation", "pool_coverage", "partial_annotation_study",
-                         "rag_alignment", "report", "student_annotator", "student_scores"},
+                         "rag_alignment", "pending_impact", "report", "student_annotator", "student_scores"},
 }
 SENSORS = {"retriever_registry_sensor": "retrieval_job", "run_files_sensor": "retrieval_job",
            "human_labels_sensor": "human_labels_job"}
