@@ -223,3 +223,17 @@ def test_label_eval_runs_the_student_on_a_gold_file(tmp_path, data_lake):
     assert (figures["n"], figures["calls"], figures["escalated"]) == (12, 0, 0)
     assert figures["auroc"] is not None and 0.0 <= figures["ece"] <= 1.0
     assert figures["config"]["epochs"] == 1 and figures["config_hash"]
+
+
+def test_the_uncalibrated_score_is_the_sigmoid_of_the_relevance_logit():
+    """(once, not twice: the CrossEncoder's default activation is itself a sigmoid)"""
+    import torch
+
+    from bridge_assets.student.model import _cross_encoder, base_model_location, encoder_probabilities
+
+    model = _cross_encoder(base_model_location(TINY.base_model), TINY.max_length)
+    pairs = [("What does len() return?", "len returns the number of items."), ("Who wrote Hamlet?", "Paris.")]
+    with torch.no_grad():
+        features = model.tokenizer([q for q, _ in pairs], [c for _, c in pairs], padding=True, return_tensors="pt")
+        logits = model.model(**features).logits.view(-1).tolist()
+    assert encoder_probabilities(model, pairs) == pytest.approx([1 / (1 + math.exp(-z)) for z in logits], abs=1e-5)

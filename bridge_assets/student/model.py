@@ -140,10 +140,13 @@ def train_encoder(examples: Sequence[Example], settings: StudentSettings, locati
 
 def encoder_probabilities(model, pairs: Sequence[tuple[str, str]], batch_size: int = 64) -> list[float]:
     """sigmoid(logit) of each (query, chunk): the uncalibrated score."""
+    import torch
+
     if not pairs:
         return []
+    # the raw logit (activation_fn=None would mean the model's default, a sigmoid, applied twice)
     logits = model.predict(list(pairs), batch_size=batch_size, show_progress_bar=False,
-                           activation_fn=None, convert_to_numpy=True)
+                           activation_fn=torch.nn.Identity(), convert_to_numpy=True)
     return [1 / (1 + math.exp(-float(z))) for z in np.asarray(logits).reshape(-1)]
 
 
