@@ -10,8 +10,6 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
-from sklearn.metrics import cohen_kappa_score
-from statsmodels.stats.inter_rater import fleiss_kappa as _statsmodels_fleiss_kappa
 
 from bridge_assets.ingest.registry import GRADES
 
@@ -45,6 +43,10 @@ def fleiss_kappa(table: np.ndarray | Sequence[Sequence[int]]) -> float | None:
                          f"got {sorted(set(raters.astype(int).tolist()))}")
     if np.count_nonzero(table.sum(axis=0)) < 2:
         return None
+    # imported here: statsmodels and scikit-learn take seconds to import, which every `bridge
+    # annotate` command and the app's start would pay without computing a kappa
+    from statsmodels.stats.inter_rater import fleiss_kappa as _statsmodels_fleiss_kappa
+
     kappa = float(_statsmodels_fleiss_kappa(table, method="fleiss"))
     return None if math.isnan(kappa) else kappa
 
@@ -70,6 +72,8 @@ def weighted_kappas(votes: Mapping[str, Mapping[Hashable, int]],
         a, b = [votes[first][i] for i in shared], [votes[second][i] for i in shared]
         if len(shared) < 2 or len(set(a) | set(b)) < 2:
             continue
+        from sklearn.metrics import cohen_kappa_score  # see fleiss_kappa
+
         kappa = cohen_kappa_score(a, b, labels=list(categories), weights="quadratic")
         kappas.append(PairKappa(first, second, len(shared), float(kappa)))
     return kappas

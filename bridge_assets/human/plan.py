@@ -14,10 +14,16 @@ from dataclasses import dataclass
 import duckdb
 import polars as pl
 
-from bridge_assets.analysis.retrieval import measure_label
 from bridge_assets.human.labels import REQUIRED_VOTES
 from bridge_assets.human.tables import ensure_schema
 from bridge_assets.store import table_exists
+
+def measure_label(measure: str) -> str:
+    """`ndcg_cut_10` -> `nDCG@10` (the only measure pending_impact scores). Not imported from
+    bridge_assets.analysis: that package imports scipy and more, seconds a plan need not wait."""
+    family, _, cutoff = measure.rpartition("_")
+    return f"nDCG@{cutoff}" if family == "ndcg_cut" and cutoff.isdigit() else measure
+
 
 PLAN_SCHEMA = {"dataset": pl.Utf8, "impact_rank": pl.Int32, "query_id": pl.Utf8, "doc_id": pl.Utf8,
                "votes": pl.Int32, "impact": pl.Float64, "decides": pl.Int32, "reason": pl.Utf8,
