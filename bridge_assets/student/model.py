@@ -49,7 +49,8 @@ class StudentSettings(BaseModel):
                             "model of resources/retrievers.yaml `models` (sentence-transformers).")
     epochs: int = Field(4, ge=1)
     learning_rate: float = Field(5e-5, gt=0)
-    batch_size: int = Field(16, ge=1)
+    batch_size: int = Field(8, ge=1, description="Pairs per training step (16 at 256 tokens peaks at "
+                            "3.2 GiB on the CPU, 8 at 2.4 GiB; docs/student.md).")
     max_length: int = Field(256, ge=16, description="Tokens of query + chunk it reads.")
     calibration_share: float = Field(0.25, ge=0.0, lt=1.0, description="Share of the queries "
                                      "held out of training to fit the calibration.")
