@@ -194,8 +194,12 @@ def _student(reader: _Reader) -> dict[str, Any] | None:
     """The student's score of the pair, which student gave it (weights, labels, snapshot) and
     whether the pair was one of the labels it learned from."""
     scores = reader.pair_rows("student_scores", "p_relevant, student_key")
-    if not scores or not reader.exists("student_annotator"):
+    if scores is None or not reader.exists("student_annotator"):
         return None
+    if not scores:  # not in the pool, or no student at all (which says why)
+        untrained = _records(reader.con, "select not_trained from student_annotator where dataset = ? "
+                                         "and student_key is null", reader.params[:1])
+        return {"not_trained": untrained[0]["not_trained"]} if untrained else None
     student = _records(reader.con, """
         select student_key, weights_hash, labels, relevant, calibration, learned_from_snapshot
         from student_annotator where dataset = ? and student_key = ?""",
@@ -382,6 +386,8 @@ def _student_lines(story: dict[str, Any]) -> list[str | None]:
     scored = story.get("student")
     if scored is None:
         return [_missing(story, "student_scores") or "  not scored (not in the candidate pool)"]
+    if "not_trained" in scored:
+        return [f"  no student annotator for this dataset: {scored['not_trained']}"]
     lines = [_line("P(relevant)", f"{scored['p_relevant']:.3f}")]
     student = scored["student"]
     if student:

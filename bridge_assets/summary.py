@@ -142,11 +142,13 @@ def _stopping_point(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
 
 def _student(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
     rows = _rows(con, "student_annotator", """
-        select student_key, labels, relevant, calibration from student_annotator where dataset = ?""",
-                 [dataset])
+        select student_key, labels, relevant, calibration, not_trained from student_annotator
+        where dataset = ?""", [dataset])
     if not rows:
         return []
-    key, labels, relevant, calibration = rows[0]
+    key, labels, relevant, calibration, not_trained = rows[0]
+    if key is None:
+        return [f"student annotator: none ({not_trained}; {labels} verified labels, {relevant} relevant)"]
     scored = _rows(con, "student_scores", """
         select count(*), count(*) filter (where p_relevant >= 0.5) from student_scores
         where dataset = ? and student_key = ?""", [dataset, key])

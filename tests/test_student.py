@@ -237,3 +237,21 @@ def test_the_uncalibrated_score_is_the_sigmoid_of_the_relevance_logit():
         features = model.tokenizer([q for q, _ in pairs], [c for _, c in pairs], padding=True, return_tensors="pt")
         logits = model.model(**features).logits.view(-1).tolist()
     assert encoder_probabilities(model, pairs) == pytest.approx([1 / (1 + math.exp(-z)) for z in logits], abs=1e-5)
+
+
+def test_a_dataset_without_negative_labels_gets_no_student_and_says_why(labeled_lake):
+    materialize_qrels(labeled_lake)
+    with store.connect(labeled_lake / "bridge.duckdb") as con:  # every verified label relevant
+        con.execute("delete from bridge_qrels where relevance = 0")
+    result = dg.materialize([student_assets.student_annotator, student_assets.student_scores],
+                            partition_key=DATASET, resources={"store": DuckDBStore(data_lake=str(labeled_lake))})
+    assert result.success  # the rest of the pipeline goes on
+    row = read(labeled_lake, "select student_key, not_trained, labels from student_annotator").to_dicts()
+    assert row[0]["student_key"] is None and "both classes" in row[0]["not_trained"]
+    assert read(labeled_lake, "select count(*) as n from student_scores")["n"][0] == 0
+    with store.connect(labeled_lake / "bridge.duckdb") as con:
+        summary = run_summary(con, DATASET, time.time())
+        story = audit_pair(con, DATASET, "q1", "d5")
+    assert f"student annotator: none (it needs verified labels of both classes (relevant and not); " \
+           f"{row[0]['labels']} verified labels, {row[0]['labels']} relevant)" in summary
+    assert "no student annotator for this dataset: it needs verified labels of both classes" in format_story(story)

@@ -16,12 +16,12 @@ import dagster as dg
 import polars as pl
 from pydantic import Field
 
-from bridge_assets import ducklake, snapshots
+from bridge_assets import ducklake, run_settings, snapshots
 from bridge_assets.labeling.pairs import load_pairs
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.student.annotator import ensure_student, score_pairs, splits, student_folder, training_set
-from bridge_assets.student.model import StudentSettings
+from bridge_assets.student.model import StudentSettings, untrainable
 
 GROUP = "student"
 READS: dict[str, tuple[str, ...]] = {
@@ -56,6 +56,26 @@ def _lake_snapshot(store: DuckDBStore) -> int | str:
         return ducklake.current_snapshot(con)
 
 
+ANNOTATOR_SCHEMA = {
+    "dataset": pl.Utf8, "student_key": pl.Utf8, "not_trained": pl.Utf8, "weights_hash": pl.Utf8,
+    "folder": pl.Utf8, "base_model": pl.Utf8, "settings": pl.Utf8, "training_set_version": pl.Utf8,
+    "labels": pl.Int64, "relevant": pl.Int64, "trained_on": pl.Int64, "calibrated_on": pl.Int64,
+    "calibration": pl.Utf8, "held_out_ece": pl.Float64, "held_out_auroc": pl.Float64,
+    "learned_from_snapshot": pl.Utf8, "train_seconds": pl.Float64}
+
+
+def annotator_frame(row: dict) -> pl.DataFrame:
+    """The one row of `student_annotator` (a student, or `not_trained` saying why none)."""
+    return pl.DataFrame([{name: row.get(name) for name in ANNOTATOR_SCHEMA}], schema=ANNOTATOR_SCHEMA)
+
+
+def training_frame(data, dataset: str, key: str | None, split: list[str] | None) -> pl.DataFrame:
+    """`student_training_set`: every label it saw, its split, the student that learned from it."""
+    return data.labels.with_columns(pl.lit(dataset).alias("dataset"),
+                                    pl.Series("split", split or [None] * data.labels.height, dtype=pl.Utf8),
+                                    pl.lit(key, dtype=pl.Utf8).alias("student_key"))
+
+
 @dg.asset(
     partitions_def=dataset_partitions, group_name=GROUP, deps=list(READS["student_annotator"]),
     code_version="1",
@@ -67,31 +87,44 @@ def _lake_snapshot(store: DuckDBStore) -> int | str:
 )
 def student_annotator(context: dg.AssetExecutionContext, config: StudentConfig,
                       store: DuckDBStore) -> dg.MaterializeResult:
-    dataset, settings = context.partition_key, config.settings()
+    dataset = context.partition_key
+    resolved = run_settings.for_run(context, config)  # defaults < the dataset's entry < run config
+    settings = resolved.config.settings()
     learned_from = _lake_snapshot(store)
     with snapshots.inputs(store, dataset, READS["student_annotator"]) as con:
         data = training_set(con, dataset)
+    row = {"dataset": dataset, "base_model": settings.base_model,
+           "settings": json.dumps(settings.model_dump(), sort_keys=True),
+           "training_set_version": data.version, "labels": data.labels.height,
+           "relevant": int(data.labels["label"].sum()), "learned_from_snapshot": str(learned_from)}
+    problem = untrainable(data.examples(), settings)
+    if problem:  # a dataset can be short of labels (all relevant, say): no student, said so
+        context.log.warning(f"{dataset}: no student annotator: {problem}")
+        store.write_partitions({"student_annotator": annotator_frame({**row, "not_trained": problem}),
+                                "student_training_set": training_frame(data, dataset, None, None)},
+                               dataset=dataset)
+        return dg.MaterializeResult(metadata={**resolved.metadata(), "not_trained": problem,
+                                              "labels": row["labels"],
+                                              "relevant": row["relevant"]},
+                                    data_version=dg.DataVersion(f"none-{data.version}"))
     stored = ensure_student(store.lake.folder, dataset, data, settings)
     report = stored.meta["report"]
     held_out = report["held_out"].get("after") or {}
-    row = {"dataset": dataset, "student_key": stored.key, "weights_hash": stored.meta["weights_hash"],
-           "folder": str(stored.folder), "base_model": settings.base_model,
-           "settings": json.dumps(settings.model_dump(), sort_keys=True),
-           "training_set_version": data.version, "labels": report["examples"],
-           "relevant": report["relevant"], "trained_on": report["trained_on"],
-           "calibrated_on": report["calibrated_on"], "calibration": report["calibration"],
-           "held_out_ece": held_out.get("ece"), "held_out_auroc": held_out.get("auroc"),
-           "learned_from_snapshot": str(learned_from), "train_seconds": report["seconds"]}
-    labels = data.labels.with_columns(pl.lit(dataset).alias("dataset"),
-                                      pl.Series("split", splits(data, settings)),
-                                      pl.lit(stored.key).alias("student_key"))
-    store.write_partitions({"student_annotator": pl.DataFrame([row]), "student_training_set": labels},
+    row |= {"student_key": stored.key, "weights_hash": stored.meta["weights_hash"],
+            "folder": str(stored.folder), "trained_on": report["trained_on"],
+            "calibrated_on": report["calibrated_on"], "calibration": report["calibration"],
+            "held_out_ece": held_out.get("ece"), "held_out_auroc": held_out.get("auroc"),
+            "train_seconds": report["seconds"]}
+    store.write_partitions({"student_annotator": annotator_frame(row),
+                            "student_training_set": training_frame(data, dataset, stored.key,
+                                                                   splits(data, settings))},
                            dataset=dataset)
     verb = "trained" if stored.trained_now else "unchanged labels: kept"
     context.log.info(f"{dataset}: student {stored.key} {verb} ({report['examples']} verified labels, "
                      f"{report['relevant']} relevant; calibration {report['calibration']})")
     return dg.MaterializeResult(
-        metadata={"student_key": stored.key, "weights_hash": stored.meta["weights_hash"],
+        metadata={**resolved.metadata(), "student_key": stored.key,
+                  "weights_hash": stored.meta["weights_hash"],
                   "trained_now": stored.trained_now, "labels": report["examples"],
                   "relevant": report["relevant"], "sources": json.dumps(report["sources"]),
                   "calibration": report["calibration"],
@@ -112,11 +145,13 @@ def student_scores(context: dg.AssetExecutionContext, store: DuckDBStore) -> dg.
 
     dataset = context.partition_key
     with snapshots.inputs(store, dataset, READS["student_scores"]) as con:
-        key, = con.execute("select student_key from student_annotator where dataset = ?",
-                           [dataset]).fetchone()
+        key, problem = con.execute("select student_key, not_trained from student_annotator "
+                                   "where dataset = ?", [dataset]).fetchone()
         pairs = load_pairs(con, dataset, "select distinct query_id, doc_id from candidate_pool "
-                                         "where dataset = $dataset")
-    scores = score_pairs(Student.load(student_folder(store.lake.folder, dataset, key)), pairs)
+                                         "where dataset = $dataset") if key else []
+    if key is None:
+        context.log.warning(f"{dataset}: no student annotator ({problem}): no pair scored")
+    scores = score_pairs(Student.load(student_folder(store.lake.folder, dataset, key)), pairs) if key else []
     frame = pl.DataFrame({"dataset": [dataset] * len(pairs),
                           "query_id": [p.query_id for p in pairs], "doc_id": [p.doc_id for p in pairs],
                           "p_relevant": scores, "student_key": [key] * len(pairs)},
@@ -124,6 +159,6 @@ def student_scores(context: dg.AssetExecutionContext, store: DuckDBStore) -> dg.
                                  "p_relevant": pl.Float64, "student_key": pl.Utf8})
     store.write_partitions({"student_scores": frame}, dataset=dataset)
     return dg.MaterializeResult(
-        metadata={"dagster/row_count": frame.height, "student_key": key,
+        metadata={"dagster/row_count": frame.height, "student_key": key or f"none ({problem})",
                   "above_half": int((frame["p_relevant"] >= 0.5).sum()) if frame.height else 0},
         data_version=snapshots.frame_version(frame))

@@ -200,6 +200,17 @@ def calibrate(probabilities: Sequence[float], labels: Sequence[int]) -> tuple[Ca
     return fit_calibrator(probabilities, labels), "platt"
 
 
+def untrainable(examples: Sequence[Example], settings: StudentSettings) -> str | None:
+    """Why no student can learn from `examples` (None when one can)."""
+    if not examples:
+        return "no verified labels to learn from"
+    if len({e.target for e in examples if e.target in (0.0, 1.0)}) < 2:
+        return "it needs verified labels of both classes (relevant and not)"
+    if not split_by_query(examples, settings.calibration_share, settings.seed)[0]:
+        return "no labels left to train on after holding out the calibration queries"
+    return None
+
+
 def train_student(examples: Sequence[Example], settings: StudentSettings,
                   location: str | None = None) -> Student:
     """Train on `examples` (held-out queries apart), then calibrate on the held-out ones.
@@ -207,15 +218,12 @@ def train_student(examples: Sequence[Example], settings: StudentSettings,
     import time
 
     started = time.perf_counter()
-    if not examples:
-        raise StudentError("the student has no verified labels to learn from")
+    problem = untrainable(examples, settings)
+    if problem:
+        raise StudentError(f"the student cannot be trained: {problem}")
     hard = [e for e in examples if e.target in (0.0, 1.0)]
-    if len({e.target for e in hard}) < 2:
-        raise StudentError("the student needs verified labels of both classes (relevant and not)")
     train, held = split_by_query(examples, settings.calibration_share, settings.seed)
     held = [e for e in held if e.target in (0.0, 1.0)]
-    if not train:
-        raise StudentError("no examples left to train on after holding out the calibration queries")
     encoder = train_encoder(train, settings, location or base_model_location(settings.base_model))
     raw = encoder_probabilities(encoder, [(e.query, e.chunk) for e in held])
     labels = [int(e.target) for e in held]
