@@ -83,8 +83,8 @@ def exists(where: Where) -> bool:
     return config.exists() if config is not None else path.exists()
 
 
-def describe(where: Where) -> str:
-    """Where the store is, in words (for messages)."""
+def describe(where: Where | None = None) -> str:
+    """Where the store is (default: the environment's lake), in words (for messages)."""
     path, config = resolve(where)
     if config is None:
         return str(path)
