@@ -89,6 +89,7 @@ def test_rows_of_a_meaningful_extrapolation():
     scalars = {r["statistic"]: r for r in frame.filter(pl.col("systems_added").is_null()).iter_rows(named=True)}
     estimate, total = scalars["outside_pool_estimate"], scalars["total_estimate"]
     assert estimate["note"] is None and estimate["low"] <= truth <= estimate["high"]
+    assert estimate["resamples"] == 100  # every pool drawn from this fit refits
     assert total["value"] == pytest.approx(len(found_by) + estimate["value"])
     assert (total["low"], total["high"]) == pytest.approx((len(found_by) + estimate["low"],
                                                            len(found_by) + estimate["high"]))
@@ -96,6 +97,28 @@ def test_rows_of_a_meaningful_extrapolation():
     assert fitted["systems_added"].to_list() == list(range(1, EXTRAPOLATE_TO * 10 + 1))
     assert fitted["value"].to_list() == pytest.approx(
         [michaelis_menten(m, total["value"], scalars["half_saturation"]["value"]) for m in fitted["systems_added"]])
+
+
+@pytest.mark.parametrize("failing, shown", [(0.3, True), (0.6, False)])
+def test_bootstrap_pools_that_do_not_refit_are_counted(monkeypatch, failing, shown):
+    """A refit that fails adds no error to the interval: the row says how many pools it rests
+    on, and with fewer than half of them there is no interval."""
+    from bridge_assets.analysis import coverage
+    real, calls = coverage.fit_saturation, itertools.count()
+
+    def flaky(counts, systems):  # the first call is the estimate itself; then a share of refits fail
+        call = next(calls)
+        if call and (call % 10) < failing * 10:
+            raise RuntimeError("Optimal parameters not found")
+        return real(counts, systems)
+
+    monkeypatch.setattr(coverage, "fit_saturation", flaky)
+    found_by, systems, _ = synthetic_pool(1)
+    result = extrapolate([len(s) for s in found_by], len(systems), resamples=50)
+    assert result.resamples == 50 - round(failing * 50)
+    assert result.meaningful is shown
+    if not shown:
+        assert result.outside is None and f"only {result.resamples} of 50" in result.note
 
 
 def test_no_extrapolation_with_too_few_systems_or_a_curve_that_does_not_level_off():

@@ -23,7 +23,10 @@ refined: pending irrelevant; refined_upper: pending relevant):
   the error (estimated - true number outside) is measured; the interval is the estimate minus
   the error's 97.5% and 2.5% quantiles (never below 0). On pools drawn from the model it held
   the truth in about 92% (12 systems) to 98% (6 systems) of trials; where chunks are equally
-  easy to find (a single exponential curve) the model over-estimates what remains.
+  easy to find (a single exponential curve) the model over-estimates what remains. A drawn pool
+  with no surfaced chunk or a refit that does not converge adds no error; the row's
+  `resamples` says how many pools the interval rests on, and with fewer than
+  MIN_FITTED_SHARE of them there is no interval (the note says so).
 - Shown only when meaningful: at least `min_systems` systems (MIN_SYSTEMS = 6: with fewer,
   the handful of points cannot tell a levelling curve from a straight line), at least one
   relevant chunk in the pool, a fit that converged, and a curve that levels off (the upper end
@@ -34,7 +37,7 @@ refined: pending irrelevant; refined_upper: pending relevant):
 Rows (statistic): relevant_found (per m), fitted (per m up to EXTRAPOLATE_TO x n, when
 meaningful), in_pool, known_outside_pool (relevant judgments no system surfaced: outside the
 pool for certain, beyond the extrapolation's reach), outside_pool_estimate (value, low, high,
-note), total_estimate and half_saturation (when meaningful).
+note, resamples), total_estimate and half_saturation (when meaningful).
 """
 
 from __future__ import annotations
@@ -59,11 +62,12 @@ LEVEL = 0.95
 BAND = (0.05, 0.95)          # quantiles over the orders drawn around the mean curve
 SATURATION_FACTOR = 10.0     # interval's upper end beyond this x the pool: not levelling off
 EXTRAPOLATE_TO = 3           # the fitted curve is drawn up to this x the systems
+MIN_FITTED_SHARE = 0.5       # of the bootstrap pools that must refit for an interval
 MODEL = "michaelis_menten"
 COVERAGE_SCHEMA = {
     "dataset": pl.Utf8, "qrels_version": pl.Utf8, "statistic": pl.Utf8, "systems_added": pl.Int32,
     "value": pl.Float64, "std": pl.Float64, "low": pl.Float64, "high": pl.Float64,
-    "orders": pl.Int32, "note": pl.Utf8,
+    "orders": pl.Int32, "resamples": pl.Int32, "note": pl.Utf8,
 }
 
 
@@ -119,6 +123,7 @@ class Extrapolation:
     high: float | None = None
     total: float | None = None
     half: float | None = None
+    resamples: int | None = None   # bootstrap pools refitted: the interval rests on these
     note: str | None = None        # why there is no estimate (None: meaningful)
 
     @property
@@ -155,15 +160,16 @@ def extrapolate(counts: Sequence[int], systems: int, *, resamples: int = RESAMPL
         except (RuntimeError, ValueError):
             continue
         errors.append(max(drawn_total - drawn.size, 0.0) - truly_outside)
-    if not errors:
-        return Extrapolation(in_pool, systems, total=total, half=half,
-                             note="the saturation curve did not fit any bootstrap pool")
+    if len(errors) < MIN_FITTED_SHARE * resamples:
+        return Extrapolation(in_pool, systems, total=total, half=half, resamples=len(errors),
+                             note=f"the saturation curve refitted only {len(errors)} of {resamples} pools drawn "
+                                  f"from it: no reliable interval")
     tail = (1.0 - level) / 2
     low = max(outside - float(np.quantile(errors, 1.0 - tail)), 0.0)
     high = max(outside - float(np.quantile(errors, tail)), 0.0)
     if high > SATURATION_FACTOR * in_pool:
         return _not_levelling(in_pool, systems, outside, low, high, total, half)
-    return Extrapolation(in_pool, systems, outside, low, high, total, half)
+    return Extrapolation(in_pool, systems, outside, low, high, total, half, resamples=len(errors))
 
 
 def _not_levelling(in_pool: int, systems: int, outside: float, low: float | None, high: float | None,
@@ -194,7 +200,8 @@ def coverage_rows(found_by: Sequence[Sequence[str]], systems: Sequence[str], *, 
     rows.append({"statistic": "known_outside_pool", "value": float(known_outside)})
     rows.append({"statistic": "outside_pool_estimate", "value": result.outside if result.meaningful else None,
                  "low": result.low if result.meaningful else None,
-                 "high": result.high if result.meaningful else None, "note": result.note})
+                 "high": result.high if result.meaningful else None, "resamples": result.resamples,
+                 "note": result.note})
     if result.meaningful:
         rows.append({"statistic": "total_estimate", "value": result.total, "low": result.in_pool + result.low,
                      "high": result.in_pool + result.high})

@@ -452,7 +452,8 @@ def coverage_section(coverage: pl.DataFrame | None, out: Path) -> Section:
             total = scalar(version, "total_estimate")
             findings.append(
                 f"{label}: the pool holds {int(in_pool['value'])} relevant chunks; the fitted curve puts "
-                f"about {estimate['value']:.0f} more (95% interval {estimate['low']:.0f} .. {estimate['high']:.0f}) "
+                f"about {estimate['value']:.0f} more (95% interval {estimate['low']:.0f} .. {estimate['high']:.0f}, "
+                f"from {estimate['resamples']} pools drawn from the fitted curve) "
                 f"within reach of more systems like these, a total of {total['value']:.0f}. "
                 + ("More systems are worth running." if estimate["high"] >= 0.1 * in_pool["value"] else
                    "The pool is close to saturation: more such systems would add little."))
