@@ -10,7 +10,8 @@ from bridge_assets.evaluation.lara import IDENTITY, fit_calibrator, lara, logit
 from bridge_assets.evaluation.metrics import (agreement, auroc, balanced_accuracy, brier_score,
                                               calibration_metrics, class_recalls,
                                               escalate_least_confident, escalation_count,
-                                              expected_calibration_error, labeler_metrics)
+                                              expected_calibration_error, labeler_metrics,
+                                              reliability_bins)
 
 
 def sigmoid(z: float) -> float:
@@ -90,6 +91,17 @@ def test_expected_calibration_error_with_ten_equal_width_bins():
     # 1.0 falls in the last bin with .95: acc 1/2, conf .975 -> .475
     assert expected_calibration_error([1, 0], [1.0, 0.95]) == pytest.approx(0.475)
     assert expected_calibration_error([1, 0], [1.0, 0.0]) == pytest.approx(0.0)
+
+
+def test_reliability_bins_are_the_points_ece_sums_over():
+    gold, probability = [0, 1, 1, 1, 0], [0.05, 0.15, 0.95, 1.0, 0.92]
+    rows = reliability_bins(gold, probability)
+    assert [(r["low"], r["cases"]) for r in rows] == [(0.0, 1), (0.1, 1), (0.9, 3)]  # empty bins left out
+    assert rows[2]["predicted"] == pytest.approx((0.95 + 1.0 + 0.92) / 3) and rows[2]["observed"] == pytest.approx(2 / 3)
+    assert expected_calibration_error(gold, probability) == pytest.approx(
+        sum(r["cases"] / 5 * abs(r["observed"] - r["predicted"]) for r in rows))
+    with pytest.raises(ValueError):
+        reliability_bins([1], [0.5, 0.2])
 
 
 def test_brier_score():

@@ -217,8 +217,10 @@ def test_label_eval_runs_the_student_on_a_gold_file(tmp_path, data_lake):
     gold.write_text("".join(json.dumps({"id": f"t{i}", "query": e.query, "answers": [], "chunk": e.chunk,
                                         "label": int(e.target)}) + "\n" for i, e in enumerate(_examples())))
     out = CliRunner().invoke(app, ["label-eval", "--gold", str(gold), "--method", "student", "--set", "epochs=1",
-                                   "--set", "max_length=48", "--set", "batch_size=8", "--json"])
+                                   "--set", "max_length=48", "--set", "batch_size=8", "--json",
+                                   "--reliability", str(tmp_path / "reliability.png")])
     assert out.exit_code == 0, out.output
+    assert (tmp_path / "reliability.png").read_bytes()[:4] == b"\x89PNG"  # the diagram of its P(relevant)
     figures = json.loads(out.output[out.output.index("{"):])
     assert (figures["n"], figures["calls"], figures["escalated"]) == (12, 0, 0)
     assert figures["auroc"] is not None and 0.0 <= figures["ece"] <= 1.0

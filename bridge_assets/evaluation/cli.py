@@ -82,14 +82,16 @@ def label_eval_command(
                                     "cost counts the extra rounds) and print how often a consensus "
                                     "reached at round r survives to later rounds and the agents' "
                                     "flips by opening stance and round. R: at least the debate's rounds."),
+    reliability: Path = typer.Option(None, "--reliability", help="Also draw the reliability diagram of the "
+                                     "method's P(relevant) (the bins of its ECE) to this PNG and print its bins."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
 ) -> None:
     """Label a gold set (or a dataset's labelled pairs) with one labeler; print recalls, bAcc,
     escalation ratio, cost and the labeler's config hash (the key the pipeline stores its labels
     under)."""
     from bridge_assets.evaluation.goldsets import MethodSpec, read_goldset, stratified_head
-    from bridge_assets.evaluation.runner import (format_persistence_tables, format_stability, format_table,
-                                                 run_method, summary_json)
+    from bridge_assets.evaluation.runner import (format_persistence_tables, format_reliability, format_stability,
+                                                 format_table, run_method, summary_json)
     from bridge_assets.llm import LLMClient, get_profile
     from bridge_assets.llm.profiles import role_profiles
 
@@ -125,6 +127,7 @@ def label_eval_command(
     finally:
         for client in clients.values():
             client.close()
+    drawn = format_reliability(result, reliability) if reliability is not None else None
     if as_json:
         typer.echo(summary_json(result))
         return
@@ -135,6 +138,8 @@ def label_eval_command(
         typer.echo(format_stability(result))
     if persistence:
         typer.echo(format_persistence_tables(result))
+    if drawn:
+        typer.echo(drawn)
 
 
 def _dataset_settings(dataset: str, typed: dict[str, Any]) -> dict[str, Any]:

@@ -128,22 +128,26 @@ def labeler_metrics(gold: Sequence[int], labels: Sequence[int | None], escalated
         bacc_ci=bacc_interval(decided_gold, decided_labels), bacc_resolved_ci=bacc_interval(gold, final))
 
 
-def expected_calibration_error(gold: Sequence[int], probability: Sequence[float],
-                               bins: int = ECE_BINS) -> float:
-    """ECE of P(relevant): sum over equal-width bins of (share of cases in the bin) x
-    |share of relevant cases in it - mean predicted probability in it|. Bin b holds
-    probabilities in [b/bins, (b+1)/bins), the last bin also 1.0."""
+def reliability_bins(gold: Sequence[int], probability: Sequence[float], bins: int = ECE_BINS) -> list[dict]:
+    """The reliability diagram's points, the bins ECE sums over: per non-empty equal-width bin
+    (bin b holds probabilities in [b/bins, (b+1)/bins), the last bin also 1.0) its bounds, its
+    cases, their mean predicted probability and the share of them that is relevant."""
     if len(gold) != len(probability) or not gold:
-        raise ValueError("ECE needs as many probabilities as gold labels, and at least one")
+        raise ValueError("calibration needs as many probabilities as gold labels, and at least one")
     p = np.asarray(probability, dtype=float)
     y = np.asarray(gold, dtype=float)
     index = np.minimum((p * bins).astype(int), bins - 1)
-    ece = 0.0
-    for b in range(bins):
-        members = index == b
-        if members.any():
-            ece += members.mean() * abs(y[members].mean() - p[members].mean())
-    return float(ece)
+    return [{"low": b / bins, "high": (b + 1) / bins, "cases": int(members.sum()),
+             "predicted": float(p[members].mean()), "observed": float(y[members].mean())}
+            for b in range(bins) if (members := index == b).any()]
+
+
+def expected_calibration_error(gold: Sequence[int], probability: Sequence[float],
+                               bins: int = ECE_BINS) -> float:
+    """ECE of P(relevant): sum over the reliability bins of (share of cases in the bin) x
+    |share of relevant cases in it - mean predicted probability in it|."""
+    rows = reliability_bins(gold, probability, bins)
+    return float(sum(r["cases"] / len(gold) * abs(r["observed"] - r["predicted"]) for r in rows))
 
 
 def brier_score(gold: Sequence[int], probability: Sequence[float]) -> float:

@@ -15,12 +15,13 @@ import json
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import polars as pl
 
 from bridge_assets.evaluation.goldsets import GoldTriplet, MethodSpec
-from bridge_assets.evaluation.metrics import LabelerMetrics, labeler_metrics
+from bridge_assets.evaluation.metrics import LabelerMetrics, labeler_metrics, reliability_bins
 from bridge_assets.labeling.calls import Generate
 from bridge_assets.labeling.dream import DreamLabeler
 from bridge_assets.labeling.filter import run_filter
@@ -269,6 +270,23 @@ def persistence_table(result: MethodResult) -> DebatePersistence | None:
 def format_persistence_tables(result: MethodResult) -> str:
     table = persistence_table(result)
     return "" if table is None else format_persistence(table)
+
+
+def format_reliability(result: MethodResult, path: Path) -> str:
+    """Draw the reliability diagram of the method's P(relevant) over its scored items to `path`
+    and return its bins as text; a method without probabilities draws nothing and says so."""
+    from bridge_assets.reports.plots import reliability  # matplotlib: loaded only when drawing
+
+    scored = [(item.gold, item.score) for item in result.items if item.score is not None]
+    if not scored:
+        return f"reliability diagram: {result.spec.name} gives no P(relevant), nothing drawn"
+    rows = reliability_bins([g for g, _ in scored], [p for _, p in scored])
+    reliability({result.spec.name: rows}, path, title=f"Reliability: {result.spec.name} (n={len(scored)})")
+    lines = [f"reliability diagram ({len(scored)} items with a P(relevant)) -> {path}",
+             f"{'bin':>11}  {'cases':>5}  {'predicted':>9}  {'relevant':>8}"]
+    lines += [f"{r['low']:.1f} .. {r['high']:.1f}  {r['cases']:5d}  {r['predicted']:9.3f}  {r['observed']:8.3f}"
+              for r in rows]
+    return "\n".join(lines)
 
 
 def summary_json(result: MethodResult) -> str:

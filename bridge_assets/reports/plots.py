@@ -133,3 +133,25 @@ def coverage(found: pl.DataFrame, fitted: pl.DataFrame | None, total: tuple[floa
     axis.xaxis.get_major_locator().set_params(integer=True)
     axis.legend(fontsize=7)
     return _save(figure, path)
+
+
+def reliability(diagrams: dict[str, list[dict]], path: Path, title: str = "Reliability diagram") -> Path:
+    """Predicted P(relevant) against the share relevant, per equal-width bin (the bins of ECE,
+    evaluation.metrics.reliability_bins), one line per scorer; marker area grows with the
+    bin's cases; the diagonal is perfect calibration."""
+    figure, axis = plt.subplots(figsize=(4.6, 4.2))
+    axis.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1, label="perfectly calibrated")
+    for name, rows in diagrams.items():
+        if not rows:
+            continue
+        cases = np.array([r["cases"] for r in rows], dtype=float)
+        line, = axis.plot([r["predicted"] for r in rows], [r["observed"] for r in rows], marker="", label=name)
+        axis.scatter([r["predicted"] for r in rows], [r["observed"] for r in rows],
+                     s=20 + 180 * cases / cases.max(), color=line.get_color(), alpha=0.7)
+    axis.set_xlim(0, 1)
+    axis.set_ylim(0, 1)
+    axis.set_xlabel("predicted P(relevant) (bin mean)")
+    axis.set_ylabel("share relevant")
+    axis.set_title(title)
+    axis.legend(loc="upper left", fontsize="small")
+    return _save(figure, path)
