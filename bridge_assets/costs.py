@@ -36,6 +36,8 @@ import duckdb
 from bridge_assets import store
 from bridge_assets.analysis.rag import estimate_rag_calls
 from bridge_assets.analysis.views import dataset_snapshot
+from bridge_assets.human.cost import PeopleCost, annotator_rate, people_cost
+from bridge_assets.human.cost import describe as describe_people
 from bridge_assets.ingest.registry import get_dataset
 from bridge_assets.labeling import pooling
 from bridge_assets.labeling.filter import estimate_filter
@@ -76,6 +78,7 @@ class RunEstimate:
     first: list[str] = field(default_factory=list)   # what must run before the pool is known
     stages: list[StageCalls] = field(default_factory=list)
     llm_systems: list[str] = field(default_factory=list)  # retrieval's LLM calls per query (no ingest yet)
+    people: PeopleCost | None = None  # people's time so far and to finish, at BRIDGE_ANNOTATOR_RATE
 
 
 def estimate_run(dataset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> RunEstimate:
@@ -91,7 +94,19 @@ def estimate_run(dataset: str, overrides: Mapping[str, Mapping[str, Any]] | None
     typical = _typical_replies(replay.db_path)
     for stage in estimate.stages:
         stage.typical_reply = typical.get((stage.profile, stage.purpose), typical.get((None, stage.purpose)))
+    estimate.people = _people(path, dataset) if written else None
     return estimate
+
+
+def _people(lake: Any, dataset: str) -> PeopleCost | None:
+    """People's time on `dataset` so far and the votes its open pairs need, priced at
+    BRIDGE_ANNOTATOR_RATE (None before anyone voted or a debate escalated anything)."""
+    from bridge_assets.human.votes_store import copy_votes
+
+    with contextlib.closing(store.dataset_snapshot(lake, dataset, ["debate_labels"])) as con:
+        copy_votes(con, dataset, lake_db=lake, votes_db=lake.votes_db)
+        people = people_cost(con, dataset, annotator_rate())
+    return people if people.votes or people.open_pairs else None
 
 
 def _estimate(estimate: RunEstimate, con: duckdb.DuckDBPyConnection, overrides: Mapping[str, Mapping[str, Any]],
@@ -212,7 +227,25 @@ def render(estimate: RunEstimate, budget: Budget | None = None) -> str:
                   textwrap.fill(TABLE_NOTE, 100)]
     if budget is not None and estimate.stages:
         lines.append(_budget_line(estimate.stages, budget))
+    if estimate.people is not None:
+        lines += ["", *describe_people(estimate.people, _llm_per_pair(estimate))]
     return "\n".join(lines)
+
+
+def _llm_per_pair(estimate: RunEstimate) -> str | None:
+    """The LLM calls still to make, at their typical price, per pair sent to the labelers."""
+    if estimate.pool is None or not estimate.pool.to_label or not estimate.stages:
+        return None
+    typical: dict[str, float] = {}
+    for s in estimate.stages:
+        usual = s.typical_reply_tokens
+        _add(typical, (s.price(usual) if usual is not None else None) or s.price(s.reply_tokens))
+    if not typical:
+        return (f"the calls to make for the {estimate.pool.to_label:,} pair(s) to label are unpriced "
+                "(no `prices:` in their profiles)")
+    per_pair = {currency: amount / estimate.pool.to_label for currency, amount in typical.items()}
+    return (f"{_money(typical)} typical for the calls still to make on the {estimate.pool.to_label:,} "
+            f"pair(s) to label: {_money(per_pair)} per pair")
 
 
 def _budget_line(stages: Sequence[StageCalls], budget: Budget) -> str:

@@ -55,6 +55,8 @@ VARIABLES: tuple[Setting, ...] = (
     Setting("BRIDGE_MAX_TEXT_CHARS", str(1_000_000), "the longest text a dataset may have (characters)"),
     Setting("BRIDGE_ANNOTATE_SECRET", "random, kept in <data lake>/annotate.secret",
             "the annotation app's session secret"),
+    Setting("BRIDGE_ANNOTATOR_RATE", "none",
+            "what an hour of people's annotation time costs: 30 (USD) or 30 EUR (the dry run's human cost)"),
     Setting("BRIDGE_TEST_PAUSE_IN_WRITE", "none",
             "tests only: seconds a partition write sleeps before its commit (to kill it there)"),
 )
@@ -109,6 +111,23 @@ class Settings:
         """A registry file: the variable `name` (when set at all), else resources/<shipped>."""
         value = self.raw(name)
         return Path(value if value is not None else RESOURCES_DIR / shipped).resolve()
+
+    @property
+    def annotator_rate(self) -> tuple[float, str] | None:
+        """BRIDGE_ANNOTATOR_RATE as (amount per hour, currency): '30' is 30 USD, '30 EUR' 30 EUR;
+        None when unset."""
+        value = self.text("BRIDGE_ANNOTATOR_RATE")
+        if not value:
+            return None
+        amount, _, currency = value.partition(" ")
+        try:
+            rate = float(amount)
+        except ValueError:
+            rate = -1.0
+        if rate < 0 or (currency.strip() and not currency.strip().isalpha()):
+            raise ValueError(f"BRIDGE_ANNOTATOR_RATE={value!r}: expected an amount per hour, "
+                             "e.g. 30 (USD) or '30 EUR'")
+        return rate, currency.strip().upper() or "USD"
 
     @property
     def models_dir(self) -> Path | None:
