@@ -98,6 +98,34 @@ def _llama(path: str, n_ctx: int, threads: int, logits_all: bool):
     return _LLAMA_MODELS[key]
 
 
+class _PrefillMeter:
+    """What one call on a Llama actually evaluated, read from the model itself: the first
+    `eval` of the call is the prompt's (llama-cpp-python's generate() and our greedy loop both
+    evaluate the prompt's uncached suffix in one eval, every later eval is one decoded token),
+    so the tokens it was given were computed and the `n_tokens` it found in the KV cache were
+    reused (the prefix shared with the previous prompt, or a restored state). Wraps the
+    instance's `eval` for the duration of the `with`; call with _LLAMA_LOCK held."""
+
+    def __init__(self, model):
+        self.model = model
+        self.computed: int | None = None
+        self.reused: int | None = None
+
+    def __enter__(self) -> _PrefillMeter:
+        model, original = self.model, type(self.model).eval
+
+        def eval_(tokens):
+            if self.computed is None:
+                self.reused, self.computed = int(model.n_tokens), len(tokens)
+            return original(model, tokens)
+
+        model.eval = eval_  # the instance's attribute shadows the class's method
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self.model.eval
+
+
 _CHAT_FORMATTERS: dict[int, Any] = {}  # id(Llama) -> its compiled chat template
 
 
@@ -250,7 +278,8 @@ class LlamaCppBackend:
         try:
             with _LLAMA_LOCK:  # a Llama object is not thread-safe, and one is resident at a time
                 model = self._model(logits_all=request.top_logprobs is not None)
-                reply = model.create_chat_completion(**kwargs)
+                with _PrefillMeter(model) as meter:
+                    reply = model.create_chat_completion(**kwargs)
         except ValueError as exc:  # e.g. the prompt does not fit the context window
             return LLMResult(key=key, error=f"llama.cpp: {exc}",
                              latency_s=time.perf_counter() - started)
@@ -261,18 +290,22 @@ class LlamaCppBackend:
             logprobs=openai_logprobs((choice.get("logprobs") or {}).get("content"))
             if request.top_logprobs is not None else None,
             tokens_in=usage.get("prompt_tokens", 0), tokens_out=usage.get("completion_tokens", 0),
+            prompt_computed=meter.computed, prompt_reused=meter.reused,
+            decode_tokens=usage.get("completion_tokens"),
             latency_s=time.perf_counter() - started)
 
     def _greedy_logprobs(self, key: str, request: LLMRequest) -> LLMResult:
         started = time.perf_counter()
         try:
             with _LLAMA_LOCK:
-                text, logprobs, tokens_in, tokens_out = _greedy_with_logprobs(self._model(logits_all=False),
-                                                                              request)
+                model = self._model(logits_all=False)
+                with _PrefillMeter(model) as meter:
+                    text, logprobs, tokens_in, tokens_out = _greedy_with_logprobs(model, request)
         except ValueError as exc:
             return LLMResult(key=key, error=f"llama.cpp: {exc}", latency_s=time.perf_counter() - started)
         return LLMResult(key=key, text=text, logprobs=logprobs, tokens_in=tokens_in,
-                         tokens_out=tokens_out, latency_s=time.perf_counter() - started)
+                         tokens_out=tokens_out, prompt_computed=meter.computed, prompt_reused=meter.reused,
+                         decode_tokens=tokens_out, latency_s=time.perf_counter() - started)
 
     def close(self) -> None:
         """Models stay loaded for the process (loading is the slow part); closed at exit."""
@@ -303,6 +336,36 @@ def response_format(style: str, schema: dict[str, Any]) -> dict[str, Any] | None
     if style == "json_schema":  # OpenAI, vLLM, SGLang
         return {"type": "json_schema", "json_schema": {"name": "reply", "schema": schema, "strict": True}}
     return None
+
+
+def _count(value: Any) -> int | None:
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else None
+
+
+def reported_prefill(payload: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
+    """(prompt tokens computed, prompt tokens reused from the cache, tokens decoded) as an
+    OpenAI-compatible server reported them; None where it did not say.
+
+    llama.cpp's `llama-server` adds `timings` (prompt_n: prompt tokens evaluated, cache_n:
+    taken from the cache, predicted_n: decoded); OpenAI, vLLM (with prompt-token details on)
+    and newer llama-servers give `usage.prompt_tokens_details.cached_tokens`, the rest of
+    `prompt_tokens` being computed; llama-cpp-python's server gives only prompt_tokens and
+    completion_tokens, so what it reused stays unknown."""
+    usage = payload.get("usage") or {}
+    timings = payload.get("timings") or {}
+    decoded = _count(timings.get("predicted_n"))
+    if decoded is None:
+        decoded = _count(usage.get("completion_tokens"))
+    computed, reused = _count(timings.get("prompt_n")), _count(timings.get("cache_n"))
+    if computed is None and reused is None:
+        reused = _count((usage.get("prompt_tokens_details") or {}).get("cached_tokens"))
+    prompt = _count(usage.get("prompt_tokens"))
+    if prompt is not None:  # the other half of the prompt, where one half was reported
+        if computed is None and reused is not None and reused <= prompt:
+            computed = prompt - reused
+        elif reused is None and computed is not None and computed <= prompt:
+            reused = prompt - computed
+    return computed, reused, decoded
 
 
 class OpenAIHTTPBackend:
@@ -391,11 +454,13 @@ class OpenAIHTTPBackend:
             return LLMResult(key=key, error=f"{type(exc).__name__}: {exc}",
                              latency_s=time.perf_counter() - started)
         usage = payload.get("usage") or {}
+        computed, reused, decoded = reported_prefill(payload)
         return LLMResult(
             key=key, text=text,
             logprobs=openai_logprobs((choice.get("logprobs") or {}).get("content"))
             if request.top_logprobs is not None else None,
             tokens_in=usage.get("prompt_tokens") or 0, tokens_out=usage.get("completion_tokens") or 0,
+            prompt_computed=computed, prompt_reused=reused, decode_tokens=decoded,
             latency_s=time.perf_counter() - started)
 
     def _one(self, request: LLMRequest) -> LLMResult:
@@ -511,6 +576,15 @@ class VLLMBackend:
                 top={(alt.decoded_token or ""): alt.logprob for alt in alternatives.values()}))
         return tokens
 
+    @staticmethod
+    def _prefill(output) -> dict[str, int | None]:
+        """Prompt tokens computed and reused (vLLM's prefix cache), where this vLLM reports it."""
+        cached = _count(getattr(output, "num_cached_tokens", None))
+        prompt = len(output.prompt_token_ids or [])
+        if cached is None or cached > prompt:
+            return {"prompt_computed": None, "prompt_reused": None}
+        return {"prompt_computed": prompt - cached, "prompt_reused": cached}
+
     def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
         keys = [call_key(self.name, self.model_id, r) for r in requests]
         started = time.perf_counter()
@@ -529,7 +603,7 @@ class VLLMBackend:
             results.append(LLMResult(
                 key=key, text=completion.text, logprobs=self._logprobs(completion),
                 tokens_in=len(output.prompt_token_ids or []), tokens_out=len(completion.token_ids),
-                latency_s=share))
+                **self._prefill(output), decode_tokens=len(completion.token_ids), latency_s=share))
         return results
 
     def close(self) -> None:

@@ -156,6 +156,8 @@ class LLMClient:
         """Send the batch; re-send replies that fail strict parsing. Key -> (result, attempts)."""
         final: dict[str, tuple[LLMResult, int]] = {}
         spent: dict[str, tuple[int, int, float]] = {}  # key -> tokens in, tokens out, seconds so far
+        # key -> prompt tokens computed, reused, decode tokens so far (None: a backend did not say)
+        prefill: dict[str, tuple[int | None, int | None, int | None]] = {}
         todo = dict(pending)
         for attempt in range(1, self.profile.parse_retries + 2):
             replies = self.backend.generate(list(todo.values()))
@@ -169,6 +171,10 @@ class LLMClient:
                 self.stats.model_seconds += reply.latency_s
                 t_in, t_out, seconds = spent.get(key, (0, 0, 0.0))
                 spent[key] = (t_in + reply.tokens_in, t_out + reply.tokens_out, seconds + reply.latency_s)
+                now = (reply.prompt_computed, reply.prompt_reused, reply.decode_tokens)
+                before = prefill.get(key)
+                prefill[key] = now if before is None else tuple(
+                    None if a is None or b is None else a + b for a, b in zip(before, now))
                 result = reply
                 if reply.ok and request.json_schema is not None:
                     parsed, problem = parse_reply(reply.text, request.json_schema)
@@ -177,8 +183,11 @@ class LLMClient:
                         retry[key] = request
                         continue
                 t_in, t_out, seconds = spent[key]
+                computed, reused, decoded = prefill[key]
                 final[key] = (result.model_copy(update={"tokens_in": t_in, "tokens_out": t_out,
-                                                        "latency_s": seconds}), attempt)
+                                                        "prompt_computed": computed, "prompt_reused": reused,
+                                                        "decode_tokens": decoded, "latency_s": seconds}),
+                              attempt)
             if not retry:
                 break
             todo = retry

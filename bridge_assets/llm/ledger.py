@@ -45,12 +45,30 @@ create table if not exists {TABLE} (
     logprobs_json VARCHAR,         -- token log-probabilities when asked
     tokens_in INTEGER,
     tokens_out INTEGER,
+    prompt_tokens_computed INTEGER, -- prompt tokens the model evaluated (prefill); NULL: unknown
+    prompt_tokens_reused INTEGER,   -- prompt tokens taken from the KV cache; NULL: unknown
+    decode_tokens INTEGER,          -- tokens decoded (the completion); NULL: unknown
     latency_s DOUBLE,
     attempts INTEGER,              -- model calls made for this key in this batch
     error VARCHAR,                 -- NULL when the call succeeded
     created_at TIMESTAMP
 )
 """
+
+# Columns added after the table's first version: ledgers from before get them, NULL in their
+# rows (their calls' prefill was never measured), on their next append.
+ADDED_COLUMNS = {"prompt_tokens_computed": "INTEGER", "prompt_tokens_reused": "INTEGER",
+                 "decode_tokens": "INTEGER"}
+
+
+def migrate(con: duckdb.DuckDBPyConnection) -> None:
+    """Create the table, or add the columns an older ledger lacks (inside the caller's
+    transaction; a no-op, with no schema change, when it has them all)."""
+    con.execute(CREATE_TABLE)
+    known = {row[0] for row in con.execute(f"describe {TABLE}").fetchall()}
+    for name, kind in ADDED_COLUMNS.items():
+        if name not in known:
+            con.execute(f"alter table {TABLE} add column {name} {kind}")
 
 
 def call_key(backend: str, model_id: str, request: LLMRequest) -> str:
@@ -126,15 +144,19 @@ def append(records: Sequence[CallRecord], *, profile: str, backend: str, model: 
                           if r.result.logprobs is not None else None for r in records],
         "tokens_in": [r.result.tokens_in for r in records],
         "tokens_out": [r.result.tokens_out for r in records],
+        "prompt_tokens_computed": [r.result.prompt_computed for r in records],
+        "prompt_tokens_reused": [r.result.prompt_reused for r in records],
+        "decode_tokens": [r.result.decode_tokens for r in records],
         "latency_s": [r.result.latency_s for r in records],
         "attempts": [r.attempts for r in records],
         "error": [r.result.error for r in records],
         "created_at": [now] * len(records),
     }, schema_overrides={"context": pl.Utf8, "parsed_json": pl.Utf8, "logprobs_json": pl.Utf8,
                          "error": pl.Utf8, "tokens_in": pl.Int32, "tokens_out": pl.Int32,
-                         "attempts": pl.Int32})
+                         "prompt_tokens_computed": pl.Int32, "prompt_tokens_reused": pl.Int32,
+                         "decode_tokens": pl.Int32, "attempts": pl.Int32})
     def insert(con) -> None:
-        con.execute(CREATE_TABLE)
+        migrate(con)
         con.register("_incoming_calls", frame.to_arrow())
         try:
             con.execute(f"insert into {TABLE} by name select * from _incoming_calls")

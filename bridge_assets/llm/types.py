@@ -41,6 +41,12 @@ class LLMResult(BaseModel):
     logprobs: list[TokenLogprob] | None = None
     tokens_in: int = 0
     tokens_out: int = 0
+    # Where the prompt's time went, as the backend measured or reported it (None: unknown, never
+    # guessed): prompt tokens evaluated by this call (prefill), prompt tokens taken from the KV
+    # cache (a prefix shared with an earlier prompt), and tokens decoded (the completion).
+    prompt_computed: int | None = None
+    prompt_reused: int | None = None
+    decode_tokens: int | None = None
     latency_s: float = 0.0
     error: str | None = None
     cached: bool = False

@@ -1,0 +1,165 @@
+"""The model's time, measured per call: prompt tokens computed (prefill evaluated) vs reused (the
+prefix taken from the KV cache) and decode tokens, recorded in the call ledger, migrated into
+older ledgers, and summed per stage by scripts/llm_time_by_stage.py.
+
+The in-process case runs the real offline 0.5B on two short prompts that share a prefix."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bridge_assets import store
+from bridge_assets.llm import LLMClient, get_profile, weights
+from bridge_assets.llm.backends import reported_prefill
+from bridge_assets.llm.ledger import ADDED_COLUMNS, TABLE, CallRecord, append, read_calls
+from bridge_assets.llm.types import LLMRequest, LLMResult
+from fixtures.scripted_llm import ScriptedServer, completion, http_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+YES_NO = {"type": "object", "properties": {"response": {"type": "string", "enum": ["yes", "no"]}},
+          "required": ["response"], "additionalProperties": False}
+SYSTEM = ("You judge whether a short statement about geography is true. Reply in JSON: "
+          '{"response": "yes"} or {"response": "no"}.')
+PREFILL = ["prompt_tokens_computed", "prompt_tokens_reused", "decode_tokens"]
+
+
+def stage_table(lake: Path, *args: str) -> str:
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "llm_time_by_stage.py"), "--lake", str(lake), *args],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_real_in_process_calls_record_prompt_computed_reused_and_decode(data_lake):
+    pytest.importorskip("llama_cpp")
+    weights.provision(get_profile("qwen-0.5b"))
+    client = LLMClient("qwen-0.5b")
+    first, second = (client.request([("system", SYSTEM), ("user", statement)], json_schema=YES_NO,
+                                     max_tokens=12, purpose="filter")
+                     for statement in ("Paris is in France.", "Lyon is in Spain."))
+    # the greedy log-probability path (its own decoding loop) after a prompt sharing the system text
+    scored = client.request([("system", SYSTEM), ("user", "Rome is in Italy. One word: yes or no?")],
+                            max_tokens=2, top_logprobs=3, purpose="judge")
+    results = [*client.generate([first, second], context="t"), *client.generate([scored], context="t")]
+
+    for result in results:
+        assert result.ok, result.error
+        assert result.prompt_computed is not None and result.prompt_reused is not None
+        assert result.prompt_computed + result.prompt_reused == result.tokens_in
+        assert result.prompt_computed >= 1  # the last prompt token is always evaluated
+        assert result.decode_tokens == result.tokens_out > 0
+    # the system prompt (~40 tokens) is shared: the second and third calls continue from it
+    assert results[1].prompt_reused > 30 and results[1].prompt_computed < results[1].tokens_in
+    assert results[2].prompt_reused > 30
+
+    calls = read_calls()
+    assert calls.height == 3
+    rows = calls.select("tokens_in", "tokens_out", *PREFILL).rows()
+    assert rows == [(r.tokens_in, r.tokens_out, r.prompt_computed, r.prompt_reused, r.decode_tokens)
+                    for r in results]
+    # cached answers make no call: nothing new is measured or recorded
+    again = LLMClient("qwen-0.5b").generate([first, second, scored])
+    assert all(r.cached for r in again) and read_calls().height == 3
+
+    table = stage_table(data_lake)
+    filter_row = next(line for line in table.splitlines() if line.startswith("| filter |"))
+    cells = [c.strip() for c in filter_row.strip("|").split("|")]
+    computed = sum(r.prompt_computed for r in results[:2])
+    reused = sum(r.prompt_reused for r in results[:2])
+    assert cells[1:5] == ["2", "0", "2", str(results[0].tokens_in + results[1].tokens_in)]
+    assert cells[5] == f"{computed:,}" and cells[6].startswith(f"{reused:,} (")
+    assert cells[7] == str(results[0].tokens_out + results[1].tokens_out)
+    assert "| **total** | 3 |" in table and "no prefill measurement" not in table
+
+
+OLD_TABLE = f"""create table {TABLE} (
+    key VARCHAR not null, profile VARCHAR, backend VARCHAR, model VARCHAR, purpose VARCHAR,
+    context VARCHAR, request_json VARCHAR, raw_reply VARCHAR, parsed_json VARCHAR,
+    logprobs_json VARCHAR, tokens_in INTEGER, tokens_out INTEGER, latency_s DOUBLE,
+    attempts INTEGER, error VARCHAR, created_at TIMESTAMP)"""
+
+
+@pytest.mark.parametrize("storage", ["ducklake", "duckdb"])
+def test_an_old_ledger_gets_the_columns_null_in_its_rows(data_lake, monkeypatch, storage):
+    monkeypatch.setenv("BRIDGE_STORAGE", storage)
+    with store.connect() as con:  # a ledger written before the columns existed
+        con.execute(OLD_TABLE)
+        con.execute(f"insert into {TABLE} values ('old', 'p', 'llama_cpp', 'm', 'debate', 'run-0', '{{}}', "
+                    "'yes', null, null, 40, 5, 2.5, 1, null, now()::timestamp)")
+
+    table = stage_table(data_lake)  # read-only: the script never migrates
+    assert "| debate | 1 | 0 | 0 | 40 | - | - | - | 2.5 (100%) |" in table
+    assert "predates the prefill columns" in table and "unknown (NULL)" in table
+
+    request = LLMRequest(messages=(("user", "q"),), purpose="filter")
+    append([CallRecord(request, LLMResult(key="new", text="x", tokens_in=30, tokens_out=4, prompt_computed=12,
+                                          prompt_reused=18, decode_tokens=4, latency_s=1.0), 1),
+            CallRecord(request, LLMResult(key="unknown", text="y", tokens_in=9, tokens_out=2, latency_s=0.5), 1)],
+           profile="p", backend="llama_cpp", model="m", context="run-1")
+    calls = read_calls()
+    assert set(ADDED_COLUMNS) <= set(calls.columns)
+    by_key = {row["key"]: row for row in calls.iter_rows(named=True)}
+    assert [by_key["old"][c] for c in PREFILL] == [None, None, None]  # never guessed
+    assert [by_key["new"][c] for c in PREFILL] == [12, 18, 4]
+    assert [by_key["unknown"][c] for c in PREFILL] == [None, None, None]
+    # a second append finds the columns there: no schema change, rows keep coming
+    append([CallRecord(request, LLMResult(key="later", text="z", prompt_computed=1, prompt_reused=0,
+                                          decode_tokens=1), 1)], profile="p", backend="llama_cpp", model="m",
+           context="run-1")
+    assert read_calls().height == 4
+
+    table = stage_table(data_lake)
+    assert "| filter | 3 | 0 | 2 | 39 | 13 | 18 (58%) | 5 |" in table
+    assert "| **total** | 4 | 0 | 2 |" in table
+    assert "2 of 4 calls have no prefill measurement" in table
+    assert "| filter | 3 |" in stage_table(data_lake, "--context", "run-1")
+    assert "| debate |" not in stage_table(data_lake, "--context", "run-1")
+
+
+def test_what_an_openai_compatible_server_reports_and_nothing_more():
+    # llama.cpp's llama-server: timings
+    assert reported_prefill({"usage": {"prompt_tokens": 50, "completion_tokens": 7},
+                             "timings": {"prompt_n": 8, "cache_n": 42, "predicted_n": 7}}) == (8, 42, 7)
+    # an older llama-server: prompt_n alone, the rest of the prompt was cached
+    assert reported_prefill({"usage": {"prompt_tokens": 50, "completion_tokens": 7},
+                             "timings": {"prompt_n": 8}}) == (8, 42, 7)
+    # OpenAI, vLLM with prompt-token details: cached_tokens
+    assert reported_prefill({"usage": {"prompt_tokens": 2000, "completion_tokens": 9,
+                                       "prompt_tokens_details": {"cached_tokens": 1024}}}) == (976, 1024, 9)
+    # llama-cpp-python's server, vLLM without details: what was reused is unknown
+    assert reported_prefill({"usage": {"prompt_tokens": 50, "completion_tokens": 7}}) == (None, None, 7)
+    assert reported_prefill({"usage": {"prompt_tokens": 50, "completion_tokens": 7,
+                                       "prompt_tokens_details": None}}) == (None, None, 7)
+    assert reported_prefill({}) == (None, None, None)
+
+
+def test_http_calls_record_what_the_server_reported_summed_over_parse_retries(data_lake):
+    """A first reply off the schema is asked again: the call's prefill is the sum of both
+    attempts; a server that says nothing of its cache leaves it NULL."""
+    def llama_server(index: int, body: dict):
+        reply = completion("I think yes" if index == 0 else '{"response": "yes"}')
+        reply["timings"] = {"prompt_n": 20 if index == 0 else 1, "cache_n": 0 if index == 0 else 19,
+                            "predicted_n": 3}
+        reply["usage"]["prompt_tokens"] = 20
+        return 200, reply, 0
+
+    with ScriptedServer(llama_server) as server:
+        client = LLMClient(http_profile(server.url, concurrency=1))
+        [result] = client.generate([client.request([("user", "is it?")], json_schema=YES_NO, purpose="judge")])
+    assert result.ok and (result.prompt_computed, result.prompt_reused, result.decode_tokens) == (21, 19, 6)
+    assert result.tokens_in == 40
+
+    with ScriptedServer(lambda index, body: (200, completion('{"response": "no"}'), 0)) as server:
+        client = LLMClient(http_profile(server.url, concurrency=1))
+        [plain] = client.generate([client.request([("user", "is it not?")], json_schema=YES_NO, purpose="judge")])
+    assert (plain.prompt_computed, plain.prompt_reused, plain.decode_tokens) == (None, None, 3)
+
+    rows = {row["raw_reply"]: row for row in read_calls().iter_rows(named=True)}
+    assert [rows['{"response": "yes"}'][c] for c in PREFILL] == [21, 19, 6]
+    assert [rows['{"response": "no"}'][c] for c in PREFILL] == [None, None, 3]
+    assert json.loads(rows['{"response": "no"}']["request_json"])["purpose"] == "judge"
