@@ -32,6 +32,7 @@ from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.reports import assets as report_assets
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.retrieval import assets as retrieval_assets
+from bridge_assets.student import assets as student_assets
 from fixtures.labeled_lake import DATASET
 from fixtures.scripted_llm import ScriptedLLM, ScriptedServer, scripted_reply, scripted_server_reply
 
@@ -112,6 +113,9 @@ RUNS: dict[str, tuple[dg.AssetsDefinition, list[dict]]] = {
                      for scope in ("pooled", "all")]),
     "rag_judgments": (analysis_assets.rag_judgments, [{"model": "m"}]),
     "rag_alignment": (analysis_assets.rag_alignment, [{}]),
+    "student_annotator": (student_assets.student_annotator,
+                          [{"epochs": 1, "max_length": 32, "batch_size": 8, "calibration_share": 0.34}]),
+    "student_scores": (student_assets.student_scores, [{}]),
     "report": (report_assets.report, [{}, KNOWN_HOLES]),
 }
 
@@ -148,7 +152,7 @@ def deps_of(asset: str) -> set[str]:
 
 def test_every_asset_is_covered():
     """Every asset of the pipeline's stages (all but the labeler evaluation) is checked below."""
-    stages = {"ingest", "retrieval", "labeling", "human", "qrels", "analysis", "reports"}
+    stages = {"ingest", "retrieval", "labeling", "human", "qrels", "analysis", "student", "reports"}
     runs = {**UPSTREAM, **labeling_runs(), **RUNS}
     assert {key.to_user_string() for key in GRAPH.get_all_asset_keys()
             if GRAPH.get(key).group_name in stages} == {table for name in runs for table in own_tables(name)}

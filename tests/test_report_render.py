@@ -30,7 +30,7 @@ ANALYSES = [qrels_assets.bridge_qrels, analysis_assets.retrieval_metrics, analys
 CONFIG = {"ops": {"partial_annotation_study": {"config": {"samples": 100, "fractions": [0.5, 1.0],
                                                           "sweep_samples": 3}}}}
 FIGURES = {"holes.png", "before_after.png", "saturation.png", "contribution.png", "coverage.png", "partial.png",
-           "rag_alignment.png"}
+           "rag_alignment.png", "student_reliability.png"}
 
 
 def write_judgments(lake) -> None:
@@ -41,9 +41,25 @@ def write_judgments(lake) -> None:
         {"dataset": DATASET}, lake / "bridge.duckdb")
 
 
+def write_student(lake) -> None:
+    """A student's rows as student_annotator and student_scores write them (tests/test_student.py
+    trains a real one): q1 and q3 held out, every pool pair scored."""
+    with store.connect(lake / "bridge.duckdb") as con:
+        pool = con.execute("select distinct query_id, doc_id from candidate_pool order by all").pl()
+    store.write_partitions({
+        "student_annotator": pl.DataFrame([{
+            "dataset": DATASET, "student_key": "k1", "weights_hash": "w1", "labels": 8, "relevant": 4,
+            "trained_on": 5, "calibrated_on": 3, "calibration": "platt", "held_out_ece": 0.1,
+            "held_out_auroc": 0.8, "calibration_queries": ["q1", "q3"]}]),
+        "student_scores": pool.with_columns(pl.lit(DATASET).alias("dataset"), pl.lit("k1").alias("student_key"),
+                                            ((pl.int_range(pl.len()) % 10) / 10 + 0.05).alias("p_relevant"))},
+        {"dataset": DATASET}, lake / "bridge.duckdb")
+
+
 @pytest.fixture
 def report_lake(labeled_lake):
     write_judgments(labeled_lake)
+    write_student(labeled_lake)
     result = dg.materialize(ANALYSES, partition_key=DATASET, run_config=CONFIG,
                             resources={"store": DuckDBStore(data_lake=str(labeled_lake))})
     assert result.success
@@ -99,9 +115,9 @@ def test_report_says_which_sections_wait_for_their_tables(labeled_lake):
     metadata = result.asset_materializations_for_node("report")[0].metadata
     assert metadata["not_materialized"].value == ("partial_annotation_study, pending_impact, pool_coverage, "
                                                   "pool_saturation, rag_alignment, ranking_shift, retrieval_metrics, "
-                                                  "significance")
+                                                  "significance, student_annotator")
     page = (labeled_lake / "reports" / DATASET / "report.html").read_text()
-    assert page.count('class="missing"') == 8 and "<caption>Judgments by source</caption>" in page
+    assert page.count('class="missing"') == 9 and "<caption>Judgments by source</caption>" in page
     assert not list((labeled_lake / "reports" / DATASET).glob("*.png"))
 
 

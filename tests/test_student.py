@@ -9,6 +9,7 @@ import random
 import time
 
 import dagster as dg
+import polars as pl
 import pytest
 
 from bridge_assets import store
@@ -16,15 +17,17 @@ from bridge_assets.audit import audit_pair, format_story
 from bridge_assets.evaluation.metrics import expected_calibration_error
 from bridge_assets.labeling.labeler import LabelerError, LabelItem, build_labeler, pipeline_labeler
 from bridge_assets.labeling.pairs import Pair
+from bridge_assets.qrels.known_holes import KnownHoles
+from bridge_assets.reports.build import student_section
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.student import assets as student_assets
 from bridge_assets.student.annotator import ensure_student, training_set
-from bridge_assets.qrels.known_holes import KnownHoles
 from bridge_assets.student.labeler import StudentLabelerSettings, query_folds
-from bridge_assets.student.prefilter import lake_study, threshold_table
-from bridge_assets.summary import run_summary
 from bridge_assets.student.model import (Example, Student, StudentError, StudentSettings, calibrate,
                                          split_by_query, train_student, weights_hash)
+from bridge_assets.student.prefilter import lake_study, threshold_table
+from bridge_assets.student.threshold import held_out_pairs, reliability, threshold_retrieval
+from bridge_assets.summary import run_summary
 from fixtures.labeled_lake import DATASET, EXPECTED_LABELS, materialize_qrels, read
 
 TINY = StudentSettings(epochs=1, max_length=48, batch_size=8, calibration_share=0.34)
@@ -123,7 +126,7 @@ def test_student_is_stored_once_per_training_set(tmp_path):
     assert changed.trained_now and changed.key != first.key
 
 
-def test_student_assets_train_once_and_score_the_whole_pool(labeled_lake):
+def test_student_assets_train_once_and_score_the_whole_pool(labeled_lake, tmp_path):
     _plant_pending_yes(labeled_lake)
     materialize_qrels(labeled_lake)
     resources = {"store": DuckDBStore(data_lake=str(labeled_lake))}
@@ -148,6 +151,17 @@ def test_student_assets_train_once_and_score_the_whole_pool(labeled_lake):
     scores = read(labeled_lake, "select s.query_id, s.doc_id, s.p_relevant from student_scores s")
     pool = read(labeled_lake, "select distinct query_id, doc_id from candidate_pool")
     assert scores.height == pool.height
+    held = set(audit.filter(pl.col("split") == "calibration")["query_id"])
+    assert held and sorted(held) == row[0]["calibration_queries"]
+
+    with store.connect(labeled_lake / "bridge.duckdb") as con:  # the report's section, on the held-out queries
+        tables = {name: con.execute(f"select * from {name}").pl()
+                  for name in ("student_annotator", "student_scores", "bridge_qrels")}
+    section = student_section(tables["student_annotator"], tables["student_scores"], tables["bridge_qrels"],
+                              tmp_path)
+    assert [t.title for t in section.tables] == ["The student", "Threshold retrieval against top-k (held-out queries)"]
+    assert section.tables[1].rows[0][0] == "P >= 0.1" and f"the {len(held)} queries it held out" in section.intro
+    assert (tmp_path / "student_reliability.png").exists()
     assert scores["p_relevant"].is_between(0, 1).all()
     with store.connect(labeled_lake / "bridge.duckdb") as con:
         summary = run_summary(con, DATASET, time.time())
@@ -183,6 +197,26 @@ def test_student_labeler_scores_every_pair_out_of_fold():
         pipeline_labeler(labeler.settings, lambda role: [], "binary")
     with pytest.raises(LabelerError, match="no LLM"):
         build_labeler({"labeler": "student", "models": ["qwen-0.5b"]}, profiles_for=lambda role: [])
+
+
+def test_threshold_retrieval_by_hand():
+    """q1: d1 .9 relevant, d2 .6 not, d3 .2 relevant; q2: d4 .8 pending (no verified label),
+    d5 .1 not. A pending pair counts as not relevant; recall is over queries with a relevant
+    pair, precision over queries that retrieve something."""
+    scores = pl.DataFrame({"query_id": ["q1", "q1", "q1", "q2", "q2", "q3"],
+                           "doc_id": ["d1", "d2", "d3", "d4", "d5", "d6"],
+                           "p_relevant": [0.9, 0.6, 0.2, 0.8, 0.1, 0.99]})
+    qrels = pl.DataFrame({"query_id": ["q1", "q1", "q1", "q2", "q2", "q3"],
+                          "doc_id": ["d1", "d2", "d3", "d4", "d5", "d6"],
+                          "relevance": [1, 0, 2, None, 0, 1], "verified": [True, True, True, False, True, True]})
+    pairs = held_out_pairs(scores, qrels, ["q1", "q2"])  # q3 was trained on: left out
+    assert pairs.height == 5 and pairs.filter(pl.col("judged"))["doc_id"].sort().to_list() == ["d1", "d2", "d3", "d5"]
+    rows = {r["rule"]: r for r in threshold_retrieval(pairs, thresholds=(0.5,), top_k=(1,)).iter_rows(named=True)}
+    assert rows["P >= 0.5"] == {"rule": "P >= 0.5", "queries": 2, "retrieved_per_query": 1.5, "recall": 0.5,
+                                "recall_queries": 1, "precision": 0.25, "precision_queries": 2}
+    assert rows["top-1"] == {"rule": "top-1", "queries": 2, "retrieved_per_query": 1.0, "recall": 0.5,
+                             "recall_queries": 1, "precision": 0.5, "precision_queries": 2}
+    assert [b["cases"] for b in reliability(pairs)] == [1, 1, 1, 1]  # the judged ones only
 
 
 def test_prefilter_threshold_table_by_hand():

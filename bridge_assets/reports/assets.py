@@ -32,6 +32,7 @@ class ReportConfig(dg.Config):
                       "score against known holes), holes per system, metrics before/after as "
                       "bounds over pending pairs with robust rank changes, significance of the "
                       "differences between systems before and after, pool saturation, "
+                      "pool coverage, the student annotator (reliability, threshold retrieval), "
                       "partial annotation, RAG alignment. Sections whose tables are not "
                       "materialized say so.")
 def report(context: dg.AssetExecutionContext, config: ReportConfig, store: DuckDBStore) -> dg.MaterializeResult:

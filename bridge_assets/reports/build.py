@@ -32,7 +32,7 @@ from bridge_assets.store import table_exists
 TEMPLATES = Path(__file__).parent / "templates"
 REPORT_TABLES = ("bridge_qrels", "candidate_pool", "retrieval_metrics", "ranking_shift", "significance",
                  "pool_saturation", "partial_annotation_study", "rag_alignment", "pending_impact",
-                 "pool_coverage")
+                 "pool_coverage", "student_annotator", "student_scores")
 
 
 @dataclass
@@ -474,6 +474,55 @@ def coverage_section(coverage: pl.DataFrame | None, out: Path) -> Section:
     return section
 
 
+def student_section(annotator: pl.DataFrame | None, scores: pl.DataFrame | None, qrels: pl.DataFrame | None,
+                    out: Path) -> Section:
+    """The student annotator: what it learned from, its reliability diagram and DIRAS's
+    threshold retrieval on its held-out queries (student/threshold.py)."""
+    from bridge_assets.student.threshold import held_out_pairs, reliability, threshold_retrieval
+
+    section = Section("student", "Student annotator",
+                      "A cross-encoder trained on the verified labels only, calibrated on queries it "
+                      "held out. Its scores are not labels: they never enter the qrels.")
+    if annotator is None:
+        section.missing.append("student_annotator")
+        return section
+    row = annotator.row(0, named=True)
+    if row["student_key"] is None:
+        section.notes.append(f"No student was trained: {row['not_trained']}.")
+        return section
+    section.tables.append(table("The student", pl.DataFrame([row]), {
+        "student_key": "key", "weights_hash": "weights", "labels": "verified labels",
+        "relevant": "relevant", "trained_on": "trained on", "calibrated_on": "calibrated on",
+        "calibration": "calibration", "held_out_ece": "held-out ECE", "held_out_auroc": "held-out AUROC"}))
+    if scores is None or qrels is None:
+        section.missing.extend(name for name, frame in (("student_scores", scores), ("bridge_qrels", qrels))
+                               if frame is None)
+        return section
+    queries = row.get("calibration_queries") or []
+    pairs = held_out_pairs(scores, qrels, queries)
+    if not pairs.height:
+        section.notes.append("No held-out query to measure the student on (calibration_share 0, or "
+                             "a student trained before its calibration queries were recorded).")
+        return section
+    section.intro += (f" Measured on the {len(queries)} queries it held out ({pairs.height} pool pairs, "
+                      f"{int(pairs['judged'].sum())} with a verified label): the order within a query is "
+                      "out of sample, the calibration map was fitted on these labels. Threshold "
+                      "retrieval (DIRAS) keeps every pair scored at least P instead of a fixed top-k; "
+                      "a pending pair counts as not relevant.")
+    section.tables.append(table("Threshold retrieval against top-k (held-out queries)",
+                                threshold_retrieval(pairs), {
+                                    "rule": "rule", "retrieved_per_query": "retrieved per query",
+                                    "recall": "recall", "recall_queries": "queries (recall)",
+                                    "precision": "precision", "precision_queries": "queries (precision)"}))
+    bins = reliability(pairs)
+    if bins:
+        plots.reliability({"student (held-out queries)": bins}, out / "student_reliability.png",
+                          title="Student: reliability on held-out queries")
+        section.figures.append(("Reliability diagram of the student's P(relevant) on its held-out "
+                                "queries (marker area: pairs in the bin)", "student_reliability.png"))
+    return section
+
+
 def partial_section(study: pl.DataFrame | None, out: Path) -> Section:
     section = Section("partial", "Partial annotation (D-MERIT)",
                       "How much the system ranking under partial qrels agrees with the ranking "
@@ -563,6 +612,7 @@ def build_report(con: duckdb.DuckDBPyConnection, dataset: str, out: Path, *, k: 
         significance_section(tables["significance"], k),
         saturation_section(tables["pool_saturation"], out),
         coverage_section(tables["pool_coverage"], out),
+        student_section(tables["student_annotator"], tables["student_scores"], tables["bridge_qrels"], out),
         partial_section(tables["partial_annotation_study"], out),
         rag_section(tables["rag_alignment"], k, out),
     ) if section is not None)

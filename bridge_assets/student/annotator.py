@@ -95,12 +95,16 @@ def ensure_student(lake_folder: Path, dataset: str, data: TrainingSet,
     return StoredStudent(key, folder, read_meta(folder), built_now)
 
 
+def calibration_queries(data: TrainingSet, settings: StudentSettings) -> list[str]:
+    """The queries the training held out whole to calibrate on (sorted)."""
+    _, held = split_by_query(data.examples(), settings.calibration_share, settings.seed)
+    return sorted({e.query_id for e in held})
+
+
 def splits(data: TrainingSet, settings: StudentSettings) -> list[str]:
     """'train' or 'calibration' per label, as the training split them (for the audit table)."""
-    examples = data.examples()
-    _, held = split_by_query(examples, settings.calibration_share, settings.seed)
-    held_queries = {e.query_id for e in held}
-    return ["calibration" if e.query_id in held_queries else "train" for e in examples]
+    held_queries = set(calibration_queries(data, settings))
+    return ["calibration" if e.query_id in held_queries else "train" for e in data.examples()]
 
 
 def score_pairs(student: Student, pairs: Sequence[Pair]) -> list[float]:

@@ -20,7 +20,8 @@ from bridge_assets import ducklake, run_settings, snapshots
 from bridge_assets.labeling.pairs import load_pairs
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.resources import DuckDBStore
-from bridge_assets.student.annotator import ensure_student, score_pairs, splits, student_folder, training_set
+from bridge_assets.student.annotator import (calibration_queries, ensure_student, score_pairs, splits,
+                                             student_folder, training_set)
 from bridge_assets.student.model import StudentSettings, untrainable
 
 GROUP = "student"
@@ -61,7 +62,7 @@ ANNOTATOR_SCHEMA = {
     "folder": pl.Utf8, "base_model": pl.Utf8, "settings": pl.Utf8, "training_set_version": pl.Utf8,
     "labels": pl.Int64, "relevant": pl.Int64, "trained_on": pl.Int64, "calibrated_on": pl.Int64,
     "calibration": pl.Utf8, "held_out_ece": pl.Float64, "held_out_auroc": pl.Float64,
-    "learned_from_snapshot": pl.Utf8, "train_seconds": pl.Float64}
+    "calibration_queries": pl.List(pl.Utf8), "learned_from_snapshot": pl.Utf8, "train_seconds": pl.Float64}
 
 
 def annotator_frame(row: dict) -> pl.DataFrame:
@@ -114,7 +115,7 @@ def student_annotator(context: dg.AssetExecutionContext, config: StudentConfig,
             "folder": str(stored.folder), "trained_on": report["trained_on"],
             "calibrated_on": report["calibrated_on"], "calibration": report["calibration"],
             "held_out_ece": held_out.get("ece"), "held_out_auroc": held_out.get("auroc"),
-            "train_seconds": report["seconds"]}
+            "calibration_queries": calibration_queries(data, settings), "train_seconds": report["seconds"]}
     store.write_partitions({"student_annotator": annotator_frame(row),
                             "student_training_set": training_frame(data, dataset, stored.key,
                                                                    splits(data, settings))},
