@@ -22,14 +22,14 @@ def _votes(lake: bool = False) -> Iterator:
     """A connection to the votes store (an old lake's votes moved in first), with the
     pipeline's tables readable when `lake`."""
     from bridge_assets.human import votes_store
-    from bridge_assets.resources import DuckDBStore
+    from bridge_assets.settings import lake_location
 
-    where = DuckDBStore()
-    moved = votes_store.prepare(where.path, where.votes_path)
+    where = lake_location()  # as the store resource's (no dagster imported for one command)
+    moved = votes_store.prepare(where.duckdb, where.votes_db)
     if moved:
-        typer.secho(f"moved {moved} votes from {where.path} to the votes store {where.votes_path}",
+        typer.secho(f"moved {moved} votes from {where.duckdb} to the votes store {where.votes_db}",
                     err=True)
-    with votes_store.connect(where.votes_path, lake_db=where.path if lake else None) as con:
+    with votes_store.connect(where.votes_db, lake_db=where.duckdb if lake else None) as con:
         yield con
 
 
@@ -51,6 +51,9 @@ def serve(
                                       help="Show the debate history (recorded with every vote)."),
     attention_rate: float = typer.Option(0.1, min=0.0, max=1.0,
                                          help="Share of items that are attention checks."),
+    known_rate: float = typer.Option(0.1, min=0.0, max=1.0,
+                                     help="Share of items that are known-answer items, while any are "
+                                          "loaded (bridge annotate load-known); they measure accuracy."),
     dataset: list[str] = typer.Option(None, "--dataset", "-d", help="Only these datasets' pairs."),
     secure_cookies: bool = typer.Option(False, help="Mark cookies Secure (serving over HTTPS)."),
     insecure_http_ok: bool = typer.Option(
@@ -69,11 +72,11 @@ def serve(
     from bridge_assets.human.app import AppSettings, annotation_app
     from bridge_assets.human.security import load_secret
     from bridge_assets.ingest.registry import graded_datasets
-    from bridge_assets.resources import DuckDBStore
+    from bridge_assets.settings import lake_location
 
-    lake = DuckDBStore().lake
+    lake = lake_location()
     settings = AppSettings(db_path=lake.duckdb, votes_path=lake.votes_db, secret=load_secret(lake.folder),
-                           with_history=with_history, attention_rate=attention_rate,
+                           with_history=with_history, attention_rate=attention_rate, known_rate=known_rate,
                            datasets=tuple(dataset) if dataset else None, graded=graded_datasets(),
                            secure_cookies=secure_cookies, session_hours=session_hours)
     typer.secho(f"annotation app on http://{host}:{port}/ ({'with' if with_history else 'without'} "
@@ -104,12 +107,12 @@ def migrate() -> None:
     bridge.duckdb into the votes store (every other command does it on first use; `make clean`
     runs this first). Prints where the votes are."""
     from bridge_assets.human import votes_store
-    from bridge_assets.resources import DuckDBStore
+    from bridge_assets.settings import lake_location
 
-    where = DuckDBStore()
-    moved = votes_store.prepare(where.path, where.votes_path)
-    typer.echo(f"moved {moved} votes from {where.path} to {where.votes_path}" if moved
-               else f"votes store: {where.votes_path} (nothing to move)")
+    where = lake_location()
+    moved = votes_store.prepare(where.duckdb, where.votes_db)
+    typer.echo(f"moved {moved} votes from {where.duckdb} to {where.votes_db}" if moved
+               else f"votes store: {where.votes_db} (nothing to move)")
 
 
 class ImportKind(str, Enum):
@@ -176,11 +179,11 @@ def plan(
 ) -> None:
     """The pending pairs in the order the queue serves them (by impact: pending_impact), how
     many labels decide every rank change (the stopping point), and why each pair matters."""
-    from bridge_assets.human.plan import annotation_plan, describe
+    from bridge_assets.human.plan import plan_text
 
     with _votes(lake=True) as con:
-        result = annotation_plan(con, dataset)
-    typer.echo(describe(result, systems=systems or None, limit=limit))
+        text = plan_text(con, dataset, systems=systems or None, limit=limit)
+    typer.echo(text)
 
 
 @app.command("export-gold")
@@ -202,3 +205,58 @@ def export_gold(
         typer.secho(f"wrote {body.count(chr(10))} triplet(s) to {output}", err=True)
     else:
         typer.echo(body, nl=False)
+
+
+@app.command("load-known")
+def load_known(
+    dataset: str = typer.Option(None, "--dataset", "-d",
+                                help="Load this dataset's known holes (its known_holes: key) and as many "
+                                     "of its pool's pairs the key says are no hole."),
+    goldset: str = typer.Option(None, "--goldset", help="Load this gold set of goldsets.yaml."),
+    gold: Path = typer.Option(None, "--gold", exists=True, dir_okay=False,
+                              help="Load this gold-set file (label-eval's format); named by its stem."),
+    limit: int = typer.Option(None, min=1, help="At most this many (a gold set: both classes in turn; "
+                                                "known holes: the pairs that are no hole)."),
+) -> None:
+    """Load pairs whose answer is known as annotation items: served like attention checks
+    (serve --known-rate) and scored per arm (bridge annotate accuracy, the admin page)."""
+    from bridge_assets.human import known
+
+    if sum(x is not None for x in (dataset, goldset, gold)) != 1:
+        _fail("give one of --dataset, --goldset or --gold")
+    if dataset is not None:
+        from bridge_assets.ingest.registry import get_dataset
+        from bridge_assets.qrels.known_holes import read_known_holes
+
+        spec = get_dataset(dataset)
+        if not spec.known_holes:
+            _fail(f"dataset '{dataset}' has no known_holes key")
+        key = read_known_holes(spec.resolve(spec.known_holes, "known_holes"))
+        with _votes(lake=True) as con:
+            relevant, irrelevant = known.load_holes(con, dataset, key, limit)
+        typer.echo(f"loaded holes:{dataset}: {relevant} known hole(s) (relevant) and {irrelevant} "
+                   "pool pair(s) the key says are no hole (irrelevant)")
+        return
+    from bridge_assets.evaluation.goldsets import load_registry, read_goldset, stratified_head
+
+    name, path = (goldset, load_registry().goldset(goldset).file) if goldset else (gold.stem, gold)
+    triplets = stratified_head(read_goldset(path), limit)
+    with _votes() as con:
+        count = known.load_goldset(con, name, triplets)
+    relevant = sum(t.label for t in triplets)
+    typer.echo(f"loaded {known.goldset_source(name)}: {count} triplet(s), {relevant} relevant and "
+               f"{count - relevant} irrelevant")
+
+
+@app.command()
+def accuracy(
+    dataset: str = typer.Option(None, "--dataset", "-d",
+                                help="Only this dataset's votes (or a gold set's: goldset:NAME)."),
+) -> None:
+    """People's accuracy against known answers (attention checks, known holes, gold sets), per
+    source and arm (debate history shown or not)."""
+    from bridge_assets.human.known import describe_accuracy, known_accuracy
+
+    with _votes() as con:
+        frame = known_accuracy(con, dataset)
+    typer.echo(describe_accuracy(frame))

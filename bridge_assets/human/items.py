@@ -27,6 +27,15 @@ from bridge_assets.labeling.pairs import topic_columns
 from bridge_assets.store import table_exists
 
 
+def _known_texts(con: duckdb.DuckDBPyConnection, assignment: Assignment) -> tuple | None:
+    """A gold set's item: its query, answers and chunk as loaded (None: the lake's texts)."""
+    if not table_exists(con, "known_answers"):
+        return None
+    return con.execute("""select query, answers, '', chunk, null, null from known_answers
+                          where dataset = ? and query_id = ? and doc_id = ? and query is not null""",
+                       [assignment.dataset, assignment.query_id, assignment.doc_id]).fetchone()
+
+
 @dataclass(frozen=True)
 class Segment:
     """A run of chunk text quoted by the same set of agents (empty: not quoted)."""
@@ -177,18 +186,23 @@ def _own_debate(rows: list[_Row], chunk: str, seed: str) -> list[_Row]:
 def _rounds(con: duckdb.DuckDBPyConnection, assignment: Assignment, chunk: str) -> tuple[Round, ...]:
     if not table_exists(con, "debate_turns"):
         return ()
-    if assignment.is_attention_check:
+    dressed = assignment.is_attention_check and (assignment.known_source is None
+                                                 or assignment.dressing_pair_key is not None)
+    if dressed:
         if assignment.dressing_pair_key is None:
             return ()
-        where, params = "dataset = ? and pair_key = ?", [assignment.dataset, assignment.dressing_pair_key]
-    else:
+        # a gold set's item borrows the shape of any dataset's debate (the first holding the key)
+        where, params = ("dataset = (select min(dataset) from debate_turns where pair_key = ?) and pair_key = ?",
+                         [assignment.dressing_pair_key] * 2) if assignment.dataset.startswith("goldset:") \
+            else ("dataset = ? and pair_key = ?", [assignment.dataset, assignment.dressing_pair_key])
+    else:  # a real pair, or a known-answer item that was debated: its own debate
         where, params = "dataset = ? and query_id = ? and doc_id = ?", \
             [assignment.dataset, assignment.query_id, assignment.doc_id]
     rows = con.execute(f"""
         select round, agent, stance, response, coalesce(reason, ''), coalesce(reference, []),
                error is not null
         from debate_turns where {where} order by round, agent""", params).fetchall()
-    if assignment.is_attention_check:
+    if dressed:
         rows = _own_debate(rows, chunk, assignment.assignment_id)
     rounds: dict[int, list[Turn]] = {}
     for number, agent, stance, response, reason, reference, failed in rows:
@@ -199,7 +213,8 @@ def _rounds(con: duckdb.DuckDBPyConnection, assignment: Assignment, chunk: str) 
 
 def load_item(con: duckdb.DuckDBPyConnection, assignment: Assignment,
               scale: LabelScale = "binary") -> ItemView:
-    row = con.execute(f"""
+    row = _known_texts(con, assignment) if assignment.known_source is not None else None
+    row = row or con.execute(f"""
         select q.text, q.answers, coalesce(c.title, ''), c.text, {topic_columns(con)}
         from queries q, corpus c
         where q.dataset = ? and q.query_id = ? and c.dataset = q.dataset and c.doc_id = ?""",

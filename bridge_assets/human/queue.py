@@ -6,7 +6,11 @@ answered reserves its slot for a while (the lease), so three people do not vote 
 needs one more vote. About `attention_rate` of the items are attention checks: a pair whose
 answer is known (an original-qrels chunk with its query, or a chunk gold for another query that
 contains none of this query's answers) dressed in the shape of an unrelated pair's debate (the
-item view fills it with quotes from the check's own chunk).
+item view fills it with quotes from the check's own chunk). About `known_rate` of them are
+known-answer items, while any are loaded (bridge_assets.human.known: a dataset's known holes, a
+gold set): served and recorded as attention checks are, but a wrong answer pauses nobody; they
+measure people's accuracy. A known pair the debate escalated is never served this way (its own
+votes are scored against the key instead); one it debated shows its own debate.
 
 Order: pairs that already have votes first (finish what was started), then by impact (the
 pipeline's pending_impact table: pairs whose label can decide a rank change first, largest
@@ -34,6 +38,7 @@ from bridge_assets.store import table_exists
 class QueueSettings:
     with_history: bool = True          # serve this batch with the debate history (recorded per vote)
     attention_rate: float = 0.1        # share of items that are attention checks
+    known_rate: float = 0.1            # share of items that are known-answer items (when loaded)
     datasets: tuple[str, ...] | None = None   # None: every dataset with escalated pairs
     lease: timedelta = timedelta(minutes=30)
 
@@ -51,10 +56,11 @@ class Assignment:
     with_history: bool
     state: str
     assigned_at: datetime
+    known_source: str | None = None  # a known-answer item's source (known_answers); None otherwise
 
 
 _ASSIGNMENT_COLUMNS = ("assignment_id, annotator_id, dataset, query_id, doc_id, is_attention_check, "
-                       "expected_label, dressing_pair_key, with_history, state, assigned_at")
+                       "expected_label, dressing_pair_key, with_history, state, assigned_at, known_source")
 
 
 def get_assignment(con: duckdb.DuckDBPyConnection, assignment_id: str) -> Assignment | None:
@@ -138,12 +144,12 @@ def close_assignment(con: duckdb.DuckDBPyConnection, assignment_id: str, state: 
 
 def _insert(con: duckdb.DuckDBPyConnection, annotator_id: str, dataset: str, query_id: str,
             doc_id: str, *, with_history: bool, now: datetime, expected_label: int | None = None,
-            dressing_pair_key: str | None = None) -> Assignment:
+            dressing_pair_key: str | None = None, known_source: str | None = None) -> Assignment:
     assignment = Assignment(uuid.uuid4().hex, annotator_id, dataset, query_id, doc_id,
                             expected_label is not None, expected_label, dressing_pair_key,
-                            with_history, "open", now)
+                            with_history, "open", now, known_source)
     con.execute(f"insert into annotation_assignments ({_ASSIGNMENT_COLUMNS}) "
-                "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", list(astuple(assignment)))
+                "values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)", list(astuple(assignment)))
     return assignment
 
 
@@ -189,14 +195,53 @@ def _known_irrelevant(con, dataset: str, annotator_id: str, rng: random.Random) 
     return (query_id, rng.choice(docs)) if docs else None
 
 
-def _dressing(con, dataset: str, query_id: str, rng: random.Random) -> str | None:
-    """An unrelated pair (another query) whose debate lends its shape to an attention check's."""
+def _dressing(con, dataset: str | None, query_id: str, rng: random.Random) -> str | None:
+    """An unrelated pair (another query) whose debate lends its shape to an attention check's;
+    `dataset` None: of any dataset (a gold set's item)."""
     if not table_exists(con, "debate_turns"):
         return None
     keys = [r[0] for r in con.execute(
-        "select distinct pair_key from debate_turns where dataset = ? and query_id <> ? "
-        "order by pair_key", [dataset, query_id]).fetchall()]
+        "select distinct pair_key from debate_turns where ($dataset is null or dataset = $dataset) "
+        "and query_id <> $query order by pair_key", {"dataset": dataset, "query": query_id}).fetchall()]
     return rng.choice(keys) if keys else None
+
+
+def _known_item(con, annotator_id: str, settings: QueueSettings, rng: random.Random,
+                now: datetime) -> Assignment | None:
+    """A known-answer item this annotator has not been served (in an order of their own), among
+    the served datasets' known pairs and the loaded gold sets; None when none is left."""
+    if not table_exists(con, "known_answers"):
+        return None
+    escalated = ("and not exists (select 1 from debate_labels d where d.dataset = k.dataset "
+                 "and d.query_id = k.query_id and d.doc_id = k.doc_id and d.outcome in ('escalated', 'failed'))"
+                 if table_exists(con, "debate_labels") else "")
+    row = con.execute(f"""
+        select k.source, k.dataset, k.query_id, k.doc_id, k.expected_label, k.query is not null
+        from known_answers k
+        where (k.query is not null or $datasets is null or list_contains($datasets, k.dataset))
+          and not exists (select 1 from annotation_assignments a where a.annotator_id = $annotator
+                          and a.dataset = k.dataset and a.query_id = k.query_id and a.doc_id = k.doc_id)
+          and not exists (select 1 from human_votes v where v.annotator_id = $annotator
+                          and v.dataset = k.dataset and v.query_id = k.query_id and v.doc_id = k.doc_id)
+          {escalated}
+        order by hash($annotator || k.dataset || k.query_id || k.doc_id), k.dataset, k.query_id, k.doc_id
+        limit 1""", {"annotator": annotator_id, "datasets": list(settings.datasets) if settings.datasets
+                     is not None else None}).fetchone()
+    if row is None:
+        return None
+    source, dataset, query_id, doc_id, expected, own_texts = row
+    dressing = None
+    if settings.with_history and (own_texts or not _debated(con, dataset, query_id, doc_id)):
+        dressing = _dressing(con, None if own_texts else dataset, query_id, rng)
+    return _insert(con, annotator_id, dataset, query_id, doc_id, with_history=settings.with_history,
+                   now=now, expected_label=expected, dressing_pair_key=dressing, known_source=source)
+
+
+def _debated(con, dataset: str, query_id: str, doc_id: str) -> bool:
+    """Whether the pair has a debate of its own (shown as it was on its known-answer item)."""
+    return table_exists(con, "debate_turns") and con.execute(
+        "select count(*) > 0 from debate_turns where dataset = ? and query_id = ? and doc_id = ?",
+        [dataset, query_id, doc_id]).fetchone()[0]
 
 
 def _attention_check(con, dataset: str, annotator_id: str, settings: QueueSettings,
@@ -230,10 +275,15 @@ def next_assignment(con: duckdb.DuckDBPyConnection, annotator_id: str, settings:
     if candidates.is_empty():
         return None
     dataset, query_id, doc_id = candidates.row(0)[:3]
-    if rng.random() < settings.attention_rate:
+    draw = rng.random()
+    if draw < settings.attention_rate:
         check = _attention_check(con, dataset, annotator_id, settings, rng, now)
         if check is not None:
             return check
+    elif draw < settings.attention_rate + settings.known_rate:
+        known = _known_item(con, annotator_id, settings, rng, now)
+        if known is not None:
+            return known
     return _insert(con, annotator_id, dataset, query_id, doc_id,
                    with_history=settings.with_history, now=now)
 

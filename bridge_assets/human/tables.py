@@ -13,7 +13,11 @@
   label stays 0/1 (known irrelevant or relevant). `seconds`: the time the judgment took, from
   the item being served to the vote, idle time capped (bridge_assets.human.votes); NULL for
   imported votes and for votes cast before it was recorded (stores from before it get the
-  column on first use).
+  column on first use). `known_source`: set on a vote for a known-answer item (below), which
+  is served and recorded as an attention check is, but never pauses anyone.
+- known_answers: pairs whose answer is known, loaded to measure people's accuracy
+  (bridge_assets.human.known): a dataset's known holes (source `holes:<dataset>`, the texts in
+  the lake) or a label-eval gold set (source and dataset `goldset:<name>`, the texts here).
 """
 
 from __future__ import annotations
@@ -23,6 +27,9 @@ from datetime import UTC, datetime
 import duckdb
 
 from bridge_assets.store import transaction
+
+# Votes each escalated pair needs (the paper: three crowd annotators per pair).
+REQUIRED_VOTES = 3
 
 HUMAN_VOTES = """
 create table if not exists human_votes (
@@ -40,11 +47,29 @@ create table if not exists human_votes (
     created_at timestamp not null,
     source varchar not null,
     seconds double check (seconds >= 0),
+    known_source varchar,
     unique (dataset, query_id, doc_id, annotator_id, is_attention_check)
 );
 """
-# votes stores from before the time per judgment was recorded
-_SECONDS = "alter table human_votes add column if not exists seconds double;"
+# votes stores from before the time per judgment was recorded, and before known-answer items
+_SECONDS = """alter table human_votes add column if not exists seconds double;
+alter table human_votes add column if not exists known_source varchar;
+alter table annotation_assignments add column if not exists known_source varchar;
+"""
+KNOWN_ANSWERS = """
+create table if not exists known_answers (
+    source varchar not null,
+    dataset varchar not null,
+    query_id varchar not null,
+    doc_id varchar not null,
+    expected_label integer not null check (expected_label in (0, 1)),
+    query varchar,
+    answers varchar[],
+    chunk varchar,
+    loaded_at timestamp not null,
+    primary key (dataset, query_id, doc_id)
+);
+"""
 
 SCHEMA = """
 create sequence if not exists human_vote_ids start 1;
@@ -73,9 +98,10 @@ create table if not exists annotation_assignments (
     with_history boolean not null,
     state varchar not null check (state in ('open', 'answered', 'dropped')),
     assigned_at timestamp not null,
-    closed_at timestamp
+    closed_at timestamp,
+    known_source varchar
 );
-""" + HUMAN_VOTES + _SECONDS
+""" + HUMAN_VOTES + _SECONDS + KNOWN_ANSWERS
 
 # The check of lakes from before graded votes, which allowed 0 and 1 only.
 _BINARY_VOTES = """

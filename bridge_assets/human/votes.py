@@ -57,6 +57,7 @@ class Verdict(str, Enum):
     RECORDED = "recorded"
     CHECK_PASSED = "check_passed"
     CHECK_FAILED = "check_failed"
+    KNOWN_ANSWER = "known_answer"   # a known-answer item's vote: scored, never pauses anyone
 
 
 @dataclass(frozen=True)
@@ -69,15 +70,16 @@ class VoteReceipt:
 def insert_vote(con: duckdb.DuckDBPyConnection, *, dataset: str, query_id: str, doc_id: str,
                  annotator_id: str, label: int, comment: str | None, with_history: bool,
                  is_attention_check: bool, expected_label: int | None, status: str,
-                 source: str, created_at: datetime | None = None, seconds: float | None = None) -> int:
+                 source: str, created_at: datetime | None = None, seconds: float | None = None,
+                 known_source: str | None = None) -> int:
     return con.execute("""
         insert into human_votes (dataset, query_id, doc_id, annotator_id, label, comment,
                                  with_history, is_attention_check, expected_label, status,
-                                 created_at, source, seconds)
-        values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) returning vote_id""",
+                                 created_at, source, seconds, known_source)
+        values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) returning vote_id""",
         [dataset, query_id, doc_id, annotator_id, label, comment, with_history,
          is_attention_check, expected_label, status, created_at or utc_now(), source,
-         seconds]).fetchone()[0]
+         seconds, known_source]).fetchone()[0]
 
 
 def judgment_seconds(served: datetime, answered: datetime, idle_cap: float = IDLE_CAP_SECONDS) -> float:
@@ -94,6 +96,7 @@ def exclude_since_last_passed_check(con: duckdb.DuckDBPyConnection, annotator_id
         where annotator_id = $annotator and not is_attention_check and status = 'accepted'
           and vote_id > coalesce((select max(vote_id) from human_votes
                                   where annotator_id = $annotator and is_attention_check
+                                    and known_source is null
                                     and least(label, 1) = expected_label), 0)
         returning vote_id""", {"annotator": annotator_id}).fetchall())
 
@@ -149,6 +152,13 @@ def _record(con, assignment_id: str, annotator_id: str, label: int, comment: str
         close_assignment(con, assignment_id, "answered")
         return VoteReceipt(vote_id, Verdict.RECORDED)
 
+    if assignment.known_source is not None:  # a known-answer item: measured, never a pause
+        vote_id = insert_vote(con, **pair, annotator_id=annotator_id, label=label, comment=comment,
+                              with_history=assignment.with_history, is_attention_check=True,
+                              expected_label=assignment.expected_label, status="accepted", source="app",
+                              known_source=assignment.known_source, **timing)
+        close_assignment(con, assignment_id, "answered")
+        return VoteReceipt(vote_id, Verdict.KNOWN_ANSWER)
     passed = min(label, 1) == assignment.expected_label
     vote_id = insert_vote(con, **pair, annotator_id=annotator_id, label=label, comment=comment,
                           with_history=assignment.with_history, is_attention_check=True,
@@ -183,8 +193,10 @@ def annotator_activity(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
         select annotator_id, dataset,
                count(*) filter (where not is_attention_check and status = 'accepted') as accepted,
                count(*) filter (where not is_attention_check and status = 'excluded') as excluded,
-               count(*) filter (where is_attention_check and least(label, 1) = expected_label) as checks_passed,
-               count(*) filter (where is_attention_check and least(label, 1) <> expected_label) as checks_failed,
+               count(*) filter (where is_attention_check and known_source is null
+                                and least(label, 1) = expected_label) as checks_passed,
+               count(*) filter (where is_attention_check and known_source is null
+                                and least(label, 1) <> expected_label) as checks_failed,
                max(created_at) as last_vote_at
         from human_votes group by all order by annotator_id, dataset""").pl()
 
@@ -193,16 +205,16 @@ def judgment_times(con: duckdb.DuckDBPyConnection, dataset: str | None = None,
                    idle_cap: float = IDLE_CAP_SECONDS) -> pl.DataFrame:
     """Per annotator and arm (with / without the debate history): timed judgments (attention
     checks included: they take the same look), their median and mean seconds and the share of
-    them that reached the idle cap; and their accuracy against known answers (the attention
-    checks: answered as expected / answered)."""
+    them that reached the idle cap; and their accuracy on the attention checks (answered as
+    expected / answered; every source of known answers: bridge_assets.human.known)."""
     ensure_schema(con)
     return con.execute("""
         select annotator_id, with_history, count(seconds) as timed,
                median(seconds) as median_seconds, avg(seconds) as mean_seconds,
                count(*) filter (where seconds >= $cap) / greatest(count(seconds), 1) as capped_share,
-               count(*) filter (where is_attention_check) as checks,
-               avg((least(label, 1) = expected_label)::integer) filter (where is_attention_check)
-                   as check_accuracy
+               count(*) filter (where is_attention_check and known_source is null) as checks,
+               avg((least(label, 1) = expected_label)::integer)
+                   filter (where is_attention_check and known_source is null) as check_accuracy
         from human_votes
         where $dataset is null or dataset = $dataset
         group by all order by annotator_id, with_history desc""",

@@ -11,6 +11,7 @@ from bridge_assets.human.annotators import NAME_PATTERN
 from bridge_assets.human.app.auth import CurrentAdmin, checked_form, current_admin
 from bridge_assets.human.app.responses import BadRequest, redirect, render
 from bridge_assets.human.app.state import State
+from bridge_assets.human.known import known_accuracy
 from bridge_assets.human.labels import compute_human_labels, datasets_with_escalations
 from bridge_assets.human.plan import impact_order, stopping_points
 from bridge_assets.human.votes import annotator_activity, judgment_times
@@ -44,9 +45,10 @@ async def admin_page(request: Request, viewer: CurrentAdmin, state: State):
     datasets, activity, people = await state.db.run(admin_overview)
     queue, stopping = await state.db.run(queue_overview, state.settings.datasets)
     times = (await state.db.votes(judgment_times, None, state.settings.idle_cap_seconds)).to_dicts()
+    accuracy = (await state.db.votes(known_accuracy)).to_dicts()
     return render(request, "admin.html", viewer.session, viewer=viewer, datasets=datasets,
                   activity=activity, annotators=people, settings=state.settings, queue=queue,
-                  stopping=stopping, times=times)
+                  stopping=stopping, times=times, accuracy=accuracy)
 
 
 @router.post("/admin/annotators/{annotator_id}/unflag")

@@ -20,6 +20,7 @@ class AppSettings(BaseModel):
     secret: str = Field(min_length=16, repr=False)
     with_history: bool = True
     attention_rate: float = Field(0.1, ge=0.0, le=1.0)
+    known_rate: float = Field(0.1, ge=0.0, le=1.0)  # known-answer items, while any are loaded
     datasets: tuple[str, ...] | None = None
     graded: tuple[str, ...] = ()          # datasets voted on the grades 0-3 (label_scale: graded)
     lease_minutes: int = Field(30, ge=1)
@@ -41,4 +42,5 @@ class AppSettings(BaseModel):
     @property
     def queue(self) -> QueueSettings:
         return QueueSettings(with_history=self.with_history, attention_rate=self.attention_rate,
+                             known_rate=self.known_rate,
                              datasets=self.datasets, lease=timedelta(minutes=self.lease_minutes))
