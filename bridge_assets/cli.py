@@ -2,43 +2,74 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import time
 
+import click
 import typer
+from typer.core import TyperGroup
 
-from bridge_assets.audit import audit_command
 from bridge_assets.cli_errors import BridgeTyper
 from bridge_assets.cli_errors import fail as _fail
-from bridge_assets.evaluation.cli import label_eval_command
-from bridge_assets.human.cli import app as annotate_app
-from bridge_assets.ingest.cli import add_dataset_command
-from bridge_assets.lake_cli import app as lake_app
-from bridge_assets.lake_cli import sql_command
-from bridge_assets.llm.cli import models_app
-from bridge_assets.metrics.cli import eval_command
-from bridge_assets.qrels.cli import app as qrels_app
-from bridge_assets.retrieval.cli import app as retrievers_app
-from bridge_assets.retrieval.cli import runs_app
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+
+class LazyGroup(TyperGroup):
+    """A command group whose commands from other modules are imported when one is run (or
+    `--help` lists them), not when `bridge` starts: a command pays for its own imports only
+    (`bridge annotate plan` does not wait for dagster, audit, scipy...). `LAZY` maps a command
+    name to (module, attribute, is_app): a typer sub-app, or a command function."""
+
+    LAZY: dict[str, tuple[str, str, bool]] = {}
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [*self.LAZY, *(name for name in super().list_commands(ctx) if name not in self.LAZY)]
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        if cmd_name in self.LAZY and cmd_name not in self.commands:
+            module, attribute, is_app = self.LAZY[cmd_name]
+            target = getattr(importlib.import_module(module), attribute)
+            holder = BridgeTyper(add_completion=False)  # registered as on the main app
+            if is_app:
+                holder.add_typer(target, name=cmd_name)
+                command = typer.main.get_command(holder).commands[cmd_name]
+            else:
+                holder.command(cmd_name)(target)
+                command = typer.main.get_command(holder)
+            self.add_command(command, cmd_name)
+        return super().get_command(ctx, cmd_name)
+
+
+def lazy_group(commands: dict[str, tuple[str, str, bool]]) -> type[LazyGroup]:
+    return type("LazyGroup", (LazyGroup,), {"LAZY": commands})
+
+
 app = BridgeTyper(help="BRIDGE: find and fill the holes in IR benchmarks, then re-benchmark.",
-                  no_args_is_help=True, add_completion=False)
-datasets_app = BridgeTyper(help="The dataset registry (resources/datasets.yaml).", no_args_is_help=True)
+                  no_args_is_help=True, add_completion=False, cls=lazy_group({
+                      "annotate": ("bridge_assets.human.cli", "app", True),
+                      "models": ("bridge_assets.llm.cli", "models_app", True),
+                      "eval": ("bridge_assets.metrics.cli", "eval_command", False),
+                      "qrels": ("bridge_assets.qrels.cli", "app", True),
+                      "audit": ("bridge_assets.audit", "audit_command", False),
+                      "retrievers": ("bridge_assets.retrieval.cli", "app", True),
+                      "runs": ("bridge_assets.retrieval.cli", "runs_app", True),
+                      "label-eval": ("bridge_assets.evaluation.cli", "label_eval_command", False),
+                      "lake": ("bridge_assets.lake_cli", "app", True),
+                      "sql": ("bridge_assets.lake_cli", "sql_command", False),
+                  }))
+datasets_app = BridgeTyper(help="The dataset registry (resources/datasets.yaml).", no_args_is_help=True,
+                           cls=lazy_group({"add": ("bridge_assets.ingest.cli", "add_dataset_command", False)}))
+
+
+@datasets_app.callback()
+def datasets() -> None:
+    """The dataset registry (resources/datasets.yaml)."""
+
+
 app.add_typer(datasets_app, name="datasets")
-datasets_app.command("add")(add_dataset_command)
-app.add_typer(annotate_app, name="annotate")
-app.add_typer(models_app, name="models")
-app.command("eval")(eval_command)
-app.add_typer(qrels_app, name="qrels")
-app.command("audit")(audit_command)
-app.add_typer(retrievers_app, name="retrievers")
-app.add_typer(runs_app, name="runs")
-app.command("label-eval")(label_eval_command)
-app.add_typer(lake_app, name="lake")
-app.command("sql")(sql_command)
 
 
 # `bridge run` stopped by its --budget / --budget-usd: not an error, the next run resumes

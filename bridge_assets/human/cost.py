@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import duckdb
 
-from bridge_assets.human.labels import REQUIRED_VOTES
+from bridge_assets.human.tables import REQUIRED_VOTES
 from bridge_assets.paths import read_sql
 from bridge_assets.store import table_exists
 

@@ -9,14 +9,25 @@ counted here from the votes store, so a pair people have completed meanwhile lea
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import duckdb
 import polars as pl
 
-from bridge_assets.human.labels import REQUIRED_VOTES
-from bridge_assets.human.tables import ensure_schema
-from bridge_assets.store import table_exists
+from bridge_assets.human.tables import REQUIRED_VOTES, ensure_schema
+
+
+def _sql_text(value: str) -> str:
+    return "'" + value.replace("'", "''") + "'"
+
+
+def _has_table(con: duckdb.DuckDBPyConnection, table: str) -> bool:
+    """store.table_exists without a Python parameter: DuckDB (1.5) imports pandas, ~0.5 s, the
+    first time a query binds one, and a plan answers without it (its queries inline their values)."""
+    return bool(con.execute("select count(*) from information_schema.tables "
+                            f"where table_name = {_sql_text(table)}").fetchone()[0])
+
 
 def measure_label(measure: str) -> str:
     """`ndcg_cut_10` -> `nDCG@10` (the only measure pending_impact scores). Not imported from
@@ -57,9 +68,16 @@ def impact_order(con: duckdb.DuckDBPyConnection, dataset: str | None = None) -> 
     """pending_impact's rows (of `dataset`, or all) with their accepted votes so far, those with
     their votes complete left out: impact order. Empty without the table."""
     ensure_schema(con)
-    if not table_exists(con, "pending_impact"):
+    if not _has_table(con, "pending_impact"):
         return pl.DataFrame(schema=PLAN_SCHEMA)
-    frame = con.execute("""
+    frame = con.execute(_order_sql(dataset)).pl()
+    return frame.cast({**PLAN_SCHEMA, "completed": pl.Boolean})
+
+
+def _order_sql(dataset: str | None) -> str:
+    """impact_order's query, its two values inlined (see _has_table)."""
+    values = {"dataset": "null" if dataset is None else _sql_text(dataset), "required": str(int(REQUIRED_VOTES))}
+    sql = """
         with votes as (
             select dataset, query_id, doc_id, list_sort(list(label)) as labels, count(*) as n
             from human_votes
@@ -76,8 +94,8 @@ def impact_order(con: duckdb.DuckDBPyConnection, dataset: str | None = None) -> 
         from pending_impact i
         left join votes v on v.dataset = i.dataset and v.query_id = i.query_id and v.doc_id = i.doc_id
         where $dataset is null or i.dataset = $dataset
-        order by i.dataset, i.impact_rank""", {"dataset": dataset, "required": REQUIRED_VOTES}).pl()
-    return frame.cast({**PLAN_SCHEMA, "completed": pl.Boolean})
+        order by i.dataset, i.impact_rank"""
+    return re.sub(r"\$(dataset|required)\b", lambda m: values[m.group(1)], sql)
 
 
 def annotation_plan(con: duckdb.DuckDBPyConnection, dataset: str) -> Plan:
@@ -103,27 +121,58 @@ def stopping_points(con: duckdb.DuckDBPyConnection, datasets: tuple[str, ...] | 
 def describe(plan: Plan, *, systems: tuple[str, str] | None = None, limit: int = 20) -> str:
     """The plan as `bridge annotate plan` prints it."""
     if plan.measure is None:
-        return (f"{plan.dataset}: no pending_impact table (materialize pending_impact for "
-                f"'{plan.dataset}': bridge run --dataset {plan.dataset}); the queue serves in its "
-                "plain order meanwhile")
-    label = measure_label(plan.measure)
-    lines = [f"{plan.dataset}: {plan.pairs.height} pending pair(s) open on {label}; "
-             f"{plan.pairs_in_doubt} system pair(s) in doubt (their order differs between the bounds)"
-             + (f"; {plan.completed} completed by votes since pending_impact was made" if plan.completed else "")]
-    lines.append(f"stopping point: {plan.stopping_point} label(s), in impact order, decide every rank change "
-                 f"on {label}; the other {plan.pairs.height - plan.stopping_point} cannot change any")
-    shown = plan.pairs
+        return _text(plan.dataset, None, 0, 0, 0, 0, systems, 0, [], limit)
+    shown = plan.deciding_between(*systems) if systems is not None else plan.pairs
+    rows = shown.head(limit).select("impact_rank", "query_id", "doc_id", "votes", "impact", "reason").rows()
+    return _text(plan.dataset, plan.measure, plan.pairs.height, plan.pairs_in_doubt, plan.completed,
+                 plan.stopping_point, systems, shown.height, rows, limit)
+
+
+def plan_text(con: duckdb.DuckDBPyConnection, dataset: str, *, systems: tuple[str, str] | None = None,
+              limit: int = 20) -> str:
+    """describe(annotation_plan(con, dataset), ...) computed in SQL: the counts and the rows
+    shown only, no frame of every pending pair (what `bridge annotate plan` runs: on 10,000
+    pending pairs it spares converting them, and importing pyarrow for it)."""
+    ensure_schema(con)
+    if not _has_table(con, "pending_impact"):
+        return _text(dataset, None, 0, 0, 0, 0, systems, 0, [], limit)
+    order = _order_sql(dataset)
+    measure, open_pairs, completed, deciding, in_doubt = con.execute(f"""
+        select any_value(measure), count(*) filter (where not completed), count(*) filter (where completed),
+               count(*) filter (where impact > 0 and not completed), coalesce(max(pairs_in_doubt), 0)
+        from ({order})""").fetchone()
+    if measure is None:
+        return _text(dataset, None, 0, 0, 0, 0, systems, 0, [], limit)
+    where = "not completed"
     if systems is not None:
-        shown = plan.deciding_between(*systems)
-        lines.append(f"pairs that decide {systems[0]} vs {systems[1]}: {shown.height}")
-    if shown.height:
-        rows = shown.head(limit)
-        wq = max(5, rows["query_id"].str.len_chars().max())
-        wd = max(5, rows["doc_id"].str.len_chars().max())
+        names = ", ".join(_sql_text(f"{a} vs {b}") for a, b in (systems, systems[::-1]))
+        where += f" and impact > 0 and list_has_any(system_pairs, [{names}])"
+    shown = con.execute(f"select count(*) from ({order}) where {where}").fetchone()[0]
+    rows = con.execute(f"""select impact_rank, query_id, doc_id, votes, impact, reason from ({order})
+                           where {where} order by impact_rank limit {int(limit)}""").fetchall()
+    return _text(dataset, measure, open_pairs, in_doubt, completed, deciding, systems, shown, rows, limit)
+
+
+def _text(dataset: str, measure: str | None, open_pairs: int, in_doubt: int, completed: int, deciding: int,
+          systems: tuple[str, str] | None, shown: int, rows: list[tuple], limit: int) -> str:
+    if measure is None:
+        return (f"{dataset}: no pending_impact table (materialize pending_impact for "
+                f"'{dataset}': bridge run --dataset {dataset}); the queue serves in its "
+                "plain order meanwhile")
+    label = measure_label(measure)
+    lines = [f"{dataset}: {open_pairs} pending pair(s) open on {label}; "
+             f"{in_doubt} system pair(s) in doubt (their order differs between the bounds)"
+             + (f"; {completed} completed by votes since pending_impact was made" if completed else "")]
+    lines.append(f"stopping point: {deciding} label(s), in impact order, decide every rank change "
+                 f"on {label}; the other {open_pairs - deciding} cannot change any")
+    if systems is not None:
+        lines.append(f"pairs that decide {systems[0]} vs {systems[1]}: {shown}")
+    if rows:
+        wq = max(5, *(len(row[1]) for row in rows))
+        wd = max(5, *(len(row[2]) for row in rows))
         lines.append(f"{'#':>5}  {'query':<{wq}} {'chunk':<{wd}} {'votes':>5} {'impact':>7}  reason")
-        for row in rows.iter_rows(named=True):
-            lines.append(f"{row['impact_rank']:>5}  {row['query_id']:<{wq}} {row['doc_id']:<{wd}} "
-                         f"{row['votes']:>5} {row['impact']:>7.3f}  {row['reason']}")
-        if shown.height > limit:
-            lines.append(f"  ... and {shown.height - limit} more (--limit)")
+        for rank, query_id, doc_id, votes, impact, reason in rows:
+            lines.append(f"{rank:>5}  {query_id:<{wq}} {doc_id:<{wd}} {votes:>5} {impact:>7.3f}  {reason}")
+        if shown > limit:
+            lines.append(f"  ... and {shown - limit} more (--limit)")
     return "\n".join(lines)

@@ -21,15 +21,11 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
-
-import dagster as dg
 import duckdb
 
 from bridge_assets import ducklake, store
 from bridge_assets.errors import BridgeError
 from bridge_assets.human.tables import HUMAN_VOTES, SCHEMA, ensure_schema
-from bridge_assets.resources import DuckDBStore
 
 HUMAN_TABLES = ("annotators", "annotation_assignments", "human_votes")
 PIPELINE = "pipeline"   # the alias bridge.duckdb is attached under
@@ -212,30 +208,11 @@ def _copy_attached(con: duckdb.DuckDBPyConnection, dataset: str | None, votes_db
         con.execute(f"detach {VOTES}")
 
 
-class VotesStore(dg.ConfigurableResource):
-    """The votes store of the store resource's lake (nested: it asks the store where it is)."""
+def __getattr__(name: str):
+    """VotesStore, the Dagster resource, from bridge_assets.human.votes_resource: imported when
+    asked for, so that `bridge annotate` and the app do not import dagster."""
+    if name == "VotesStore":
+        from bridge_assets.human.votes_resource import VotesStore
 
-    store: DuckDBStore
-
-    def __init__(self, **config: Any):
-        # Dagster allows no default for a nested resource: without one, the environment's lake.
-        config.setdefault("store", DuckDBStore())
-        super().__init__(**config)
-
-    @property
-    def path(self) -> Path:
-        return self.store.lake.votes_db
-
-    def prepare(self, *, wait_seconds: float = store.LOCK_WAIT_SECONDS) -> int:
-        """See prepare(): once before first use."""
-        return prepare(self.store.lake, self.path, wait_seconds=wait_seconds)
-
-    def connect(self, *, wait_seconds: float = store.LOCK_WAIT_SECONDS):
-        """See connect(): the votes store read-write, the pipeline's tables readable."""
-        lake = self.store.lake
-        return connect(lake.votes_db, lake_db=lake, wait_seconds=wait_seconds)
-
-    def copy_votes(self, con: duckdb.DuckDBPyConnection, dataset: str | None) -> None:
-        """See copy_votes(): `dataset`'s votes (all with None) into `con` as human_votes."""
-        lake = self.store.lake
-        copy_votes(con, dataset, lake_db=lake, votes_db=lake.votes_db)
+        return VotesStore
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,43 @@
+"""The votes store as a Dagster resource (bridge_assets.human.votes_store: what it is; kept
+apart so that the annotation commands and app do not import dagster)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import dagster as dg
+import duckdb
+
+from bridge_assets import store
+from bridge_assets.human.votes_store import connect, copy_votes, prepare
+from bridge_assets.resources import DuckDBStore
+
+
+class VotesStore(dg.ConfigurableResource):
+    """The votes store of the store resource's lake (nested: it asks the store where it is)."""
+
+    store: DuckDBStore
+
+    def __init__(self, **config: Any):
+        # Dagster allows no default for a nested resource: without one, the environment's lake.
+        config.setdefault("store", DuckDBStore())
+        super().__init__(**config)
+
+    @property
+    def path(self) -> Path:
+        return self.store.lake.votes_db
+
+    def prepare(self, *, wait_seconds: float = store.LOCK_WAIT_SECONDS) -> int:
+        """See prepare(): once before first use."""
+        return prepare(self.store.lake, self.path, wait_seconds=wait_seconds)
+
+    def connect(self, *, wait_seconds: float = store.LOCK_WAIT_SECONDS):
+        """See connect(): the votes store read-write, the pipeline's tables readable."""
+        lake = self.store.lake
+        return connect(lake.votes_db, lake_db=lake, wait_seconds=wait_seconds)
+
+    def copy_votes(self, con: duckdb.DuckDBPyConnection, dataset: str | None) -> None:
+        """See copy_votes(): `dataset`'s votes (all with None) into `con` as human_votes."""
+        lake = self.store.lake
+        copy_votes(con, dataset, lake_db=lake, votes_db=lake.votes_db)
