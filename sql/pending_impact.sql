@@ -5,7 +5,11 @@
 --
 -- A system pair is in doubt when its order differs between the two bounds (refined: every
 -- pending pair irrelevant; refined_upper: every one relevant), means compared at 12 decimals
--- as in ranking_shift.sql. Its swing is how much the gap between the two moves from one bound
+-- as in ranking_shift.sql, and one of the two systems has a rank change that is not robust as
+-- ranking_shift.sql judges it (its place, a competition rank, moves from the original one in
+-- different ways at the two bounds): an order that differs between the bounds without changing
+-- whether any rank change holds is no doubt about a conclusion. So no system pair is in doubt
+-- exactly when every rank change is robust. Its swing is how much the gap between the two moves from one bound
 -- to the other. A pending pair decides a system pair in doubt when its chunk stands in the
 -- top k of either system and its label moves the gap: the move is the difference of the two
 -- systems' mean nDCG@k with the pair relevant rather than not, the other pending pairs held
@@ -43,12 +47,29 @@ means as (
     where dataset = $dataset and measure = $measure and query_id = 'all'
     group by retriever
 ),
+-- each system's place, a competition rank as in ranking_shift.sql, under the original qrels
+-- and at both bounds; unsettled: the systems whose rank change is not robust
+places as (
+    select m.retriever,
+           rank() over (order by o.value desc) as original,
+           rank() over (order by m.low desc) as low,
+           rank() over (order by m.high desc) as high
+    from means m
+    join (select retriever, round(value, 12) as value from retrieval_metrics
+          where dataset = $dataset and measure = $measure and query_id = 'all'
+            and qrels_version = 'original') o using (retriever)
+    where m.low is not null
+),
+unsettled as (
+    select retriever from places where sign(original - low) <> sign(original - high)
+),
 doubtful as (
     select a.retriever as system_a, b.retriever as system_b,
            abs((a.high - b.high) - (a.low - b.low)) as swing
     from means a
     join means b on a.retriever < b.retriever
     where sign(a.low - b.low) <> sign(a.high - b.high)
+      and (a.retriever in (select retriever from unsettled) or b.retriever in (select retriever from unsettled))
 ),
 qrels as (
     select query_id, doc_id, relevance

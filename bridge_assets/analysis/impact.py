@@ -1,8 +1,11 @@
 """`pending_impact`: which conclusions each pending pair's label can change.
 
 Refined metrics are bounds over the pending pairs (every one irrelevant / every one relevant);
-a system pair whose order on the headline measure differs between the two bounds is *in
-doubt*, and until none is, some rank change depends on how people will decide. For each
+a system pair whose order on the headline measure differs between the two bounds, and one of
+whose systems has a rank change that is not robust (its place moves from the original ranking
+in different ways at the two bounds, as ranking_shift judges it), is *in doubt*: until none is,
+some rank change depends on how people will decide, and none is exactly when every rank change
+is robust. For each
 pending pair (sql/pending_impact.sql): the system pairs in doubt whose rankings hold its chunk
 in their top k, each with the share of its doubt the pair accounts for: how much the chunk's
 gain, and its query's ideal DCG, move the gap between the two systems, over how much that gap
@@ -15,7 +18,9 @@ The annotation queue serves pending pairs by impact (bridge_assets.human.queue);
 annotate plan` prints the order. The *stopping point* is the number of pending pairs with an
 impact: labelled (in impact order) they decide every system pair in doubt now, and the other
 pending pairs cannot change the order of any of them. It is a reading of the current bounds:
-votes change the bounds, and the table is recomputed with them.
+votes change the bounds, and the table is recomputed with them (against brute force, which
+knows every answer the first pairs may get, it is equal on 7 of 10 small random lakes, above on
+2 and below on 1: tests/test_impact_robust.py).
 
 The headline measure is nDCG@k (`ndcg_cut_k`), computed as retrieval_metrics does
 (trec_eval's conventions), so the means and queries come from retrieval_metrics and the
@@ -68,7 +73,8 @@ def explain(system_pairs: list[dict[str, Any]], measure: str, pairs_in_doubt: in
     k = cutoff_of(measure)
     if not system_pairs:
         if pairs_in_doubt == 0:
-            return f"changes no conclusion: every system pair has the same order on {label} at both bounds"
+            return (f"changes no conclusion: every rank change on {label} is robust (the same way at both "
+                    "bounds)")
         return (f"changes no conclusion: no system pair in doubt on {label} ranks this chunk in its "
                 f"top {k}, or its label cannot move their gap")
     parts = []

@@ -178,7 +178,7 @@ def plan(
     limit: int = typer.Option(20, min=0, help="Pairs to list."),
 ) -> None:
     """The pending pairs in the order the queue serves them (by impact: pending_impact), how
-    many labels decide every rank change (the stopping point), and why each pair matters."""
+    many labels make every rank change robust (the stopping point), and why each pair matters."""
     from bridge_assets.human.plan import plan_text
 
     with _votes(lake=True) as con:

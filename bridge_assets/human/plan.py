@@ -55,7 +55,8 @@ class Plan:
 
     @property
     def stopping_point(self) -> int:
-        """Labels left, in impact order, until every system pair now in doubt is decided."""
+        """Labels left, in impact order, until every system pair now in doubt is decided (every
+        rank change robust)."""
         return self.deciding.height
 
     def deciding_between(self, system_a: str, system_b: str) -> pl.DataFrame:
@@ -161,10 +162,11 @@ def _text(dataset: str, measure: str | None, open_pairs: int, in_doubt: int, com
                 "plain order meanwhile")
     label = measure_label(measure)
     lines = [f"{dataset}: {open_pairs} pending pair(s) open on {label}; "
-             f"{in_doubt} system pair(s) in doubt (their order differs between the bounds)"
+             f"{in_doubt} system pair(s) in doubt (their order differs between the bounds, and with it "
+             "whether a rank change holds)"
              + (f"; {completed} completed by votes since pending_impact was made" if completed else "")]
-    lines.append(f"stopping point: {deciding} label(s), in impact order, decide every rank change "
-                 f"on {label}; the other {open_pairs - deciding} cannot change any")
+    lines.append(f"stopping point: {deciding} label(s), in impact order, make every rank change on {label} "
+                 f"robust; the other {open_pairs - deciding} cannot change any")
     if systems is not None:
         lines.append(f"pairs that decide {systems[0]} vs {systems[1]}: {shown}")
     if rows:
