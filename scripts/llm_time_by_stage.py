@@ -5,6 +5,9 @@ and seconds, with totals. Reads the lake read-only.
     .venv/bin/python scripts/llm_time_by_stage.py                      # the environment's lake
     .venv/bin/python scripts/llm_time_by_stage.py --lake /tmp/demo_lake [--context RUN_ID]
     .venv/bin/python scripts/llm_time_by_stage.py --by purpose,profile
+    # the first 60 recorded calls again, through the in-process llama.cpp backend of a profile,
+    # with its KV state cache off then on (docs/llm-time.md): same calls, side by side
+    .venv/bin/python scripts/llm_time_by_stage.py --lake /tmp/demo_lake --replay 60 --profile qwen-0.5b
 
 A stage is the ledger's `purpose` (filter, debate, debate_paper, judge, rerank, hyde, rag_answer,
 rag_judgment, adjudicator, relevance_score, ...). Every recorded model call counts, failed ones
@@ -17,6 +20,7 @@ reused / decode sums cover only the calls that have them, never an estimate for 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -74,11 +78,94 @@ def markdown(rows: list[tuple], by: list[str]) -> str:
     return "\n".join(lines)
 
 
+def recorded_requests(con: duckdb.DuckDBPyConnection, limit: int, purposes: list[str], context: str | None):
+    """The requests of the ledger's calls that got a reply, in the order they were made."""
+    from bridge_assets.llm.types import LLMRequest
+
+    where = ["coalesce(raw_reply, '') <> ''"]
+    params: list = []
+    if purposes:
+        where.append("purpose in (select unnest(?::VARCHAR[]))")
+        params.append(purposes)
+    if context:
+        where.append("context = ?")
+        params.append(context)
+    rows = con.execute(f"select request_json from {TABLE} where {' and '.join(where)} "
+                       f"order by created_at, rowid limit {int(limit)}", params).fetchall()
+    return [LLMRequest.model_validate_json(text) for (text,) in rows]
+
+
+def replay(requests, profile_name: str, cache_bytes: int, repeat: int, max_tokens: int = 0) -> None:
+    """The same calls through the in-process backend, KV state cache off then on, from an
+    empty KV cache each time; prints each arm's per-stage table and the side-by-side totals."""
+    import time
+
+    from bridge_assets.llm import backends, get_profile
+
+    if max_tokens:  # prefill is what a state cache saves: shorter replies measure it sooner
+        requests = [r.model_copy(update={"max_tokens": min(r.max_tokens, max_tokens)}) for r in requests]
+    profile = get_profile(profile_name)
+    if profile.backend != "llama_cpp":
+        sys.exit(f"--replay runs an in-process llama_cpp profile; {profile_name} is {profile.backend}")
+    arms = {"off": backends.LlamaCppBackend(profile.model_copy(update={"engine_args": {"state_cache_bytes": 0}})),
+            "on": backends.LlamaCppBackend(profile.model_copy(
+                update={"engine_args": {**profile.engine_args, "state_cache_bytes": cache_bytes}}))}
+    with backends._LLAMA_LOCK:
+        model = arms["off"]._model(logits_all=False)  # loaded before any clock starts
+    print(f"replay: {len(requests)} recorded calls through {profile_name} ({model.model_path}), "
+          f"{profile.threads or os.cpu_count()} threads, max_tokens {max_tokens or 'as recorded'}; "
+          f"state cache {cache_bytes / 2**20:g} MiB when on\n")
+    replies: dict[str, list] = {}
+    totals: dict[str, list] = {}
+    for round_ in range(repeat):
+        for arm, backend in arms.items():
+            with backends._LLAMA_LOCK:  # both arms start from an empty KV cache
+                for loaded in backends._LLAMA_MODELS.values():
+                    loaded.reset()
+                    if getattr(loaded, "_bridge_state_cache", None) is not None:
+                        loaded._bridge_state_cache.clear()
+            started = time.perf_counter()
+            results = [backend.generate([request])[0] for request in requests]
+            wall = time.perf_counter() - started
+            memory = duckdb.connect()
+            memory.execute(f"create table {TABLE} (purpose VARCHAR, error VARCHAR, tokens_in INTEGER, "
+                           "prompt_tokens_computed INTEGER, prompt_tokens_reused INTEGER, decode_tokens INTEGER, "
+                           "latency_s DOUBLE, context VARCHAR, profile VARCHAR, model VARCHAR, backend VARCHAR)")
+            memory.executemany(f"insert into {TABLE} values (?, ?, ?, ?, ?, ?, ?, null, null, null, null)",
+                               [(q.purpose, r.error, r.tokens_in, r.prompt_computed, r.prompt_reused,
+                                 r.decode_tokens, r.latency_s) for q, r in zip(requests, results)])
+            rows, _ = stage_table(memory, ["purpose"])
+            states = getattr(model, "_bridge_state_cache", None) if arm == "on" else None
+            extra = (f"; {states.restored} calls continued from a kept state, {len(states)} states "
+                     f"({states.size / 2**20:.1f} MiB) kept, {states.evicted} evicted") if states else ""
+            print(f"### state cache {arm} (run {round_ + 1}): {wall:.1f} s wall{extra}\n")
+            print(markdown(rows, ["purpose"]) + "\n")
+            replies.setdefault(arm, results)
+            totals.setdefault(arm, []).append((wall, rows[-1][5]))
+    same_text = sum(a.text == b.text for a, b in zip(replies["off"], replies["on"]))
+    with_logprobs = [(a, b) for a, b in zip(replies["off"], replies["on"]) if a.logprobs is not None]
+    same_logprobs = sum(a.logprobs == b.logprobs for a, b in with_logprobs)
+    print("| state cache | wall s (each run) | prompt tokens computed | replies identical to off |")
+    print("|---|---|---|---|")
+    for arm in arms:
+        walls = ", ".join(f"{wall:.1f}" for wall, _ in totals[arm])
+        print(f"| {arm} | {walls} | {totals[arm][0][1]:,} | "
+              f"{'-' if arm == 'off' else f'{same_text}/{len(requests)} texts, {same_logprobs}/{len(with_logprobs)} log-prob lists'} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lake", type=Path, help="the lake folder (default: BRIDGE_DATA_LAKE, else the project's data_lake/)")
     parser.add_argument("--context", help="only the calls recorded under this context (a Dagster run id)")
     parser.add_argument("--by", default="purpose", help=f"group by these ledger columns, comma-separated ({', '.join(GROUPS)})")
+    parser.add_argument("--replay", type=int, default=0, metavar="N",
+                        help="replay the first N recorded calls through --profile, KV state cache off then on")
+    parser.add_argument("--stages", default="", help="with --replay: only these purposes, comma-separated")
+    parser.add_argument("--profile", default="qwen-0.5b", help="with --replay: an in-process llama_cpp profile")
+    parser.add_argument("--state-cache-mb", type=float, default=256, help="with --replay: the cache's bound when on")
+    parser.add_argument("--repeat", type=int, default=1, help="with --replay: run both arms this many times")
+    parser.add_argument("--max-tokens", type=int, default=0,
+                        help="with --replay: cap each reply at this many tokens (0: as recorded)")
     args = parser.parse_args()
     by = [name.strip() for name in args.by.split(",") if name.strip()]
     if not by or any(name not in GROUPS for name in by):
@@ -91,6 +178,8 @@ def main() -> None:
                 print(f"{where}: no LLM call was ever recorded ({TABLE} does not exist)")
                 return
             rows, measured = stage_table(con, by, args.context)
+            requests = recorded_requests(con, args.replay, [p for p in args.stages.split(",") if p],
+                                         args.context) if args.replay else []
     except store.StoreBusy as exc:
         sys.exit(f"{where} is busy ({exc}); copy the lake folder elsewhere and point --lake at the copy")
     scope = f" (context {args.context})" if args.context else ""
@@ -109,6 +198,9 @@ def main() -> None:
         print(f"\n{calls - measured_calls:,} of {calls:,} calls have no prefill measurement (NULL: recorded "
               "before the ledger measured it, or by a backend that does not report it); the computed, "
               "reused and decode sums cover only the calls that have them.")
+    if args.replay:
+        print()
+        replay(requests, args.profile, int(args.state_cache_mb * 2**20), args.repeat, args.max_tokens)
 
 
 if __name__ == "__main__":

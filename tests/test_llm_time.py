@@ -163,3 +163,123 @@ def test_http_calls_record_what_the_server_reported_summed_over_parse_retries(da
     assert [rows['{"response": "yes"}'][c] for c in PREFILL] == [21, 19, 6]
     assert [rows['{"response": "no"}'][c] for c in PREFILL] == [None, None, 3]
     assert json.loads(rows['{"response": "no"}']["request_json"])["purpose"] == "judge"
+
+
+# --- the KV state cache (llm.backends.KVStateCache) --------------------------------------
+
+SCORER = "You judge statements about geography. Answer with one word: yes or no, then say why in a few words."
+
+
+def scored(statement: str) -> LLMRequest:
+    return LLMRequest(messages=(("system", SCORER), ("user", statement)), max_tokens=5, top_logprobs=3)
+
+
+def fresh(backend):
+    """The backend's model with an empty KV cache and no kept state."""
+    from bridge_assets.llm import backends
+
+    with backends._LLAMA_LOCK:
+        model = backend._model(logits_all=False)
+        model.reset()
+        if getattr(model, "_bridge_state_cache", None) is not None:
+            model._bridge_state_cache.clear()
+    return model
+
+
+@pytest.fixture
+def cached_backends(data_lake):
+    """The 0.5B in-process, KV state cache off and on (8 MiB), sharing one loaded model."""
+    pytest.importorskip("llama_cpp")
+    from bridge_assets.llm.backends import LlamaCppBackend
+
+    profile = get_profile("qwen-0.5b")
+    weights.provision(profile)
+    off = LlamaCppBackend(profile.model_copy(update={"engine_args": {"state_cache_bytes": 0}}))
+    on = LlamaCppBackend(profile.model_copy(update={"engine_args": {"state_cache_bytes": 8 << 20}}))
+    return off, on
+
+
+def test_a_prompt_continuing_a_cached_prefix_answers_as_computed_without_the_cache(cached_backends):
+    off, on = cached_backends
+    first = scored("Statement one: Paris is the capital of France. Is it true?")
+    other = scored("Completely different: is the Nile in Africa?")
+    again = scored("Statement one: Paris is the capital of France. Is it false?")
+
+    fresh(off)  # without the cache, `again` after `other` reuses the system prompt only
+    _, _, after_other = off.generate([first, other, again])
+
+    model = fresh(on)
+    a, _, continued = on.generate([first, other, again])
+    states = model._bridge_state_cache
+    assert states.restored == 1 and 0 < states.size <= 8 << 20
+    # restored from `first`'s state: the statement's shared words were not computed again
+    assert continued.prompt_reused > after_other.prompt_reused + 5
+    assert continued.prompt_computed < after_other.prompt_computed
+    assert continued.prompt_computed + continued.prompt_reused == continued.tokens_in
+
+    fresh(off)  # without the cache the same prefix is reused only when `again` follows `first`
+    a_off, direct = off.generate([first, again])
+    assert (direct.prompt_computed, direct.prompt_reused) == (continued.prompt_computed, continued.prompt_reused)
+    assert a_off.text == a.text and a_off.logprobs == a.logprobs
+    assert direct.text == continued.text and direct.logprobs == continued.logprobs  # bit for bit
+
+    fresh(off)  # from scratch: the whole prompt in one batch
+    [scratch] = off.generate([again])
+    assert scratch.prompt_reused == 0 and scratch.prompt_computed == scratch.tokens_in
+    assert scratch.text == continued.text
+    assert [t.token for t in scratch.logprobs] == [t.token for t in continued.logprobs]
+    for ours, theirs in zip(continued.logprobs, scratch.logprobs, strict=True):
+        # llama.cpp's CPU kernels round a prompt split in two batches (a reused prefix, with or
+        # without this cache: `direct` is bit for bit the same) differently from one batch:
+        # measured here up to 0.051 on a runner-up, 0.15 (2%) on a token at -7.5; the tokens equal
+        assert ours.logprob == pytest.approx(theirs.logprob, abs=0.1)
+        assert set(ours.top) == set(theirs.top)
+        assert ours.top == pytest.approx(theirs.top, rel=0.05, abs=0.1)  # 2% at -7.5 measured
+
+
+def test_the_state_cache_is_bounded_oldest_evicted_first(cached_backends):
+    _, on = cached_backends
+    model = fresh(on)
+    statements = ["Is Oslo in Norway?", "Is Lima in Peru?", "Is Cairo in Egypt?"]
+    [probe] = on.generate([scored(statements[0])])
+    states = model._bridge_state_cache
+    one_state = states.size
+    assert len(states) == 1 and one_state / (probe.tokens_in + probe.tokens_out) > 1000  # KV rows, 24 layers
+
+    on.state_cache_bytes = int(one_state * 1.5)  # room for one state of this size, not two
+    try:
+        for statement in statements[1:]:
+            on.generate([scored(statement)])
+            assert states.size <= on.state_cache_bytes and len(states) == 1
+        assert states.evicted == 2
+        [kept] = list(states._states)
+        assert statements[-1].encode() in model.detokenize(list(kept))  # the newest is the one kept
+
+        on.state_cache_bytes = 1  # a state larger than the whole bound is not kept
+        on.generate([scored("Is Bern in Switzerland?")])
+        assert len(states) == 0 and states.size == 0
+    finally:
+        on.state_cache_bytes = 8 << 20
+
+
+def test_a_changed_model_or_weights_never_reuses_a_state(cached_backends):
+    from bridge_assets.llm import backends
+    from bridge_assets.llm.backends import LlamaCppBackend, _state_cache
+
+    _, on = cached_backends
+    model = fresh(on)
+    on.generate([scored("Is Oslo in Norway?")])
+    states = model._bridge_state_cache
+    assert len(states) == 1 and states.model_id == on.model_id and "sha256:" in on.model_id
+    with backends._LLAMA_LOCK:  # the same loaded object asked for by other weights: emptied first
+        assert len(_state_cache(model, on.model_id.replace("sha256:", "sha256:0"), 8 << 20)) == 0
+
+    on.generate([scored("Is Oslo in Norway?")])
+    assert len(states) == 1
+    # another model (here the same file at another context size) is another Llama object: the
+    # first one is closed with its states, and the new one starts with none
+    longer = LlamaCppBackend(on.profile.model_copy(update={"context_size": 1024}))
+    [result] = longer.generate([scored("Is Oslo in Norway? Answer now.")])
+    [new_model] = backends._LLAMA_MODELS.values()
+    assert new_model is not model and len(states) == 0
+    assert result.prompt_reused == 0 and new_model._bridge_state_cache.restored == 0

@@ -66,6 +66,8 @@ _LLAMA_LOCK = threading.Lock()
 def _close_llama_models() -> None:
     for model in _LLAMA_MODELS.values():
         _CHAT_FORMATTERS.pop(id(model), None)
+        if getattr(model, "_bridge_state_cache", None) is not None:
+            model._bridge_state_cache.clear()  # its KV states go with it
         model.close()
     _LLAMA_MODELS.clear()
 
@@ -124,6 +126,135 @@ class _PrefillMeter:
 
     def __exit__(self, *exc: object) -> None:
         del self.model.eval
+
+
+def _common_prefix(a, b) -> int:
+    """The length of the longest common prefix of two token sequences (numpy arrays or lists)."""
+    import numpy as np
+
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    differ = np.flatnonzero(np.asarray(a[:n]) != np.asarray(b[:n]))
+    return int(differ[0]) if differ.size else n
+
+
+class KVStateCache:
+    """A bounded cache of one loaded model's KV states, so a prompt continues from the longest
+    prefix it shares with any recent call, not only with the previous one.
+
+    llama.cpp keeps one sequence in its KV cache: llama-cpp-python (and `_greedy_with_logprobs`)
+    reuse the prefix the new prompt shares with the previous call only. This keeps, after each
+    call, a copy of sequence 0's state (llama_state_seq_get_data: the KV rows of the tokens it
+    holds, nothing else) keyed by those tokens; before a call whose prompt shares a longer
+    prefix with a kept state than with the live one, that state is copied back
+    (llama_state_seq_set_data) and the model evaluates only the rest. The bytes kept are at most
+    `capacity_bytes` (least recently used states evicted first; a state larger than the whole
+    capacity is not kept); a state whose tokens are a prefix of a newer state's is dropped (the
+    newer covers every prompt it could serve).
+
+    The cache lives on the Llama object (one per weights file, context size, threads and logits
+    mode, closed with it) and is bound to the model id that filled it (weights hash included):
+    another model id empties it first, so a changed model or weights never reuses a state.
+    Only for models without `logits_all` (a restored state carries no per-position scores; the
+    last prompt token is always evaluated again, so the logits used are fresh).
+    """
+
+    def __init__(self, capacity_bytes: int, model_id: str):
+        self.capacity_bytes = int(capacity_bytes)
+        self.model_id = model_id
+        self._states: dict[tuple[int, ...], bytes] = {}  # insertion order = recency
+        self.size = 0
+        self.restored = 0  # calls that continued from a kept state
+        self.evicted = 0
+
+    def __len__(self) -> int:
+        return len(self._states)
+
+    def bind(self, model_id: str, capacity_bytes: int) -> None:
+        if model_id != self.model_id:
+            self.clear()
+            self.model_id = model_id
+        self.capacity_bytes = int(capacity_bytes)
+        self._evict()
+
+    def clear(self) -> None:
+        self._states.clear()
+        self.size = 0
+
+    def _evict(self) -> None:
+        while self._states and self.size > self.capacity_bytes:
+            oldest = next(iter(self._states))
+            self.size -= len(self._states.pop(oldest))
+            self.evicted += 1
+
+    def longest(self, tokens) -> tuple[tuple[int, ...] | None, int]:
+        """The kept state sharing the longest prefix with `tokens`, and that length."""
+        best, length = None, 0
+        for key in self._states:
+            shared = _common_prefix(key, tokens)
+            if shared > length:
+                best, length = key, shared
+        return best, length
+
+    def restore(self, model, tokens: Sequence[int]) -> int:
+        """Load into `model` the kept state that shares more of `tokens` than its live KV
+        does; returns the tokens that state shares (0: nothing restored)."""
+        import ctypes
+
+        import llama_cpp
+
+        key, shared = self.longest(tokens)
+        if key is None or shared <= _common_prefix(model._input_ids, tokens):
+            return 0
+        data = self._states.pop(key)
+        self._states[key] = data  # most recently used
+        model._ctx.kv_cache_seq_rm(0, 0, -1)
+        buffer = (ctypes.c_uint8 * len(data)).from_buffer_copy(data)
+        if llama_cpp.llama_state_seq_set_data(model._ctx.ctx, buffer, len(data), 0) != len(data):
+            model._ctx.kv_cache_seq_rm(0, 0, -1)
+            model.reset()  # nothing half-restored is ever used: the prompt is computed whole
+            return 0
+        model.input_ids[:len(key)] = key
+        model.n_tokens = len(key)
+        model._requires_eval = True
+        self.restored += 1
+        return shared
+
+    def save(self, model) -> None:
+        """Keep the model's live state (the tokens it holds: the last prompt and its reply)."""
+        import ctypes
+
+        import llama_cpp
+
+        key = tuple(int(t) for t in model._input_ids)
+        if not key or key in self._states:
+            return
+        size = llama_cpp.llama_state_seq_get_size(model._ctx.ctx, 0)
+        if size > self.capacity_bytes:
+            return
+        buffer = (ctypes.c_uint8 * size)()
+        written = llama_cpp.llama_state_seq_get_data(model._ctx.ctx, buffer, size, 0)
+        if not written or written > size:
+            return
+        for older in [k for k in self._states if len(k) < len(key) and key[:len(k)] == k]:
+            self.size -= len(self._states.pop(older))
+        data = bytes(memoryview(buffer)[:written])
+        self._states[key] = data
+        self.size += len(data)
+        self._evict()
+
+
+def _state_cache(model, model_id: str, capacity_bytes: int) -> KVStateCache | None:
+    """The model's KV state cache (created on first use), or None when it is off (capacity 0)
+    or the model keeps per-position logits."""
+    if capacity_bytes <= 0 or model._logits_all:
+        return None
+    cache = getattr(model, "_bridge_state_cache", None)
+    if cache is None:
+        cache = model._bridge_state_cache = KVStateCache(capacity_bytes, model_id)
+    cache.bind(model_id, capacity_bytes)
+    return cache
 
 
 _CHAT_FORMATTERS: dict[int, Any] = {}  # id(Llama) -> its compiled chat template
@@ -242,14 +373,23 @@ def _greedy_with_logprobs(model, request: LLMRequest) -> tuple[str, list[TokenLo
     return text, logprobs, len(tokens), len(generated)
 
 
+# KVStateCache's default bound for llama_cpp profiles that do not set engine_args.state_cache_bytes
+# (0: off; docs/llm-time.md has the measurement).
+STATE_CACHE_BYTES = 0
+
+
 class LlamaCppBackend:
-    """llama-cpp-python in this process: the CPU default. Requests run one after another."""
+    """llama-cpp-python in this process: the CPU default. Requests run one after another.
+    A profile's `engine_args: {state_cache_bytes: N}` keeps up to N bytes of KV states
+    (KVStateCache), so a prompt continues from the longest prefix of any recent call."""
 
     name = "llama_cpp"
 
     def __init__(self, profile: ModelProfile):
         self.profile = profile
         self.model_id = model_id(profile)
+        # the KV state cache's bound: the profile's engine_args.state_cache_bytes (0: off)
+        self.state_cache_bytes = int(profile.engine_args.get("state_cache_bytes", STATE_CACHE_BYTES))
 
     def _model(self, logits_all: bool):
         """This profile's model; call with _LLAMA_LOCK held (another profile may close it)."""
@@ -258,6 +398,14 @@ class LlamaCppBackend:
         path = str(provision(self.profile).path)
         threads = self.profile.threads or os.cpu_count() or 1
         return _llama(path, self.profile.context_size, threads, logits_all)
+
+    def _states(self, model, request: LLMRequest) -> KVStateCache | None:
+        """The model's KV state cache, with the state sharing the longest prefix with the
+        request's prompt restored (when it shares more than the live one); None when off."""
+        states = _state_cache(model, self.model_id, self.state_cache_bytes)
+        if states is not None:
+            states.restore(model, _prompt_tokens(model, request))
+        return states
 
     def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
         return [self._one(request) for request in requests]
@@ -278,8 +426,11 @@ class LlamaCppBackend:
         try:
             with _LLAMA_LOCK:  # a Llama object is not thread-safe, and one is resident at a time
                 model = self._model(logits_all=request.top_logprobs is not None)
+                states = self._states(model, request)
                 with _PrefillMeter(model) as meter:
                     reply = model.create_chat_completion(**kwargs)
+                if states is not None:
+                    states.save(model)
         except ValueError as exc:  # e.g. the prompt does not fit the context window
             return LLMResult(key=key, error=f"llama.cpp: {exc}",
                              latency_s=time.perf_counter() - started)
@@ -299,8 +450,11 @@ class LlamaCppBackend:
         try:
             with _LLAMA_LOCK:
                 model = self._model(logits_all=False)
+                states = self._states(model, request)
                 with _PrefillMeter(model) as meter:
                     text, logprobs, tokens_in, tokens_out = _greedy_with_logprobs(model, request)
+                if states is not None:
+                    states.save(model)
         except ValueError as exc:
             return LLMResult(key=key, error=f"llama.cpp: {exc}", latency_s=time.perf_counter() - started)
         return LLMResult(key=key, text=text, logprobs=logprobs, tokens_in=tokens_in,
