@@ -6,9 +6,12 @@ Builds a synthetic lake in a temporary folder (or --lake): --systems retrieval s
 from the systems' top-10s; computes retrieval_metrics and pending_impact with the pipeline's
 functions (timed too) and writes them; casts votes on some pairs in the votes store; then times
 the plan, in process (the command's work: the votes store opened with the lake attached, the
-plan read and printed) and as a fresh `bridge annotate plan` process (Python's start included).
+plan read and printed) and as a fresh `bridge annotate plan` process (Python's start included;
+best and median wall time of --runs, and the CPU time a process used, which the machine's load
+does not inflate).
 
     .venv/bin/python scripts/bench_annotate_plan.py [--pending 10000 --systems 20 --queries 3000]
+    .venv/bin/python scripts/bench_annotate_plan.py --lake DIR --reuse   # time again on DIR
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import resource
 import statistics
 import subprocess
 import sys
@@ -77,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     lake.mkdir(parents=True, exist_ok=True)
     os.environ["BRIDGE_DATA_LAKE"] = str(lake)
     from bridge_assets.human import votes_store
-    from bridge_assets.human.plan import annotation_plan, describe
+    from bridge_assets.human.plan import plan_text
     from bridge_assets.resources import DuckDBStore
 
     where = DuckDBStore(data_lake=str(lake))
@@ -87,7 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     for _ in range(3):
         started = time.monotonic()
         with votes_store.connect(where.votes_path, lake_db=where.lake) as live:
-            text = describe(annotation_plan(live, DATASET), systems=("sys00", "sys01"))
+            text = plan_text(live, DATASET, systems=("sys00", "sys01"))
         timings.append(time.monotonic() - started)
     print(text.splitlines()[0])
     print(text.splitlines()[1])
@@ -97,14 +101,17 @@ def main(argv: list[str] | None = None) -> None:
                            ("`bridge annotate plan` as a fresh process",
                             [bridge, "annotate", "plan", "--dataset", DATASET, "--limit", "5"])):
         walls = []
+        used = resource.getrusage(resource.RUSAGE_CHILDREN)
         for _ in range(args.runs):
             started = time.monotonic()
             done = subprocess.run(command, capture_output=True, text=True, env=os.environ, cwd=PROJECT)
             walls.append(time.monotonic() - started)
             if done.returncode:
                 print(done.stdout, done.stderr)
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpu = after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime
         print(f"{label}: best {min(walls):.2f}s, median {statistics.median(walls):.2f}s of {len(walls)} "
-              "(target < 2s; Python's start and imports included)")
+              f"(target < 2s; Python's start and imports included); CPU {cpu / len(walls):.2f}s a process")
     print(f"load average while timing: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPU(s)")
 
 

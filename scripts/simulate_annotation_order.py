@@ -47,13 +47,16 @@ K = 10
 Pair = tuple[str, str]
 
 
-def build_lake(dataset: str, retrievers: list[str], depth: int, query_limit: int) -> Path:
-    """A fresh lake in a temporary folder: ingest, the retrieval runs, the candidate pool."""
+def build_lake(dataset: str, retrievers: list[str], depth: int, query_limit: int, lake: Path | None = None) -> Path:
+    """A lake (a fresh one in a temporary folder, or `lake`, where what is stored is kept: the
+    ingest and the retrieval runs it holds are not made again): ingest, the retrieval runs, the
+    candidate pool."""
     import dagster as dg
 
-    lake = Path(tempfile.mkdtemp(prefix="bridge-sim-")) / "lake"
-    lake.mkdir()
+    lake = lake or Path(tempfile.mkdtemp(prefix="bridge-sim-")) / "lake"
+    lake.mkdir(parents=True, exist_ok=True)
     os.environ["BRIDGE_DATA_LAKE"] = str(lake)
+    from bridge_assets import store
     from bridge_assets.definitions import defs
     from bridge_assets.ingest import assets as ingest_assets
     from bridge_assets.resources import DuckDBStore
@@ -63,11 +66,20 @@ def build_lake(dataset: str, retrievers: list[str], depth: int, query_limit: int
 
     where = DuckDBStore(data_lake=str(lake))
     resources = {"store": where, "llm": LLMResource(store=where)}  # no LLM retriever is run
+    ingested, stored = False, set()
+    if store.exists(where.lake):
+        with store.connect(where.lake) as con:
+            ingested = store.table_exists(con, "queries") and con.execute(
+                "select count(*) > 0 from queries where dataset = ?", [dataset]).fetchone()[0]
+            if store.table_exists(con, "retrieval_run"):
+                stored = {r[0] for r in con.execute("select distinct retriever from retrieval_run "
+                                                    "where dataset = ?", [dataset]).fetchall()}
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("retriever", retrievers)
-        assert dg.materialize([ingest_assets.ingest_dataset], partition_key=dataset, resources=resources,
-                              instance=instance).success
-        for retriever in retrievers:
+        if not ingested:
+            assert dg.materialize([ingest_assets.ingest_dataset], partition_key=dataset, resources=resources,
+                                  instance=instance).success
+        for retriever in [r for r in retrievers if r not in stored]:
             started = time.monotonic()
             result = dg.materialize([retrieval_assets.retrieval_run], resources=resources, instance=instance,
                                     partition_key=dg.MultiPartitionKey({"dataset": dataset, "retriever": retriever}),
@@ -275,7 +287,8 @@ def write_tables(lake: Path, con, dataset: str) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default="demo")
-    parser.add_argument("--lake", type=Path, help="An existing lake (default: $BRIDGE_DATA_LAKE, or --build).")
+    parser.add_argument("--lake", type=Path, help="An existing lake (default: $BRIDGE_DATA_LAKE, or --build); "
+                        "with --build, the folder to build in (what it holds is kept).")
     parser.add_argument("--build", action="store_true", help="Build a lake for the dataset first (no LLM).")
     parser.add_argument("--retrievers", nargs="+", default=list(DEFAULT_RETRIEVERS))
     parser.add_argument("--depth", type=int, default=10, help="Candidate pool depth (with --build).")
@@ -294,7 +307,7 @@ def main(argv: list[str] | None = None) -> None:
     global CRITERION
     CRITERION = args.criterion
 
-    lake = build_lake(args.dataset, args.retrievers, args.depth, args.query_limit) if args.build else \
+    lake = build_lake(args.dataset, args.retrievers, args.depth, args.query_limit, args.lake) if args.build else \
         Path(args.lake or os.environ.get("BRIDGE_DATA_LAKE", PROJECT / "data_lake"))
     con = snapshot(lake, args.dataset)
     from bridge_assets.store import table_exists

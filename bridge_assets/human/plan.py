@@ -75,8 +75,9 @@ def impact_order(con: duckdb.DuckDBPyConnection, dataset: str | None = None) -> 
     return frame.cast({**PLAN_SCHEMA, "completed": pl.Boolean})
 
 
-def _order_sql(dataset: str | None) -> str:
-    """impact_order's query, its two values inlined (see _has_table)."""
+def _order_sql(dataset: str | None, pairs_as_text: bool = True) -> str:
+    """impact_order's query, its two values inlined (see _has_table); system_pairs as 'A vs B'
+    texts, or as pending_impact holds them (`pairs_as_text` False: cheaper to filter)."""
     values = {"dataset": "null" if dataset is None else _sql_text(dataset), "required": str(int(REQUIRED_VOTES))}
     sql = """
         with votes as (
@@ -88,7 +89,7 @@ def _order_sql(dataset: str | None) -> str:
         )
         select i.dataset, i.impact_rank, i.query_id, i.doc_id, coalesce(v.n, 0)::integer as votes,
                i.impact, i.decides, i.reason,
-               list_transform(i.system_pairs, lambda p: p.system_a || ' vs ' || p.system_b) as system_pairs,
+               PAIRS as system_pairs,
                i.measure, i.pairs_in_doubt,
                coalesce(v.n >= $required and v.labels[(v.n + 1) // 2] = v.labels[v.n // 2 + 1], false)
                    as completed
@@ -96,6 +97,8 @@ def _order_sql(dataset: str | None) -> str:
         left join votes v on v.dataset = i.dataset and v.query_id = i.query_id and v.doc_id = i.doc_id
         where $dataset is null or i.dataset = $dataset
         order by i.dataset, i.impact_rank"""
+    sql = sql.replace("PAIRS", "list_transform(i.system_pairs, lambda p: p.system_a || ' vs ' || p.system_b)"
+                      if pairs_as_text else "i.system_pairs")
     return re.sub(r"\$(dataset|required)\b", lambda m: values[m.group(1)], sql)
 
 
@@ -137,19 +140,24 @@ def plan_text(con: duckdb.DuckDBPyConnection, dataset: str, *, systems: tuple[st
     ensure_schema(con)
     if not _has_table(con, "pending_impact"):
         return _text(dataset, None, 0, 0, 0, 0, systems, 0, [], limit)
-    order = _order_sql(dataset)
-    measure, open_pairs, completed, deciding, in_doubt = con.execute(f"""
+    source, where = f"({_order_sql(dataset, pairs_as_text=False)}) o", "not completed"
+    if systems is not None:  # the pairs deciding them, by their system pairs unnested (cheaper than a lambda)
+        a, b = map(_sql_text, systems)
+        source += f""" left join (
+            select distinct query_id, doc_id, true as chosen
+            from (select query_id, doc_id, unnest(system_pairs) as p from pending_impact
+                  where dataset = {_sql_text(dataset)})
+            where (p.system_a = {a} and p.system_b = {b}) or (p.system_a = {b} and p.system_b = {a})
+        ) k using (query_id, doc_id)"""
+        where += " and impact > 0 and coalesce(k.chosen, false)"
+    measure, open_pairs, completed, deciding, in_doubt, shown = con.execute(f"""
         select any_value(measure), count(*) filter (where not completed), count(*) filter (where completed),
-               count(*) filter (where impact > 0 and not completed), coalesce(max(pairs_in_doubt), 0)
-        from ({order})""").fetchone()
+               count(*) filter (where impact > 0 and not completed), coalesce(max(pairs_in_doubt), 0),
+               count(*) filter (where {where})
+        from {source}""").fetchone()
     if measure is None:
         return _text(dataset, None, 0, 0, 0, 0, systems, 0, [], limit)
-    where = "not completed"
-    if systems is not None:
-        names = ", ".join(_sql_text(f"{a} vs {b}") for a, b in (systems, systems[::-1]))
-        where += f" and impact > 0 and list_has_any(system_pairs, [{names}])"
-    shown = con.execute(f"select count(*) from ({order}) where {where}").fetchone()[0]
-    rows = con.execute(f"""select impact_rank, query_id, doc_id, votes, impact, reason from ({order})
+    rows = con.execute(f"""select impact_rank, query_id, doc_id, votes, impact, reason from {source}
                            where {where} order by impact_rank limit {int(limit)}""").fetchall()
     return _text(dataset, measure, open_pairs, in_doubt, completed, deciding, systems, shown, rows, limit)
 
