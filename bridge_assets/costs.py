@@ -101,10 +101,14 @@ def estimate_run(dataset: str, overrides: Mapping[str, Mapping[str, Any]] | None
 def _people(lake: Any, dataset: str) -> PeopleCost | None:
     """People's time on `dataset` so far and the votes its open pairs need, priced at
     BRIDGE_ANNOTATOR_RATE (None before anyone voted or a debate escalated anything)."""
+    from bridge_assets.human.tables import HUMAN_VOTES
     from bridge_assets.human.votes_store import copy_votes
 
     with contextlib.closing(store.dataset_snapshot(lake, dataset, ["debate_labels"])) as con:
-        copy_votes(con, dataset, lake_db=lake, votes_db=lake.votes_db)
+        if Path(lake.votes_db).exists():
+            copy_votes(con, dataset, lake_db=lake, votes_db=lake.votes_db)
+        else:  # nobody voted yet: a dry run creates no votes store
+            con.execute(HUMAN_VOTES.replace(" default nextval('human_vote_ids')", ""))
         people = people_cost(con, dataset, annotator_rate())
     return people if people.votes or people.open_pairs else None
 

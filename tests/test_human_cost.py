@@ -84,6 +84,12 @@ def test_the_rate_setting(monkeypatch):
             env.annotator_rate
 
 
+def test_the_dry_run_reads_the_open_pairs_without_creating_a_votes_store(escalated_lake):
+    people = costs._people(lake_location(), DATASET)
+    assert (people.votes, people.open_pairs, people.votes_needed) == (0, 4, 12)
+    assert not lake_location().votes_db.exists()
+
+
 def test_the_dry_run_prints_people_beside_the_llm(escalated_lake, monkeypatch):
     monkeypatch.setenv("BRIDGE_ANNOTATOR_RATE", "60")
     with annotations(escalated_lake) as con:
