@@ -10,6 +10,8 @@ STAMP := $(VENV)/.bridge-installed
 DATASET ?= demo
 SAMPLE ?=
 PYTEST_ARGS ?=
+# pytest-xdist workers of `make test` (0: one process); tests/conftest.py groups what must share one
+TEST_WORKERS ?= 2
 
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -36,7 +38,7 @@ run: setup
 	$(BIN)/bridge run --dataset $(DATASET) $(if $(SAMPLE),--sample $(SAMPLE))
 
 test: setup browser
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The Dagster UI on http://127.0.0.1:3000, over the same instance `bridge` uses.
 ui: setup

@@ -59,13 +59,14 @@ def escalated_lake(data_lake) -> Path:
 
 
 @pytest.fixture
-def labeled_lake(data_lake) -> Path:
+def labeled_lake(data_lake, tmp_path_factory) -> Path:
     """Every stage's tables up to human_labels (tests/fixtures/labeled_lake.py): what qrels,
-    analysis, reports and audit read."""
+    analysis, reports and audit read. Built once per session, each test gets its own copy
+    (tests/fixtures/lake_templates.py)."""
     from fixtures.labeled_lake import write_labeled_lake
+    from fixtures.lake_templates import copy_of
 
-    write_labeled_lake(data_lake)
-    return data_lake
+    return copy_of("labeled", write_labeled_lake, data_lake, tmp_path_factory)
 
 
 @pytest.fixture(autouse=True)
@@ -83,3 +84,33 @@ def no_dagster_instance_left_entered() -> Iterator[None]:
     if base.DefsStateStorage.get() is not None:
         base._current_storage.set(None)  # so that only this test fails, not the ones after it
         pytest.fail("the test left a Dagster instance entered: close what enters one (`with ...`)")
+
+
+# pytest-xdist (`make test` runs `pytest -n 2 --dist loadgroup --no-loadscope-reorder`): each
+# test module is one unit of work, run in order on one worker (its module-scoped fixtures are
+# built once, and tests that build on an earlier one's index keep their order); the modules
+# that run the real local LLM (llama.cpp on every core) are one unit together, so two models
+# never share the cores; the longest units are handed out first. A plain `pytest` is unchanged.
+REAL_MODEL_MODULES = ("test_automation_daemon.py", "test_llm_real.py", "test_labeling_real.py",
+                      "test_evaluation_real.py", "test_retrieval_llm.py", "test_analysis_rag.py")
+REAL_MODEL_GROUP = "real-local-llm"
+LONGEST_FIRST = (REAL_MODEL_GROUP, "test_main_job_growth.py", "test_ui_graphql.py", "test_student.py",
+                 "test_main_job_costs.py", "test_retrieval_systems.py", "test_ingest_assets.py",
+                 "test_human_browser.py", "test_annotate_browser.py", "test_report_render.py")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the group marks into node ids
+def pytest_collection_modifyitems(config, items) -> None:
+    if not getattr(config.option, "loadgroup", False):
+        return
+    for item in items:
+        module = item.path.name
+        group = REAL_MODEL_GROUP if module in REAL_MODEL_MODULES else module
+        item.add_marker(pytest.mark.xdist_group(group))
+    rank = {name: n for n, name in enumerate(LONGEST_FIRST)}
+
+    def order(item) -> int:
+        module = item.path.name
+        return rank.get(REAL_MODEL_GROUP if module in REAL_MODEL_MODULES else module, len(rank))
+
+    items.sort(key=order)  # stable: within a unit, the collection's order

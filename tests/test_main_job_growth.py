@@ -1,6 +1,9 @@
 """Growth, as users meet it: a retriever is added to the registry, the registry sensor adds its
 partition, the main job runs again, and the debate pays only for the pairs the new system
-surfaced, while the metrics and the report now include it. Real model (qwen-0.5b), tiny sizes."""
+surfaced, while the metrics and the report now include it. Tiny sizes; the models are a
+scripted OpenAI-compatible server (deterministic replies, the production client and ledger), and
+the same growth with the real model (qwen-0.5b) is marked slow: the default run's one end-to-end
+real-model run is tests/test_automation_daemon.py's `bridge run`."""
 
 from __future__ import annotations
 
@@ -16,26 +19,47 @@ from bridge_assets.paths import RESOURCES_DIR
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.retrieval.registry import append_system
 from bridge_assets.retrieval.sensors import retriever_registry_sensor, sync_partitions
+from fixtures.scripted_llm import ScriptedServer, any_stage_reply
 
-pytest.importorskip("llama_cpp")
+REAL_MODEL = "qwen-0.5b"
+SCRIPTED = "scripted"
 
-MODEL = "qwen-0.5b"
-# The main job's settings, shrunk: 2 sampled queries, each system's top-2, one debate round.
-CONFIG = {
-    "candidate_pool": {"depth": 2, "query_limit": 2},
-    "filtered_pool": {"models": [MODEL], "max_tokens": 32},
-    "debate_labels": {"models": [MODEL], "rounds": 1, "reason_words": 15, "adjudicate": True,
-                      "adjudicator_model": MODEL},
-    # every system (the demo's own entry names two): explicit run config wins over it
-    "rag_answers": {"model": MODEL, "query_limit": 1, "max_tokens": 16, "systems": []},
-    "rag_judgments": {"model": MODEL},
-}
+
+def config(model: str) -> dict:
+    """The main job's settings, shrunk: 2 sampled queries, each system's top-2, one debate round."""
+    return {
+        "candidate_pool": {"depth": 2, "query_limit": 2},
+        "filtered_pool": {"models": [model], "max_tokens": 32},
+        "debate_labels": {"models": [model], "rounds": 1, "reason_words": 15, "adjudicate": True,
+                          "adjudicator_model": model},
+        # every system (the demo's own entry names two): explicit run config wins over it
+        "rag_answers": {"model": model, "query_limit": 1, "max_tokens": 16, "systems": []},
+        "rag_judgments": {"model": model},
+    }
+
+
+@pytest.fixture(params=[SCRIPTED, pytest.param(REAL_MODEL, marks=pytest.mark.slow)])
+def model(request, tmp_path, monkeypatch):
+    """The profile the labelling and RAG stages call: the scripted server (a models.yaml in a
+    registry folder of the test's own), or the real offline model."""
+    if request.param == REAL_MODEL:
+        pytest.importorskip("llama_cpp")
+        weights.provision(get_profile(REAL_MODEL))
+        yield REAL_MODEL
+        return
+    folder = tmp_path / "models_registry"
+    folder.mkdir()
+    monkeypatch.setenv("BRIDGE_REGISTRY_DIR", str(folder))
+    with ScriptedServer(any_stage_reply) as server:
+        (folder / "models.yaml").write_text(yaml.safe_dump({"profiles": {SCRIPTED: {
+            "backend": "openai", "model": "scripted-model", "base_urls": [server.url], "timeout_s": 30,
+            "retries": 0, "structured_output": "json_object_schema"}}}))
+        yield SCRIPTED
 
 
 @pytest.fixture
 def growth_lake(data_lake, tmp_path, monkeypatch):
     """A data lake, a Dagster instance and a registry whose profile holds BM25 only."""
-    weights.provision(get_profile(MODEL))
     registry = yaml.safe_load((RESOURCES_DIR / "retrievers.yaml").read_text())
     bm25 = {**registry["systems"]["bm25"], "profiles": ["growth"]}
     registry = {"profile": "growth", "defaults": registry["defaults"], "models": registry["models"],
@@ -51,23 +75,23 @@ def growth_lake(data_lake, tmp_path, monkeypatch):
     return data_lake, path
 
 
-def run_main_job(instance: dg.DagsterInstance) -> None:
+def run_main_job(instance: dg.DagsterInstance, model: str) -> None:
     names = [key.to_user_string() for key in main_selection.resolve(defs.resolve_asset_graph())]
     steps = orchestration.plan(defs, names, "demo", instance)
-    orchestration.execute(defs, steps, instance, CONFIG)
+    orchestration.execute(defs, steps, instance, config(model))
 
 
-def test_an_added_retriever_is_benchmarked_and_debated_only_where_it_is_new(growth_lake):
+def test_an_added_retriever_is_benchmarked_and_debated_only_where_it_is_new(model, growth_lake):
     lake, registry_file = growth_lake
     instance = orchestration.instance()
     store = DuckDBStore(data_lake=str(lake))
     assert sync_partitions(instance, store).add == ["bm25"]
-    run_main_job(instance)
+    run_main_job(instance, model)
     with store.connect() as con:
         pool_before = set(con.execute("select query_id, doc_id from candidate_pool").fetchall())
         calls_before = {key for (key,) in con.execute("select key from llm_calls").fetchall()}
         assert con.execute("select distinct retriever from retrieval_metrics").fetchall() == [("bm25",)]
-    assert calls_before, "the first run labels its pool with the real model"
+    assert calls_before, "the first run labels its pool with the model"
 
     # `bridge retrievers add` writes this entry; the sensor adds its partition and asks for
     # its runs on every dataset.
@@ -80,7 +104,7 @@ def test_an_added_retriever_is_benchmarked_and_debated_only_where_it_is_new(grow
     assert {r.partition_key.keys_by_dimension["retriever"] for r in result.run_requests} == {"minilm"}
     instance.add_dynamic_partitions("retriever", added)  # what the daemon does with the request
 
-    run_main_job(instance)
+    run_main_job(instance, model)
     with store.connect() as con:
         pool_after = set(con.execute("select query_id, doc_id from candidate_pool").fetchall())
         new_pairs = pool_after - pool_before
