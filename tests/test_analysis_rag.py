@@ -142,6 +142,9 @@ def small_model(data_lake):
     return weights.provision(small_model_profile())
 
 
+# slow: the real model answers and judges in tests/test_automation_daemon.py's `bridge run`; the
+# assets' calls: test_rag_assets_call_the_llm_once_per_answer_and_never_again
+@pytest.mark.slow
 def test_offline_model_answers_from_the_passages_and_judges_the_answer(small_model, data_lake):
     from bridge_assets.llm import LLMClient
 

@@ -39,6 +39,9 @@ def label_eval(*args: str) -> dict:
     return json.loads(outcome.output)
 
 
+# slow: lara in label-eval is tests/test_evaluation_methods.py::test_lara_escalates_at_the_ratio_and_reports_the_raw_scores_calibration,
+# the real model's log-probabilities tests/test_llm_real.py (P(yes), greedy top-k)
+@pytest.mark.slow
 def test_label_eval_lara_with_the_real_model_and_again_from_the_cache(provisioned_lake):
     first = label_eval("--method", "lara", "--limit", "4", "--set", "escalation_ratio=0.25")
     assert (first["n"], first["calls"], first["failures"]) == (4, 4, 0)

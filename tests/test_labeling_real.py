@@ -32,6 +32,9 @@ def provisioned_demo_lake(data_lake):
     return data_lake
 
 
+# slow: the default run's real debate is tests/test_automation_daemon.py's `bridge run`; the ledger's
+# reruns: tests/test_labeling_assets.py::test_pipeline_labels_pairs_then_reruns_from_the_ledger_and_labels_only_new_pairs
+@pytest.mark.slow
 def test_real_debate_records_its_calls_and_a_rerun_makes_none(provisioned_demo_lake):
     with store.connect(provisioned_demo_lake / "bridge.duckdb") as con:
         pairs = load_pairs(con, "demo", "select 'q02' as query_id, 'pydoc-return-1' as doc_id")

@@ -63,6 +63,8 @@ def test_llm_reranker_reorders_bm25_by_p_yes_and_caches_its_calls(registry, demo
     assert sum(c.stats.calls for c in clients.values()) == calls  # every call answered by the ledger
 
 
+# slow: HyDE through `bridge materialize` and the ledger is tests/test_main_job_costs.py::test_the_dry_run_counts_the_calls_the_run_makes
+@pytest.mark.slow
 def test_hyde_searches_bm25_with_a_generated_passage(registry, demo_queries, data_lake):
     corpus, queries = demo_queries
     queries = queries.head(1)
