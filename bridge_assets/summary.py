@@ -128,16 +128,33 @@ def _rank_changes(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
 
 
 def _stopping_point(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
-    """One line: labels left, in impact order, until every rank change holds (pending_impact)."""
-    rows = _rows(con, "pending_impact", """
-        select count(*) filter (where impact > 0), count(*), max(pairs_in_doubt), any_value(measure)
+    """One line: labels left, in impact order, until every rank change holds (pending_impact);
+    a second with significance (pending_impact read the significance table): until every
+    significance call that differs between the bounds is settled too."""
+    if not table_exists(con, "pending_impact"):
+        return []
+    significance = bool(con.execute("select count(*) from information_schema.columns where table_name = "
+                                    "'pending_impact' and column_name = 'significance_in_doubt'").fetchone()[0])
+    flips = "coalesce(flips, 0)" if significance else "0"
+    rows = _rows(con, "pending_impact", f"""
+        select coalesce(max(impact_rank) filter (where decides > 0), 0), count(*), max(pairs_in_doubt),
+               any_value(measure),
+               coalesce(max(impact_rank) filter (where decides > 0 or {flips} > 0), 0),
+               {"max(significance_in_doubt)" if significance else "null::integer"}
         from pending_impact where dataset = ?""", [dataset])
     if not rows or not rows[0][1]:
         return []
-    deciding, pending, doubt, measure = rows[0]
-    return [f"stopping point: {deciding} more label(s), in impact order, decide every rank change on "
-            f"{measure_label(measure)} ({doubt} system pair(s) in doubt; the other {pending - deciding} "
-            f"pending pair(s) cannot change any): bridge annotate plan --dataset {dataset}"]
+    deciding, pending, doubt, measure, with_significance, significance_doubt = rows[0]
+    label = measure_label(measure)
+    lines = [f"stopping point: {deciding} more label(s), in impact order, decide every rank change on "
+             f"{label} ({doubt} system pair(s) in doubt; the other {pending - deciding} "
+             f"pending pair(s) cannot change any): bridge annotate plan --dataset {dataset}"]
+    if significance_doubt is not None:
+        lines.append(f"stopping point with significance: {with_significance} more label(s), in impact order, "
+                     f"also settle every significance call on {label} that differs between the bounds "
+                     f"({significance_doubt} system pair(s); an upper figure: every pair that may flip a call "
+                     "is counted)")
+    return lines
 
 
 def _student(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:

@@ -241,12 +241,17 @@ IMPACT_SHOWN = 10  # pairs of the impact order listed in the report
 
 def impact_section(impact: pl.DataFrame | None, qrels: pl.DataFrame | None) -> Section:
     """The stopping point: how many more labels, in impact order, decide every rank change
-    (pending_impact, bridge_assets.analysis.impact), and the first pairs to label."""
+    (pending_impact, bridge_assets.analysis.impact), and with significance settle every
+    significance call that differs between the bounds too; and the first pairs to label."""
     section = Section("impact", "What people's labels can still change",
                       "A pending pair decides a system pair when the two systems' order differs "
                       "between the bounds and its chunk stands in either's top k; its impact is "
-                      "the share of that doubt its label moves, summed over the system pairs. The "
-                      "annotation queue serves pairs in this order (pairs with votes first).")
+                      "the share of that doubt its label moves, summed over the system pairs. It "
+                      "may flip a significance call (a system pair and a test of the significance "
+                      "section) when the call differs between the bounds and its chunk stands in "
+                      "either system's top k; each system pair it may flip adds a modest weight "
+                      "to its impact. The annotation queue serves pairs in this order (pairs with "
+                      "votes first).")
     pending = 0 if qrels is None else qrels.filter(pl.col("source") == "pending").height
     if impact is None:
         if pending:
@@ -254,15 +259,26 @@ def impact_section(impact: pl.DataFrame | None, qrels: pl.DataFrame | None) -> S
         else:
             section.notes.append("No pending pair: every rank change already holds whatever people decide.")
         return section
-    deciding = impact.filter(pl.col("impact") > 0).sort("impact_rank")
+    flips = pl.col("flips").fill_null(0) > 0 if "flips" in impact.columns else pl.lit(False)
+    deciding_rank = int(impact.filter(pl.col("decides") > 0)["impact_rank"].max() or 0)
+    listed = impact.filter((pl.col("decides") > 0) | flips).sort("impact_rank")
     label = measure_label(impact["measure"][0])
-    section.notes.append(f"Stopping point: {deciding.height} more label(s), in impact order, decide every "
+    section.notes.append(f"Stopping point: {deciding_rank} more label(s), in impact order, decide every "
                          f"rank change on {label} ({int(impact['pairs_in_doubt'].max() or 0)} system pair(s) "
-                         f"in doubt); the other {impact.height - deciding.height} pending pair(s) cannot "
+                         f"in doubt); the other {impact.height - deciding_rank} pending pair(s) cannot "
                          "change any. (Read at the current bounds: each vote moves them.)")
-    if deciding.height:
-        section.tables.append(table(f"The first {min(IMPACT_SHOWN, deciding.height)} pairs to label",
-                                    deciding.head(IMPACT_SHOWN), {
+    significance_doubt = (impact["significance_in_doubt"].max() if "significance_in_doubt" in impact.columns
+                          else None)
+    if significance_doubt is not None:
+        with_significance = int(listed["impact_rank"].max() or 0)
+        section.notes.append(
+            f"With significance: {with_significance} more label(s), in impact order, also settle every "
+            f"significance call on {label} that differs between the bounds ({int(significance_doubt)} system "
+            "pair(s) with such a call). An upper figure: every pending pair that may flip a call is "
+            "counted, though one label may settle it.")
+    if listed.height:
+        section.tables.append(table(f"The first {min(IMPACT_SHOWN, listed.height)} pairs to label",
+                                    listed.head(IMPACT_SHOWN), {
             "impact_rank": "#", "query_id": "query", "doc_id": "chunk", "impact": "impact",
             "reason": "why"}))
     return section
