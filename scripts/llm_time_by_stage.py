@@ -124,9 +124,9 @@ def replay(requests, profile_name: str, cache_bytes: int, repeat: int, max_token
                     loaded.reset()
                     if getattr(loaded, "_bridge_state_cache", None) is not None:
                         loaded._bridge_state_cache.clear()
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             results = [backend.generate([request])[0] for request in requests]
-            wall = time.perf_counter() - started
+            wall, cpu = time.perf_counter() - started, time.process_time() - cpu_started
             memory = duckdb.connect()
             memory.execute(f"create table {TABLE} (purpose VARCHAR, error VARCHAR, tokens_in INTEGER, "
                            "prompt_tokens_computed INTEGER, prompt_tokens_reused INTEGER, decode_tokens INTEGER, "
@@ -138,19 +138,82 @@ def replay(requests, profile_name: str, cache_bytes: int, repeat: int, max_token
             states = getattr(model, "_bridge_state_cache", None) if arm == "on" else None
             extra = (f"; {states.restored} calls continued from a kept state, {len(states)} states "
                      f"({states.size / 2**20:.1f} MiB) kept, {states.evicted} evicted") if states else ""
-            print(f"### state cache {arm} (run {round_ + 1}): {wall:.1f} s wall{extra}\n")
+            print(f"### state cache {arm} (run {round_ + 1}): {wall:.1f} s wall, {cpu:.1f} s CPU{extra}\n")
             print(markdown(rows, ["purpose"]) + "\n")
             replies.setdefault(arm, results)
-            totals.setdefault(arm, []).append((wall, rows[-1][5]))
+            totals.setdefault(arm, []).append((wall, cpu, rows[-1][5]))
     same_text = sum(a.text == b.text for a, b in zip(replies["off"], replies["on"]))
     with_logprobs = [(a, b) for a, b in zip(replies["off"], replies["on"]) if a.logprobs is not None]
     same_logprobs = sum(a.logprobs == b.logprobs for a, b in with_logprobs)
-    print("| state cache | wall s (each run) | prompt tokens computed | replies identical to off |")
-    print("|---|---|---|---|")
+    print("| state cache | wall s (each run) | CPU s (each run) | prompt tokens computed | replies identical to off |")
+    print("|---|---|---|---|---|")
     for arm in arms:
-        walls = ", ".join(f"{wall:.1f}" for wall, _ in totals[arm])
-        print(f"| {arm} | {walls} | {totals[arm][0][1]:,} | "
+        walls = ", ".join(f"{wall:.1f}" for wall, _, _ in totals[arm])
+        cpus = ", ".join(f"{cpu:.1f}" for _, cpu, _ in totals[arm])
+        print(f"| {arm} | {walls} | {cpus} | {totals[arm][0][2]:,} | "
               f"{'-' if arm == 'off' else f'{same_text}/{len(requests)} texts, {same_logprobs}/{len(with_logprobs)} log-prob lists'} |")
+
+
+def simulate(requests, profile_name: str, capacities_mb: list[float]) -> None:
+    """Prompt tokens computed for these calls, in this order, by the llama.cpp backend without
+    and with a KV state cache of each capacity: token counts only, from the profile's tokenizer
+    and chat template (no model run; a reply's own tokens, which no later prompt repeats at
+    the same position, are left out of the kept states; the bytes per token are the KV rows
+    of the model's layers in f16, as llama_state_seq_get_data writes them)."""
+    from llama_cpp import Llama
+
+    from bridge_assets.llm import backends, get_profile, weights
+
+    profile = get_profile(profile_name)
+    vocab = Llama(model_path=str(weights.provision(profile).path), vocab_only=True, verbose=False)
+    meta = vocab.metadata
+    arch = meta["general.architecture"]
+    layers, heads = int(meta[f"{arch}.block_count"]), int(meta[f"{arch}.attention.head_count"])
+    kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
+    head_dim = int(meta.get(f"{arch}.attention.key_length", int(meta[f"{arch}.embedding_length"]) // heads))
+    per_token = 2 * layers * kv_heads * head_dim * 2  # K and V, f16
+    prompts = [tuple(backends._prompt_tokens(vocab, request)) for request in requests]
+    purposes = [request.purpose for request in requests]
+    print(f"simulated: {len(prompts)} recorded calls, {profile_name}'s tokenizer; a kept state "
+          f"{per_token:,} bytes per token ({layers} layers x {kv_heads} KV heads x {head_dim} x K,V f16)\n")
+
+    def run(capacity: int) -> dict[str, int]:
+        states: dict[tuple[int, ...], int] = {}
+        live: tuple[int, ...] = ()
+        computed: dict[str, int] = {}
+        size = 0
+        for purpose, tokens in zip(purposes, prompts):
+            shared = backends._common_prefix(live, tokens)
+            if capacity:
+                best = max(states, key=lambda key: backends._common_prefix(key, tokens), default=None)
+                if best is not None and backends._common_prefix(best, tokens) > shared:
+                    shared = backends._common_prefix(best, tokens)
+                    states[best] = states.pop(best)
+            computed[purpose] = computed.get(purpose, 0) + len(tokens) - min(shared, len(tokens) - 1)
+            live = tokens
+            if capacity and len(tokens) * per_token <= capacity and tokens not in states:
+                for older in [k for k in states if len(k) < len(tokens) and tokens[:len(k)] == k]:
+                    size -= states.pop(older)
+                states[tokens] = len(tokens) * per_token
+                size += states[tokens]
+                while size > capacity:
+                    size -= states.pop(next(iter(states)))
+        return computed
+
+    arms = {"off": run(0), **{f"{mb:g} MiB": run(int(mb * 2**20)) for mb in capacities_mb}}
+    stages = sorted(set(purposes), key=lambda p: -arms["off"][p])
+    totals = {p: sum(len(t) for q, t in zip(purposes, prompts) if q == p) for p in stages}
+    print("| purpose | calls | prompt tokens | computed, cache off | " + " | ".join(
+        f"computed, {arm}" for arm in list(arms)[1:]) + " |")
+    print("|---|---|---|---|" + "---|" * (len(arms) - 1))
+    for purpose in [*stages, None]:
+        row = (lambda arm: sum(arms[arm].values())) if purpose is None else (lambda arm: arms[arm][purpose])
+        calls = len(purposes) if purpose is None else purposes.count(purpose)
+        prompt = sum(totals.values()) if purpose is None else totals[purpose]
+        off = row("off")
+        cells = [f"{row(arm):,} ({row(arm) / off - 1:+.0%})" if off else f"{row(arm):,}" for arm in list(arms)[1:]]
+        print(f"| {'**total**' if purpose is None else purpose} | {calls:,} | {prompt:,} | {off:,} | "
+              + " | ".join(cells) + " |")
 
 
 def main() -> None:
@@ -166,6 +229,9 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1, help="with --replay: run both arms this many times")
     parser.add_argument("--max-tokens", type=int, default=0,
                         help="with --replay: cap each reply at this many tokens (0: as recorded)")
+    parser.add_argument("--simulate", default="", metavar="MIB[,MIB...]",
+                        help="prompt tokens computed for the recorded calls (--stages, --replay N limit), cache off "
+                             "and at these capacities: token counts from --profile's tokenizer, no model run")
     args = parser.parse_args()
     by = [name.strip() for name in args.by.split(",") if name.strip()]
     if not by or any(name not in GROUPS for name in by):
@@ -178,8 +244,8 @@ def main() -> None:
                 print(f"{where}: no LLM call was ever recorded ({TABLE} does not exist)")
                 return
             rows, measured = stage_table(con, by, args.context)
-            requests = recorded_requests(con, args.replay, [p for p in args.stages.split(",") if p],
-                                         args.context) if args.replay else []
+            requests = recorded_requests(con, args.replay or 10**9, [p for p in args.stages.split(",") if p],
+                                         args.context) if args.replay or args.simulate else []
     except store.StoreBusy as exc:
         sys.exit(f"{where} is busy ({exc}); copy the lake folder elsewhere and point --lake at the copy")
     scope = f" (context {args.context})" if args.context else ""
@@ -198,6 +264,9 @@ def main() -> None:
         print(f"\n{calls - measured_calls:,} of {calls:,} calls have no prefill measurement (NULL: recorded "
               "before the ledger measured it, or by a backend that does not report it); the computed, "
               "reused and decode sums cover only the calls that have them.")
+    if args.simulate:
+        print()
+        simulate(requests, args.profile, [float(mb) for mb in args.simulate.split(",")])
     if args.replay:
         print()
         replay(requests, args.profile, int(args.state_cache_mb * 2**20), args.repeat, args.max_tokens)
