@@ -15,8 +15,9 @@ sum of the shares, and the reason says it in words ("decides bm25 vs dense on nD
 in both").
 
 The annotation queue serves pending pairs by impact (bridge_assets.human.queue); `bridge
-annotate plan` prints the order. The *stopping point* is the number of pending pairs with an
-impact: labelled (in impact order) they decide every system pair in doubt now, and the other
+annotate plan` prints the order. The *stopping point* is the number of pending pairs, in impact
+order, up to the last that decides a system pair in doubt (without significance doubt: the
+pairs with an impact): labelled, they decide every system pair in doubt now, and the other
 pending pairs cannot change the order of any of them. It is a reading of the current bounds:
 votes change the bounds, and the table is recomputed with them (against brute force, which
 knows every answer the first pairs may get, it is equal on 7 of 10 small random lakes, above on
