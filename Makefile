@@ -38,7 +38,7 @@ run: setup
 	$(BIN)/bridge run --dataset $(DATASET) $(if $(SAMPLE),--sample $(SAMPLE))
 
 test: setup browser
-	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The Dagster UI on http://127.0.0.1:3000, over the same instance `bridge` uses.
 ui: setup

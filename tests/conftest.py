@@ -86,11 +86,13 @@ def no_dagster_instance_left_entered() -> Iterator[None]:
         pytest.fail("the test left a Dagster instance entered: close what enters one (`with ...`)")
 
 
-# pytest-xdist (`make test` runs `pytest -n 2 --dist loadgroup --no-loadscope-reorder`): each
+# pytest-xdist (`make test` runs `pytest -n 2 --dist loadscope --no-loadscope-reorder`): each
 # test module is one unit of work, run in order on one worker (its module-scoped fixtures are
 # built once, and tests that build on an earlier one's index keep their order); the modules
 # that run the real local LLM (llama.cpp on every core) are one unit together, so two models
-# never share the cores; the longest units are handed out first. A plain `pytest` is unchanged.
+# never share the cores; the longest units are handed out first. (xdist's own `loadgroup`
+# cannot do this under pytest 9: it renames node ids through an attribute pytest 9 no longer
+# reads.) A plain `pytest` is unchanged.
 REAL_MODEL_MODULES = ("test_automation_daemon.py", "test_llm_real.py", "test_labeling_real.py",
                       "test_evaluation_real.py", "test_retrieval_llm.py", "test_analysis_rag.py")
 REAL_MODEL_GROUP = "real-local-llm"
@@ -99,18 +101,26 @@ LONGEST_FIRST = (REAL_MODEL_GROUP, "test_main_job_growth.py", "test_ui_graphql.p
                  "test_human_browser.py", "test_annotate_browser.py", "test_report_render.py")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook turns the group marks into node ids
+def unit_of_work(nodeid: str) -> str:
+    module = nodeid.split("::", 1)[0]
+    return REAL_MODEL_GROUP if module.rsplit("/", 1)[-1] in REAL_MODEL_MODULES else module
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByUnitOfWork(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return unit_of_work(nodeid)
+
+    return ByUnitOfWork(config, log)
+
+
 def pytest_collection_modifyitems(config, items) -> None:
-    if not getattr(config.option, "loadgroup", False):
+    if not hasattr(config, "workerinput"):  # only an xdist worker's collection, the scheduler's order
         return
-    for item in items:
-        module = item.path.name
-        group = REAL_MODEL_GROUP if module in REAL_MODEL_MODULES else module
-        item.add_marker(pytest.mark.xdist_group(group))
     rank = {name: n for n, name in enumerate(LONGEST_FIRST)}
-
-    def order(item) -> int:
-        module = item.path.name
-        return rank.get(REAL_MODEL_GROUP if module in REAL_MODEL_MODULES else module, len(rank))
-
-    items.sort(key=order)  # stable: within a unit, the collection's order
+    items.sort(key=lambda item: rank.get(unit_of_work(item.nodeid).rsplit("/", 1)[-1], len(rank)))
