@@ -54,7 +54,7 @@ READS: dict[str, tuple[str, ...]] = {
     "retrieval_metrics": ("retrieval_run", "original_qrels", "bridge_qrels", "candidate_pool", "queries"),
     "ranking_shift": ("retrieval_metrics",),
     "significance": ("retrieval_metrics",),
-    "pending_impact": ("retrieval_metrics", "retrieval_run", "bridge_qrels"),  # impact_asset.py
+    "pending_impact": ("retrieval_metrics", "retrieval_run", "bridge_qrels", "significance"),  # impact_asset.py
     "pool_saturation": ("candidate_pool", "bridge_qrels", "retrieval_run", "original_qrels", "queries"),
     "pool_coverage": ("candidate_pool", "bridge_qrels", "retrieval_run", "original_qrels", "queries"),
     "partial_annotation_study": ("bridge_qrels", "retrieval_run", "corpus", "candidate_pool",

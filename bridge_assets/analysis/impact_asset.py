@@ -1,7 +1,7 @@
 """Dagster wiring of `pending_impact` (bridge_assets.analysis.impact), one partition per
-dataset, its deps from assets.READS like every analysis asset, and the significance table:
-the significance calls each pending pair may flip (read when it holds the headline measure at
-both bounds; without it the table says nothing about significance)."""
+dataset, its deps from assets.READS like every analysis asset (the significance table among
+them: the calls each pending pair may flip, read when it holds the headline measure at both
+bounds; without it the table says nothing about significance)."""
 
 # No `from __future__ import annotations`: Dagster resolves dg.Config annotations at runtime.
 import dagster as dg
@@ -9,17 +9,11 @@ import polars as pl
 from pydantic import Field
 
 from bridge_assets import snapshots
-from bridge_assets.analysis.assets import GROUP, READS, AnalysisRun, deps
+from bridge_assets.analysis.assets import READS, AnalysisRun, analysis_asset
 from bridge_assets.analysis.impact import (HEADLINE, compute_pending_impact, stopping_point,
                                            stopping_point_with_significance)
 from bridge_assets.ingest.registry import GRADES, get_dataset
-from bridge_assets.partitions import dataset_partitions
 from bridge_assets.resources import DuckDBStore
-
-# What pending_impact reads: READS' entry and the significance table. Its deps and its snapshot
-# come from this one tuple. (When assets.READS["pending_impact"] names significance itself,
-# this can go back to analysis_asset.)
-TABLES = tuple(dict.fromkeys((*READS["pending_impact"], "significance")))
 
 
 class PendingImpactConfig(dg.Config):
@@ -27,21 +21,20 @@ class PendingImpactConfig(dg.Config):
                          "retrieval_metrics, whose system order the pending pairs may decide.")
 
 
-@dg.asset(name="pending_impact", partitions_def=dataset_partitions, group_name=GROUP,
-          deps=[*deps("pending_impact"), *(t for t in TABLES if t not in READS["pending_impact"])],
-          description="Per pending pair: the system pairs whose order on the headline measure "
-                      "(nDCG@10) differs between the two bounds and whose rankings hold its chunk, "
-                      "the share of each one's doubt its label moves, the significance calls "
-                      "(significance table) that differ between the bounds and that it may flip, "
-                      "the impact (the shares, plus a modest weight per significance flip), its "
-                      "place in impact order and the reason in words. The annotation queue serves "
-                      "by it; the stopping points count the pairs up to the last that decides a rank "
-                      "change (and, with significance, that may flip a call).")
+@analysis_asset("pending_impact",
+                "Per pending pair: the system pairs whose order on the headline measure "
+                "(nDCG@10) differs between the two bounds and whose rankings hold its chunk, "
+                "the share of each one's doubt its label moves, the significance calls "
+                "(significance table) that differ between the bounds and that it may flip, "
+                "the impact (the shares, plus a modest weight per significance flip), its "
+                "place in impact order and the reason in words. The annotation queue serves "
+                "by it; the stopping points count the pairs up to the last that decides a rank "
+                "change (and, with significance, that may flip a call).")
 def pending_impact(context: dg.AssetExecutionContext, config: PendingImpactConfig,
                    store: DuckDBStore) -> dg.MaterializeResult:
     run = AnalysisRun.start(context, config)
     top_grade = GRADES[-1] if get_dataset(run.dataset).label_scale == "graded" else 1
-    with snapshots.inputs(store, run.dataset, TABLES) as con:
+    with snapshots.inputs(store, run.dataset, READS["pending_impact"]) as con:
         frame = compute_pending_impact(con, run.dataset, measure=run.config.measure, top_grade=top_grade)
     top = frame.filter(pl.col("impact") > 0).head(5)
     with_significance = stopping_point_with_significance(frame)
