@@ -74,10 +74,12 @@ def test_every_bridge_command_goes_through_the_handler():
 
     from bridge_assets.cli import app
 
-    def leaves(command, path=()):
-        for name, sub in getattr(command, "commands", {}).items():
-            yield from leaves(sub, (*path, name))
-        if not hasattr(command, "commands"):
+    def leaves(command, path=()):  # through click's listing: lazily loaded commands too
+        if hasattr(command, "list_commands"):  # a group
+            ctx = command.context_class(command)
+            for name in command.list_commands(ctx):
+                yield from leaves(command.get_command(ctx, name), (*path, name))
+        else:
             yield " ".join(path), command
 
     commands = dict(leaves(typer.main.get_command(app)))
