@@ -109,6 +109,13 @@ def _pool_coverage(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
             f"{outside:.0f} (95% interval {low:.0f}..{high:.0f}) beyond the {in_pool:.0f} in the pool"]
 
 
+def rank_range(rank_a: int, rank_b: int) -> str:
+    """A rank at both bounds as 'best..worst' (pending = 1 can rank a system better or worse
+    than pending = 0), or the one rank when they agree."""
+    best, worst = sorted((rank_a, rank_b))
+    return f"{best}..{worst}" if best != worst else f"{best}"
+
+
 def _rank_changes(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
     shifts = _rows(con, "ranking_shift", """
         select retriever, rank_original, rank_refined, rank_refined_upper, robust_rank_change
@@ -120,8 +127,8 @@ def _rank_changes(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
         where dataset = ? and measure = 'ndcg_cut_10' and robust_rank_change = 0
           and (rank_change <> 0 or rank_change_upper <> 0)""", [dataset])
     line = "robust rank changes (nDCG@10, hold whichever way the pending pairs go): " + (", ".join(
-        f"{name} {before}->{low}..{high}" if low != high else f"{name} {before}->{low}"
-        for name, before, low, high, _ in shifts) or "none")
+        f"{name} {before}->{rank_range(at_zero, at_one)}"
+        for name, before, at_zero, at_one, _ in shifts) or "none")
     if unsure and unsure[0][0]:
         line += f"; {unsure[0][0]} more system(s) move only at one bound"
     return [line]

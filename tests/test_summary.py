@@ -14,7 +14,7 @@ from bridge_assets.analysis import assets as analysis_assets
 from bridge_assets.ingest.registry import DatasetSpec
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.resources import DuckDBStore
-from bridge_assets.summary import run_summary
+from bridge_assets.summary import rank_range, run_summary
 from fixtures.labeled_lake import DATASET
 
 
@@ -54,3 +54,10 @@ def test_the_summary_counts_verified_holes_and_bounds_the_rest(labeled_lake, tmp
         voted = run_summary(con, DATASET, time.time(), spec).splitlines()
     assert "beyond the human budget (the agents' vote, unverified; not labels, metrics bound them): 1" in voted
     assert not any(line.startswith("pending (escalated") for line in voted)
+
+
+def test_a_rank_range_reads_best_to_worst_whichever_bound_gives_which():
+    # the demo printed "bm25_rm3 7->9..8": pending = 1 ranked it better than pending = 0
+    assert rank_range(9, 8) == "8..9"
+    assert rank_range(2, 5) == "2..5"
+    assert rank_range(4, 4) == "4"

@@ -216,9 +216,13 @@ def shift_section(shift: pl.DataFrame | None, k: int, out: Path) -> Section:
     for measure in shown:
         rows = shift.filter(pl.col("measure") == measure).sort("rank_refined", "retriever")
         rows = rows.with_columns(
-            pl.format("{} .. {}", pl.col("value_refined").round(4), pl.col("value_refined_upper").round(4))
+            # low .. high, best .. worst: pending = 1 can lower a measure (recall's denominator
+            # grows, nDCG's ideal too) and so rank a system better or worse than pending = 0
+            pl.format("{} .. {}", pl.min_horizontal("value_refined", "value_refined_upper").round(4),
+                      pl.max_horizontal("value_refined", "value_refined_upper").round(4))
             .alias("refined_range"),
-            pl.format("{} .. {}", "rank_refined", "rank_refined_upper").alias("rank_range"))
+            pl.format("{} .. {}", pl.min_horizontal("rank_refined", "rank_refined_upper"),
+                      pl.max_horizontal("rank_refined", "rank_refined_upper")).alias("rank_range"))
         section.tables.append(table(measure_label(measure), rows, {
             "retriever": "system", "value_original": "original", "refined_range": "refined (range)",
             "rank_original": "rank original", "rank_range": "rank refined (range)",
