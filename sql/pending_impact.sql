@@ -27,7 +27,7 @@
 -- of a query flips the same gain, so each query needs its ideal DCG at four states only.
 --
 -- Inputs: retrieval_metrics (the means at both bounds and the queries each system is averaged
--- over), retrieval_run, bridge_qrels.
+-- over), retrieval_run (through the top_k_rankings macro, sql/top_k_rankings.sql), bridge_qrels.
 with
 evaluated as (
     select retriever, query_id
@@ -107,13 +107,7 @@ ideal as (
     from states
 ),
 ranked as (
-    select r.retriever, r.query_id, r.doc_id,
-           row_number() over (partition by r.retriever, r.query_id
-                              order by r.score desc, r.doc_id desc) as rank
-    from retrieval_run r
-    semi join evaluated e on e.retriever = r.retriever and e.query_id = r.query_id
-    where r.dataset = $dataset
-    qualify rank <= $k
+    select * from top_k_rankings($dataset, $measure, $k)
 ),
 -- each evaluated ranking's DCG@k at both bounds
 dcg as (

@@ -11,8 +11,8 @@
 -- system's ranking (as for rank changes in sql/pending_impact.sql): its label then moves that
 -- system's value on its query, so the paired test's differences.
 --
--- Inputs: significance, retrieval_metrics (the queries each system is evaluated on),
--- retrieval_run, bridge_qrels. One row per pending pair, in no particular order: its calls
+-- Inputs: significance, retrieval_metrics (the queries each system is evaluated on) and
+-- retrieval_run through the top_k_rankings macro (sql/top_k_rankings.sql), bridge_qrels. One row per pending pair, in no particular order: its calls
 -- (significance_pairs, one per system pair and test), the system pairs among them (flips), and
 -- the system pairs with a call in doubt on the dataset (significance_in_doubt).
 with
@@ -30,24 +30,11 @@ doubtful as (
     select * from calls
     where conclusion_low is not null and conclusion_high is not null and conclusion_low <> conclusion_high
 ),
-evaluated as (
-    select retriever, query_id
-    from retrieval_metrics
-    where dataset = $dataset and measure = $measure and qrels_version = 'refined'
-      and query_id <> 'all'
-),
 pending as (
     select query_id, doc_id from bridge_qrels where dataset = $dataset and relevance is null
 ),
 ranked as (
-    select r.retriever, r.query_id, r.doc_id,
-           row_number() over (partition by r.retriever, r.query_id
-                              order by r.score desc, r.doc_id desc) as rank
-    from retrieval_run r
-    semi join evaluated e on e.retriever = r.retriever and e.query_id = r.query_id
-    semi join pending p on p.query_id = r.query_id
-    where r.dataset = $dataset
-    qualify rank <= $k
+    select * from top_k_rankings($dataset, $measure, $k)
 ),
 flips as (
     select p.query_id, p.doc_id, s.system_a, s.system_b, s.test,

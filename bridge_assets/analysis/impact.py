@@ -169,6 +169,7 @@ def compute_pending_impact(con: duckdb.DuckDBPyConnection, dataset: str, *, meas
     k = cutoff_of(measure)
     require_rows(con, "retrieval_metrics", dataset, "pending_impact")
     require_rows(con, "bridge_qrels", dataset, "pending_impact")
+    con.execute(read_sql("top_k_rankings"))  # the rankings' top k, read by both statements
     frame = con.execute(read_sql("pending_impact"), {"dataset": dataset, "measure": measure, "k": k,
                                                      "gain": top_grade}).pl()
     flips = _significance(con, dataset, measure, k)
