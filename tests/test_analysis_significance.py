@@ -321,3 +321,20 @@ def test_report_section_marks_gained_lost_both_and_reversed():
         "b vs c": ("0.0200", "0.2000", "0.2000", "lost", "not significant"),
         "c vs d": ("< 0.0001", "0.0010", "0.0010", "reversed", "significant")}
     assert significance_section(None, 10).missing == ["significance"]
+
+
+def test_report_section_lists_only_pairs_significant_somewhere():
+    # a vs c is significant on no qrels: counted among 'neither', left out of the pairs' table
+    frame = pl.DataFrame(
+        significance_rows("original", [0.01, 0.30, 0.02, 0.00001], [0.1, 0.1, 0.1, 0.1])
+        + significance_rows("refined", [0.04, 0.30, 0.20, 0.001], [0.1, 0.1, 0.1, -0.1])
+        + significance_rows("refined_upper", [0.06, 0.40, 0.20, 0.001], [0.1, 0.1, 0.1, -0.1]),
+        schema=SIGNIFICANCE_SCHEMA)
+    summary, pairs = significance_section(frame, 10).tables
+    assert summary.rows == [["nDCG@10", "paired t-test", "1", "1", "0", "1", "1"]]
+    assert [row[0] for row in pairs.rows] == ["a vs b", "b vs c", "c vs d"]
+    # nothing significant anywhere: the verdict counts, no table of pairs
+    nowhere = frame.with_columns(pl.lit(0.5).alias("p_holm"), pl.lit(False).alias("significant"))
+    tables = significance_section(nowhere, 10).tables
+    assert [t.title for t in tables] == ["System pairs by verdict"]
+    assert tables[0].rows == [["nDCG@10", "paired t-test", "0", "0", "0", "0", "4"]]

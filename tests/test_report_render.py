@@ -76,13 +76,16 @@ def test_report_files_hold_every_section_table_and_figure(report_lake):
     assert all((folder / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for name in FIGURES)
     page = html.read_text()
     for caption in ("Judgments by source", "Found and pending", "Hole@10 and Judged@10",
-                    "Agreement of the rankings", "nDCG@10", "System pairs by verdict", "nDCG@10: system pairs",
+                    "Agreement of the rankings", "nDCG@10", "System pairs by verdict",
                     "Growth", "Marginal contribution", "Settings", "Per system", "All systems",
                     "Concordance with the original qrels (D-MERIT)",
                     "Marginal contribution as the pool grows (mean over orders)",
                     "Systems by their mean contribution when added", "Relevant chunks found as systems are added",
                     "Outside the pool"):
         assert f"<caption>{caption}</caption>" in page
+    # no system pair is significant on any qrels of the labeled lake: counted, not listed
+    assert "<caption>nDCG@10: system pairs</caption>" not in page
+    assert "a measure on which no pair is significant anywhere has no such table" in page
     # three systems: the report says why it shows no extrapolation of the pool's coverage
     assert "Verified labels: no extrapolation shown: 3 system(s): the extrapolation needs at least 6" in page
     assert page.count('<table class="report-table"') >= 10

@@ -305,7 +305,10 @@ def significance_section(significance: pl.DataFrame | None, k: int) -> Section:
                       "original ones, at each bound over pending pairs; a pair significant on "
                       "neither side (ties included) agrees, one significant on one side only or in "
                       "opposite directions does not. 'Over significant pairs' leaves out the pairs "
-                      "significant on neither side.")
+                      "significant on neither side. A measure's table of system pairs lists those "
+                      "significant on some qrels (original, refined, or with the pending pairs "
+                      "relevant); the verdict counts include the others, and a measure on which no "
+                      "pair is significant anywhere has no such table.")
     if significance is None:
         section.missing.append("significance")
         return section
@@ -348,8 +351,14 @@ def significance_section(significance: pl.DataFrame | None, k: int) -> Section:
     concordance = concordance_table(significance, measures)
     if concordance is not None:
         section.tables.append(concordance)
+    # per measure, the system pairs significant somewhere (original, refined, pending relevant):
+    # 15 systems make 105 pairs x 2 tests, a wall of 'neither' the verdict counts above already give
+    somewhere = pl.any_horizontal(before.fill_null(False), after.fill_null(False), upper.fill_null(False))
     for measure in measures:
-        rows = wide.filter(pl.col("measure") == measure).sort("system_a", "system_b", "test_order")
+        tested = wide.filter(pl.col("measure") == measure)
+        rows = tested.filter(somewhere).sort("system_a", "system_b", "test_order")
+        if rows.is_empty():
+            continue
         section.tables.append(table(f"{measure_label(measure)}: system pairs", rows, {
             "pair": "system a vs b", "test_label": "test", "difference_original": "difference original",
             "p_holm_original": "p original (Holm)", "difference_refined": "difference refined",
