@@ -1,0 +1,158 @@
+"""Retrievers trained on the labels (bridge_assets/student/retriever.py, issue 25 item 3): the
+trained weights are reproducible from the seed, only verified labels become positives, and
+the query split never lets a test query into training."""
+
+from __future__ import annotations
+
+import duckdb
+import polars as pl
+import pytest
+
+from bridge_assets.student import retriever as tr
+
+DATASET = "toy"
+QUERIES = {f"q{i}": text for i, text in enumerate([
+    "what does len return", "which keyword defines a function", "what is the default recursion limit",
+    "what does zip return", "how to open a file", "what is a list comprehension"])}
+CORPUS = {f"d{i}": text for i, text in enumerate([
+    "len returns the number of items of a container", "def starts a function definition",
+    "the default recursion limit is 1000", "zip returns an iterator of tuples",
+    "open returns a file object", "a list comprehension builds a list from an iterable",
+    "sorted returns a new sorted list", "lambda makes an anonymous function",
+    "sys.setrecursionlimit changes the limit", "enumerate yields index and value pairs",
+    "classes bundle data and behaviour", "modules hold definitions and statements"])}
+ORIGINAL = [(f"q{i}", f"d{i}", 1) for i in range(6)]
+# (query, doc, relevance, source, verified): a debate hole, a human hole, and a pending pair
+# whose unverified guess says "yes" (q2/d8): it must never become a positive
+REFINED = [*((q, d, r, "original", True) for q, d, r in ORIGINAL),
+           ("q1", "d7", 1, "debate", True), ("q3", "d9", 1, "human", True),
+           ("q2", "d8", None, "pending", False), ("q0", "d6", 0, "filter", True)]
+
+
+def toy_lake() -> duckdb.DuckDBPyConnection:
+    """The tables load_lake_data reads, in an in-memory DuckDB, in the stages' column names."""
+    con = duckdb.connect()
+    con.execute("create table queries (dataset varchar, query_id varchar, text varchar, answers varchar[])")
+    con.executemany("insert into queries values (?, ?, ?, ['an answer'])", [(DATASET, q, t) for q, t in QUERIES.items()])
+    con.execute("create table corpus (dataset varchar, doc_id varchar, title varchar, text varchar)")
+    con.executemany("insert into corpus values (?, ?, '', ?)", [(DATASET, d, t) for d, t in CORPUS.items()])
+    con.execute("create table original_qrels (dataset varchar, query_id varchar, doc_id varchar, relevance integer)")
+    con.executemany("insert into original_qrels values (?, ?, ?, ?)", [(DATASET, *row) for row in ORIGINAL])
+    con.execute("create table bridge_qrels (dataset varchar, query_id varchar, doc_id varchar, relevance integer, "
+                "source varchar, verified boolean, unverified_label integer)")
+    con.executemany("insert into bridge_qrels values (?, ?, ?, ?, ?, ?, ?)",
+                    [(DATASET, q, d, r, s, v, 1 if s == "pending" else None) for q, d, r, s, v in REFINED])
+    con.execute("create table retrieval_run (dataset varchar, retriever varchar, query_id varchar, "
+                "doc_id varchar, rank integer)")
+    # every doc for every query, in a rotated order: the pending doc d8 ranks first for q2
+    rows = [(DATASET, "bm25", q, f"d{(int(q[1:]) + 6 + r) % 12}", r + 1) for q in QUERIES for r in range(12)]
+    con.executemany("insert into retrieval_run values (?, ?, ?, ?, ?)", rows)
+    con.execute("create table candidate_pool as select distinct dataset, query_id, doc_id from retrieval_run "
+                "where rank <= 3")
+    return con
+
+
+@pytest.fixture(scope="module")
+def data() -> tr.LakeData:
+    con = toy_lake()
+    try:
+        return tr.load_lake_data(con, DATASET)
+    finally:
+        con.close()
+
+
+@pytest.fixture(scope="module")
+def location() -> str:
+    return tr.base_location("all-minilm-l6-v2")
+
+
+def test_only_verified_labels_become_positives(data):
+    assert data.refined_positives == {"q0": {"d0"}, "q1": {"d1", "d7"}, "q2": {"d2"}, "q3": {"d3", "d9"},
+                                      "q4": {"d4"}, "q5": {"d5"}}
+    assert ("q2", "d8") in data.pending
+    settings = tr.TrainSettings(negatives_per_query=11)
+    refined = {q.query_id: q for q in tr.training_queries(data, QUERIES, "refined", settings)}
+    # the pending pair with a "yes" guess is neither a positive nor (being unknown) a negative
+    assert CORPUS["d8"] not in refined["q2"].positives and CORPUS["d8"] not in refined["q2"].negatives
+    assert refined["q1"].positives == (CORPUS["d1"], CORPUS["d7"])
+    original = {q.query_id: q for q in tr.training_queries(data, QUERIES, "original", settings)}
+    # trained on the original qrels, the unjudged holes are negatives: what those labels believe
+    assert CORPUS["d7"] in original["q1"].negatives and CORPUS["d8"] in original["q2"].negatives
+    # the refined qrels evaluate pending as not relevant (the pipeline's lower bound)
+    assert data.refined_qrels.filter((pl.col("query_id") == "q2") & (pl.col("doc_id") == "d8"))["relevance"][0] == 0
+
+
+def test_utility_labels_come_from_one_utilsel_call_per_query(data):
+    from bridge_assets.llm.types import LLMResult
+
+    asked = []
+
+    def generate(profile, requests):  # a scripted UtilSel: the first listed passage is useful
+        asked.extend(requests)
+        return [LLMResult(key=f"k{i}", text='{"selected": [1]}') for i, _ in enumerate(requests)]
+
+    con = toy_lake()
+    try:
+        labels = tr.utility_positives(con, DATASET, ["q0", "q1"], generate, "scripted")
+        pool = {q: {d for (d,) in con.execute("select doc_id from candidate_pool where query_id = ?", [q]).fetchall()}
+                for q in ("q0", "q1")}
+    finally:
+        con.close()
+    assert len(asked) == 2 and labels.queries == 2 and labels.candidates == 6 and not labels.failed
+    assert set(labels.positives) == {"q0", "q1"}
+    for query_id, docs in labels.positives.items():
+        assert len(docs) == 1 and docs <= pool[query_id]
+    trained = tr.training_queries(data, ["q0", "q1", "q2"], "utility", tr.TrainSettings(), labels.positives)
+    assert [q.query_id for q in trained] == ["q0", "q1"]   # q2 was not labelled: no positive, not trained
+
+
+def test_query_split_never_leaks_test_queries(data):
+    folds = tr.query_folds(QUERIES, 3, seed=7)
+    tested = [q for _, test in folds for q in test]
+    assert sorted(tested) == sorted(QUERIES)  # every query tested exactly once
+    for train, test in folds:
+        assert not set(train) & set(test)
+        trained = {q.query_id for q in tr.training_queries(data, train, "refined", tr.TrainSettings())}
+        assert trained <= set(train) and not trained & set(test)
+    assert tr.query_folds(QUERIES, 3, seed=7) == folds
+    assert tr.query_folds(QUERIES, 3, seed=8) != folds
+
+
+def test_training_is_reproducible_from_its_seed(data, location):
+    queries = tr.training_queries(data, ["q0", "q1", "q2", "q3"], "refined", tr.TrainSettings())
+
+    def trained(seed: int) -> tuple[str, list[float]]:
+        settings = tr.TrainSettings(epochs=1, batch_queries=2, max_length=32, seed=seed)
+        model = tr.load_encoder(location, settings.max_length)
+        log = tr.train_retriever(model, queries, settings)
+        return tr.weights_digest(model), log.losses
+
+    base = tr.load_encoder(location, 32)
+    first, second, other = trained(0), trained(0), trained(1)
+    assert first == second
+    assert first[0] != tr.weights_digest(base)   # it did train
+    assert other[0] != first[0]                  # and the seed is what fixed it
+
+
+def test_multi_positive_loss_rewards_every_positive():
+    import torch
+
+    queries = torch.nn.functional.normalize(torch.tensor([[1.0, 0.0]]), dim=-1)
+    docs = torch.nn.functional.normalize(torch.tensor([[1.0, 0.1], [0.9, 0.2], [0.0, 1.0]]), dim=-1)
+    one = tr.multi_positive_loss(queries, docs, torch.tensor([[True, False, False]]), 20.0)
+    both = tr.multi_positive_loss(queries, docs, torch.tensor([[True, True, False]]), 20.0)
+    assert both < one  # a second positive is not pushed away as an in-batch negative
+
+
+def test_comparison_runs_and_scores_held_out_queries(data, location):
+    settings = tr.TrainSettings(epochs=1, max_length=32)
+    results = tr.run_comparison(data, location, ["original", "refined"], settings=settings, folds=2)
+    assert [r.name for r in results] == ["untrained MiniLM", "trained on original", "trained on refined"]
+    for result in results:
+        for version in tr.QRELS_VERSIONS:
+            mean, low, high, n = result.summary(version, "ndcg_cut_10", 0)
+            assert n == len(QUERIES) and low <= mean <= high
+    assert results[2].train_queries == [3, 3] and results[2].test_queries == [3, 3]
+    table = tr.format_table(results, 0)
+    assert "trained on refined" in table and "nDCG@10 refined" in table
+    assert "trained on original" in tr.format_differences(results, 0)
