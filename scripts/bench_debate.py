@@ -1,13 +1,17 @@
 """DREAM debate throughput on this machine, on a handful of real pairs of a dataset.
 
     .venv/bin/python scripts/bench_debate.py --dataset demo --pairs 4 [--profile qwen-0.5b]
-        [--rounds 2] [--agents 2] [--max-tokens 256] [--json]
+        [--rounds 2] [--agents 2] [--reason-words 30] [--order round|pair|both] [--json]
 
 Pairs: for the first queries with judgments, the judged (gold) passage and the unjudged
 passage sharing the most words with the query (a hard negative), alternately. Every call goes
 through LLMClient with a fresh, temporary ledger, so nothing is answered from the cache.
-Prints pairs per minute, tokens per second, and the share of wall time spent outside the
-model (prompt rendering, parsing, the ledger, the debate's own bookkeeping).
+Prints pairs per minute, tokens per second, the prompt tokens the model computed and reused
+(the ledger's measurement) and the share of wall time spent outside the model (prompt
+rendering, parsing, the ledger, the debate's own bookkeeping). `--order both` runs the debate
+round by round, then pair by pair (run_debate's `pair_major`, what an in-process model gets),
+one after the other in this process, each on its own fresh ledger, and says whether every
+turn's reply is the same in both.
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ import re
 import tempfile
 import time
 from pathlib import Path
+
+import duckdb
 
 from bridge_assets.ingest.loaders import DatasetTables, load_dataset
 from bridge_assets.ingest.registry import get_dataset
@@ -60,6 +66,37 @@ def bench_pairs(tables: DatasetTables, count: int) -> list[Pair]:
     return pairs[:count]
 
 
+def debate_once(profile: str, pairs: list[Pair], args: argparse.Namespace, pair_major: bool) -> dict:
+    """One debate of `pairs` on a fresh temporary ledger: its figures, and its turns' replies."""
+    with tempfile.TemporaryDirectory() as folder:
+        db_path = Path(folder) / "bench.duckdb"
+        client = LLMClient(profile, db_path=db_path)
+        client.backend  # noqa: B018 - load the model before the clock starts
+        generate = MeteredGenerate(lambda _, requests: client.generate(requests, context="bench"))
+        started = time.perf_counter()
+        outcome = run_debate(pairs, debate_agents([profile], args.agents), generate,
+                             rounds=args.rounds, reason_words=args.reason_words, pair_major=pair_major)
+        wall = time.perf_counter() - started
+        client.close()
+        with duckdb.connect(str(db_path), read_only=True) as con:
+            computed, reused, decoded = con.execute(
+                "select sum(prompt_tokens_computed), sum(prompt_tokens_reused), sum(decode_tokens) "
+                "from llm_calls").fetchone()
+    stats = client.stats
+    return {"order": "pair" if pair_major else "round", "calls": stats.calls, "call_failures": stats.failures,
+            "tokens_in": stats.tokens_in, "prompt_tokens_computed": computed, "prompt_tokens_reused": reused,
+            "decode_tokens": decoded, "tokens_out": stats.tokens_out,
+            "wall_s": round(wall, 2), "model_s": round(stats.model_seconds, 2),
+            "pairs_per_min": round(len(pairs) / wall * 60, 2),
+            "generated_tokens_per_s": round(stats.tokens_out / stats.model_seconds, 2) if stats.model_seconds else 0.0,
+            "share_outside_model": round(1 - stats.model_seconds / wall, 4) if wall else 0.0,
+            "consensus_by_round": outcome.consensus_by_round(),
+            "escalated": outcome.count("escalated"), "failed": outcome.count("failed"),
+            "outcomes": [(l.query_id, l.doc_id, l.outcome, l.label) for l in outcome.labels],
+            "replies": [(t.query_id, t.doc_id, t.round, t.agent, t.response, t.reason, t.reference)
+                        for t in outcome.turns]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dataset", default="demo")
@@ -67,43 +104,33 @@ def main() -> None:
     parser.add_argument("--profile", default=None, help="default: models.yaml defaults.debate")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--agents", type=int, default=2)
-    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--reason-words", type=int, default=30, help="each turn's reason (the demo's 30)")
+    parser.add_argument("--order", choices=("round", "pair", "both"), default="round")
     parser.add_argument("--json", action="store_true", help="print the figures as one JSON object")
     args = parser.parse_args()
 
     profile = args.profile or role_profiles("debate")[0]
     tables = load_dataset(get_dataset(args.dataset))
-    judged = judgments(tables)
     pairs = bench_pairs(tables, args.pairs)
-    with tempfile.TemporaryDirectory() as folder:
-        client = LLMClient(profile, db_path=Path(folder) / "bench.duckdb")
-        client.backend  # noqa: B018 - load the model before the clock starts
-        generate = MeteredGenerate(lambda _, requests: client.generate(requests, context="bench"))
-        started = time.perf_counter()
-        outcome = run_debate(pairs, debate_agents([profile], args.agents), generate,
-                             rounds=args.rounds, max_tokens=args.max_tokens)
-        wall = time.perf_counter() - started
-        client.close()
-    stats = client.stats
-    figures = {
-        "dataset": args.dataset, "profile": profile, "pairs": len(pairs), "rounds": args.rounds,
-        "agents": args.agents, "max_tokens": args.max_tokens, "calls": stats.calls,
-        "call_failures": stats.failures, "tokens_in": stats.tokens_in, "tokens_out": stats.tokens_out,
-        "wall_s": round(wall, 2), "model_s": round(stats.model_seconds, 2),
-        "pairs_per_min": round(len(pairs) / wall * 60, 2),
-        "generated_tokens_per_s": round(stats.tokens_out / stats.model_seconds, 2) if stats.model_seconds else 0.0,
-        "all_tokens_per_s": round((stats.tokens_in + stats.tokens_out) / wall, 2),
-        "share_outside_model": round(1 - stats.model_seconds / wall, 4) if wall else 0.0,
-        "consensus_by_round": outcome.consensus_by_round(),
-        "escalated": outcome.count("escalated"), "failed": outcome.count("failed"),
-        "outcomes": {f"{l.query_id}/{l.doc_id}{' (judged)' if l.doc_id in judged.get(l.query_id, ()) else ''}":
-                     l.outcome if l.label is None else f"{l.outcome}:{l.label}" for l in outcome.labels},
-    }
+    orders = {"round": [False], "pair": [True], "both": [False, True]}[args.order]
+    arms = [debate_once(profile, pairs, args, pair_major) for pair_major in orders]
+    figures = {"dataset": args.dataset, "profile": profile, "pairs": len(pairs), "rounds": args.rounds,
+               "agents": args.agents, "reason_words": args.reason_words, "arms": arms}
+    if len(arms) == 2:
+        same = sum(a == b for a, b in zip(arms[0]["replies"], arms[1]["replies"], strict=True))
+        figures["replies_identical"] = f"{same}/{len(arms[0]['replies'])}"
+        figures["labels_identical"] = arms[0]["outcomes"] == arms[1]["outcomes"]
     if args.json:
-        print(json.dumps(figures))
+        print(json.dumps(figures, default=str))
         return
     for name, value in figures.items():
-        print(f"{name:>24}  {value}")
+        if name != "arms":
+            print(f"{name:>24}  {value}")
+    for arm in arms:
+        print()
+        for name, value in arm.items():
+            if name != "replies":
+                print(f"{name:>24}  {value}")
 
 
 if __name__ == "__main__":

@@ -129,3 +129,12 @@ def test_a_single_judges_labels_are_votes_not_consensus():
     items = [GoldTriplet("a", "q", ("x",), "RELEVANT x", 1).item(), GoldTriplet("b", "q", ("x",), "y", 0).item()]
     run = build_labeler({"labeler": "judge", "models": ["m"]}, role_profiles).label(items, OracleModel())
     assert [(label.label, label.outcome) for label in run.labels] == [(1, "vote"), (0, "vote")]
+
+
+def test_dream_debates_pair_by_pair_only_when_its_models_run_in_process():
+    # llama.cpp keeps one KV sequence in this process: pair-major order reuses a pair's own
+    # round-1 prefix; a server (openai) wants each round's requests together
+    local = build_labeler({"models": ["qwen-0.5b"]}, role_profiles)
+    served = build_labeler({"models": ["openai-local"]}, role_profiles)
+    mixed = build_labeler({"models": ["qwen-0.5b", "openai-local"]}, role_profiles)
+    assert local.in_process() and not served.in_process() and not mixed.in_process()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+from dataclasses import replace
 
 import pytest
 
@@ -124,6 +125,24 @@ def test_a_round_batches_every_pair_still_debating_and_only_those():
     assert model.batches == [("m", 10), ("m", 4)]  # round 2: the two pairs that disagreed
     assert [label.rounds_used for label in outcome.labels] == [1, 1, 1, 2, 2]
     assert [label.label for label in outcome.labels] == [1, 1, 1, 0, 0]
+
+
+def test_pair_major_debates_one_pair_at_a_time_to_the_same_labels_and_turns():
+    script = {f"p{i}": {("A", 1): turn("yes"), ("B", 1): turn("yes" if i < 3 else "no"),
+                        ("A", 2): turn("no"), ("B", 2): turn("no")} for i in range(5)}
+    pairs = [pair(f"p{i}") for i in range(5)]
+    by_round, by_pair_order = ScriptedModel(script), ScriptedModel(script)
+    outcome = run_debate(pairs, debate_agents(["m"]), by_round)
+    pair_major = run_debate(pairs, debate_agents(["m"]), by_pair_order, pair_major=True)
+    # one batch per pair and round: p3's round 2 follows its own round 1, not p4's round 1
+    assert by_pair_order.batches == [("m", 2)] * 3 + [("m", 2), ("m", 2)] * 2
+    assert [(q, a, r) for q, a, r, _ in by_pair_order.prompts][6:10] == [
+        ("p3", "A", 1), ("p3", "B", 1), ("p3", "A", 2), ("p3", "B", 2)]
+    assert pair_major.labels == outcome.labels
+    # the same turns (the scripted call keys number a request within its batch, so they differ)
+    assert [replace(t, call_key="") for t in pair_major.turns] == [replace(t, call_key="") for t in outcome.turns]
+    # the prompts are the same texts, only their order differs
+    assert sorted(p for *_, p in by_pair_order.prompts) == sorted(p for *_, p in by_round.prompts)
 
 
 @pytest.mark.parametrize("failure", [RuntimeError("HTTP 500 after 3 retries"), "not json at all",

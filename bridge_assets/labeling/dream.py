@@ -19,6 +19,7 @@ from bridge_assets.labeling.labeler import (Labeler, LabelerError, LabelerRun, L
 from bridge_assets.labeling.persistence import debate_persistence
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.llm.budget import prompt_tokens
+from bridge_assets.llm.profiles import load_models_config
 from bridge_assets.llm.replay import NOT_ANSWERED, LedgerReplay, StageCalls
 from bridge_assets.llm.types import LLMRequest, LLMResult
 
@@ -94,17 +95,29 @@ class DreamLabeler(Labeler):
             raise LabelerError("the dataset is graded: the worked examples (fewshot) answer "
                                "yes/no, so they cannot show a graded debate")
 
+    def in_process(self) -> bool:
+        """Every agent's model runs in this process on llama.cpp, which keeps one KV sequence and
+        reuses the prefix a prompt shares with the previous one: the debate then goes pair by
+        pair (run_debate's `pair_major`, same labels), so each round follows its own pair's last."""
+        profiles = load_models_config().profiles
+        return all(name in profiles and profiles[name].backend == "llama_cpp"
+                   for name in {agent.model for agent in self.agents})
+
     def debate(self, items: Sequence[LabelItem], generate: Generate, prompts: Prompts | None = None,
-               *, adjudicated: bool = True, persistence: int = 0) -> DebateOutcome:
+               *, adjudicated: bool = True, persistence: int = 0,
+               pair_major: bool | None = None) -> DebateOutcome:
         """The debate these settings describe, adjudicated when opted in (and `adjudicated`);
-        `persistence` R: every pair debated on to round R (an evaluation, `label()`)."""
+        `persistence` R: every pair debated on to round R (an evaluation, `label()`);
+        `pair_major` None: pair by pair when the agents' models run in process (in_process())."""
         s = self.settings
+        if pair_major is None:
+            pair_major = self.in_process()
         pairs = [item.pair for item in items]
         outcome = run_debate(pairs, self.agents, generate, rounds=s.rounds, temperature=s.temperature,
                              reason_words=s.reason_words, examples=fewshot_examples(s.fewshot),
                              prompts=prompts, checks=self.checks(len(pairs)),
                              grade_consensus=s.grade_consensus, answer_first=s.answer_first,
-                             persistence=persistence)
+                             persistence=persistence, pair_major=pair_major)
         if self.adjudicator and adjudicated:
             outcome = adjudicate(outcome, pairs, self.adjudicator, generate, prompts=prompts,
                                  max_tokens=ADJUDICATOR_MAX_TOKENS)
@@ -127,7 +140,8 @@ class DreamLabeler(Labeler):
         purpose = "debate_paper" if self.settings.prompt == "paper" else "debate"
         stages = {(r, m): replay.stage(f"debate round {r}", m, purpose)
                   for r in range(1, rounds + 1) for m in dict.fromkeys(a.model for a in self.agents)}
-        outcome = self.debate(items, replay, adjudicated=False)
+        # round by round: the replay answers from the ledger, one lookup per round, not per pair
+        outcome = self.debate(items, replay, adjudicated=False, pair_major=False)
         reply = turn_max_tokens(self.settings.reason_words)
         open_turns: dict[tuple[str, str], int] = {}  # turns not answered yet, per pair
         for pair, history in outcome.histories().items():
