@@ -48,6 +48,8 @@ PIPELINE = {
     "rag_judgments": {"model": MODEL},
     "significance": {"resamples": 200},
     "partial_annotation_study": {"samples": 20, "sweep_samples": 2},
+    # the student retrains whenever verified labels change (four times here): one short epoch
+    "student_annotator": {"epochs": 1, "max_length": 64},
 }
 
 
