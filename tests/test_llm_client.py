@@ -402,3 +402,17 @@ def test_a_call_cap_defers_the_calls_past_it_unsent_and_unrecorded(data_lake):
         assert read_calls().height == 3
         again = client.generate(requests, context="explicit-run")
         assert all(r.ok for r in again) and server.hits == 5
+
+
+def test_small_batches_still_show_progress_every_sixteen_requests():
+    # a pair-major debate sends two turns at a time: no batch is long enough to log alone
+    from bridge_assets.llm.resource import SmallBatchProgress
+    from bridge_assets.llm.types import LLMResult
+
+    progress = SmallBatchProgress(every=16)
+    lines = [progress.add("qwen-1.5b", "debate", [LLMResult(key=f"k{i}", cached=i == 0), LLMResult(key=f"j{i}")])
+             for i in range(9)]
+    assert [i for i, line in enumerate(lines) if line] == [7]   # 16 answered after the eighth batch
+    assert lines[7] == "debate: 16 LLM requests answered by qwen-1.5b so far in small batches (1 from the ledger)"
+    # counted apart per profile and purpose
+    assert progress.add("qwen-0.5b", "debate", [LLMResult(key="x")]) is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -13,6 +14,29 @@ from bridge_assets.llm.profiles import ROLES, load_models_config
 from bridge_assets.llm.types import LLMRequest, LLMResult
 from bridge_assets.paths import LakeLocation
 from bridge_assets.resources import DuckDBStore
+
+# requests between two progress lines of a run's LLM calls (and the in-process chunk size)
+PROGRESS_EVERY = 16
+
+
+class SmallBatchProgress:
+    """Requests answered in batches too small to log one by one (a pair-major debate sends one
+    pair's turns at a time), counted per profile and purpose: `add` gives a progress line each
+    time the count passes a multiple of `every`, else None."""
+
+    def __init__(self, every: int = PROGRESS_EVERY):
+        self.every = every
+        self.answered: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])  # requests, cached
+
+    def add(self, profile: str, purposes: str, results: Sequence[LLMResult]) -> str | None:
+        count = self.answered[(profile, purposes)]
+        before = count[0]
+        count[0] += len(results)
+        count[1] += sum(r.cached for r in results)
+        if before // self.every == count[0] // self.every:
+            return None
+        return (f"{purposes}: {count[0]} LLM requests answered by {profile} so far in small batches "
+                f"({count[1]} from the ledger)")
 
 
 class LLMResource(dg.ConfigurableResource):
@@ -61,17 +85,25 @@ class LLMResource(dg.ConfigurableResource):
                     ) -> Callable[[str, Sequence[LLMRequest]], list[LLMResult]]:
         """`generate(profile, requests)` through this run's clients, each call tagged with the
         run id in the ledger. A long batch on the in-process CPU backend is answered in chunks
-        so that `log` shows progress; servers (HTTP, vLLM) get the whole batch at once."""
+        so that `log` shows progress; servers (HTTP, vLLM) get the whole batch at once. Small
+        batches (a pair-major debate sends one pair's turns at a time) are counted per profile
+        and purpose, and `log` says so every PROGRESS_EVERY requests."""
+        small_batches = SmallBatchProgress()
+
         def generate(profile: str, requests: Sequence[LLMRequest]) -> list[LLMResult]:
             client = self.client(profile)
-            chunk = 16 if client.profile.backend == "llama_cpp" else max(len(requests), 1)
+            chunk = PROGRESS_EVERY if client.profile.backend == "llama_cpp" else max(len(requests), 1)
+            purposes = "/".join(sorted({r.purpose for r in requests}))
             results: list[LLMResult] = []
             for start in range(0, len(requests), chunk):
                 results.extend(client.generate(requests[start:start + chunk], context=run_id))
                 if log and len(requests) > chunk:
-                    purposes = "/".join(sorted({r.purpose for r in requests[:chunk]}))
                     log(f"{purposes}: {len(results)}/{len(requests)} LLM requests answered by "
                         f"{profile} ({sum(r.cached for r in results)} from the ledger)")
+            if log and len(requests) <= chunk:
+                line = small_batches.add(profile, purposes, results)
+                if line:
+                    log(line)
             return results
         return generate
 
