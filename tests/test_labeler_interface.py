@@ -138,3 +138,21 @@ def test_dream_debates_pair_by_pair_only_when_its_models_run_in_process():
     served = build_labeler({"models": ["openai-local"]}, role_profiles)
     mixed = build_labeler({"models": ["qwen-0.5b", "openai-local"]}, role_profiles)
     assert local.in_process() and not served.in_process() and not mixed.in_process()
+
+
+def test_dream_sends_one_pair_at_a_time_to_an_in_process_model_and_a_round_to_a_server():
+    from bridge_assets.labeling.labeler import LabelItem
+    from bridge_assets.labeling.pairs import Pair
+    from bridge_assets.llm.types import LLMResult
+
+    items = [LabelItem(f"i{n}", Pair(f"q{n}", f"d{n}", "what is x?", ("x",), "x is y."), None) for n in range(2)]
+    for model, batches in (("qwen-0.5b", [2, 2]), ("openai-local", [4])):
+        sizes = []
+
+        def failing(profile, requests):  # every turn fails: each pair's debate ends after round 1
+            sizes.append(len(requests))
+            return [LLMResult(key=f"k{len(sizes)}-{n}", error="provoked") for n in range(len(requests))]
+
+        labeler = build_labeler({"models": [model], "adjudicate": False}, role_profiles)
+        outcome = labeler.debate(items, failing)
+        assert sizes == batches and [label.outcome for label in outcome.labels] == ["failed", "failed"]
