@@ -131,6 +131,10 @@ def coverage(found: pl.DataFrame, fitted: pl.DataFrame | None, total: tuple[floa
     axis.set_ylabel("relevant chunks in the pool")
     axis.set_title("Pool coverage")
     axis.xaxis.get_major_locator().set_params(integer=True)
+    # counts from 0: a flat curve (the first system found them all) would otherwise be drawn
+    # on a 1e-5 offset axis, its rounding noise looking like growth
+    axis.set_ylim(0, max(axis.get_ylim()[1], 1.0) * 1.08)
+    axis.ticklabel_format(axis="y", useOffset=False)
     axis.legend(fontsize=7)
     return _save(figure, path)
 
