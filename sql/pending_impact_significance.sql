@@ -12,7 +12,8 @@
 -- system's value on its query, so the paired test's differences.
 --
 -- Inputs: significance, retrieval_metrics (the queries each system is evaluated on) and
--- retrieval_run through the top_k_rankings macro (sql/top_k_rankings.sql), bridge_qrels. One row per pending pair, in no particular order: its calls
+-- retrieval_run through the top_k_rankings macro (sql/top_k_rankings.sql), bridge_qrels. One
+-- row per pending pair, in no particular order: its calls
 -- (significance_pairs, one per system pair and test), the system pairs among them (flips), and
 -- the system pairs with a call in doubt on the dataset (significance_in_doubt).
 with

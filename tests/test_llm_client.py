@@ -413,6 +413,6 @@ def test_small_batches_still_show_progress_every_sixteen_requests():
     lines = [progress.add("qwen-1.5b", "debate", [LLMResult(key=f"k{i}", cached=i == 0), LLMResult(key=f"j{i}")])
              for i in range(9)]
     assert [i for i, line in enumerate(lines) if line] == [7]   # 16 answered after the eighth batch
-    assert lines[7] == "debate: 16 LLM requests answered by qwen-1.5b so far in small batches (1 from the ledger)"
+    assert lines[7] == "debate: 16 LLM requests answered by qwen-1.5b so far (1 from the ledger)"
     # counted apart per profile and purpose
     assert progress.add("qwen-0.5b", "debate", [LLMResult(key="x")]) is None

@@ -20,8 +20,8 @@ PROGRESS_EVERY = 16
 
 
 class SmallBatchProgress:
-    """Requests answered in batches too small to log one by one (a pair-major debate sends one
-    pair's turns at a time), counted per profile and purpose: `add` gives a progress line each
+    """Requests answered in batches that get no progress line of their own (a pair-major debate
+    sends one pair's turns at a time; a server gets a round at once), counted per profile and purpose: `add` gives a progress line each
     time the count passes a multiple of `every`, else None."""
 
     def __init__(self, every: int = PROGRESS_EVERY):
@@ -35,8 +35,7 @@ class SmallBatchProgress:
         count[1] += sum(r.cached for r in results)
         if before // self.every == count[0] // self.every:
             return None
-        return (f"{purposes}: {count[0]} LLM requests answered by {profile} so far in small batches "
-                f"({count[1]} from the ledger)")
+        return f"{purposes}: {count[0]} LLM requests answered by {profile} so far ({count[1]} from the ledger)"
 
 
 class LLMResource(dg.ConfigurableResource):
