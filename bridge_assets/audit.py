@@ -29,6 +29,7 @@ from bridge_assets.labeling.pairs import chunk_text
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.llm.parsing import canonical_json
 from bridge_assets.snapshots import snapshot_of
+from bridge_assets.student.model import SAMPLED_OUT
 from bridge_assets.store import table_exists
 
 # Assets whose latest materialization of the dataset's partition the story names.
@@ -396,8 +397,11 @@ def _student_lines(story: dict[str, Any]) -> list[str | None]:
                                         f"({student['relevant']} relevant) as of lake snapshot "
                                         f"{student['learned_from_snapshot']}; calibration {student['calibration']}"))
     learned = scored["learned_from_pair"]
-    lines.append(_line("learned from it", f"yes: label {learned['label']} ({learned['source']}, "
-                                          f"{learned['split']} split)" if learned else "no"))
+    if learned and learned["split"] == SAMPLED_OUT:
+        said = f"no: its label {learned['label']} ({learned['source']}) was left out by the max_labels sample"
+    else:
+        said = f"yes: label {learned['label']} ({learned['source']}, {learned['split']} split)" if learned else "no"
+    lines.append(_line("learned from it", said))
     return lines
 
 

@@ -166,18 +166,21 @@ def _stopping_point(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
 
 def _student(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
     rows = _rows(con, "student_annotator", """
-        select student_key, labels, relevant, calibration, not_trained from student_annotator
-        where dataset = ?""", [dataset])
+        select student_key, labels, relevant, calibration, not_trained, trained_on, calibrated_on
+        from student_annotator where dataset = ?""", [dataset])
     if not rows:
         return []
-    key, labels, relevant, calibration, not_trained = rows[0]
+    key, labels, relevant, calibration, not_trained, trained_on, calibrated_on = rows[0]
     if key is None:
         return [f"student annotator: none ({not_trained}; {labels} verified labels, {relevant} relevant)"]
     scored = _rows(con, "student_scores", """
         select count(*), count(*) filter (where p_relevant >= 0.5) from student_scores
         where dataset = ? and student_key = ?""", [dataset, key])
-    line = (f"student annotator {key}: trained on {labels} verified labels ({relevant} relevant), "
-            f"calibration {calibration}")
+    learned = f"trained on {labels} verified labels ({relevant} relevant)"
+    if trained_on + calibrated_on < labels:  # the max_labels sample
+        learned = (f"trained on a sample of {trained_on} of {labels} verified labels ({relevant} "
+                   f"relevant; {calibrated_on} more calibrate it)")
+    line = f"student annotator {key}: {learned}, calibration {calibration}"
     if scored:
         line += f"; scores {scored[0][0]} pool pairs, {scored[0][1]} at P(relevant) >= 0.5 (not labels)"
     return [line]

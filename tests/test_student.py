@@ -23,8 +23,9 @@ from bridge_assets.resources import DuckDBStore
 from bridge_assets.student import assets as student_assets
 from bridge_assets.student.annotator import ensure_student, training_set
 from bridge_assets.student.labeler import StudentLabelerSettings, query_folds
-from bridge_assets.student.model import (Example, Student, StudentError, StudentSettings, calibrate,
-                                         split_by_query, train_student, weights_hash)
+from bridge_assets.student.model import (CALIBRATION, SAMPLED_OUT, TRAIN, Example, Student, StudentError,
+                                         StudentSettings, assign_splits, calibrate, split_by_query,
+                                         train_student, untrainable, weights_hash)
 from bridge_assets.student.prefilter import lake_study, threshold_table
 from bridge_assets.student.threshold import held_out_pairs, reliability, threshold_retrieval
 from bridge_assets.summary import run_summary
@@ -74,6 +75,33 @@ def test_split_keeps_each_query_whole():
     train, held = split_by_query(_examples(), 0.34, seed=3)
     assert {e.query_id for e in train}.isdisjoint({e.query_id for e in held})
     assert len({e.query_id for e in held}) == 2 and len(train) + len(held) == 12
+
+
+def test_max_labels_samples_each_class_up_to_half_and_keeps_queries_whole():
+    # nq_open_mini's shape: thousands of original positives, a few verified negatives
+    examples = [Example(f"q{n}", "query", f"chunk {n}", 1.0, "original") for n in range(300)]
+    examples += [Example(f"q{n}", "query", f"other {n}", 0.0, "filter") for n in range(0, 300, 20)]
+    settings = StudentSettings(max_labels=40, calibration_share=0.25, seed=1)
+    parts = assign_splits(examples, settings)
+    assert parts == assign_splits(examples, settings)  # seeded
+    train = [e for e, part in zip(examples, parts) if part == TRAIN]
+    held = [e for e, part in zip(examples, parts) if part == CALIBRATION]
+    negatives_to_train = sum(1 for e in split_by_query(examples, 0.25, 1)[0] if e.target == 0.0)
+    assert sum(e.target == 0.0 for e in train) == negatives_to_train > 0  # the rarer class whole
+    assert sum(e.target == 1.0 for e in train) == 20  # the other up to half of max_labels
+    assert len(held) == 40 and parts.count(SAMPLED_OUT) == len(examples) - len(train) - 40
+    assert {e.query_id for e in train}.isdisjoint({e.query_id for e in held})
+    # under the cap nothing is left out
+    assert SAMPLED_OUT not in assign_splits(_examples(), TINY)
+
+
+def test_no_student_when_the_training_queries_hold_one_class():
+    examples = [Example("q0", "query", "chunk", 0.0, "filter")] + \
+        [Example(f"q{n}", "query", "chunk", 1.0, "original") for n in range(1, 4)]
+    for seed in range(20):  # a seed that holds out the only query with a negative label
+        if any(e.target == 0.0 for e in split_by_query(examples, 0.25, seed)[1]):
+            break
+    assert "one class only" in untrainable(examples, StudentSettings(calibration_share=0.25, seed=seed))
 
 
 def test_platt_calibration_repairs_an_overconfident_score():
@@ -178,6 +206,28 @@ def test_student_assets_train_once_and_score_the_whole_pool(labeled_lake, tmp_pa
     text = format_story(learned)
     assert f"student {first['student_key'].value} (weights {first['weights_hash'].value}), trained on " \
            f"{len(EXPECTED_LABELS)} verified labels" in text
+
+
+def test_a_sampled_student_says_what_it_left_out(labeled_lake):
+    materialize_qrels(labeled_lake)
+    config = dg.RunConfig(ops={"student_annotator": student_assets.StudentConfig(
+        epochs=1, max_length=48, batch_size=8, calibration_share=0.25, max_labels=4)})
+    result = dg.materialize([student_assets.student_annotator, student_assets.student_scores],
+                            partition_key=DATASET, resources={"store": DuckDBStore(data_lake=str(labeled_lake))},
+                            run_config=config)
+    assert result.success
+    row = read(labeled_lake, "select * from student_annotator").to_dicts()[0]
+    splits = read(labeled_lake, "select query_id, doc_id, split from student_training_set")
+    assert row["trained_on"] == splits.filter(pl.col("split") == "train").height <= 4
+    assert row["calibrated_on"] == splits.filter(pl.col("split") == "calibration").height <= 4
+    left_out = splits.filter(pl.col("split") == "sampled out")
+    assert left_out.height == len(EXPECTED_LABELS) - row["trained_on"] - row["calibrated_on"] > 0
+    with store.connect(labeled_lake / "bridge.duckdb") as con:
+        summary = run_summary(con, DATASET, time.time())
+        story = audit_pair(con, DATASET, left_out["query_id"][0], left_out["doc_id"][0])
+    assert (f"trained on a sample of {row['trained_on']} of {len(EXPECTED_LABELS)} verified labels "
+            f"({row['relevant']} relevant; {row['calibrated_on']} more calibrate it)") in summary
+    assert "was left out by the max_labels sample" in format_story(story)
 
 
 def test_student_labeler_scores_every_pair_out_of_fold():

@@ -23,8 +23,9 @@ import polars as pl
 from bridge_assets.labeling.pairs import Pair, load_pairs
 from bridge_assets.paths import read_sql
 from bridge_assets.retrieval.cache import ensure_built, read_meta
-from bridge_assets.student.model import (Example, Student, StudentSettings, base_model_location,
-                                         split_by_query, train_student, weights_hash)
+from bridge_assets.student.model import (Example, Student, StudentSettings, assign_splits,
+                                         base_model_location, split_by_query, train_student,
+                                         weights_hash)
 
 SCORE_BATCH = 64
 
@@ -102,9 +103,9 @@ def calibration_queries(data: TrainingSet, settings: StudentSettings) -> list[st
 
 
 def splits(data: TrainingSet, settings: StudentSettings) -> list[str]:
-    """'train' or 'calibration' per label, as the training split them (for the audit table)."""
-    held_queries = set(calibration_queries(data, settings))
-    return ["calibration" if e.query_id in held_queries else "train" for e in data.examples()]
+    """'train', 'calibration' or 'sampled out' per label, as the training split them (for the
+    audit table)."""
+    return assign_splits(data.examples(), settings)
 
 
 def score_pairs(student: Student, pairs: Sequence[Pair]) -> list[float]:

@@ -43,6 +43,8 @@ class StudentConfig(dg.Config):
     max_length: int = Field(_DEFAULTS.max_length, ge=16)
     calibration_share: float = Field(_DEFAULTS.calibration_share, ge=0.0, lt=1.0,
                                      description="Share of the queries held out to calibrate.")
+    max_labels: int = Field(_DEFAULTS.max_labels, ge=2, description="At most this many labels "
+                            "train it (half from each class at most) and as many calibrate it.")
     seed: int = _DEFAULTS.seed
 
     def settings(self) -> StudentSettings:

@@ -36,6 +36,7 @@ class StudentLabelerSettings(LabelerSettings):
     max_length: int = Field(StudentSettings.model_fields["max_length"].default, ge=16)
     calibration_share: float = Field(StudentSettings.model_fields["calibration_share"].default,
                                      ge=0.0, lt=1.0)
+    max_labels: int = Field(StudentSettings.model_fields["max_labels"].default, ge=2)
     seed: int = 0
 
     def student(self) -> StudentSettings:

@@ -54,6 +54,11 @@ class StudentSettings(BaseModel):
     max_length: int = Field(256, ge=16, description="Tokens of query + chunk it reads.")
     calibration_share: float = Field(0.25, ge=0.0, lt=1.0, description="Share of the queries "
                                      "held out of training to fit the calibration.")
+    max_labels: int = Field(800, ge=2, description="At most this many labels train it and as many "
+                            "calibrate it; beyond that a seeded sample (training: at most half "
+                            "from each class; calibration: uniform). It bounds the time: 800 "
+                            "labels, 4 epochs, batch 8 is 400 steps, about 1.25 s each at 256 "
+                            "tokens on 2 cores (docs/student.md).")
     seed: int = 0
 
 
@@ -73,7 +78,7 @@ class TrainingReport:
     """What a training learned from and how well it calibrates on its held-out queries."""
 
     examples: int
-    trained_on: int
+    trained_on: int                       # after the max_labels sample
     calibrated_on: int
     relevant: int
     sources: dict[str, int]
@@ -89,6 +94,39 @@ def split_by_query(examples: Sequence[Example], share: float, seed: int) -> tupl
     random.Random(seed).shuffle(queries)
     held = set(queries[:round(len(queries) * share)]) if share else set()
     return ([e for e in examples if e.query_id not in held], [e for e in examples if e.query_id in held])
+
+
+TRAIN, CALIBRATION, SAMPLED_OUT = "train", "calibration", "sampled out"
+
+
+def _sample(indices: list[int], size: int, rng: random.Random) -> list[int]:
+    return indices if len(indices) <= size else sorted(rng.sample(indices, size))
+
+
+def assign_splits(examples: Sequence[Example], settings: StudentSettings) -> list[str]:
+    """Each example's part in the training, TRAIN, CALIBRATION or SAMPLED_OUT: the queries
+    held out whole (split_by_query; only hard labels calibrate), then at most
+    `settings.max_labels` of each part, seeded. The training sample takes at most half of it
+    from each class (a dataset with thousands of original positives and a few dozen verified
+    negatives keeps every negative, and they are not drowned); the calibration sample is
+    uniform, so Platt fits the held-out labels' own proportion."""
+    train, held = split_by_query(examples, settings.calibration_share, settings.seed)
+    held_queries = {e.query_id for e in held}
+    rng = random.Random(settings.seed)
+    parts = [SAMPLED_OUT] * len(examples)
+    by_class: dict[bool, list[int]] = {True: [], False: []}
+    calibrating = []
+    for i, e in enumerate(examples):
+        if e.query_id not in held_queries:
+            by_class[e.target >= 0.5].append(i)
+        elif e.target in (0.0, 1.0):
+            calibrating.append(i)
+    for members in by_class.values():
+        for i in _sample(members, settings.max_labels // 2, rng):
+            parts[i] = TRAIN
+    for i in _sample(calibrating, settings.max_labels, rng):
+        parts[i] = CALIBRATION
+    return parts
 
 
 def base_model_location(name: str) -> str:
@@ -206,8 +244,12 @@ def untrainable(examples: Sequence[Example], settings: StudentSettings) -> str |
         return "no verified labels to learn from"
     if len({e.target for e in examples if e.target in (0.0, 1.0)}) < 2:
         return "it needs verified labels of both classes (relevant and not)"
-    if not split_by_query(examples, settings.calibration_share, settings.seed)[0]:
+    train, _ = split_by_query(examples, settings.calibration_share, settings.seed)
+    if not train:
         return "no labels left to train on after holding out the calibration queries"
+    if len({e.target >= 0.5 for e in train}) < 2:
+        return ("the queries left to train on hold labels of one class only (the others are held "
+                "out to calibrate)")
     return None
 
 
@@ -222,8 +264,9 @@ def train_student(examples: Sequence[Example], settings: StudentSettings,
     if problem:
         raise StudentError(f"the student cannot be trained: {problem}")
     hard = [e for e in examples if e.target in (0.0, 1.0)]
-    train, held = split_by_query(examples, settings.calibration_share, settings.seed)
-    held = [e for e in held if e.target in (0.0, 1.0)]
+    parts = assign_splits(examples, settings)
+    train = [e for e, part in zip(examples, parts) if part == TRAIN]
+    held = [e for e, part in zip(examples, parts) if part == CALIBRATION]
     encoder = train_encoder(train, settings, location or base_model_location(settings.base_model))
     raw = encoder_probabilities(encoder, [(e.query, e.chunk) for e in held])
     labels = [int(e.target) for e in held]
