@@ -29,7 +29,7 @@ from bridge_assets.labeling.pairs import chunk_text
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.llm.parsing import canonical_json
 from bridge_assets.snapshots import snapshot_of
-from bridge_assets.student.model import SAMPLED_OUT
+from bridge_assets.student.model import ONE_CLASS_QUERY, SAMPLED_OUT
 from bridge_assets.store import table_exists
 
 # Assets whose latest materialization of the dataset's partition the story names.
@@ -202,7 +202,8 @@ def _student(reader: _Reader) -> dict[str, Any] | None:
                                          "and student_key is null", reader.params[:1])
         return {"not_trained": untrained[0]["not_trained"]} if untrained else None
     student = _records(reader.con, """
-        select student_key, weights_hash, labels, relevant, calibration, learned_from_snapshot
+        select student_key, weights_hash, labels, relevant, trained_on, calibrated_on, calibration,
+               learned_from_snapshot
         from student_annotator where dataset = ? and student_key = ?""",
                        [reader.params[0], scores[0]["student_key"]])
     learned = reader.pair_rows("student_training_set", "label, source, split") \
@@ -393,12 +394,16 @@ def _student_lines(story: dict[str, Any]) -> list[str | None]:
     student = scored["student"]
     if student:
         lines.append(_line("scored by", f"student {student['student_key']} (weights {student['weights_hash']}), "
-                                        f"trained on {student['labels']} verified labels "
-                                        f"({student['relevant']} relevant) as of lake snapshot "
+                                        f"trained on {student['trained_on']} and calibrated on "
+                                        f"{student['calibrated_on']} of {student['labels']} verified "
+                                        f"labels ({student['relevant']} relevant) as of lake snapshot "
                                         f"{student['learned_from_snapshot']}; calibration {student['calibration']}"))
     learned = scored["learned_from_pair"]
     if learned and learned["split"] == SAMPLED_OUT:
         said = f"no: its label {learned['label']} ({learned['source']}) was left out by the max_labels sample"
+    elif learned and learned["split"] == ONE_CLASS_QUERY:
+        said = (f"no: its label {learned['label']} ({learned['source']}) was left out, its query's "
+                "verified labels being all of one class")
     else:
         said = f"yes: label {learned['label']} ({learned['source']}, {learned['split']} split)" if learned else "no"
     lines.append(_line("learned from it", said))

@@ -19,6 +19,7 @@ from bridge_assets.ingest.registry import DatasetSpec
 from bridge_assets.labeling.debate import FLAG_DEFERRED
 from bridge_assets.qrels.known_holes import read_known_holes, score_known_holes
 from bridge_assets.store import table_exists
+from bridge_assets.student.model import ONE_CLASS_QUERY, SAMPLED_OUT
 
 
 def _rows(con: duckdb.DuckDBPyConnection, table: str, sql: str, params: list) -> list[tuple]:
@@ -166,21 +167,30 @@ def _stopping_point(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
 
 def _student(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
     rows = _rows(con, "student_annotator", """
-        select student_key, labels, relevant, calibration, not_trained, trained_on, calibrated_on
+        select student_key, labels, relevant, calibration, not_trained, trained_on, calibrated_on,
+               held_out_auroc
         from student_annotator where dataset = ?""", [dataset])
     if not rows:
         return []
-    key, labels, relevant, calibration, not_trained, trained_on, calibrated_on = rows[0]
+    key, labels, relevant, calibration, not_trained, trained_on, calibrated_on, auroc = rows[0]
     if key is None:
         return [f"student annotator: none ({not_trained}; {labels} verified labels, {relevant} relevant)"]
     scored = _rows(con, "student_scores", """
         select count(*), count(*) filter (where p_relevant >= 0.5) from student_scores
         where dataset = ? and student_key = ?""", [dataset, key])
     learned = f"trained on {labels} verified labels ({relevant} relevant)"
-    if trained_on + calibrated_on < labels:  # the max_labels sample
-        learned = (f"trained on a sample of {trained_on} of {labels} verified labels ({relevant} "
-                   f"relevant; {calibrated_on} more calibrate it)")
+    if trained_on + calibrated_on < labels:
+        left_out = dict(_rows(con, "student_training_set", """
+            select split, count(*) from student_training_set
+            where dataset = ? and student_key = ? and split not in ('train', 'calibration')
+            group by split order by split""", [dataset, key]))
+        why = {ONE_CLASS_QUERY: "of queries labelled one way only", SAMPLED_OUT: "past max_labels"}
+        learned = (f"trained on {trained_on} and calibrated on {calibrated_on} of {labels} verified "
+                   f"labels ({relevant} relevant; left out: "
+                   + ", ".join(f"{n} {why.get(split, split)}" for split, n in left_out.items()) + ")")
     line = f"student annotator {key}: {learned}, calibration {calibration}"
+    if auroc is not None:  # 0.5: it orders its held-out pairs no better than chance
+        line += f", held-out AUROC {auroc:.2f}"
     if scored:
         line += f"; scores {scored[0][0]} pool pairs, {scored[0][1]} at P(relevant) >= 0.5 (not labels)"
     return [line]

@@ -23,7 +23,8 @@ from bridge_assets.resources import DuckDBStore
 from bridge_assets.student import assets as student_assets
 from bridge_assets.student.annotator import ensure_student, training_set
 from bridge_assets.student.labeler import StudentLabelerSettings, query_folds
-from bridge_assets.student.model import (CALIBRATION, SAMPLED_OUT, TRAIN, Example, Student, StudentError,
+from bridge_assets.student.model import (CALIBRATION, ONE_CLASS_QUERY, SAMPLED_OUT, TRAIN, Example, Student,
+                                         StudentError,
                                          StudentSettings, assign_splits, calibrate, split_by_query,
                                          train_student, untrainable, weights_hash)
 from bridge_assets.student.prefilter import lake_study, threshold_table
@@ -77,31 +78,34 @@ def test_split_keeps_each_query_whole():
     assert len({e.query_id for e in held}) == 2 and len(train) + len(held) == 12
 
 
-def test_max_labels_samples_each_class_up_to_half_and_keeps_queries_whole():
-    # nq_open_mini's shape: thousands of original positives, a few verified negatives
-    examples = [Example(f"q{n}", "query", f"chunk {n}", 1.0, "original") for n in range(300)]
-    examples += [Example(f"q{n}", "query", f"other {n}", 0.0, "filter") for n in range(0, 300, 20)]
+def test_only_contrast_queries_teach_and_max_labels_samples_each_class_up_to_half():
+    # nq_open_mini's shape: many queries with one original positive each (outside the pool),
+    # a few pooled queries with verified labels of both classes
+    examples = [Example(f"solo{n}", "query", f"gold {n}", 1.0, "original") for n in range(200)]
+    for n in range(16):
+        examples += [Example(f"pool{n}", "query", f"chunk {n}.{i}", 1.0, "debate") for i in range(5)]
+        examples.append(Example(f"pool{n}", "query", f"other {n}", 0.0, "filter"))
     settings = StudentSettings(max_labels=40, calibration_share=0.25, seed=1)
     parts = assign_splits(examples, settings)
     assert parts == assign_splits(examples, settings)  # seeded
+    assert parts[:200] == [ONE_CLASS_QUERY] * 200
     train = [e for e, part in zip(examples, parts) if part == TRAIN]
     held = [e for e, part in zip(examples, parts) if part == CALIBRATION]
-    negatives_to_train = sum(1 for e in split_by_query(examples, 0.25, 1)[0] if e.target == 0.0)
-    assert sum(e.target == 0.0 for e in train) == negatives_to_train > 0  # the rarer class whole
+    assert len({e.query_id for e in held}) == 4 and len(held) == 24  # 4 of 16 queries, under the cap
+    assert sum(e.target == 0.0 for e in train) == 12  # the rarer class whole
     assert sum(e.target == 1.0 for e in train) == 20  # the other up to half of max_labels
-    assert len(held) == 40 and parts.count(SAMPLED_OUT) == len(examples) - len(train) - 40
+    assert parts.count(SAMPLED_OUT) == 60 - 20
     assert {e.query_id for e in train}.isdisjoint({e.query_id for e in held})
-    # under the cap nothing is left out
-    assert SAMPLED_OUT not in assign_splits(_examples(), TINY)
+    assert set(parts) - {ONE_CLASS_QUERY, SAMPLED_OUT} == {TRAIN, CALIBRATION}
+    assert set(assign_splits(_examples(), TINY)) == {TRAIN, CALIBRATION}  # nothing left out here
 
 
-def test_no_student_when_the_training_queries_hold_one_class():
+def test_no_student_without_a_query_labelled_both_ways():
     examples = [Example("q0", "query", "chunk", 0.0, "filter")] + \
         [Example(f"q{n}", "query", "chunk", 1.0, "original") for n in range(1, 4)]
-    for seed in range(20):  # a seed that holds out the only query with a negative label
-        if any(e.target == 0.0 for e in split_by_query(examples, 0.25, seed)[1]):
-            break
-    assert "one class only" in untrainable(examples, StudentSettings(calibration_share=0.25, seed=seed))
+    assert "no query has verified labels of both classes" in untrainable(examples, StudentSettings())
+    with pytest.raises(StudentError, match="no query has verified labels of both classes"):
+        train_student(examples, TINY)
 
 
 def test_platt_calibration_repairs_an_overconfident_score():
@@ -175,7 +179,12 @@ def test_student_assets_train_once_and_score_the_whole_pool(labeled_lake, tmp_pa
     assert row[0]["weights_hash"] == first["weights_hash"].value
     audit = read(labeled_lake, "select query_id, doc_id, split from student_training_set")
     assert ("q2", "d10") not in set(zip(audit["query_id"], audit["doc_id"], strict=True))
-    assert set(audit["split"]) <= {"train", "calibration"}
+    # a query labelled one way only teaches no contrast: its labels are recorded, left out
+    classes = {q: {int(relevance > 0) for (qq, _), (relevance, _) in EXPECTED_LABELS.items() if qq == q}
+               for q, _ in EXPECTED_LABELS}
+    one_class = {q for q, seen in classes.items() if len(seen) == 1}
+    assert one_class and set(audit.filter(pl.col("split") == "one-class query")["query_id"]) == one_class
+    assert set(audit.filter(pl.col("query_id").is_in(list(one_class)).not_())["split"]) == {"train", "calibration"}
     scores = read(labeled_lake, "select s.query_id, s.doc_id, s.p_relevant from student_scores s")
     pool = read(labeled_lake, "select distinct query_id, doc_id from candidate_pool")
     assert scores.height == pool.height
@@ -193,8 +202,11 @@ def test_student_assets_train_once_and_score_the_whole_pool(labeled_lake, tmp_pa
     assert scores["p_relevant"].is_between(0, 1).all()
     with store.connect(labeled_lake / "bridge.duckdb") as con:
         summary = run_summary(con, DATASET, time.time())
-    assert (f"student annotator {first['student_key'].value}: trained on {len(EXPECTED_LABELS)} "
-            f"verified labels") in summary
+    left_out = audit.filter(pl.col("split") == "one-class query").height
+    assert (f"student annotator {first['student_key'].value}: trained on {row[0]['trained_on']} and "
+            f"calibrated on {row[0]['calibrated_on']} of {len(EXPECTED_LABELS)} verified labels "
+            f"({row[0]['relevant']} relevant; left out: {left_out} of queries labelled one way only)") in summary
+    assert row[0]["held_out_auroc"] is not None and f"held-out AUROC {row[0]['held_out_auroc']:.2f}" in summary
     assert f"scores {pool.height} pool pairs" in summary
 
     with store.connect(labeled_lake / "bridge.duckdb") as con:  # the audit names the student
@@ -205,7 +217,8 @@ def test_student_assets_train_once_and_score_the_whole_pool(labeled_lake, tmp_pa
     assert unlearned["student"]["learned_from_pair"] is None  # the pending pair: scored, never learned
     text = format_story(learned)
     assert f"student {first['student_key'].value} (weights {first['weights_hash'].value}), trained on " \
-           f"{len(EXPECTED_LABELS)} verified labels" in text
+           f"{row[0]['trained_on']} and calibrated on {row[0]['calibrated_on']} of {len(EXPECTED_LABELS)} " \
+           "verified labels" in text
 
 
 def test_a_sampled_student_says_what_it_left_out(labeled_lake):
@@ -221,13 +234,17 @@ def test_a_sampled_student_says_what_it_left_out(labeled_lake):
     assert row["trained_on"] == splits.filter(pl.col("split") == "train").height <= 4
     assert row["calibrated_on"] == splits.filter(pl.col("split") == "calibration").height <= 4
     left_out = splits.filter(pl.col("split") == "sampled out")
-    assert left_out.height == len(EXPECTED_LABELS) - row["trained_on"] - row["calibrated_on"] > 0
+    one_class = splits.filter(pl.col("split") == "one-class query")
+    assert left_out.height == len(EXPECTED_LABELS) - row["trained_on"] - row["calibrated_on"] - one_class.height > 0
     with store.connect(labeled_lake / "bridge.duckdb") as con:
         summary = run_summary(con, DATASET, time.time())
-        story = audit_pair(con, DATASET, left_out["query_id"][0], left_out["doc_id"][0])
-    assert (f"trained on a sample of {row['trained_on']} of {len(EXPECTED_LABELS)} verified labels "
-            f"({row['relevant']} relevant; {row['calibrated_on']} more calibrate it)") in summary
-    assert "was left out by the max_labels sample" in format_story(story)
+        sampled_out = audit_pair(con, DATASET, left_out["query_id"][0], left_out["doc_id"][0])
+        one_way = audit_pair(con, DATASET, one_class["query_id"][0], one_class["doc_id"][0])
+    assert (f"trained on {row['trained_on']} and calibrated on {row['calibrated_on']} of "
+            f"{len(EXPECTED_LABELS)} verified labels ({row['relevant']} relevant; left out: "
+            f"{one_class.height} of queries labelled one way only, {left_out.height} past max_labels)") in summary
+    assert "was left out by the max_labels sample" in format_story(sampled_out)
+    assert "its query's verified labels being all of one class" in format_story(one_way)
 
 
 def test_student_labeler_scores_every_pair_out_of_fold():

@@ -24,7 +24,7 @@ from bridge_assets.labeling.pairs import Pair, load_pairs
 from bridge_assets.paths import read_sql
 from bridge_assets.retrieval.cache import ensure_built, read_meta
 from bridge_assets.student.model import (Example, Student, StudentSettings, assign_splits,
-                                         base_model_location, split_by_query, train_student,
+                                         base_model_location, held_out_queries, train_student,
                                          weights_hash)
 
 SCORE_BATCH = 64
@@ -98,13 +98,11 @@ def ensure_student(lake_folder: Path, dataset: str, data: TrainingSet,
 
 def calibration_queries(data: TrainingSet, settings: StudentSettings) -> list[str]:
     """The queries the training held out whole to calibrate on (sorted)."""
-    _, held = split_by_query(data.examples(), settings.calibration_share, settings.seed)
-    return sorted({e.query_id for e in held})
+    return sorted(held_out_queries(data.examples(), settings))
 
 
 def splits(data: TrainingSet, settings: StudentSettings) -> list[str]:
-    """'train', 'calibration' or 'sampled out' per label, as the training split them (for the
-    audit table)."""
+    """Each label's part in the training (model.assign_splits), for the audit table."""
     return assign_splits(data.examples(), settings)
 
 

@@ -78,7 +78,7 @@ class TrainingReport:
     """What a training learned from and how well it calibrates on its held-out queries."""
 
     examples: int
-    trained_on: int                       # after the max_labels sample
+    trained_on: int                       # contrast queries only, after the max_labels sample
     calibrated_on: int
     relevant: int
     sources: dict[str, int]
@@ -96,7 +96,29 @@ def split_by_query(examples: Sequence[Example], share: float, seed: int) -> tupl
     return ([e for e in examples if e.query_id not in held], [e for e in examples if e.query_id in held])
 
 
-TRAIN, CALIBRATION, SAMPLED_OUT = "train", "calibration", "sampled out"
+# a label's part in a training (student_training_set.split)
+TRAIN, CALIBRATION = "train", "calibration"
+ONE_CLASS_QUERY = "one-class query"  # left out: its query's labels are all relevant, or all not
+SAMPLED_OUT = "sampled out"          # left out: past max_labels
+
+
+def contrast_queries(examples: Sequence[Example]) -> set[str]:
+    """The queries whose hard labels hold both classes. Only they teach the student to tell a
+    relevant chunk from another for the same query; a query labelled one way only (thousands
+    of original positives of queries outside the pool, say) would teach the base rate instead."""
+    classes: dict[str, set[bool]] = {}
+    for e in examples:
+        if e.target in (0.0, 1.0):
+            classes.setdefault(e.query_id, set()).add(e.target == 1.0)
+    return {query for query, seen in classes.items() if len(seen) == 2}
+
+
+def held_out_queries(examples: Sequence[Example], settings: StudentSettings) -> set[str]:
+    """The contrast queries held out whole to calibrate on (split_by_query, seeded)."""
+    contrast = contrast_queries(examples)
+    _, held = split_by_query([e for e in examples if e.query_id in contrast],
+                             settings.calibration_share, settings.seed)
+    return {e.query_id for e in held}
 
 
 def _sample(indices: list[int], size: int, rng: random.Random) -> list[int]:
@@ -104,20 +126,22 @@ def _sample(indices: list[int], size: int, rng: random.Random) -> list[int]:
 
 
 def assign_splits(examples: Sequence[Example], settings: StudentSettings) -> list[str]:
-    """Each example's part in the training, TRAIN, CALIBRATION or SAMPLED_OUT: the queries
-    held out whole (split_by_query; only hard labels calibrate), then at most
-    `settings.max_labels` of each part, seeded. The training sample takes at most half of it
-    from each class (a dataset with thousands of original positives and a few dozen verified
-    negatives keeps every negative, and they are not drowned); the calibration sample is
-    uniform, so Platt fits the held-out labels' own proportion."""
-    train, held = split_by_query(examples, settings.calibration_share, settings.seed)
-    held_queries = {e.query_id for e in held}
+    """Each example's part: TRAIN, CALIBRATION, or left out (ONE_CLASS_QUERY, SAMPLED_OUT).
+    Only contrast queries count; of them `calibration_share` is held out whole (only hard
+    labels calibrate), then at most `settings.max_labels` labels of each part are kept, a
+    seeded sample. The training sample takes at most half of it from each class, so a scarce
+    class is kept whole and not drowned; the calibration sample is uniform, so Platt fits the
+    held-out labels' own proportion."""
+    contrast = contrast_queries(examples)
+    held = held_out_queries(examples, settings)
     rng = random.Random(settings.seed)
-    parts = [SAMPLED_OUT] * len(examples)
+    parts = [ONE_CLASS_QUERY if e.query_id not in contrast else SAMPLED_OUT for e in examples]
     by_class: dict[bool, list[int]] = {True: [], False: []}
     calibrating = []
     for i, e in enumerate(examples):
-        if e.query_id not in held_queries:
+        if e.query_id not in contrast:
+            continue
+        if e.query_id not in held:
             by_class[e.target >= 0.5].append(i)
         elif e.target in (0.0, 1.0):
             calibrating.append(i)
@@ -244,12 +268,12 @@ def untrainable(examples: Sequence[Example], settings: StudentSettings) -> str |
         return "no verified labels to learn from"
     if len({e.target for e in examples if e.target in (0.0, 1.0)}) < 2:
         return "it needs verified labels of both classes (relevant and not)"
-    train, _ = split_by_query(examples, settings.calibration_share, settings.seed)
-    if not train:
-        return "no labels left to train on after holding out the calibration queries"
-    if len({e.target >= 0.5 for e in train}) < 2:
-        return ("the queries left to train on hold labels of one class only (the others are held "
-                "out to calibrate)")
+    contrast = contrast_queries(examples)
+    if not contrast:
+        return ("no query has verified labels of both classes (a query labelled one way only "
+                "teaches no contrast)")
+    if not contrast - held_out_queries(examples, settings):
+        return "no query left to train on after holding out the calibration queries"
     return None
 
 
