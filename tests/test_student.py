@@ -198,6 +198,12 @@ def test_student_assets_train_once_and_score_the_whole_pool(labeled_lake, tmp_pa
                               tmp_path)
     assert [t.title for t in section.tables] == ["The student", "Threshold retrieval against top-k (held-out queries)"]
     assert section.tables[1].rows[0][0] == "P >= 0.1" and f"the {len(held)} queries it held out" in section.intro
+    left = len(EXPECTED_LABELS) - row[0]["trained_on"] - row[0]["calibrated_on"]
+    assert f"{left} of its {len(EXPECTED_LABELS)} verified labels were left out" in " ".join(section.notes)
+    chance = tables["student_annotator"].with_columns(held_out_auroc=pl.lit(0.5))
+    notes = " ".join(student_section(chance, None, None, tmp_path).notes)
+    assert "held-out AUROC is 0.50: it orders those pairs no better than chance" in notes
+    assert "no better than chance" not in " ".join(section.notes) or row[0]["held_out_auroc"] <= 0.5
     assert (tmp_path / "student_reliability.png").exists()
     assert scores["p_relevant"].is_between(0, 1).all()
     with store.connect(labeled_lake / "bridge.duckdb") as con:

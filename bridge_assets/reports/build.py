@@ -523,6 +523,15 @@ def student_section(annotator: pl.DataFrame | None, scores: pl.DataFrame | None,
         "student_key": "key", "weights_hash": "weights", "labels": "verified labels",
         "relevant": "relevant", "trained_on": "trained on", "calibrated_on": "calibrated on",
         "calibration": "calibration", "held_out_ece": "held-out ECE", "held_out_auroc": "held-out AUROC"}))
+    left_out = row["labels"] - (row["trained_on"] or 0) - (row["calibrated_on"] or 0)
+    if left_out > 0:
+        section.notes.append(f"{left_out} of its {row['labels']} verified labels were left out: those of "
+                             "queries labelled one way only (they teach a base rate, not relevance) and "
+                             "any past max_labels; student_training_set.split names each.")
+    if row.get("held_out_auroc") is not None and row["held_out_auroc"] <= 0.5:
+        section.notes.append(f"Its held-out AUROC is {row['held_out_auroc']:.2f}: it orders those pairs no "
+                             "better than chance, so its scores carry no information here (too few "
+                             "labels to learn from; docs/student.md).")
     if scores is None or qrels is None:
         section.missing.extend(name for name, frame in (("student_scores", scores), ("bridge_qrels", qrels))
                                if frame is None)
