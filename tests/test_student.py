@@ -24,9 +24,8 @@ from bridge_assets.student import assets as student_assets
 from bridge_assets.student.annotator import ensure_student, training_set
 from bridge_assets.student.labeler import StudentLabelerSettings, query_folds
 from bridge_assets.student.model import (CALIBRATION, ONE_CLASS_QUERY, SAMPLED_OUT, TRAIN, Example, Student,
-                                         StudentError,
-                                         StudentSettings, assign_splits, calibrate, split_by_query,
-                                         train_student, untrainable, weights_hash)
+                                         StudentError, StudentSettings, assign_splits, calibrate,
+                                         split_by_query, train_student, untrainable, weights_hash)
 from bridge_assets.student.prefilter import lake_study, threshold_table
 from bridge_assets.student.threshold import held_out_pairs, reliability, threshold_retrieval
 from bridge_assets.summary import run_summary
@@ -203,7 +202,8 @@ def test_student_assets_train_once_and_score_the_whole_pool(labeled_lake, tmp_pa
     chance = tables["student_annotator"].with_columns(held_out_auroc=pl.lit(0.5))
     notes = " ".join(student_section(chance, None, None, tmp_path).notes)
     assert "held-out AUROC is 0.50: it orders those pairs no better than chance" in notes
-    assert "no better than chance" not in " ".join(section.notes) or row[0]["held_out_auroc"] <= 0.5
+    if row[0]["held_out_auroc"] > 0.5:  # the note only where it holds
+        assert "no better than chance" not in " ".join(section.notes)
     assert (tmp_path / "student_reliability.png").exists()
     assert scores["p_relevant"].is_between(0, 1).all()
     with store.connect(labeled_lake / "bridge.duckdb") as con:
