@@ -217,6 +217,16 @@ def test_holm_equals_a_hand_computation():
     assert corrected[0] == pytest.approx(0.03) and math.isnan(corrected[1]) and corrected[2] == pytest.approx(0.04)
 
 
+def test_holm_equals_statsmodels_multipletests():
+    """The reference: statsmodels' Holm (not used by the asset: it runs gc.collect() per call)."""
+    from statsmodels.stats.multitest import multipletests
+    rng = np.random.default_rng(0)
+    for m in (1, 3, 300):
+        for p in (rng.uniform(size=m), rng.uniform(0, 0.01, size=m), rng.choice([0.001, 0.02, 0.5, 1.0], size=m)):
+            assert holm(p) == pytest.approx(multipletests(p, method="holm")[1], rel=1e-12, abs=0)
+    assert holm([]).size == 0
+
+
 def test_holm_corrects_within_measure_version_and_test():
     con = connection(metrics_table(VALUES), metrics_table(VALUES, version="refined"),
                      metrics_table({s: v[::-1] for s, v in VALUES.items()}, measure="recall_10"))
