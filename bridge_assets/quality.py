@@ -22,6 +22,15 @@ class SuiteOutcome:
     failures: dict[str, str] = field(default_factory=dict)  # expectation -> what failed
 
 
+def expectations():
+    """GX's expectation classes (`expectations().ExpectColumnValuesToNotBeNull(...)`), imported
+    when a check runs: great_expectations takes about 2 s to import, which every step process
+    of a multiprocess run (the UI's, the daemon's) would otherwise pay for nothing."""
+    import great_expectations as gx
+
+    return gx.expectations
+
+
 @lru_cache(maxsize=1)
 def _context():
     import great_expectations as gx

@@ -6,9 +6,8 @@ partitions and a failure names the datasets concerned.
 
 
 import dagster as dg
-import great_expectations as gx
 
-from bridge_assets.quality import validate
+from bridge_assets.quality import expectations, validate
 from bridge_assets.resources import DuckDBStore
 
 
@@ -19,11 +18,12 @@ def _result(outcome, rows: int) -> dg.AssetCheckResult:
 @dg.asset_check(asset="corpus", description="doc_id unique per dataset; title present; text non-empty.")
 def corpus_is_valid(store: DuckDBStore) -> dg.AssetCheckResult:
     frame = store.read("select dataset, doc_id, title, text from corpus")
+    expect = expectations()
     outcome = validate(frame, [
-        gx.expectations.ExpectCompoundColumnsToBeUnique(column_list=["dataset", "doc_id"]),
-        gx.expectations.ExpectColumnValuesToNotBeNull(column="doc_id"),
-        gx.expectations.ExpectColumnValuesToNotBeNull(column="text"),
-        gx.expectations.ExpectColumnValueLengthsToBeBetween(column="text", min_value=1),
+        expect.ExpectCompoundColumnsToBeUnique(column_list=["dataset", "doc_id"]),
+        expect.ExpectColumnValuesToNotBeNull(column="doc_id"),
+        expect.ExpectColumnValuesToNotBeNull(column="text"),
+        expect.ExpectColumnValueLengthsToBeBetween(column="text", min_value=1),
     ], "corpus")
     return _result(outcome, frame.height)
 
@@ -36,13 +36,14 @@ def queries_are_valid(store: DuckDBStore) -> dg.AssetCheckResult:
                max(len(answers)) over (partition by dataset) > 0 as dataset_has_answers
         from queries""")
     with_answers = frame.filter(frame["dataset_has_answers"])
+    expect = expectations()
     outcome = validate(frame, [
-        gx.expectations.ExpectCompoundColumnsToBeUnique(column_list=["dataset", "query_id"]),
-        gx.expectations.ExpectColumnValuesToNotBeNull(column="text"),
-        gx.expectations.ExpectColumnValueLengthsToBeBetween(column="text", min_value=1),
+        expect.ExpectCompoundColumnsToBeUnique(column_list=["dataset", "query_id"]),
+        expect.ExpectColumnValuesToNotBeNull(column="text"),
+        expect.ExpectColumnValueLengthsToBeBetween(column="text", min_value=1),
     ], "queries")
     answers = validate(with_answers, [
-        gx.expectations.ExpectColumnValuesToBeBetween(column="answer_count", min_value=1),
+        expect.ExpectColumnValuesToBeBetween(column="answer_count", min_value=1),
     ], "queries_answers")
     outcome.success &= answers.success
     outcome.failures.update(answers.failures)
@@ -59,10 +60,11 @@ def original_qrels_are_valid(store: DuckDBStore) -> dg.AssetCheckResult:
                exists (select 1 from queries q
                        where q.dataset = r.dataset and q.query_id = r.query_id) as query_known
         from original_qrels r""")
+    expect = expectations()
     outcome = validate(frame, [
-        gx.expectations.ExpectCompoundColumnsToBeUnique(column_list=["dataset", "query_id", "doc_id"]),
-        gx.expectations.ExpectColumnValuesToBeInSet(column="doc_known", value_set=[True]),
-        gx.expectations.ExpectColumnValuesToBeInSet(column="query_known", value_set=[True]),
-        gx.expectations.ExpectColumnValuesToNotBeNull(column="relevance"),
+        expect.ExpectCompoundColumnsToBeUnique(column_list=["dataset", "query_id", "doc_id"]),
+        expect.ExpectColumnValuesToBeInSet(column="doc_known", value_set=[True]),
+        expect.ExpectColumnValuesToBeInSet(column="query_known", value_set=[True]),
+        expect.ExpectColumnValuesToNotBeNull(column="relevance"),
     ], "original_qrels")
     return _result(outcome, frame.height)

@@ -7,10 +7,9 @@ partitions; cross-table rules are joined in SQL first, then expressed as column 
 from __future__ import annotations
 
 import dagster as dg
-import great_expectations as gx
 
 from bridge_assets.ingest.registry import graded_datasets
-from bridge_assets.quality import SuiteOutcome, validate
+from bridge_assets.quality import SuiteOutcome, expectations, validate
 from bridge_assets.resources import DuckDBStore
 
 
@@ -26,10 +25,11 @@ def candidate_pool_is_valid(store: DuckDBStore) -> dg.AssetCheckResult:
                len(systems) = n_systems and len(ranks) = n_systems
                and len(list_distinct(systems)) = n_systems as systems_line_up
         from candidate_pool""")
+    expect = expectations()
     outcome = validate(frame, [
-        gx.expectations.ExpectCompoundColumnsToBeUnique(column_list=["dataset", "query_id", "doc_id"]),
-        gx.expectations.ExpectColumnValuesToBeInSet(column="systems_line_up", value_set=[True]),
-        gx.expectations.ExpectColumnValuesToBeBetween(column="best_rank", min_value=1),
+        expect.ExpectCompoundColumnsToBeUnique(column_list=["dataset", "query_id", "doc_id"]),
+        expect.ExpectColumnValuesToBeInSet(column="systems_line_up", value_set=[True]),
+        expect.ExpectColumnValuesToBeBetween(column="best_rank", min_value=1),
     ], "candidate_pool")
     return _result(outcome, frame.height)
 
@@ -47,13 +47,14 @@ def debate_labels_are_valid(store: DuckDBStore) -> dg.AssetCheckResult:
                    and coalesce(adjudicator_label between 0 and top, true) as labels_on_scale
         from (select *, if(list_contains(?, dataset), 3, 1) as top from debate_labels)""",
         [list(graded_datasets())])
+    expect = expectations()
     outcome = validate(frame, [
-        gx.expectations.ExpectCompoundColumnsToBeUnique(column_list=["dataset", "query_id", "doc_id"]),
-        gx.expectations.ExpectColumnValuesToBeInSet(column="labels_on_scale", value_set=[True]),
-        gx.expectations.ExpectColumnValuesToBeInSet(column="outcome",
+        expect.ExpectCompoundColumnsToBeUnique(column_list=["dataset", "query_id", "doc_id"]),
+        expect.ExpectColumnValuesToBeInSet(column="labels_on_scale", value_set=[True]),
+        expect.ExpectColumnValuesToBeInSet(column="outcome",
                                                     value_set=["consensus", "escalated", "failed", "vote"]),
-        gx.expectations.ExpectColumnValuesToBeInSet(column="label_matches_outcome", value_set=[True]),
-        gx.expectations.ExpectColumnValuesToBeInSet(column="escalation_has_reason", value_set=[True]),
+        expect.ExpectColumnValuesToBeInSet(column="label_matches_outcome", value_set=[True]),
+        expect.ExpectColumnValuesToBeInSet(column="escalation_has_reason", value_set=[True]),
     ], "debate_labels")
     return _result(outcome, frame.height)
 
@@ -91,7 +92,8 @@ where l.outcome in ('escalated', 'failed')
                 description="every escalated or failed pair carries its full debate history.")
 def escalated_pairs_have_full_history(store: DuckDBStore) -> dg.AssetCheckResult:
     frame = store.read(HISTORY_SQL)
+    expect = expectations()
     outcome = validate(frame, [
-        gx.expectations.ExpectColumnValuesToBeInSet(column="history_complete", value_set=[True]),
+        expect.ExpectColumnValuesToBeInSet(column="history_complete", value_set=[True]),
     ], "debate_history")
     return _result(outcome, frame.height)

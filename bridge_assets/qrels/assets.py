@@ -4,7 +4,6 @@
 import hashlib
 
 import dagster as dg
-import great_expectations as gx
 import polars as pl
 
 from bridge_assets import snapshots
@@ -12,7 +11,7 @@ from bridge_assets.human.votes_store import VotesStore
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.qrels.merge import BridgeQrels, add_missing_columns, build_bridge_qrels, stand_ins
 from bridge_assets.qrels.sources import IMPORT_TABLES, SOURCES, precedence_order
-from bridge_assets.quality import validate
+from bridge_assets.quality import expectations, validate
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.store import table_exists
 from bridge_assets.trec_io import write_trec_qrels
@@ -151,16 +150,17 @@ def bridge_qrels_is_valid(store: DuckDBStore) -> dg.AssetCheckResult:
                    on o.dataset = b.dataset and o.query_id = b.query_id and o.doc_id = b.doc_id
             left join corpus c on c.dataset = b.dataset and c.doc_id = b.doc_id
             left join queries q on q.dataset = b.dataset and q.query_id = b.query_id""").pl()
+    expect = expectations()
     outcome = validate(frame, [
-        gx.expectations.ExpectCompoundColumnsToBeUnique(column_list=["dataset", "query_id", "doc_id"]),
-        gx.expectations.ExpectColumnValuesToBeBetween(column="relevance", min_value=0),
-        gx.expectations.ExpectColumnValuesToBeInSet(column="source_known", value_set=[True]),
-        gx.expectations.ExpectColumnValuesToBeInSet(column="null_exactly_when_pending", value_set=[True]),
-        gx.expectations.ExpectColumnValuesToBeInSet(column="guess_only_when_pending", value_set=[True]),
-        gx.expectations.ExpectColumnValuesToBeInSet(column="original_changed_only_by_correction",
+        expect.ExpectCompoundColumnsToBeUnique(column_list=["dataset", "query_id", "doc_id"]),
+        expect.ExpectColumnValuesToBeBetween(column="relevance", min_value=0),
+        expect.ExpectColumnValuesToBeInSet(column="source_known", value_set=[True]),
+        expect.ExpectColumnValuesToBeInSet(column="null_exactly_when_pending", value_set=[True]),
+        expect.ExpectColumnValuesToBeInSet(column="guess_only_when_pending", value_set=[True]),
+        expect.ExpectColumnValuesToBeInSet(column="original_changed_only_by_correction",
                                                     value_set=[True]),
-        gx.expectations.ExpectColumnValuesToBeInSet(column="doc_known", value_set=[True]),
-        gx.expectations.ExpectColumnValuesToBeInSet(column="query_known", value_set=[True]),
+        expect.ExpectColumnValuesToBeInSet(column="doc_known", value_set=[True]),
+        expect.ExpectColumnValuesToBeInSet(column="query_known", value_set=[True]),
     ], "bridge_qrels")
     return dg.AssetCheckResult(passed=outcome.success, metadata={"rows": frame.height, **outcome.failures})
 

@@ -10,14 +10,13 @@ import hashlib
 import time
 
 import dagster as dg
-import great_expectations as gx
 import polars as pl
 
 from bridge_assets import run_settings, snapshots
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.partitions import dataset_partitions, run_partitions
 from bridge_assets.paths import read_sql
-from bridge_assets.quality import validate
+from bridge_assets.quality import expectations, validate
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.retrieval.errors import RetrievalError
 from bridge_assets.retrieval.registry import load_registry
@@ -113,15 +112,16 @@ retrieval_job = dg.define_asset_job(
                             "document; every document is in the corpus, every query known; scores set.")
 def retrieval_run_is_valid(store: DuckDBStore) -> dg.AssetCheckResult:
     frame = store.read(read_sql("retrieval_run_check"))
+    expect = expectations()
     outcome = validate(frame, [
-        gx.expectations.ExpectCompoundColumnsToBeUnique(column_list=["dataset", "retriever", "query_id", "rank"]),
-        gx.expectations.ExpectCompoundColumnsToBeUnique(column_list=["dataset", "retriever", "query_id", "doc_id"]),
-        gx.expectations.ExpectColumnValuesToBeBetween(column="rank", min_value=1),
-        gx.expectations.ExpectColumnPairValuesAToBeGreaterThanB(
+        expect.ExpectCompoundColumnsToBeUnique(column_list=["dataset", "retriever", "query_id", "rank"]),
+        expect.ExpectCompoundColumnsToBeUnique(column_list=["dataset", "retriever", "query_id", "doc_id"]),
+        expect.ExpectColumnValuesToBeBetween(column="rank", min_value=1),
+        expect.ExpectColumnPairValuesAToBeGreaterThanB(
             column_A="ranked_in_query", column_B="rank", or_equal=True),
-        gx.expectations.ExpectColumnValuesToBeInSet(column="doc_known", value_set=[True]),
-        gx.expectations.ExpectColumnValuesToBeInSet(column="query_known", value_set=[True]),
-        gx.expectations.ExpectColumnValuesToNotBeNull(column="score"),
+        expect.ExpectColumnValuesToBeInSet(column="doc_known", value_set=[True]),
+        expect.ExpectColumnValuesToBeInSet(column="query_known", value_set=[True]),
+        expect.ExpectColumnValuesToNotBeNull(column="score"),
     ], "retrieval_run")
     return dg.AssetCheckResult(passed=outcome.success, metadata={"rows": frame.height, **outcome.failures})
 
