@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bridge_assets import settings, store  # noqa: E402
 from bridge_assets.student.retriever import (Curriculum, TrainSettings, base_location,  # noqa: E402
                                              format_differences, format_table, load_lake_data,
-                                             run_comparison, utility_positives)
+                                             run_comparison, sample_queries, utility_positives)
 
 
 def lake_snapshot(con, location) -> int | str:
@@ -78,6 +78,9 @@ def main() -> None:
     parser.add_argument("--snapshot", type=int, default=None,
                         help="read the DuckLake as of this snapshot (default: the current one, printed): "
                              "a lake others write to gives the same input again")
+    parser.add_argument("--max-queries", type=int, default=None,
+                        help="train and score on this many of the dataset's queries, drawn uniformly "
+                             "(seeded by --seed); retrieval still searches the whole corpus")
     parser.add_argument("--base-model", default="all-minilm-l6-v2", help="a model of retrievers.yaml `models`")
     args = parser.parse_args()
 
@@ -89,6 +92,10 @@ def main() -> None:
         snapshot = args.snapshot if args.snapshot is not None else lake_snapshot(con, location)
         data = load_lake_data(con, args.dataset)
     print(f"lake {args.lake}, snapshot {snapshot}")
+    if args.max_queries is not None:
+        total = len(data.queries)
+        data = sample_queries(data, args.max_queries, args.seed)
+        print(f"--max-queries {args.max_queries}: {len(data.queries)} of {total} queries (seed {args.seed})")
     if isinstance(snapshot, int):
         args.snapshot = snapshot  # every later read (UtilSel's pool, the check) sees the same lake
     pending = len(data.pending)

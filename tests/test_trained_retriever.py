@@ -118,6 +118,21 @@ def test_query_split_never_leaks_test_queries(data):
     assert tr.query_folds(QUERIES, 3, seed=8) != folds
 
 
+def test_a_query_sample_keeps_its_queries_labels_and_runs_and_the_whole_corpus(data):
+    sample = tr.sample_queries(data, 3, seed=0)
+    chosen = set(sample.queries)
+    assert len(chosen) == 3 and chosen <= set(QUERIES)
+    assert sample.corpus == data.corpus  # retrieval still searches every chunk
+    for frame in (sample.original_qrels, sample.refined_qrels, sample.runs):
+        assert set(frame["query_id"]) == chosen
+    assert sample.runs.height == 3 * 12
+    assert set(sample.refined_positives) <= chosen and all(q in chosen for q, _ in sample.pending)
+    assert sample.refined_positives == {q: docs for q, docs in data.refined_positives.items() if q in chosen}
+    assert set(tr.sample_queries(data, 3, seed=0).queries) == chosen  # seeded
+    assert any(set(tr.sample_queries(data, 3, seed=s).queries) != chosen for s in range(1, 6))
+    assert tr.sample_queries(data, 6, seed=0) is data  # no smaller than the dataset: all of it
+
+
 def test_training_is_reproducible_from_its_seed(data, location):
     queries = tr.training_queries(data, ["q0", "q1", "q2", "q3"], "refined", tr.TrainSettings())
 

@@ -26,6 +26,7 @@ Plain functions, no Dagster: scripts/trained_retriever.py prints the comparison 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import math
 import random
@@ -179,6 +180,22 @@ def training_queries(data: LakeData, query_ids: Iterable[str], source: LabelSour
         out.append(TrainingQuery(query_id, data.queries[query_id], tuple(data.corpus[d] for d in docs),
                                  tuple(data.corpus[d] for d in negatives)))
     return out
+
+
+def sample_queries(data: LakeData, count: int, seed: int) -> LakeData:
+    """`data` restricted to `count` of its queries drawn uniformly (seeded), with their qrels,
+    labels and runs; the corpus stays whole, so retrieval still searches every chunk. For
+    datasets too large to train on every query's fold on a CPU (a training step of 8 queries
+    with their positives and negatives is seconds here)."""
+    if count >= len(data.queries):
+        return data
+    chosen = set(random.Random(seed).sample(sorted(data.queries), count))
+    in_sample = pl.col("query_id").is_in(sorted(chosen))
+    return dataclasses.replace(
+        data, queries={q: text for q, text in data.queries.items() if q in chosen},
+        original_qrels=data.original_qrels.filter(in_sample), refined_qrels=data.refined_qrels.filter(in_sample),
+        refined_positives={q: docs for q, docs in data.refined_positives.items() if q in chosen},
+        pending={pair for pair in data.pending if pair[0] in chosen}, runs=data.runs.filter(in_sample))
 
 
 def query_folds(query_ids: Iterable[str], folds: int, seed: int) -> list[tuple[list[str], list[str]]]:
