@@ -3,6 +3,8 @@ schedules (`<stage>/definitions.py`, a `defs`); this module merges them and adds
 (The stages' modules are imported, not their `defs`: Dagster loads the one Definitions object
 at this module's scope.)"""
 
+import warnings
+
 import dagster as dg
 
 from bridge_assets import automation
@@ -32,9 +34,13 @@ automated_selection = automation.automated(main_selection)
 # (nested), so the call ledger is in that lake.
 _store = DuckDBStore()
 
-defs = dg.Definitions.merge(
-    *(stage.defs for stage in STAGES),
-    dg.Definitions(resources={"store": _store, "llm": LLMResource(store=_store)},
-                   sensors=[automation.sensor(automated_selection)],
-                   executor=executor_from_env()),  # $BRIDGE_EXECUTOR: multiprocess (default) | dask
-).map_resolved_asset_specs(func=automation.with_condition, selection=automated_selection)
+with warnings.catch_warnings():
+    # map_resolved_asset_specs is a Dagster preview API: its warning would open every `bridge run`
+    # and every step process's log, and tells a user nothing they can act on
+    warnings.simplefilter("ignore", dg.PreviewWarning)
+    defs = dg.Definitions.merge(
+        *(stage.defs for stage in STAGES),
+        dg.Definitions(resources={"store": _store, "llm": LLMResource(store=_store)},
+                       sensors=[automation.sensor(automated_selection)],
+                       executor=executor_from_env()),  # $BRIDGE_EXECUTOR: multiprocess (default) | dask
+    ).map_resolved_asset_specs(func=automation.with_condition, selection=automated_selection)

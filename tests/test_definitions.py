@@ -73,3 +73,14 @@ def test_the_code_location_holds_the_same_assets_checks_jobs_sensors_and_schedul
     assert all(s.default_status == dg.DefaultScheduleStatus.STOPPED for s in defs.schedules)
     assert set(defs.resources) == {"store", "llm"}
     assert names(main_selection.resolve(graph)) == ASSETS - GROUPS["labeler_eval"]
+
+
+def test_loading_the_code_location_prints_no_warning():
+    """Every `bridge run`, `dagster dev` and step process loads it: a warning there (Dagster's
+    preview notice for map_resolved_asset_specs) would open every log a user reads."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "import bridge_assets.definitions"], capture_output=True,
+                          text=True, check=True)
+    assert done.stderr == ""
