@@ -52,7 +52,7 @@ def debate_labels_are_valid(store: DuckDBStore) -> dg.AssetCheckResult:
         expect.ExpectCompoundColumnsToBeUnique(column_list=["dataset", "query_id", "doc_id"]),
         expect.ExpectColumnValuesToBeInSet(column="labels_on_scale", value_set=[True]),
         expect.ExpectColumnValuesToBeInSet(column="outcome",
-                                                    value_set=["consensus", "escalated", "failed", "vote"]),
+                                           value_set=["consensus", "escalated", "failed", "vote"]),
         expect.ExpectColumnValuesToBeInSet(column="label_matches_outcome", value_set=[True]),
         expect.ExpectColumnValuesToBeInSet(column="escalation_has_reason", value_set=[True]),
     ], "debate_labels")

@@ -158,7 +158,7 @@ def bridge_qrels_is_valid(store: DuckDBStore) -> dg.AssetCheckResult:
         expect.ExpectColumnValuesToBeInSet(column="null_exactly_when_pending", value_set=[True]),
         expect.ExpectColumnValuesToBeInSet(column="guess_only_when_pending", value_set=[True]),
         expect.ExpectColumnValuesToBeInSet(column="original_changed_only_by_correction",
-                                                    value_set=[True]),
+                                           value_set=[True]),
         expect.ExpectColumnValuesToBeInSet(column="doc_known", value_set=[True]),
         expect.ExpectColumnValuesToBeInSet(column="query_known", value_set=[True]),
     ], "bridge_qrels")
