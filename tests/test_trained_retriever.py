@@ -171,3 +171,10 @@ def test_comparison_runs_and_scores_held_out_queries(data, location):
     table = tr.format_table(results, 0)
     assert "trained on refined" in table and "nDCG@10 refined" in table
     assert "trained on original" in tr.format_differences(results, 0)
+
+
+def test_the_progress_line_gives_mean_losses_of_the_first_and_last_steps():
+    log = tr.TrainingLog(queries=1, positives=1, negatives=1, steps=12, losses=[1.0] * 6 + [0.0] * 6)
+    assert log.loss_trend() == "mean loss of the first 5 step(s) 1.000 -> of the last 5 0.000"
+    assert tr.TrainingLog(1, 1, 1, steps=3, losses=[0.9, 0.5, 0.1]).loss_trend() == \
+        "mean loss of the first 1 step(s) 0.900 -> of the last 1 0.100"

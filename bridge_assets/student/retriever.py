@@ -324,6 +324,13 @@ class TrainingLog:
     losses: list[float] = field(default_factory=list)
     seconds: float = 0.0
 
+    def loss_trend(self, window: int = 5) -> str:
+        """The mean loss of the first and of the last `window` steps (at most half the steps
+        each): one batch's loss says more about that batch than about the training."""
+        n = max(1, min(window, len(self.losses) // 2))
+        return (f"mean loss of the first {n} step(s) {sum(self.losses[:n]) / n:.3f} -> of the last {n} "
+                f"{sum(self.losses[-n:]) / n:.3f}")
+
 
 def train_retriever(model, queries: Sequence[TrainingQuery], settings: TrainSettings) -> TrainingLog:
     """Fine-tune `model` (a SentenceTransformer, changed in place) on `queries`. Seeded: the
@@ -497,8 +504,8 @@ def run_comparison(data: LakeData, location: str, sources: Sequence[LabelSource 
                 log = train_retriever(model, queries, settings)
                 trained_queries, positives = max(trained_queries, log.queries), positives + log.positives
                 say(f"{name}, fold {fold + 1}/{folds}, {stage}: {log.queries} queries, {log.positives} "
-                    f"positives, {log.negatives} negatives, {log.steps} steps, loss {log.losses[0]:.3f} -> "
-                    f"{log.losses[-1]:.3f}, {log.seconds:.0f} s")
+                    f"positives, {log.negatives} negatives, {log.steps} steps, {log.loss_trend()}, "
+                    f"{log.seconds:.0f} s")
             result.train_queries.append(trained_queries)
             result.positives.append(positives)
             result.test_queries.append(len(test))
