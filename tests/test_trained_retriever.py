@@ -131,6 +131,8 @@ def test_a_query_sample_keeps_its_queries_labels_and_runs_and_the_whole_corpus(d
     assert set(tr.sample_queries(data, 3, seed=0).queries) == chosen  # seeded
     assert any(set(tr.sample_queries(data, 3, seed=s).queries) != chosen for s in range(1, 6))
     assert tr.sample_queries(data, 6, seed=0) is data  # no smaller than the dataset: all of it
+    with pytest.raises(tr.TrainedRetrieverError, match="at least one query"):
+        tr.sample_queries(data, 0, seed=0)
 
 
 def test_training_is_reproducible_from_its_seed(data, location):

@@ -187,6 +187,8 @@ def sample_queries(data: LakeData, count: int, seed: int) -> LakeData:
     labels and runs; the corpus stays whole, so retrieval still searches every chunk. For
     datasets too large to train on every query's fold on a CPU (a training step of 8 queries
     with their positives and negatives is seconds here)."""
+    if count < 1:
+        raise TrainedRetrieverError(f"a sample needs at least one query, got {count}")
     if count >= len(data.queries):
         return data
     chosen = set(random.Random(seed).sample(sorted(data.queries), count))
