@@ -91,7 +91,6 @@ def votes_version(store: DuckDBStore, dataset: str) -> str:
 
 human_labels_job = dg.define_asset_job(
     "human_labels_job", selection=dg.AssetSelection.assets(human_labels).downstream(),
-    partitions_def=dataset_partitions,
     description="human_labels of one dataset and everything downstream of it.")
 
 

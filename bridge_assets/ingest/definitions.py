@@ -4,12 +4,11 @@
 import dagster as dg
 
 from bridge_assets.ingest import assets, checks
-from bridge_assets.partitions import dataset_partitions
 
 GROUP = "ingest"
 
 ingest_job = dg.define_asset_job(
-    "ingest_job", selection=dg.AssetSelection.groups(GROUP), partitions_def=dataset_partitions,
+    "ingest_job", selection=dg.AssetSelection.groups(GROUP),
     description="Load every table of one dataset (its corpus, queries and original qrels).")
 
 defs = dg.Definitions(

@@ -103,7 +103,7 @@ def retrieval_run(context: dg.AssetExecutionContext, config: RetrievalRunConfig,
 
 
 retrieval_job = dg.define_asset_job(
-    "retrieval_job", selection=[retrieval_run], partitions_def=run_partitions,
+    "retrieval_job", selection=[retrieval_run],
     description="Run one retrieval system on one dataset (a dataset x retriever partition).")
 
 
