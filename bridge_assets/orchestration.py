@@ -13,6 +13,7 @@ judgments)."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from collections.abc import Callable, Iterable
@@ -212,6 +213,11 @@ def _external_change(key: dg.AssetKey, partition_key, metadata: dict[str, Any],
         k = (metadata.get("details") or {}).get("k")  # a changed k is a settings change
         if metadata.get("config_hash") != load_registry().config_hash(retriever, k):
             return f"{retriever}'s registry entry changed"
+    if name == "student_rerank_run":
+        from bridge_assets.student.assets import evaluation_system_hashes
+
+        if metadata.get("systems") != json.dumps(evaluation_system_hashes(), sort_keys=True):
+            return "the registry's evaluation-only systems changed"
     if name == "human_labels":
         from bridge_assets.human.assets import votes_version
 

@@ -196,6 +196,28 @@ def _student(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
     return [line]
 
 
+def _student_rerank(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
+    """Each evaluation-only student re-ranker against its first stage, on the refined qrels'
+    lower bound (its unjudged documents count as not relevant: Judged@10 says how many)."""
+    rows = _rows(con, "student_rerank_run", """
+        with runs as (select distinct retriever, first_stage from student_rerank_run where dataset = $1),
+        metric as (select retriever, measure, value from retrieval_metrics
+                   where dataset = $1 and qrels_version = 'refined' and query_id = 'all'
+                     and measure in ('ndcg_cut_10', 'judged_10'))
+        select r.retriever, r.first_stage, s.value, f.value, sj.value, fj.value
+        from runs r
+        left join metric s on s.retriever = r.retriever and s.measure = 'ndcg_cut_10'
+        left join metric f on f.retriever = r.first_stage and f.measure = 'ndcg_cut_10'
+        left join metric sj on sj.retriever = r.retriever and sj.measure = 'judged_10'
+        left join metric fj on fj.retriever = r.first_stage and fj.measure = 'judged_10'
+        order by r.retriever""", [dataset]) if table_exists(con, "retrieval_metrics") else []
+    return [f"student re-ranker {name} (evaluated, never pooled; students of the other query fold): "
+            f"nDCG@10 {value:.3f} vs its first stage {first} {first_value:.3f} on the verified labels "
+            f"(Judged@10 {judged:.2f} vs {first_judged:.2f}: unjudged counts as not relevant)"
+            for name, first, value, first_value, judged, first_judged in rows
+            if None not in (value, first_value, judged, first_judged)]
+
+
 def run_summary(con: duckdb.DuckDBPyConnection, dataset: str, started: float,
                 spec: DatasetSpec | None = None, report: Path | None = None) -> str:
     """Counts, found holes, pending pairs, robust rank changes, the score against the
@@ -220,6 +242,7 @@ def run_summary(con: duckdb.DuckDBPyConnection, dataset: str, started: float,
     lines += _labels(con, dataset)
     lines += _escalations(con, dataset)
     lines += _student(con, dataset)
+    lines += _student_rerank(con, dataset)
     if spec is not None and spec.known_holes:
         score = score_known_holes(con, dataset, read_known_holes(spec.resolve(spec.known_holes, "known_holes")))
         if score is not None:

@@ -14,7 +14,8 @@ ASSETS = {
     "debate_turns", "filter_votes", "filtered_pool", "human_labels", "labeler_eval_items",
     "labeler_eval_plot", "labeler_eval_results", "original_qrels", "partial_annotation_study", "pending_impact",
     "pool_coverage", "pool_saturation", "queries", "rag_alignment", "rag_answers", "rag_judgments", "ranking_shift",
-    "report", "retrieval_metrics", "retrieval_run", "significance", "student_annotator", "student_scores",
+    "report", "retrieval_metrics", "retrieval_run", "significance", "student_annotator", "student_rerank_run",
+    "student_scores",
 }
 CHECKS = {
     "bridge_qrels:bridge_qrels_escalations_resolved", "bridge_qrels:bridge_qrels_is_valid",
@@ -32,7 +33,7 @@ GROUPS = {
     "analysis": {"retrieval_metrics", "ranking_shift", "significance", "pool_saturation", "pool_coverage",
                  "partial_annotation_study", "pending_impact", "rag_answers", "rag_judgments", "rag_alignment"},
     "reports": {"report"},
-    "student": {"student_annotator", "student_scores"},
+    "student": {"student_annotator", "student_scores", "student_rerank_run"},
     "labeler_eval": {"labeler_eval_items", "labeler_eval_results", "labeler_eval_plot",
                      "consensus_stability"},
 }
@@ -41,7 +42,8 @@ JOBS = {
     "retrieval_job": {"retrieval_run"},
     "human_labels_job": {"human_labels", "bridge_qrels", "retrieval_metrics", "ranking_shift",
                          "significance", "pool_saturation", "pool_coverage", "partial_annotation_study",
-                         "rag_alignment", "pending_impact", "report", "student_annotator", "student_scores"},
+                         "rag_alignment", "pending_impact", "report", "student_annotator", "student_scores",
+                         "student_rerank_run"},
 }
 SENSORS = {"retriever_registry_sensor": "retrieval_job", "run_files_sensor": "retrieval_job",
            "human_labels_sensor": "human_labels_job"}

@@ -98,6 +98,10 @@ class RecordingStore(DuckDBStore):
 RUNS: dict[str, tuple[dg.AssetsDefinition, list[dict]]] = {
     "human_labels": (human_assets.human_labels, [{"allow_partial": True}]),
     "bridge_qrels": (qrels_assets.bridge_qrels, [{}]),
+    # the shipped profile's student_rerank_bm25 (students of one short epoch), before the
+    # metrics that read its run
+    "student_rerank_run": (student_assets.student_rerank_run,
+                           [{"epochs": 1, "max_length": 32, "batch_size": 8, "calibration_share": 0.34}]),
     "retrieval_metrics": (analysis_assets.retrieval_metrics, [{"scope": "pooled"}, {"scope": "all"}]),
     "ranking_shift": (analysis_assets.ranking_shift, [{}]),
     "significance": (analysis_assets.significance, [{"resamples": 20}]),

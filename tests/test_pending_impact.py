@@ -31,9 +31,11 @@ HAND_MADE = {
 }
 
 
-def lake(runs: dict, original: dict, pending: list, labels: dict | None = None) -> duckdb.DuckDBPyConnection:
+def lake(runs: dict, original: dict, pending: list, labels: dict | None = None,
+         evaluation_only: tuple[str, ...] = ()) -> duckdb.DuckDBPyConnection:
     """An in-memory lake with the tables pending_impact reads (retrieval_metrics computed by the
-    pipeline's own function); `labels`: pending pairs given a label (then no longer pending)."""
+    pipeline's own function); `labels`: pending pairs given a label (then no longer pending);
+    `evaluation_only`: systems whose runs are in student_rerank_run, not retrieval_run."""
     labels = labels or {}
     con = duckdb.connect()
     queries = sorted({q for ranking in runs.values() for q in ranking})
@@ -41,10 +43,12 @@ def lake(runs: dict, original: dict, pending: list, labels: dict | None = None) 
                 "'text' as text, ['a'] as answers", [queries])
     con.execute("create table retrieval_run (dataset varchar, retriever varchar, query_id varchar, "
                 "doc_id varchar, rank integer, score double)")
+    con.execute("create table student_rerank_run as select * from retrieval_run")
     for system, ranking in runs.items():
+        table = "student_rerank_run" if system in evaluation_only else "retrieval_run"
         for q, docs in ranking.items():
             for rank, d in enumerate(docs, 1):
-                con.execute("insert into retrieval_run values ('toy', ?, ?, ?, ?, ?)", [system, q, d, rank, 100.0 - rank])
+                con.execute(f"insert into {table} values ('toy', ?, ?, ?, ?, ?)", [system, q, d, rank, 100.0 - rank])
     con.execute("create table original_qrels (dataset varchar, query_id varchar, doc_id varchar, relevance integer)")
     con.execute("create table bridge_qrels (dataset varchar, query_id varchar, doc_id varchar, "
                 "relevance integer, source varchar)")
@@ -87,6 +91,18 @@ def brute_force_stopping_point(case: dict, order: list) -> int:
                for answers in itertools.product((0, 1), repeat=m)):
             return m
     raise AssertionError("never settled")
+
+
+def test_an_evaluation_only_run_counts_in_the_metrics_and_the_impact_as_a_pooled_one():
+    """B's run in student_rerank_run (a student re-ranker's: evaluated, never pooled) gives the
+    same metrics and the same pending-pair impacts as B's run in retrieval_run."""
+    pooled, evaluated = lake(**HAND_MADE), lake(**HAND_MADE, evaluation_only=("B",))
+    assert evaluated.execute("select count(*) from retrieval_run where retriever = 'B'").fetchone()[0] == 0
+    metrics = "select * from retrieval_metrics order by all"
+    assert evaluated.execute(metrics).fetchall() == pooled.execute(metrics).fetchall()
+    assert {"A", "B", "C"} == {r for (r,) in evaluated.execute("select distinct retriever from retrieval_metrics").fetchall()}
+    assert compute_pending_impact(evaluated, DATASET).equals(compute_pending_impact(pooled, DATASET))
+    assert "B" in str(compute_pending_impact(evaluated, DATASET)["system_pairs"].to_list())
 
 
 def test_the_pair_that_decides_a_rank_change_comes_first_and_says_why():

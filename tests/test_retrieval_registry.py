@@ -51,6 +51,9 @@ def test_offline_profile_has_at_least_ten_distinct_systems_that_load_here():
     assert kinds == {"bm25", "splade", "dense", "fusion", "rerank", "rewrite"}
     fast = registry.profile_systems("offline_fast")
     assert len(fast) >= 10 and not any(registry.system(n).llm for n in fast)
+    # the demo's benchmark also shows what the labels taught: one student re-ranker, never pooled
+    assert (len(offline), registry.evaluation_systems("offline")) == (15, ["student_rerank_bm25"])
+    assert registry.evaluation_systems("offline_fast") == []
 
 
 def test_config_hash_follows_parameters_and_upstream_systems(registry_file):

@@ -49,12 +49,15 @@ with warnings.catch_warnings():
     RUN_DEP = dg.AssetDep("retrieval_run", partition_mapping=dg.MultiToSingleDimensionPartitionMapping(
         partition_dimension_name="dataset"))
 # The tables each asset reads (analysis_views: retrieval_run, original_qrels, bridge_qrels
-# unless refined=False, candidate_pool for the pooled scope, queries for every query).
+# unless refined=False, candidate_pool for the pooled scope, queries for every query;
+# student_rerank_run, the evaluation-only systems' runs, where the benchmark's rankings are read).
 READS: dict[str, tuple[str, ...]] = {
-    "retrieval_metrics": ("retrieval_run", "original_qrels", "bridge_qrels", "candidate_pool", "queries"),
+    "retrieval_metrics": ("retrieval_run", "student_rerank_run", "original_qrels", "bridge_qrels",
+                          "candidate_pool", "queries"),
     "ranking_shift": ("retrieval_metrics",),
     "significance": ("retrieval_metrics",),
-    "pending_impact": ("retrieval_metrics", "retrieval_run", "bridge_qrels", "significance"),  # impact_asset.py
+    "pending_impact": ("retrieval_metrics", "retrieval_run", "student_rerank_run", "bridge_qrels",
+                       "significance"),  # impact_asset.py
     "pool_saturation": ("candidate_pool", "bridge_qrels", "retrieval_run", "original_qrels", "queries"),
     "pool_coverage": ("candidate_pool", "bridge_qrels", "retrieval_run", "original_qrels", "queries"),
     "partial_annotation_study": ("bridge_qrels", "retrieval_run", "corpus", "candidate_pool",

@@ -53,7 +53,7 @@ import duckdb
 import polars as pl
 
 from bridge_assets.analysis.retrieval import measure_label
-from bridge_assets.analysis.views import require_rows
+from bridge_assets.analysis.views import benchmark_runs, require_rows
 from bridge_assets.store import table_exists
 from bridge_assets.errors import BridgeError
 from bridge_assets.paths import read_sql
@@ -169,7 +169,10 @@ def compute_pending_impact(con: duckdb.DuckDBPyConnection, dataset: str, *, meas
     k = cutoff_of(measure)
     require_rows(con, "retrieval_metrics", dataset, "pending_impact")
     require_rows(con, "bridge_qrels", dataset, "pending_impact")
-    con.execute(read_sql("top_k_rankings"))  # the rankings' top k, read by both statements
+    # every ranking retrieval_metrics evaluates (the evaluation-only systems' too): their top k,
+    # read by both statements
+    con.execute(f"create or replace temp view benchmark_run as {benchmark_runs(con)}")
+    con.execute(read_sql("top_k_rankings"))
     frame = con.execute(read_sql("pending_impact"), {"dataset": dataset, "measure": measure, "k": k,
                                                      "gain": top_grade}).pl()
     flips = _significance(con, dataset, measure, k)

@@ -53,7 +53,8 @@ def compute_dataset_metrics(con: duckdb.DuckDBPyConnection, dataset: str, *, k: 
     `top_grade`: the scale's highest grade (3 on a graded dataset), which pending pairs take
     at the upper bound."""
     frames = []
-    with analysis_views(con, dataset, scope, asset="retrieval_metrics", top_grade=top_grade) as info:
+    with analysis_views(con, dataset, scope, asset="retrieval_metrics", top_grade=top_grade,
+                        evaluated=True) as info:
         for version in QRELS_VERSIONS:
             values = compute_retrieval_metrics(con, run="analysis_run", qrels=f"analysis_{version}_qrels",
                                                k=k, original_qrels="analysis_original_qrels",

@@ -1,7 +1,8 @@
 """One dataset's runs and qrels as temp tables, the shape the metrics and analyses read.
 
     analysis_scope(query_id)                       the queries the analysis covers
-    analysis_run(dataset, retriever, query_id, doc_id, rank, score)
+    analysis_run(dataset, retriever, query_id, doc_id, rank, score)  (with `evaluated`, the
+                                                   evaluation-only systems' runs too)
     analysis_original_qrels(dataset, query_id, doc_id, relevance)
     analysis_refined_qrels(dataset, query_id, doc_id, relevance)        (bridge_qrels, lower bound)
     analysis_refined_upper_qrels(dataset, query_id, doc_id, relevance)  (bridge_qrels, upper bound)
@@ -31,6 +32,9 @@ from bridge_assets.errors import BridgeError
 from bridge_assets.store import dataset_snapshot, table_exists
 
 Scope = Literal["pooled", "all"]
+# The runs of the evaluation-only systems (the student stage's student_rerank_run): evaluated
+# beside retrieval_run's, never pooled.
+EVALUATION_RUNS = "student_rerank_run"
 # qrels version -> whether a pending pair is relevant in it (at the scale's top grade)
 REFINED_BOUNDS = {"refined": False, "refined_upper": True}
 
@@ -55,12 +59,22 @@ def require_rows(con: duckdb.DuckDBPyConnection, table: str, dataset: str, asset
                            f"{table} for '{dataset}' first")
 
 
+def benchmark_runs(con: duckdb.DuckDBPyConnection) -> str:
+    """A query over every run the benchmark evaluates: retrieval_run's and, where the table is
+    in `con`, the evaluation-only systems' (dataset, retriever, query_id, doc_id, rank, score)."""
+    columns = "dataset, retriever, query_id, doc_id, rank, score"
+    tables = ["retrieval_run"] + ([EVALUATION_RUNS] if table_exists(con, EVALUATION_RUNS) else [])
+    return " union all ".join(f"select {columns} from {table}" for table in tables)
+
+
 @contextlib.contextmanager
 def analysis_views(con: duckdb.DuckDBPyConnection, dataset: str, scope: Scope = "pooled", *,
-                   asset: str, refined: bool = True, top_grade: int = 1) -> Iterator[ScopeInfo]:
+                   asset: str, refined: bool = True, top_grade: int = 1,
+                   evaluated: bool = False) -> Iterator[ScopeInfo]:
     """Create the tables above for `dataset` (dropped afterwards; values are bound as
     parameters). `refined=False` skips bridge_qrels for analyses that do not read it;
-    `top_grade`: the relevance of a pending pair at the upper bound."""
+    `top_grade`: the relevance of a pending pair at the upper bound; `evaluated`: the run holds
+    the evaluation-only systems too (retrieval_metrics), not only the pooled ones."""
     require_rows(con, "retrieval_run", dataset, asset)
     require_rows(con, "original_qrels", dataset, asset)
     if refined:
@@ -71,10 +85,11 @@ def analysis_views(con: duckdb.DuckDBPyConnection, dataset: str, scope: Scope = 
     if not pooled and not table_exists(con, "queries"):
         source = "retrieval_run"
     in_scope = "dataset = $dataset and query_id in (select query_id from analysis_scope)"
+    runs = f"({benchmark_runs(con)})" if evaluated else "retrieval_run"
     tables = {
         "analysis_scope": f"select distinct query_id from {source} where dataset = $dataset",
-        "analysis_run": f"""select dataset, retriever, query_id, doc_id, rank, score from retrieval_run
-                            where {in_scope}""",
+        "analysis_run": f"""select dataset, retriever, query_id, doc_id, rank, score
+                            from {runs} where {in_scope}""",
         "analysis_original_qrels": f"""select dataset, query_id, doc_id, relevance from original_qrels
                                        where {in_scope}""",
     }
@@ -97,4 +112,4 @@ def analysis_views(con: duckdb.DuckDBPyConnection, dataset: str, scope: Scope = 
             con.execute(f"drop table if exists temp.{name}")
 
 
-__all__ = ["REFINED_BOUNDS", "MissingInput", "ScopeInfo", "analysis_views", "dataset_snapshot", "require_rows"]
+__all__ = ["EVALUATION_RUNS", "REFINED_BOUNDS", "MissingInput", "ScopeInfo", "analysis_views", "benchmark_runs", "dataset_snapshot", "require_rows"]

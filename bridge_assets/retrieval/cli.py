@@ -34,11 +34,12 @@ def list_systems(
     from bridge_assets.retrieval.weights import availability
 
     registry = load_registry()
-    names = list(registry.systems) if show_all else registry.profile_systems(profile)
+    names = (list(registry.systems) if show_all
+             else registry.profile_systems(profile) + registry.evaluation_systems(profile))
     shown = "all systems" if show_all else f"profile {profile or registry.active_profile}"
     typer.echo(f"{registry.source} ({shown}; active profile: {registry.active_profile}; "
                f"profiles: {', '.join(registry.profiles())})")
-    typer.echo(f"{'name':<20}{'kind':<9}{'paper name':<17}{'model':<34}{'loadable':<9} detail")
+    typer.echo(f"{'name':<20}{'kind':<15}{'paper name':<17}{'model':<34}{'loadable':<9} detail")
     loadable = 0
     for name in names:
         spec = registry.system(name)
@@ -49,10 +50,12 @@ def list_systems(
             model = "+".join(spec.inputs)
         if spec.path:
             model = spec.path
+        if spec.evaluation_only:
+            model = f"student on {spec.first_stage} (not pooled)"
         ok, detail = availability(registry, name) if check else (None, "")
         loadable += bool(ok)
         mark = "-" if ok is None else ("yes" if ok else "NO")
-        typer.echo(f"{name:<20}{spec.kind:<9}{(spec.paper_name or ''):<17}{model:<34}{mark:<9} {detail}")
+        typer.echo(f"{name:<20}{spec.kind:<15}{(spec.paper_name or ''):<17}{model:<34}{mark:<9} {detail}")
     if check:
         typer.echo(f"{loadable}/{len(names)} systems can load here")
 
@@ -75,9 +78,11 @@ def _parse_params(items: list[str]) -> dict[str, Any]:
 @app.command("add")
 def add_system(
     name: str = typer.Argument(..., help="The new system's name (its partition key)."),
-    kind: str = typer.Option(..., "--kind", "-k", help="bm25, splade, dense, fusion, rerank, rewrite or run_file."),
+    kind: str = typer.Option(..., "--kind", "-k", help="bm25, splade, dense, fusion, rerank, rewrite, run_file or "
+                                                       "student_rerank (evaluated, never pooled)."),
     model: str = typer.Option(None, "--model", "-m", help="A model of the registry's `models:`."),
-    first_stage: str = typer.Option(None, "--first-stage", help="rerank/rewrite: the system run first."),
+    first_stage: str = typer.Option(None, "--first-stage", help="rerank/rewrite/student_rerank: the system "
+                                                                    "run first."),
     inputs: list[str] = typer.Option(None, "--input", help="fusion: a system to fuse (repeat)."),
     llm_role: str = typer.Option(None, "--llm-role", help="rerank/rewrite: an LLM role of models.yaml."),
     llm_profile: str = typer.Option(None, "--llm-profile", help="rerank/rewrite: an LLM profile of models.yaml."),
@@ -114,6 +119,9 @@ def add_system(
     registry = append_system(name, body, replace=replace)
     typer.echo(f"added '{name}' ({kind}) to {target_path()}, profiles {body['profiles']}, "
                f"config hash {registry.config_hash(name)}")
+    if registry.system(name).evaluation_only:
+        typer.echo("evaluated, never pooled: `bridge run` builds its run (student_rerank_run) after the "
+                   "labels, and retrieval_metrics scores it")
 
 
 @app.command("export")

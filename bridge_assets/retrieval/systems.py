@@ -160,16 +160,22 @@ def _fusion(ctx: RunContext, spec: SystemSpec, queries: pl.DataFrame, k: int) ->
     return top_k(reciprocal_rank_fusion(runs, params.rrf_k), k)
 
 
-def _rerank(ctx: RunContext, spec: SystemSpec, queries: pl.DataFrame, k: int) -> pl.DataFrame:
-    params = spec.params()
-    depth = params.depth or ctx.registry.defaults.rerank_depth
+def first_stage_candidates(ctx: RunContext, spec: SystemSpec, queries: pl.DataFrame) -> pl.DataFrame:
+    """The top-`depth` documents of a re-ranker's first stage: its stored run when current,
+    else the first stage run again."""
+    depth = spec.params().depth or ctx.registry.defaults.rerank_depth
     first = stored_first_stage(ctx, spec.first_stage, queries, depth)
     ctx.metadata.setdefault("first_stage", {})[spec.first_stage] = {
         "depth": depth, "stored_run_reused": first is not None}
     if first is None:
-        first = retrieve(ctx, spec.first_stage, queries, depth)
-    else:
-        ctx.progress(f"{spec.first_stage}: its stored run is current, top-{depth} taken from it")
+        return retrieve(ctx, spec.first_stage, queries, depth)
+    ctx.progress(f"{spec.first_stage}: its stored run is current, top-{depth} taken from it")
+    return first
+
+
+def _rerank(ctx: RunContext, spec: SystemSpec, queries: pl.DataFrame, k: int) -> pl.DataFrame:
+    params = spec.params()
+    first = first_stage_candidates(ctx, spec, queries)
     query_texts = dict(zip(queries["query_id"].to_list(), queries["text"].to_list()))
     if spec.llm:
         from bridge_assets.retrieval.llm_systems import llm_rerank
@@ -229,6 +235,9 @@ KINDS = {"bm25": _bm25, "dense": _dense, "splade": _splade, "fusion": _fusion, "
 def retrieve(ctx: RunContext, system: str, queries: pl.DataFrame, k: int) -> pl.DataFrame:
     """Top-k of `system` for each query (query_id, text): (query_id, doc_id, rank, score)."""
     spec = ctx.registry.system(system)
+    if spec.evaluation_only:
+        raise RetrievalError(f"'{system}' is a {spec.kind} system: it learns from the dataset's verified "
+                             f"labels, so the student stage builds its run (student_rerank_run), not retrieval")
     started = time.perf_counter()
     run = KINDS[spec.kind](ctx, spec, queries, k)
     ctx.progress(f"{system}: {queries.height} queries, top-{k}, {time.perf_counter() - started:.1f}s")

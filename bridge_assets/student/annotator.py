@@ -45,6 +45,12 @@ class TrainingSet:
             digest.update(json.dumps([query_id, doc_id, label, source, pair.query, pair.chunk]).encode())
         return digest.hexdigest()[:16]
 
+    def without_queries(self, queries: set[str]) -> TrainingSet:
+        """The labels of every other query (a fold's training set)."""
+        keep = [pair.query_id not in queries for pair in self.pairs]
+        return TrainingSet(self.labels.filter(pl.Series(keep, dtype=pl.Boolean)),
+                           [pair for pair, kept in zip(self.pairs, keep) if kept])
+
     def examples(self) -> list[Example]:
         return [Example(pair.query_id, pair.query, pair.chunk, float(label), source)
                 for (_, _, label, source), pair in zip(self.labels.iter_rows(), self.pairs, strict=True)]

@@ -1,5 +1,6 @@
 """Dagster wiring of the student stage, per dataset: bridge_qrels -> student_annotator ->
-student_scores (annotator.py does the work).
+student_scores (annotator.py does the work), and student_rerank_run (rerank.py): the runs of
+the registry's evaluation-only `student_rerank` systems, which retrieval_metrics reads.
 
 student_annotator trains (or finds again) the student of the dataset's verified labels and
 records what it learned from: the table `student_annotator` (one row: its key, weights hash,
@@ -28,6 +29,9 @@ GROUP = "student"
 READS: dict[str, tuple[str, ...]] = {
     "student_annotator": ("bridge_qrels", "queries", "corpus"),
     "student_scores": ("student_annotator", "candidate_pool", "queries", "corpus"),
+    # retrieval_run: every retriever's run of the dataset (Dagster maps the dataset partition
+    # to all of them), for the first stages
+    "student_rerank_run": ("bridge_qrels", "queries", "corpus", "retrieval_run"),
 }
 _DEFAULTS = StudentSettings()
 
@@ -165,3 +169,47 @@ def student_scores(context: dg.AssetExecutionContext, store: DuckDBStore) -> dg.
         metadata={"dagster/row_count": frame.height, "student_key": key or f"none ({problem})",
                   "above_half": int((frame["p_relevant"] >= 0.5).sum()) if frame.height else 0},
         data_version=snapshots.frame_version(frame))
+
+
+def evaluation_system_hashes(registry=None) -> dict[str, str]:
+    """The active profile's evaluation-only systems and their configuration hashes (what makes a
+    stored student_rerank_run out of date when the registry changes)."""
+    from bridge_assets.retrieval.registry import load_registry
+
+    registry = registry or load_registry()
+    return {name: registry.config_hash(name) for name in registry.evaluation_systems()}
+
+
+@dg.asset(
+    partitions_def=dataset_partitions, group_name=GROUP, deps=list(READS["student_rerank_run"]),
+    code_version="1",
+    description="The runs of the registry's evaluation-only systems (kind student_rerank): a first "
+                "stage's top documents re-scored by students trained on the verified labels of the "
+                "other query folds, so no query is ranked by a model that learned its labels. "
+                "retrieval_metrics evaluates them beside the pooled systems; candidate_pool never "
+                "reads them. Empty when the active profile declares none.",
+)
+def student_rerank_run(context: dg.AssetExecutionContext, config: StudentConfig,
+                       store: DuckDBStore) -> dg.MaterializeResult:
+    from bridge_assets.retrieval.registry import load_registry
+    from bridge_assets.student.rerank import RERANK_SCHEMA, EvaluationRuns, RerankInputs, run_evaluation_systems
+
+    dataset = context.partition_key
+    resolved = run_settings.for_run(context, config)
+    registry = load_registry()
+    systems = registry.evaluation_systems()
+    found = EvaluationRuns(pl.DataFrame(schema=RERANK_SCHEMA))
+    if systems:
+        with snapshots.inputs(store, dataset, READS["student_rerank_run"]) as con:
+            inputs = RerankInputs.read(con, dataset)
+        found = run_evaluation_systems(registry, systems, inputs, resolved.config.settings(),
+                                       lake_folder=store.lake.folder, dataset=dataset, progress=context.log.info)
+    for name, why in found.not_run.items():
+        context.log.warning(f"{dataset}: no run of {name}: {why}")
+    store.write_partitions({"student_rerank_run": found.frame}, dataset=dataset)
+    return dg.MaterializeResult(
+        metadata={**resolved.metadata(), "dagster/row_count": found.frame.height,
+                  "systems": json.dumps(evaluation_system_hashes(registry), sort_keys=True),
+                  "not_run": json.dumps(found.not_run, sort_keys=True),
+                  "details": json.dumps(found.details, sort_keys=True)},
+        data_version=snapshots.frame_version(found.frame))

@@ -1,5 +1,5 @@
-"""The student stage's Dagster definitions: student_annotator and student_scores (merged with
-the other stages' in bridge_assets/definitions.py)."""
+"""The student stage's Dagster definitions: student_annotator, student_scores and
+student_rerank_run (merged with the other stages' in bridge_assets/definitions.py)."""
 
 import dagster as dg
 

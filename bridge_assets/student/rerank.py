@@ -1,0 +1,149 @@
+"""The student re-ranker (`kind: student_rerank` in resources/retrievers.yaml): a first stage's
+top documents re-scored by a student annotator, so the benchmark shows what the verified labels
+taught. Plain functions (no Dagster): the student stage's `student_rerank_run` asset wires them.
+
+It is cross-fitted by query: the queries are dealt into `folds` (seeded) and each fold's
+queries are scored by a student trained on the verified labels of the other folds only, so no
+query is ranked by a model that learned its labels. Each fold's student is stored and found
+again like the student annotator's (annotator.ensure_student: same labels and settings, same
+student). The run is evaluation-only: its documents were never pooled, so under the refined
+qrels an unjudged document counts as not relevant (Judged@10 beside its scores says how many).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import polars as pl
+
+from bridge_assets.retrieval.registry import RetrieverRegistry
+from bridge_assets.retrieval.runs import document_texts, top_k
+from bridge_assets.retrieval.systems import STORED_COLUMNS, RunContext, first_stage_candidates
+from bridge_assets.student.annotator import SCORE_BATCH, TrainingSet, ensure_student, training_set
+from bridge_assets.student.model import StudentSettings, untrainable
+from bridge_assets.student.retriever import query_folds
+
+log = logging.getLogger(__name__)
+
+# what student_rerank_run stores per row besides the run's (query_id, doc_id, rank, score)
+FOLD_COLUMNS = {"fold": pl.Int32, "student_key": pl.String}
+# the table student_rerank_run: the runs of every evaluation-only system of a dataset
+RERANK_SCHEMA = {"dataset": pl.String, "retriever": pl.String, "query_id": pl.String, "doc_id": pl.String,
+                 "rank": pl.Int32, "score": pl.Float64, "config_hash": pl.String, "first_stage": pl.String,
+                 "fold": pl.Int32, "student_key": pl.String}
+
+
+@dataclass
+class StudentRerank:
+    """A re-ranked run (query_id, doc_id, rank, score, fold, student_key), or why there is none."""
+
+    run: pl.DataFrame
+    folds: list[dict[str, Any]] = field(default_factory=list)
+    not_trained: str | None = None
+
+
+def empty_run() -> pl.DataFrame:
+    return pl.DataFrame(schema={"query_id": pl.String, "doc_id": pl.String, "rank": pl.Int32,
+                                "score": pl.Float64, **FOLD_COLUMNS})
+
+
+def student_rerank(candidates: pl.DataFrame, query_texts: Mapping[str, str], doc_texts: Mapping[str, str],
+                   data: TrainingSet, settings: StudentSettings, *, folds: int, k: int, lake_folder: Path,
+                   dataset: str, progress: Callable[[str], None] = log.info) -> StudentRerank:
+    """`candidates` (query_id, doc_id: the first stage's top documents) re-scored by the
+    calibrated P(relevant) of a student trained on the verified labels (`data`) of the other
+    query folds, then cut to the best `k` per query. No run when a fold's student cannot be
+    trained (too few labels of both classes outside it): a run re-ranked for some queries only
+    would be compared with full runs."""
+    queries = sorted(set(candidates["query_id"].to_list()))
+    if len(queries) < folds:
+        return StudentRerank(empty_run(), not_trained=f"{len(queries)} queries cannot make {folds} folds")
+    parts = []
+    reports = []
+    for fold, (_, held_out) in enumerate(query_folds(queries, folds, settings.seed)):
+        train = data.without_queries(set(held_out))
+        problem = untrainable(train.examples(), settings)
+        if problem:
+            return StudentRerank(empty_run(), reports, f"fold {fold + 1} of {folds}: {problem}")
+        stored = ensure_student(lake_folder, dataset, train, settings)
+        scored = candidates.filter(pl.col("query_id").is_in(held_out)).select("query_id", "doc_id")
+        pairs = [(query_texts[q], doc_texts[d]) for q, d in scored.iter_rows()]
+        scores = stored.load().score(pairs, batch_size=SCORE_BATCH)
+        ranked = top_k(scored.with_columns(score=pl.Series(scores, dtype=pl.Float64)), k)
+        parts.append(ranked.with_columns(fold=pl.lit(fold, dtype=pl.Int32),
+                                         student_key=pl.lit(stored.key, dtype=pl.String)))
+        reports.append({"fold": fold, "queries": len(held_out), "pairs": len(pairs), "student_key": stored.key,
+                        "weights_hash": stored.meta["weights_hash"], "trained_now": stored.trained_now,
+                        "trained_on": stored.meta["report"]["trained_on"]})
+        progress(f"fold {fold + 1}/{folds}: {len(held_out)} queries, {len(pairs)} pairs scored by student "
+                 f"{stored.key} ({'trained now' if stored.trained_now else 'found again'}, "
+                 f"{stored.meta['report']['trained_on']} labels of the other folds)")
+    return StudentRerank(pl.concat(parts).sort("query_id", "rank"), reports)
+
+
+@dataclass(frozen=True)
+class RerankInputs:
+    """What the student re-rankers of one dataset read: its verified labels, corpus, queries
+    and the pooled systems' stored runs (their first stages)."""
+
+    data: TrainingSet
+    corpus: pl.DataFrame        # doc_id, title, text
+    queries: pl.DataFrame       # query_id, text
+    stored_runs: pl.DataFrame   # retriever + systems.STORED_COLUMNS
+
+    @classmethod
+    def read(cls, con: duckdb.DuckDBPyConnection, dataset: str) -> RerankInputs:
+        corpus = con.execute("select doc_id, title, text from corpus where dataset = ? order by doc_id",
+                             [dataset]).pl()
+        queries = con.execute("select query_id, text from queries where dataset = ? order by query_id",
+                              [dataset]).pl()
+        runs = con.execute("select * from retrieval_run where dataset = ?", [dataset]).pl()
+        # a run from before runs recorded their inputs is never taken as current
+        stored = (runs.select("retriever", *STORED_COLUMNS) if set(STORED_COLUMNS) <= set(runs.columns)
+                  else pl.DataFrame(schema=dict.fromkeys(["retriever", *STORED_COLUMNS], pl.String)))
+        return cls(training_set(con, dataset), corpus, queries, stored)
+
+
+@dataclass
+class EvaluationRuns:
+    """student_rerank_run's rows of one dataset, and per system what made them (or why none)."""
+
+    frame: pl.DataFrame
+    details: dict[str, Any] = field(default_factory=dict)
+    not_run: dict[str, str] = field(default_factory=dict)
+
+
+def run_evaluation_systems(registry: RetrieverRegistry, systems: list[str], inputs: RerankInputs,
+                           settings: StudentSettings, *, lake_folder: Path, dataset: str,
+                           progress: Callable[[str], None] = log.info) -> EvaluationRuns:
+    """Each student_rerank system of `systems` on `dataset`: its first stage's candidates (the
+    stored run when current and deep enough, else that stage run again), re-ranked out of fold."""
+    ctx = RunContext(dataset, inputs.corpus, registry, lake_folder, progress=progress,
+                     stored_run=lambda system: inputs.stored_runs.filter(pl.col("retriever") == system)
+                     .drop("retriever"))
+    query_texts = dict(zip(inputs.queries["query_id"].to_list(), inputs.queries["text"].to_list()))
+    doc_texts = dict(zip(inputs.corpus["doc_id"].to_list(), document_texts(inputs.corpus)))
+    found = EvaluationRuns(pl.DataFrame(schema=RERANK_SCHEMA))
+    frames = [found.frame]
+    for name in systems:
+        spec = registry.system(name)
+        candidates = first_stage_candidates(ctx, spec, inputs.queries)
+        result = student_rerank(candidates, query_texts, doc_texts, inputs.data, settings,
+                                folds=spec.params().folds, k=registry.system_k(name), lake_folder=lake_folder,
+                                dataset=dataset, progress=lambda line, name=name: progress(f"{name}: {line}"))
+        found.details[name] = {"first_stage": spec.first_stage, "folds": result.folds,
+                               **ctx.metadata.get("first_stage", {}).get(spec.first_stage, {})}
+        if result.not_trained:  # too few verified labels: no run, said so (never a partial one)
+            found.not_run[name] = result.not_trained
+            continue
+        frames.append(result.run.with_columns(dataset=pl.lit(dataset), retriever=pl.lit(name),
+                                              config_hash=pl.lit(registry.config_hash(name)),
+                                              first_stage=pl.lit(spec.first_stage))
+                      .select(list(RERANK_SCHEMA)).cast(RERANK_SCHEMA))
+    found.frame = pl.concat(frames)
+    return found

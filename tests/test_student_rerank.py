@@ -1,0 +1,189 @@
+"""The student re-ranker (`kind: student_rerank`): declared in the retriever registry, evaluated
+beside the pooled systems and never pooled; each query ranked by a student that never saw its
+labels; reproducible and retrained only when the labels change. Real MiniLM weights, tiny
+inputs, one short epoch."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import dagster as dg
+import polars as pl
+import pytest
+import yaml
+
+from bridge_assets import store
+from bridge_assets.labeling.pairs import Pair
+from bridge_assets.paths import RESOURCES_DIR
+from bridge_assets.resources import DuckDBStore
+from bridge_assets.retrieval.errors import RegistryError, RetrievalError
+from bridge_assets.retrieval.registry import load_registry
+from bridge_assets.retrieval import cache
+from bridge_assets.retrieval.systems import RunContext, inputs_fingerprint, retrieve
+from bridge_assets.student import assets as student_assets
+from bridge_assets.student.annotator import TrainingSet, student_key
+from bridge_assets.student.model import StudentSettings, base_model_location
+from bridge_assets.student.rerank import student_rerank
+from bridge_assets.summary import run_summary
+from fixtures.labeled_lake import DATASET, materialize_qrels, read
+
+TINY = StudentSettings(epochs=1, max_length=48, batch_size=8, calibration_share=0.0)
+FACTS = [("What does len() return?", "len returns the number of items."),
+         ("Which keyword defines a function?", "def defines a function."),
+         ("What is the boiling point of water?", "Water boils at 100 degrees."),
+         ("Who wrote Hamlet?", "Hamlet was written by Shakespeare."),
+         ("What is the capital of France?", "Paris is the capital of France."),
+         ("How many legs does a spider have?", "A spider has eight legs.")]
+
+
+def registry_file(tmp_path, systems: dict) -> str:
+    """The shipped registry with only `systems`, in a profile of their own."""
+    shipped = yaml.safe_load((RESOURCES_DIR / "retrievers.yaml").read_text())
+    shipped.update(profile="t", systems={name: {**body, "profiles": ["t"]} for name, body in systems.items()})
+    path = tmp_path / "retrievers.yaml"
+    path.write_text(yaml.safe_dump(shipped))
+    return str(path)
+
+
+STUDENT_BM25 = {"kind": "student_rerank", "first_stage": "bm25", "parameters": {"depth": 5, "folds": 2}}
+BM25 = {"kind": "bm25", "parameters": {"k1": 0.9, "b": 0.4}}
+
+
+def test_a_student_rerank_system_is_evaluated_never_pooled(tmp_path):
+    registry = load_registry(registry_file(tmp_path, {"bm25": BM25, "student_bm25": STUDENT_BM25}))
+    # not a retriever partition of retrieval_run (nothing pools it), but a system of the profile
+    assert registry.profile_systems() == ["bm25"] and registry.evaluation_systems() == ["student_bm25"]
+    assert registry.config("student_bm25")["parameters"] == {"depth": 5, "folds": 2}
+    with pytest.raises(RetrievalError, match="the student stage builds its run"):
+        retrieve(RunContext(DATASET, pl.DataFrame(), registry, tmp_path), "student_bm25", pl.DataFrame(), 10)
+    # no pooled system may build on it, and it takes no model of its own
+    fused = {"kind": "fusion", "inputs": ["bm25", "student_bm25"]}
+    with pytest.raises(RegistryError, match="evaluated but never pooled"):
+        load_registry(registry_file(tmp_path, {"bm25": BM25, "student_bm25": STUDENT_BM25, "fused": fused}))
+    with pytest.raises(RegistryError, match="not a model or llm of its own"):
+        load_registry(registry_file(tmp_path, {"bm25": BM25, "student_bm25": {**STUDENT_BM25,
+                                                                              "model": "all-minilm-l6-v2"}}))
+
+
+def _toy() -> tuple[pl.DataFrame, dict, dict, TrainingSet]:
+    """Six queries, each with the chunk that answers it (relevant) and another query's (not);
+    the candidates: every query against every chunk."""
+    queries = {f"q{n}": query for n, (query, _) in enumerate(FACTS)}
+    docs = {f"d{n}": chunk for n, (_, chunk) in enumerate(FACTS)}
+    rows = [(f"q{n}", f"d{n}", 1) for n in range(6)] + [(f"q{n}", f"d{(n + 3) % 6}", 0) for n in range(6)]
+    labels = pl.DataFrame({"query_id": [q for q, _, _ in rows], "doc_id": [d for _, d, _ in rows],
+                           "label": [label for _, _, label in rows], "source": ["original"] * len(rows)})
+    data = TrainingSet(labels, [Pair(q, d, queries[q], (), docs[d]) for q, d, _ in rows])
+    candidates = pl.DataFrame({"query_id": [q for q in queries for _ in docs], "doc_id": [d for _ in queries for d in docs]})
+    return candidates, queries, docs, data
+
+
+def test_each_query_is_ranked_by_a_student_that_never_saw_its_labels(tmp_path):
+    candidates, queries, docs, data = _toy()
+    result = student_rerank(candidates, queries, docs, data, TINY, folds=2, k=3, lake_folder=tmp_path, dataset="toy")
+    assert result.not_trained is None and len(result.folds) == 2
+    run = result.run
+    assert run.group_by("query_id").agg(pl.col("rank").sort()).sort("query_id")["rank"].to_list() == [[1, 2, 3]] * 6
+    assert run["score"].is_between(0, 1).all()
+    location = base_model_location(TINY.base_model)
+    for fold in result.folds:
+        scored = set(run.filter(pl.col("fold") == fold["fold"])["query_id"])
+        assert len(scored) == fold["queries"] == 3
+        # the fold's student is the one of the labels of every other query, and of those only
+        assert fold["student_key"] == student_key(data.without_queries(scored).version, TINY, location)
+        assert fold["trained_on"] == 6 and fold["trained_now"]
+        assert set(run.filter(pl.col("fold") == fold["fold"])["student_key"]) == {fold["student_key"]}
+
+    # reproducible: the same labels find the same students again, and the same run
+    again = student_rerank(candidates, queries, docs, data, TINY, folds=2, k=3, lake_folder=tmp_path, dataset="toy")
+    assert not any(fold["trained_now"] for fold in again.folds)
+    assert again.run.equals(run)
+
+
+def test_no_run_when_a_fold_has_nothing_to_learn_from(tmp_path):
+    candidates, queries, docs, data = _toy()
+    only_relevant = TrainingSet(data.labels.filter(pl.col("label") == 1),
+                                [p for p, label in zip(data.pairs, data.labels["label"]) if label == 1])
+    result = student_rerank(candidates, queries, docs, only_relevant, TINY, folds=2, k=3, lake_folder=tmp_path,
+                            dataset="toy")
+    assert result.run.is_empty() and result.not_trained.startswith("fold 1 of 2: it needs verified labels of both")
+    few = student_rerank(candidates.filter(pl.col("query_id") == "q0"), queries, docs, data, TINY, folds=2, k=3,
+                         lake_folder=tmp_path, dataset="toy")
+    assert few.not_trained == "1 queries cannot make 2 folds"
+
+
+def make_stored_bm25_current(lake) -> None:
+    """The fixture's bm25 run, marked as made by the registry's bm25 from this corpus and these
+    queries (its text is not searchable by BM25: the re-ranker must take the stored run)."""
+    registry = load_registry()
+    with store.connect(lake / "bridge.duckdb") as con:
+        corpus = con.execute("select doc_id, title, text from corpus where dataset = ? order by doc_id", [DATASET]).pl()
+        queries = con.execute("select query_id, text from queries where dataset = ? order by query_id", [DATASET]).pl()
+        con.execute("alter table retrieval_run add column inputs_hash varchar")
+        con.execute("update retrieval_run set config_hash = ?, inputs_hash = ? where retriever = 'bm25'",
+                    [registry.config_hash("bm25", registry.system_k("bm25")),
+                     inputs_fingerprint(cache.corpus_fingerprint(corpus), queries)])
+
+
+def test_the_asset_runs_the_registry_systems_and_the_metrics_read_them(labeled_lake, tmp_path, monkeypatch):
+    monkeypatch.setenv("BRIDGE_RETRIEVERS", registry_file(tmp_path, {"bm25": BM25, "student_bm25": STUDENT_BM25}))
+    materialize_qrels(labeled_lake)
+    make_stored_bm25_current(labeled_lake)
+    from bridge_assets.analysis import assets as analysis_assets
+
+    resources = {"store": DuckDBStore(data_lake=str(labeled_lake))}
+    config = dg.RunConfig(ops={"student_rerank_run": student_assets.StudentConfig(
+        epochs=1, max_length=48, batch_size=8, calibration_share=0.0)})
+
+    def materialize(*assets):
+        result = dg.materialize(list(assets), partition_key=DATASET, resources=resources, run_config=config)
+        assert result.success
+        return result
+
+    first = materialize(student_assets.student_rerank_run, analysis_assets.retrieval_metrics)
+    metadata = first.asset_materializations_for_node("student_rerank_run")[0].metadata
+    assert '"stored_run_reused": true' in metadata["details"].value
+    run = read(labeled_lake, "select * from student_rerank_run")
+    stored = read(labeled_lake, "select query_id, doc_id from retrieval_run where retriever = 'bm25'")
+    assert set(run["retriever"]) == {"student_bm25"} and set(run["first_stage"]) == {"bm25"}
+    # bm25's stored top 5, re-ordered
+    assert set(zip(run["query_id"], run["doc_id"])) == set(zip(stored["query_id"], stored["doc_id"]))
+    assert set(run["query_id"]) == {"q1", "q2", "q3", "q4"} and run["rank"].max() == 5
+    assert set(run["fold"]) == {0, 1} and run["student_key"].n_unique() == 2
+    pool = read(labeled_lake, "select * from candidate_pool")
+    assert "student_bm25" not in str(pool.to_dicts())  # never pooled
+    metrics = read(labeled_lake, "select * from retrieval_metrics where query_id = 'all' and measure = 'judged_10'")
+    assert {"student_bm25", "bm25"} <= set(metrics["retriever"])
+
+    second = materialize(student_assets.student_rerank_run)  # same labels: the same students, the same run
+    details = [second.asset_materializations_for_node("student_rerank_run")[0].metadata["details"].value,
+               first.asset_materializations_for_node("student_rerank_run")[0].metadata["details"].value]
+    assert '"trained_now": false' in details[0] and '"trained_now": true' in details[1]
+    assert read(labeled_lake, "select * from student_rerank_run").sort("query_id", "rank").equals(
+        run.sort("query_id", "rank"))
+    with store.connect(labeled_lake / "bridge.duckdb") as con:
+        summary = run_summary(con, DATASET, time.time())
+    assert "student re-ranker student_bm25 (evaluated, never pooled; students of the other query fold): " \
+           "nDCG@10 " in summary and "vs its first stage bm25" in summary
+
+
+def test_without_evaluation_systems_the_table_is_empty(labeled_lake, tmp_path, monkeypatch):
+    monkeypatch.setenv("BRIDGE_RETRIEVERS", registry_file(tmp_path, {"bm25": BM25}))
+    result = dg.materialize([student_assets.student_rerank_run], partition_key=DATASET,
+                            resources={"store": DuckDBStore(data_lake=str(labeled_lake))})
+    assert result.success
+    assert read(labeled_lake, "select count(*) as n from student_rerank_run")["n"][0] == 0
+
+
+def test_bridge_run_reruns_it_when_its_registry_entry_changes(tmp_path, monkeypatch):
+    from bridge_assets.orchestration import _external_change
+
+    key = dg.AssetKey("student_rerank_run")
+    monkeypatch.setenv("BRIDGE_RETRIEVERS", registry_file(tmp_path, {"bm25": BM25, "student_bm25": STUDENT_BM25}))
+    recorded = {"systems": json.dumps(student_assets.evaluation_system_hashes(), sort_keys=True)}
+    assert _external_change(key, DATASET, recorded, None) is None
+    deeper = {**STUDENT_BM25, "parameters": {"depth": 7, "folds": 2}}
+    (tmp_path / "deeper").mkdir()
+    monkeypatch.setenv("BRIDGE_RETRIEVERS", registry_file(tmp_path / "deeper", {"bm25": BM25, "student_bm25": deeper}))
+    assert _external_change(key, DATASET, recorded, None) == "the registry's evaluation-only systems changed"
