@@ -44,9 +44,11 @@ JOBS = {
                          "significance", "pool_saturation", "pool_coverage", "partial_annotation_study",
                          "rag_alignment", "pending_impact", "report", "student_annotator", "student_scores",
                          "student_rerank_run"},
+    "student_rerank_job": {"student_rerank_run", "retrieval_metrics", "ranking_shift", "significance",
+                           "pending_impact", "rag_alignment", "report"},
 }
 SENSORS = {"retriever_registry_sensor": "retrieval_job", "run_files_sensor": "retrieval_job",
-           "human_labels_sensor": "human_labels_job"}
+           "human_labels_sensor": "human_labels_job", "evaluation_systems_sensor": "student_rerank_job"}
 SCHEDULES = {"retrieval_rebenchmark_schedule": ("retrieval_job", "0 3 * * 0")}
 
 

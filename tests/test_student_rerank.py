@@ -187,3 +187,27 @@ def test_bridge_run_reruns_it_when_its_registry_entry_changes(tmp_path, monkeypa
     (tmp_path / "deeper").mkdir()
     monkeypatch.setenv("BRIDGE_RETRIEVERS", registry_file(tmp_path / "deeper", {"bm25": BM25, "student_bm25": deeper}))
     assert _external_change(key, DATASET, recorded, None) == "the registry's evaluation-only systems changed"
+
+
+def test_the_daemon_reruns_it_when_the_registry_s_evaluation_systems_change(tmp_path, monkeypatch):
+    """evaluation_systems_sensor: a dataset whose student_rerank_run was built under other
+    evaluation-only systems gets a run of it (and what follows); one built under these, or never
+    built (the main job builds it), does not."""
+    monkeypatch.setenv("BRIDGE_RETRIEVERS", registry_file(tmp_path, {"bm25": BM25, "student_bm25": STUDENT_BM25}))
+    current = json.dumps(student_assets.evaluation_system_hashes(), sort_keys=True)
+    key = student_assets.student_rerank_run.key
+
+    def evaluate(instance):
+        with dg.build_sensor_context(instance=instance) as context:
+            result = student_assets.evaluation_systems_sensor(context)
+        return [] if isinstance(result, dg.SkipReason) else [r.partition_key for r in result.run_requests]
+
+    (tmp_path / "home").mkdir()
+    with dg.instance_for_test(temp_dir=str(tmp_path / "home")) as instance:
+        assert evaluate(instance) == []  # never built
+        instance.report_runless_asset_event(dg.AssetMaterialization(
+            asset_key=key, partition=DATASET, metadata={"systems": json.dumps({}, sort_keys=True)}))
+        assert evaluate(instance) == [DATASET]  # built before student_bm25 was declared
+        instance.report_runless_asset_event(dg.AssetMaterialization(
+            asset_key=key, partition=DATASET, metadata={"systems": current}))
+        assert evaluate(instance) == []

@@ -11,6 +11,7 @@ pair the student's calibrated P(relevant).
 """
 
 # No `from __future__ import annotations`: Dagster resolves dg.Config annotations at runtime.
+import hashlib
 import json
 
 import dagster as dg
@@ -213,3 +214,32 @@ def student_rerank_run(context: dg.AssetExecutionContext, config: StudentConfig,
                   "not_run": json.dumps(found.not_run, sort_keys=True),
                   "details": json.dumps(found.details, sort_keys=True)},
         data_version=snapshots.frame_version(found.frame))
+
+
+student_rerank_job = dg.define_asset_job(
+    "student_rerank_job", selection=dg.AssetSelection.assets(student_rerank_run).downstream(),
+    description="student_rerank_run of one dataset and everything downstream of it (the metrics, "
+                "the analyses, the report).")
+
+
+@dg.sensor(job=student_rerank_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING,
+           description="Runs student_rerank_job for every dataset whose student_rerank_run was built "
+                       "under other evaluation-only systems (kind student_rerank) than the registry's "
+                       "active profile now declares: one added, changed or removed is benchmarked "
+                       "as `bridge run` would. (The pooled systems have retriever_registry_sensor.)")
+def evaluation_systems_sensor(context: dg.SensorEvaluationContext):
+    current = json.dumps(evaluation_system_hashes(), sort_keys=True)
+    requests = []
+    for dataset in dataset_partitions.get_partition_keys():
+        built = context.instance.fetch_materializations(
+            dg.AssetRecordsFilter(asset_key=student_rerank_run.key, asset_partitions=[dataset]), limit=1).records
+        materialization = built[0].asset_materialization if built else None
+        if materialization is None:  # never built: the main job builds it with everything else
+            continue
+        if materialization.metadata.get("systems") == dg.MetadataValue.text(current):
+            continue
+        digest = hashlib.sha256(current.encode()).hexdigest()[:16]
+        requests.append(dg.RunRequest(partition_key=dataset, run_key=f"student_rerank:{dataset}:{digest}"))
+    if requests:
+        return dg.SensorResult(run_requests=requests)
+    return dg.SkipReason("every built student_rerank_run holds the registry's evaluation-only systems")
