@@ -204,8 +204,8 @@ class SystemSpec(_Strict):
         if self.kind == "rerank" and bool(self.model) == bool(self.llm):
             raise ValueError("a rerank system needs exactly one of model (a scorer) or llm")
         if self.kind == "student_rerank" and (self.model or self.llm):
-            raise ValueError("a student_rerank system scores with the dataset's student settings "
-                             "(student_annotator's base_model), not a model or llm of its own")
+            raise ValueError("a student_rerank system's students start from the `base_model` of the "
+                             "dataset's student_rerank_run settings, not a model or llm of its own")
         if self.kind == "fusion" and len(self.inputs) < 2:
             raise ValueError("a fusion system needs at least two inputs")
         if self.path is not None and self.kind != "run_file":
