@@ -211,3 +211,21 @@ def test_the_daemon_reruns_it_when_the_registry_s_evaluation_systems_change(tmp_
         instance.report_runless_asset_event(dg.AssetMaterialization(
             asset_key=key, partition=DATASET, metadata={"systems": current}))
         assert evaluate(instance) == []
+
+
+def test_training_a_student_closes_a_resident_local_llm(monkeypatch):
+    """A student's training peaks at about 2.4 GiB; the in-process LLM an earlier step of the
+    same `bridge run` left loaded must not stay beside it (the demo went past 4 GiB)."""
+    from bridge_assets.llm import backends
+    from bridge_assets.student.model import Example, train_encoder
+
+    class Resident:  # stands in for a loaded llama_cpp.Llama
+        closed = False
+
+        def close(self):
+            Resident.closed = True
+
+    monkeypatch.setitem(backends._LLAMA_MODELS, ("model.gguf", 512, 2, False), Resident())
+    examples = [Example("q0", FACTS[0][0], FACTS[0][1], 1.0), Example("q0", FACTS[0][0], FACTS[1][1], 0.0)]
+    train_encoder(examples, TINY, base_model_location(TINY.base_model))
+    assert Resident.closed and not backends._LLAMA_MODELS

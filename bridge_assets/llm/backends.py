@@ -75,6 +75,13 @@ def _close_llama_models() -> None:
 atexit.register(_close_llama_models)  # llama.cpp prints a harmless but noisy error otherwise
 
 
+def release_local_models() -> None:
+    """Close the resident in-process model, if any, for a step that needs its memory (a
+    student's training); the next request loads it again (about a second from the page cache)."""
+    with _LLAMA_LOCK:
+        _close_llama_models()
+
+
 def _llama(path: str, n_ctx: int, threads: int, logits_all: bool):
     """The loaded model of (file, context, logits mode), loaded on first use. Call with
     _LLAMA_LOCK held, and keep holding it while the model runs.

@@ -174,9 +174,16 @@ def _cross_encoder(location: str, max_length: int):
 def train_encoder(examples: Sequence[Example], settings: StudentSettings, location: str):
     """A CrossEncoder fine-tuned on `examples` (binary cross-entropy on the relevance logit,
     soft targets allowed), seeded."""
+    import sys
+
     import torch
     from transformers import logging as hf_logging
 
+    # a local LLM left resident by an earlier step of the same process (bridge run's) beside a
+    # training took the demo's peak past 4 GiB: close it (the module is only there if one ran)
+    backends = sys.modules.get("bridge_assets.llm.backends")
+    if backends is not None:
+        backends.release_local_models()
     torch.manual_seed(settings.seed)
     hf_logging.set_verbosity_error()  # "newly initialized classifier weights" is the point here
     model = _cross_encoder(location, settings.max_length)
