@@ -63,13 +63,15 @@ def student_rerank(candidates: pl.DataFrame, query_texts: Mapping[str, str], doc
     queries = sorted(set(candidates["query_id"].to_list()))
     if len(queries) < folds:
         return StudentRerank(empty_run(), not_trained=f"{len(queries)} queries cannot make {folds} folds")
-    parts = []
-    reports = []
-    for fold, (_, held_out) in enumerate(query_folds(queries, folds, settings.seed)):
-        train = data.without_queries(set(held_out))
+    held_outs = [held_out for _, held_out in query_folds(queries, folds, settings.seed)]
+    trains = [data.without_queries(set(held_out)) for held_out in held_outs]
+    for fold, train in enumerate(trains):  # every fold checked before any student trains
         problem = untrainable(train.examples(), settings)
         if problem:
-            return StudentRerank(empty_run(), reports, f"fold {fold + 1} of {folds}: {problem}")
+            return StudentRerank(empty_run(), not_trained=f"fold {fold + 1} of {folds}: {problem}")
+    parts = []
+    reports = []
+    for fold, (held_out, train) in enumerate(zip(held_outs, trains)):
         stored = ensure_student(lake_folder, dataset, train, settings)
         scored = candidates.filter(pl.col("query_id").is_in(held_out)).select("query_id", "doc_id")
         pairs = [(query_texts[q], doc_texts[d]) for q, d in scored.iter_rows()]
