@@ -124,24 +124,28 @@ class AsOfError(BridgeError, ValueError):
 
 
 def resolve_as_of(value: str, path=None) -> int:
-    """A DuckLake snapshot from `--as-of`: a snapshot id (digits), else a Dagster run id (or a
-    unique prefix of one): the last snapshot that run committed. AsOfError when neither."""
+    """A DuckLake snapshot from `--as-of`: a snapshot id of this lake, else a Dagster run id (or a
+    unique prefix of one): the last snapshot that run committed. A run id's first characters
+    can all be digits (97828695-...), so digits that name no snapshot are tried as a run id
+    prefix; a number that is both names the snapshot (more of the run id, dash included, names
+    the run). AsOfError when neither."""
     from bridge_assets import ducklake, store
 
     if store.lake_config(path) is None:
         raise AsOfError("--as-of needs the DuckLake storage (BRIDGE_STORAGE=ducklake): a DuckDB "
                          "file keeps no earlier states")
+    value = value.strip()
     with store.connect(path) as con:
-        if value.strip().isdigit():
-            snapshot = int(value)
-            known = {s["snapshot"] for s in ducklake.snapshots(con)}
-            if snapshot not in known:
-                raise AsOfError(f"no snapshot {snapshot} in the lake (it has {min(known)}..{max(known)})")
-            return snapshot
+        known = {s["snapshot"] for s in ducklake.snapshots(con)}
+        if value.isdigit() and int(value) in known:
+            return int(value)
         try:
-            snapshot = ducklake.snapshot_of_run(con, value.strip())
+            snapshot = ducklake.snapshot_of_run(con, value)
         except ducklake.LakeError as exc:
             raise AsOfError(str(exc)) from exc
+    if snapshot is None and value.isdigit():
+        raise AsOfError(f"no snapshot {value} in the lake (it has {min(known)}..{max(known)}), and no "
+                        f"run id starting with '{value}' wrote one")
     if snapshot is None:
         raise AsOfError(f"no lake snapshot was written by a run '{value}' (bridge lake snapshots lists "
                          "them; runs from before DuckLake have none)")

@@ -165,3 +165,26 @@ def test_as_of_needs_the_ducklake(tmp_path, data_lake, monkeypatch):
     write_labeled_lake(data_lake)
     code, out = export("-f", "trec", "-o", str(tmp_path / "x.qrels"), "--as-of", "3")
     assert code == 2 and "needs the DuckLake storage" in out
+
+
+def test_as_of_takes_a_run_id_that_starts_with_digits(ducklake_lake):
+    """A run id's first eight characters are all digits one time in 43 (97828695-...): such a
+    prefix names that run, unless the lake has a snapshot of that number (that one wins)."""
+    from bridge_assets.snapshots import AsOfError, resolve_as_of
+
+    def commit(run_id: str, value: int) -> int:
+        return store.run_transaction(
+            lambda con: con.execute(f"create or replace table t as select {value} as v"),
+            message=f"run {run_id}", info={"run_id": run_id})[1]
+
+    digits_run, other_run = "97828695-b2f1-4bfa-8f50-5e20f52541fc", "3e0a1c2d-0000-4000-8000-000000000000"
+    first, second = commit(digits_run, 1), commit(other_run, 2)
+    with store.connect() as con:
+        known = {s["snapshot"] for s in ducklake.snapshots(con)}
+    assert first < second and 97828695 not in known
+    assert resolve_as_of("97828695") == first          # a run id prefix, all digits
+    assert resolve_as_of(digits_run) == first
+    assert resolve_as_of("3e0a") == second
+    assert resolve_as_of(str(second)) == second        # a snapshot number stays a snapshot
+    with pytest.raises(AsOfError, match="no snapshot 12345 in the lake .* no run id starting with '12345'"):
+        resolve_as_of("12345")
