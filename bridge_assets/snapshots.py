@@ -136,9 +136,10 @@ def resolve_as_of(value: str, path=None) -> int:
                          "file keeps no earlier states")
     value = value.strip()
     with store.connect(path) as con:
-        known = {s["snapshot"] for s in ducklake.snapshots(con)}
-        if value.isdigit() and int(value) in known:
-            return int(value)
+        if value.isdigit():
+            known = {s["snapshot"] for s in ducklake.snapshots(con)}
+            if int(value) in known:
+                return int(value)
         try:
             snapshot = ducklake.snapshot_of_run(con, value)
         except ducklake.LakeError as exc:
