@@ -26,10 +26,9 @@ STAMP := $(VENV)/.bridge-installed
 DATASET ?= demo
 SAMPLE ?=
 PYTEST_ARGS ?=
-# pytest-xdist workers of `make test` (0: one process, the default until two are measured to pay on
-# a quiet machine without pushing the real-LLM end-to-end test past its timeout); tests/conftest.py
-# groups what must share one process
-TEST_WORKERS ?= 0
+# pytest-xdist workers of `make test` (0: one process). Two pay on 2 cores (docs/testing.md);
+# tests/conftest.py groups what must share one process and runs the local models on one thread
+TEST_WORKERS ?= 2
 
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1

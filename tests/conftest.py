@@ -21,6 +21,34 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
+
+def _one_thread_models_file() -> None:
+    """Under pytest-xdist the other worker keeps a core busy, and llama.cpp's threads wait for
+    each other at every layer (resources/models.yaml, `threads`): the local models run on one
+    thread there, through a copy of models.yaml that differs only in `threads` (set before
+    bridge_assets reads $BRIDGE_MODELS; subprocesses inherit it). Measured: the real-model
+    modules beside a busy core, 101 s with two threads, 83 s with one (docs/testing.md)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ or "BRIDGE_MODELS" in os.environ:
+        return
+    import atexit
+    import shutil
+    import tempfile
+
+    import yaml
+
+    shipped = Path(__file__).resolve().parents[1] / "resources" / "models.yaml"
+    models = yaml.safe_load(shipped.read_text())
+    for profile in models["profiles"].values():
+        if profile.get("backend") == "llama_cpp":
+            profile["threads"] = 1
+    folder = Path(tempfile.mkdtemp(prefix=f"bridge-models-{os.environ['PYTEST_XDIST_WORKER']}-"))
+    (folder / "models.yaml").write_text(yaml.safe_dump(models, sort_keys=False))
+    os.environ["BRIDGE_MODELS"] = str(folder / "models.yaml")
+    atexit.register(shutil.rmtree, folder, True)
+
+
+_one_thread_models_file()
+
 @pytest.fixture
 def data_lake(tmp_path, monkeypatch) -> Path:
     lake = tmp_path / "lake"
