@@ -1,0 +1,37 @@
+"""How `make test` runs the suite: two pytest-xdist workers by default, and in a worker the
+local models on one thread (tests/conftest.py: the other worker keeps a core busy, and
+llama.cpp's threads wait for each other at every layer), from a models.yaml that differs from
+the shipped one only there."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+import yaml
+
+from bridge_assets.llm.profiles import MODELS_PATH, get_profile
+from bridge_assets.paths import PROJECT_ROOT, RESOURCES_DIR
+
+
+def test_make_test_runs_two_workers_by_default():
+    makefile = (PROJECT_ROOT / "Makefile").read_text()
+    assert re.search(r"^TEST_WORKERS \?= 2$", makefile, re.MULTILINE)
+    assert "-n $(TEST_WORKERS) --dist loadscope" in makefile
+
+
+def test_local_models_run_on_one_thread_in_a_worker_only():
+    shipped = yaml.safe_load((RESOURCES_DIR / "models.yaml").read_text())
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        assert MODELS_PATH == (RESOURCES_DIR / "models.yaml").resolve()
+        assert get_profile("qwen-0.5b").threads == shipped["profiles"]["qwen-0.5b"].get("threads")
+        return
+    assert Path(os.environ["BRIDGE_MODELS"]) == MODELS_PATH != (RESOURCES_DIR / "models.yaml").resolve()
+    used = yaml.safe_load(MODELS_PATH.read_text())
+    local = [name for name, body in used["profiles"].items() if body.get("backend") == "llama_cpp"]
+    assert local and all(get_profile(name).threads == 1 for name in local)
+    for name in local:
+        del used["profiles"][name]["threads"]
+        shipped["profiles"][name].pop("threads", None)
+    assert used == shipped
