@@ -49,8 +49,6 @@ from dataclasses import dataclass
 import duckdb
 import numpy as np
 import polars as pl
-from scipy.optimize import OptimizeWarning, curve_fit
-from scipy.special import gammaln
 
 from bridge_assets.analysis.saturation import holes_found_curve, system_orders
 from bridge_assets.analysis.views import REFINED_BOUNDS, Scope, ScopeInfo, analysis_views, require_rows
@@ -79,6 +77,8 @@ def michaelis_menten(m: np.ndarray, total: float, half: float) -> np.ndarray:
 def expected_curve(counts: Sequence[int], systems: int) -> np.ndarray:
     """E[R(m)] for m = 1..systems over every order: `counts` holds, per relevant chunk of the
     pool, how many of the `systems` surfaced it (1..systems)."""
+    from scipy.special import gammaln
+
     n = systems
     per_count = np.bincount(np.asarray(counts, dtype=np.int64), minlength=n + 1)[: n + 1]
     m = np.arange(1, n + 1)[:, None]
@@ -93,6 +93,8 @@ def expected_curve(counts: Sequence[int], systems: int) -> np.ndarray:
 def fit_saturation(counts: Sequence[int], systems: int) -> tuple[float, float]:
     """(total, half) of the Michaelis-Menten curve fitted to the expected curve; raises
     RuntimeError (scipy's) when the fit does not converge."""
+    from scipy.optimize import OptimizeWarning, curve_fit
+
     curve = expected_curve(counts, systems)
     m = np.arange(1, systems + 1, dtype=float)
     if curve[-1] <= 0:

@@ -36,7 +36,6 @@ from dataclasses import dataclass
 import duckdb
 import numpy as np
 import polars as pl
-from scipy import stats
 
 from bridge_assets.analysis.views import Scope, ScopeInfo, analysis_views, require_rows
 from bridge_assets.metrics import compute_measures, resolve_measures
@@ -174,6 +173,8 @@ def pair_p_values(full: np.ndarray) -> np.ndarray:
     """Paired t-test p-value of every system pair (i < j, triu order) over the queries, in one
     vectorised scipy call. Where the per-query difference is constant the t statistic is 0/0
     (identical systems: NaN) or infinite (p = 0), so those are set directly."""
+    from scipy import stats
+
     first, second = np.triu_indices(full.shape[0], k=1)
     if not len(first):
         return np.array([], dtype=float)

@@ -27,7 +27,6 @@ import duckdb
 import numpy as np
 import polars as pl
 from pydantic import BaseModel, ConfigDict
-from scipy import stats
 
 from bridge_assets.analysis.views import Scope, ScopeInfo, analysis_views, require_rows
 from bridge_assets.labeling.calls import Generate, parse_reply
@@ -161,6 +160,8 @@ def _varies(values: np.ndarray) -> bool:
 
 def point_biserial(judgment: np.ndarray, values: np.ndarray) -> tuple[float | None, float | None]:
     """scipy's point-biserial r and p-value; None when either side is constant (undefined)."""
+    from scipy import stats
+
     if not (_varies(judgment) and _varies(values)) or len(values) < 3:
         return None, None
     result = stats.pointbiserialr(judgment, values)
@@ -169,6 +170,8 @@ def point_biserial(judgment: np.ndarray, values: np.ndarray) -> tuple[float | No
 
 def pearson(x: np.ndarray, y: np.ndarray) -> tuple[float | None, float | None]:
     """scipy's Pearson r and p-value; None with fewer than 3 points or a constant side."""
+    from scipy import stats
+
     if len(x) < 3 or not (_varies(x) and _varies(y)):
         return None, None
     result = stats.pearsonr(x, y)

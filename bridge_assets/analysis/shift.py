@@ -12,7 +12,6 @@ from collections.abc import Sequence
 import duckdb
 import numpy as np
 import polars as pl
-from scipy import stats
 
 from bridge_assets.analysis.views import require_rows
 from bridge_assets.paths import read_sql
@@ -33,6 +32,8 @@ def kendall_tau_a(x: Sequence[float], y: Sequence[float]) -> float:
 
 def kendall_tau_b(x: Sequence[float], y: Sequence[float]) -> tuple[float, float]:
     """scipy's tau-b and its p-value (NaN when either side is constant or n < 2)."""
+    from scipy import stats
+
     if len(x) < 2:
         return float("nan"), float("nan")
     result = stats.kendalltau(x, y, variant="b")

@@ -51,7 +51,6 @@ from collections.abc import Sequence
 import duckdb
 import numpy as np
 import polars as pl
-from scipy import stats
 
 from bridge_assets.analysis.retrieval import QRELS_VERSIONS
 from bridge_assets.analysis.views import MissingInput, require_rows
@@ -140,6 +139,8 @@ def paired_tests_many(a: np.ndarray, b: np.ndarray, *, resamples: int = RESAMPLE
                       batch_values: int = BATCH_VALUES) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """Both two-sided paired tests for many pairs with the same number of queries: `a` and `b`
     are pairs x queries. Test name -> (statistics, p-values), one per pair."""
+    from scipy import stats
+
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     with warnings.catch_warnings():  # scipy warns on (near-)constant differences; its answer stands
         warnings.simplefilter("ignore", RuntimeWarning)

@@ -17,7 +17,6 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 from pydantic import Field
-from sklearn.linear_model import LogisticRegression
 
 from bridge_assets.evaluation.metrics import calibration_metrics, escalation_count
 from bridge_assets.evaluation.pointwise import SCORE_TEMPLATE, score_triplets
@@ -53,6 +52,8 @@ IDENTITY = Calibrator()
 def fit_calibrator(p_yes: Sequence[float], labels: Sequence[int], c: float = 1.0) -> Calibrator:
     """Logistic regression of the labels on logit(P(yes)) (L2, inverse strength `c`); the
     identity while the labels hold fewer than two classes."""
+    from sklearn.linear_model import LogisticRegression
+
     if len(set(labels)) < 2:
         return IDENTITY
     features = np.array([[logit(p)] for p in p_yes])

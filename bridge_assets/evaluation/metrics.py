@@ -18,8 +18,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import numpy as np
-from scipy import stats
-from sklearn.metrics import brier_score_loss, cohen_kappa_score, roc_auc_score
 
 from bridge_assets.labeling.debate import escalation_count
 
@@ -54,6 +52,8 @@ def bacc_interval(gold: Sequence[int], predicted: Sequence[int], *, seed: int = 
     """A percentile bootstrap confidence interval of the balanced accuracy (scipy's
     `bootstrap`, cases resampled in pairs, BOOTSTRAP_RESAMPLES draws, seeded). (None, None)
     when undefined: a class missing, or a resample without both classes."""
+    from scipy import stats
+
     if balanced_accuracy(gold, predicted) is None:
         return None, None
 
@@ -152,11 +152,15 @@ def expected_calibration_error(gold: Sequence[int], probability: Sequence[float]
 
 def brier_score(gold: Sequence[int], probability: Sequence[float]) -> float:
     """Mean squared difference between P(relevant) and the 0/1 gold label."""
+    from sklearn.metrics import brier_score_loss
+
     return float(brier_score_loss(list(gold), list(probability), pos_label=1))
 
 
 def auroc(gold: Sequence[int], score: Sequence[float]) -> float | None:
     """Area under the ROC curve of the score; None when `gold` has only one class."""
+    from sklearn.metrics import roc_auc_score
+
     if len(set(gold)) < 2:
         return None
     return float(roc_auc_score(list(gold), list(score)))
@@ -175,6 +179,8 @@ def calibration_metrics(gold: Sequence[int], probability: Sequence[float | None]
 def agreement(a: Sequence[int], b: Sequence[int]) -> dict:
     """How two binary labelings of the same cases agree: raw share and Cohen's kappa
     (None when kappa is undefined, i.e. both labelings use one single label)."""
+    from sklearn.metrics import cohen_kappa_score
+
     if len(a) != len(b):
         raise ValueError(f"{len(a)} labels against {len(b)}")
     if not a:

@@ -6,10 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
+from bridge_assets.reports.plots import pyplot
 
 MARKERS = {"judge": "s", "lara": "o", "dream": "D", "diras": "^", "utilsel": "v", "utilrank": "<"}
 
@@ -17,6 +14,7 @@ MARKERS = {"judge": "s", "lara": "o", "dream": "D", "diras": "^", "utilsel": "v"
 def plot_bacc_vs_escalation(rows: Sequence[dict[str, Any]], path: Path, title: str) -> Path:
     """One point per method at (escalation ratio, bAcc once escalations are resolved); the
     LARA runs of one model joined by a line over their ratios. Writes a PNG to `path`."""
+    plt = pyplot()
     figure, axis = plt.subplots(figsize=(7.5, 5))
     lara_lines: dict[str, list[tuple[float, float]]] = {}
     placed: dict[tuple[float, float], int] = {}  # labels of coinciding points are stacked

@@ -4,21 +4,27 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-
-import matplotlib.pyplot as plt  # noqa: E402  (the backend is chosen before pyplot loads)
-import numpy as np  # noqa: E402
-import polars as pl  # noqa: E402
+import numpy as np
+import polars as pl
 
 DPI = 110
+
+
+def pyplot():
+    """matplotlib's pyplot on the Agg backend (files only, no display), imported when a figure is
+    drawn: importing it costs ~0.7 s, paid otherwise by every process that loads the definitions."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
 
 
 def _save(figure, path: Path) -> Path:
     figure.tight_layout()
     figure.savefig(path, dpi=DPI)
-    plt.close(figure)
+    pyplot().close(figure)
     return path
 
 
@@ -28,6 +34,7 @@ def bars(frame: pl.DataFrame, label: str, columns: dict[str, str], title: str, y
     names = frame[label].to_list()
     x = np.arange(len(names))
     width = 0.8 / max(len(columns), 1)
+    plt = pyplot()
     figure, axis = plt.subplots(figsize=(max(5.0, 0.9 * len(names) + 2), 3.6))
     for i, (column, legend) in enumerate(columns.items()):
         values = frame[column].fill_null(0.0).to_numpy()
@@ -42,6 +49,7 @@ def bars(frame: pl.DataFrame, label: str, columns: dict[str, str], title: str, y
 
 def before_after(panels: list[tuple[str, pl.DataFrame]], path: Path) -> Path:
     """One panel per measure: each system's score on the original and the refined qrels."""
+    plt = pyplot()
     figure, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.8), squeeze=False)
     for axis, (title, frame) in zip(axes[0], panels):
         names = frame["retriever"].to_list()
@@ -56,6 +64,7 @@ def before_after(panels: list[tuple[str, pl.DataFrame]], path: Path) -> Path:
 
 def saturation(found: pl.DataFrame, growth: pl.DataFrame, path: Path) -> Path:
     """Filled holes found and growth rate GR(m) as systems are added (mean +- std)."""
+    plt = pyplot()
     figure, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6))
     m, mean, std = (found[c].to_numpy() for c in ("systems_added", "value", "std"))
     left.errorbar(m, mean, yerr=std, marker="o", capsize=3)
@@ -77,6 +86,7 @@ def saturation(found: pl.DataFrame, growth: pl.DataFrame, path: Path) -> Path:
 def partial_curves(sweep: pl.DataFrame, random_single: pl.DataFrame, path: Path) -> Path:
     """Kendall tau-b against the fraction of known relevant items, one line per measure, with
     random single-relevant annotation (D-MERIT's baseline) as a dashed level of the same colour."""
+    plt = pyplot()
     figure, axis = plt.subplots(figsize=(6.4, 4.0))
     for i, ((measure,), group) in enumerate(sweep.sort("fraction").group_by(["measure"], maintain_order=True)):
         axis.errorbar(group["fraction"].to_numpy(), group["mean"].fill_null(np.nan).to_numpy(),
@@ -96,6 +106,7 @@ def partial_curves(sweep: pl.DataFrame, random_single: pl.DataFrame, path: Path)
 def contribution_curve(curve: pl.DataFrame, path: Path) -> Path:
     """Marginal contribution of the m-th system added (mean +- std over orders), one line per
     measure."""
+    plt = pyplot()
     figure, axis = plt.subplots(figsize=(6.4, 3.8))
     for i, ((measure,), group) in enumerate(curve.sort("systems_added").group_by(["measure"], maintain_order=True)):
         axis.errorbar(group["systems_added"].to_numpy(), group["value"].fill_null(np.nan).to_numpy(),
@@ -114,6 +125,7 @@ def coverage(found: pl.DataFrame, fitted: pl.DataFrame | None, total: tuple[floa
     """Relevant chunks in the pool as systems are added (mean, and the band over orders), with
     the fitted saturation curve extrapolated beyond the systems run and the interval of its
     asymptote (`total`: estimate, low, high) when there is one."""
+    plt = pyplot()
     figure, axis = plt.subplots(figsize=(6.4, 4.0))
     m = found["systems_added"].to_numpy()
     axis.fill_between(m, found["low"].to_numpy(), found["high"].to_numpy(), alpha=0.25, color="C0",
@@ -143,6 +155,7 @@ def reliability(diagrams: dict[str, list[dict]], path: Path, title: str = "Relia
     """Predicted P(relevant) against the share relevant, per equal-width bin (the bins of ECE,
     evaluation.metrics.reliability_bins), one line per scorer; marker area grows with the
     bin's cases; the diagonal is perfect calibration."""
+    plt = pyplot()
     figure, axis = plt.subplots(figsize=(4.6, 4.2))
     axis.plot([0, 1], [0, 1], color="grey", linestyle=":", linewidth=1, label="perfectly calibrated")
     for name, rows in diagrams.items():

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 import duckdb
-from scipy.stats import binomtest
 
 from bridge_assets.labeling.labeler import LabelItem
 from bridge_assets.labeling.pairs import load_pairs
@@ -46,6 +45,8 @@ class ThresholdRow:
 def threshold_table(scores: Sequence[float], relevant: Sequence[bool],
                     thresholds: Sequence[float] = THRESHOLDS) -> list[ThresholdRow]:
     """Per threshold: pairs skipped, and relevant pairs lost with a 95% Wilson interval."""
+    from scipy.stats import binomtest
+
     rows = []
     total_relevant = sum(relevant)
     for t in thresholds:
