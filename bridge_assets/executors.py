@@ -15,7 +15,8 @@ parallel. Measured on one 2-core machine (`scripts/bench_executors.py`, the demo
 retrieval partitions run one after the other, offline_fast profile): in-process 220 s, largest
 process 1635 MiB; multiprocess 457 s, largest step process 1335 MiB; dask (2 workers) 464 s,
 largest worker 1458 MiB; tables identical. A step process pays 20-25 s of start-up (it imports
-the definitions again), so on one machine the separate processes only pay off where steps run
+the definitions again; that import is 2.2 s since scipy.stats, scikit-learn and matplotlib load
+where they are used, 4.4 s before: docs/testing.md), so on one machine the separate processes only pay off where steps run
 side by side or a step's models must not share memory with another's; on a cluster they are
 the point. Hence `bridge run` / `bridge materialize` run in-process, one partition after the
 other, and the UI, schedules and sensors keep Dagster's default (multiprocess) unless
