@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ import polars as pl
 DPI = 110
 
 
+@functools.cache
 def pyplot():
     """matplotlib's pyplot on the Agg backend (files only, no display), imported when a figure is
     drawn: importing it costs ~0.7 s, paid otherwise by every process that loads the definitions."""
