@@ -36,8 +36,9 @@ def _one_thread_models_file() -> None:
 
     import yaml
 
-    shipped = Path(__file__).resolve().parents[1] / "resources" / "models.yaml"
-    models = yaml.safe_load(shipped.read_text())
+    from bridge_assets.paths import RESOURCES_DIR  # imports nothing that reads $BRIDGE_MODELS
+
+    models = yaml.safe_load((RESOURCES_DIR / "models.yaml").read_text())
     for profile in models["profiles"].values():
         if profile.get("backend") == "llama_cpp":
             profile["threads"] = 1
@@ -48,6 +49,7 @@ def _one_thread_models_file() -> None:
 
 
 _one_thread_models_file()
+
 
 @pytest.fixture
 def data_lake(tmp_path, monkeypatch) -> Path:
