@@ -8,9 +8,6 @@ and seconds, with totals. Reads the lake read-only.
     # the first 60 recorded calls again, through the in-process llama.cpp backend of a profile,
     # with its KV state cache off then on (docs/llm-time.md): same calls, side by side
     .venv/bin/python scripts/llm_time_by_stage.py --lake /tmp/demo_lake --replay 60 --profile qwen-0.5b
-    # the debate's recorded calls without and with prompt-lookup decoding
-    .venv/bin/python scripts/llm_time_by_stage.py --lake /tmp/demo_lake --replay 40 --stages debate \
-        --profile qwen-1.5b --lever prompt_lookup --lookup-tokens 8
 
 A stage is the ledger's `purpose` (filter, debate, debate_paper, judge, rerank, hyde, rag_answer,
 rag_judgment, adjudicator, relevance_score, ...). Every recorded model call counts, failed ones
@@ -98,10 +95,9 @@ def recorded_requests(con: duckdb.DuckDBPyConnection, limit: int, purposes: list
     return [LLMRequest.model_validate_json(text) for (text,) in rows]
 
 
-def replay(requests, profile_name: str, lever: dict[str, int], repeat: int, max_tokens: int = 0) -> None:
-    """The same calls through the in-process backend, a lever (engine_args: the KV state cache's
-    bytes, or prompt lookup's tokens) off then on, from an empty KV cache each time; prints each
-    arm's per-stage table and the side-by-side totals."""
+def replay(requests, profile_name: str, cache_bytes: int, repeat: int, max_tokens: int = 0) -> None:
+    """The same calls through the in-process backend, KV state cache off then on, from an
+    empty KV cache each time; prints each arm's per-stage table and the side-by-side totals."""
     import time
 
     from bridge_assets.llm import backends, get_profile
@@ -111,15 +107,14 @@ def replay(requests, profile_name: str, lever: dict[str, int], repeat: int, max_
     profile = get_profile(profile_name)
     if profile.backend != "llama_cpp":
         sys.exit(f"--replay runs an in-process llama_cpp profile; {profile_name} is {profile.backend}")
-    off = {**profile.engine_args, **{name: 0 for name in lever}}
-    arms = {"off": backends.LlamaCppBackend(profile.model_copy(update={"engine_args": off})),
-            "on": backends.LlamaCppBackend(profile.model_copy(update={"engine_args": {**off, **lever}}))}
-    name = ", ".join(f"{key} {value:,}" for key, value in lever.items())
+    arms = {"off": backends.LlamaCppBackend(profile.model_copy(update={"engine_args": {"state_cache_bytes": 0}})),
+            "on": backends.LlamaCppBackend(profile.model_copy(
+                update={"engine_args": {**profile.engine_args, "state_cache_bytes": cache_bytes}}))}
     with backends._LLAMA_LOCK:
         model = arms["off"]._model(logits_all=False)  # loaded before any clock starts
     print(f"replay: {len(requests)} recorded calls through {profile_name} ({model.model_path}), "
           f"{profile.threads or os.cpu_count()} threads, max_tokens {max_tokens or 'as recorded'}; "
-          f"on: {name}\n")
+          f"state cache {cache_bytes / 2**20:g} MiB when on\n")
     replies: dict[str, list] = {}
     totals: dict[str, list] = {}
     for round_ in range(repeat):
@@ -143,19 +138,19 @@ def replay(requests, profile_name: str, lever: dict[str, int], repeat: int, max_
             states = getattr(model, "_bridge_state_cache", None) if arm == "on" else None
             extra = (f"; {states.restored} calls continued from a kept state, {len(states)} states "
                      f"({states.size / 2**20:.1f} MiB) kept, {states.evicted} evicted") if states else ""
-            print(f"### {name if arm == 'on' else 'off'} (run {round_ + 1}): {wall:.1f} s wall, {cpu:.1f} s CPU{extra}\n")
+            print(f"### state cache {arm} (run {round_ + 1}): {wall:.1f} s wall, {cpu:.1f} s CPU{extra}\n")
             print(markdown(rows, ["purpose"]) + "\n")
             replies.setdefault(arm, results)
-            totals.setdefault(arm, []).append((wall, cpu, rows[-1][5], rows[-1][8]))
+            totals.setdefault(arm, []).append((wall, cpu, rows[-1][5]))
     same_text = sum(a.text == b.text for a, b in zip(replies["off"], replies["on"]))
     with_logprobs = [(a, b) for a, b in zip(replies["off"], replies["on"]) if a.logprobs is not None]
     same_logprobs = sum(a.logprobs == b.logprobs for a, b in with_logprobs)
-    print("| arm | wall s (each run) | CPU s (each run) | prompt tokens computed | decode tokens | replies identical to off |")
-    print("|---|---|---|---|---|---|")
+    print("| state cache | wall s (each run) | CPU s (each run) | prompt tokens computed | replies identical to off |")
+    print("|---|---|---|---|---|")
     for arm in arms:
-        walls = ", ".join(f"{wall:.1f}" for wall, _, _, _ in totals[arm])
-        cpus = ", ".join(f"{cpu:.1f}" for _, cpu, _, _ in totals[arm])
-        print(f"| {name if arm == 'on' else 'off'} | {walls} | {cpus} | {totals[arm][0][2]:,} | {totals[arm][0][3]:,} | "
+        walls = ", ".join(f"{wall:.1f}" for wall, _, _ in totals[arm])
+        cpus = ", ".join(f"{cpu:.1f}" for _, cpu, _ in totals[arm])
+        print(f"| {arm} | {walls} | {cpus} | {totals[arm][0][2]:,} | "
               f"{'-' if arm == 'off' else f'{same_text}/{len(requests)} texts, {same_logprobs}/{len(with_logprobs)} log-prob lists'} |")
 
 
@@ -227,15 +222,10 @@ def main() -> None:
     parser.add_argument("--context", help="only the calls recorded under this context (a Dagster run id)")
     parser.add_argument("--by", default="purpose", help=f"group by these ledger columns, comma-separated ({', '.join(GROUPS)})")
     parser.add_argument("--replay", type=int, default=0, metavar="N",
-                        help="replay the first N recorded calls through --profile, a lever off then on "
-                             "(--lever: the KV state cache, or prompt-lookup decoding)")
-    parser.add_argument("--lever", choices=("state_cache", "prompt_lookup"), default="state_cache",
-                        help="with --replay: what the 'on' arm turns on")
+                        help="replay the first N recorded calls through --profile, KV state cache off then on")
     parser.add_argument("--stages", default="", help="with --replay: only these purposes, comma-separated")
     parser.add_argument("--profile", default="qwen-0.5b", help="with --replay: an in-process llama_cpp profile")
     parser.add_argument("--state-cache-mb", type=float, default=256, help="with --replay: the cache's bound when on")
-    parser.add_argument("--lookup-tokens", type=int, default=8,
-                        help="with --replay --lever prompt_lookup: the tokens guessed at a time when on")
     parser.add_argument("--repeat", type=int, default=1, help="with --replay: run both arms this many times")
     parser.add_argument("--max-tokens", type=int, default=0,
                         help="with --replay: cap each reply at this many tokens (0: as recorded)")
@@ -279,9 +269,7 @@ def main() -> None:
         simulate(requests, args.profile, [float(mb) for mb in args.simulate.split(",")])
     if args.replay:
         print()
-        lever = {"state_cache_bytes": int(args.state_cache_mb * 2**20)} if args.lever == "state_cache" \
-            else {"prompt_lookup_tokens": args.lookup_tokens}
-        replay(requests, args.profile, lever, args.repeat, args.max_tokens)
+        replay(requests, args.profile, int(args.state_cache_mb * 2**20), args.repeat, args.max_tokens)
 
 
 if __name__ == "__main__":

@@ -327,42 +327,7 @@ class _Grammar:
         self._llama_cpp.llama_sampler_free(self._sampler)
 
 
-def lookup_draft(context: Sequence[int], count: int, ngram: int = 3) -> list[int]:
-    """Prompt-lookup decoding's guess at the next `count` tokens: what followed the latest
-    earlier occurrence of the context's last `ngram` tokens (falling back to shorter n-grams,
-    down to 2). A debate turn copies sentences from the chunk and keys and sentences from the
-    prompt and earlier turns, so such guesses are often right; the model checks them (see
-    `_greedy_with_logprobs`). Empty when nothing matches."""
-    import numpy as np
-
-    if count <= 0:
-        return []
-    tokens = np.asarray(context)
-    for size in range(min(ngram, len(tokens) - 1), 1, -1):
-        windows = np.lib.stride_tricks.sliding_window_view(tokens[:-1], size)
-        hits = np.flatnonzero((windows == tokens[-size:]).all(axis=1))
-        if hits.size:
-            start = int(hits[-1]) + size
-            return tokens[start:start + count].tolist()
-    return []
-
-
-def _decode_rows(model, batch: Sequence[int]) -> list:
-    """Evaluate `batch` after the model's `n_tokens` with logits at every position (llama.cpp
-    keeps only the batch's outputs), and return those rows as float64 arrays."""
-    import numpy as np
-
-    n_past, n_vocab = model.n_tokens, model.n_vocab()
-    model._ctx.kv_cache_seq_rm(-1, n_past, -1)
-    model._batch.set_batch(batch=batch, n_past=n_past, logits_all=True)
-    model._ctx.decode(model._batch)
-    model.input_ids[n_past:n_past + len(batch)] = batch
-    model.n_tokens += len(batch)
-    return [np.ctypeslib.as_array(model._ctx.get_logits_ith(i), shape=(n_vocab,)).astype(np.float64)
-            for i in range(len(batch))]
-
-
-def _greedy_with_logprobs(model, request: LLMRequest, lookup: int = 0) -> tuple[str, list[TokenLogprob], int, int]:
+def _greedy_with_logprobs(model, request: LLMRequest) -> tuple[str, list[TokenLogprob], int, int]:
     """Greedy decoding that reads the log-probabilities from the last position's logits only.
 
     Same tokens as llama.cpp's greedy sampler (argmax; under the request's JSON schema, the most
@@ -370,14 +335,6 @@ def _greedy_with_logprobs(model, request: LLMRequest, lookup: int = 0) -> tuple[
     distribution, without `logits_all`; the KV cache of the prefix shared with the previous
     prompt is reused, as llama-cpp-python's own generate() does. Returns text, log-probs,
     tokens in and out.
-
-    `lookup` > 0 turns on prompt-lookup decoding: after each token, up to `lookup` tokens
-    guessed by `lookup_draft` are evaluated with it in one batch (on 2 cores a batch of 8
-    costs about 2.5 single-token steps), and each guess is kept only while it is the token
-    greedy decoding chooses from the logits of the position before it; at the first that is
-    not, the rest of the batch is dropped from the KV cache. The tokens chosen are the ones
-    the plain loop chooses, up to llama.cpp computing a position in a batch rather than alone
-    (the same low-digit differences as any prompt split into two batches).
     """
     import llama_cpp
     import numpy as np
@@ -392,78 +349,40 @@ def _greedy_with_logprobs(model, request: LLMRequest, lookup: int = 0) -> tuple[
     keep = min(model.longest_token_prefix(model._input_ids.tolist(), tokens), len(tokens) - 1)
     model.n_tokens = keep
     model.eval(tokens[keep:])
-    # rows[i]: the logits after the i-th token of the last batch (the prompt's last token, or
-    # the token chosen then plus the guesses evaluated with it); start: that batch's position
-    rows = [np.ctypeslib.as_array(model._ctx.get_logits_ith(-1), shape=(n_vocab,)).astype(np.float64)]
-    draft: list[int] = []
-    start = model.n_tokens - 1
-    context = list(tokens)
     generated: list[int] = []
     logprobs: list[TokenLogprob] = []
     text = ""
     try:
-        while True:
-            finished, token, valid = False, -1, start + 1
-            for i, logits in enumerate(rows):
-                valid = start + 1 + i  # the tokens in the KV cache this row's choice rests on
-                log_softmax = logits - (logits.max() + np.log(np.exp(logits - logits.max()).sum()))
-                token = grammar.choose(logits) if grammar else int(log_softmax.argmax())
-                if llama_cpp.llama_vocab_is_eog(vocab, token):
-                    finished = True
-                    break
-                if grammar:
-                    grammar.accept(token)
-                top = np.argpartition(-log_softmax, request.top_logprobs)[:request.top_logprobs]
-                top = top[np.argsort(-log_softmax[top])]
-                piece = model.detokenize([token], special=False).decode("utf-8", errors="ignore")
-                logprobs.append(TokenLogprob(
-                    token=piece, logprob=float(log_softmax[token]),
-                    top={model.detokenize([int(t)], special=False).decode("utf-8", errors="ignore"):
-                         float(log_softmax[t]) for t in top}))
-                generated.append(token)
-                context.append(token)
-                text = model.detokenize(generated, special=False).decode("utf-8", errors="ignore")
-                if any(stop in text for stop in request.stop):
-                    text = text[:min(text.index(stop) for stop in request.stop if stop in text)]
-                    finished = True
-                    break
-                guessed = i < len(draft) and token == draft[i]  # then it is in the KV cache already
-                if len(generated) >= request.max_tokens:
-                    # the last token goes into the KV cache too, as it always has
-                    model.n_tokens = valid
-                    if guessed:
-                        model.n_tokens += 1
-                    else:
-                        model.eval([token])
-                    valid, finished = model.n_tokens, True
-                    break
-                if not guessed:
-                    break  # a new token (or a wrong guess): what follows it is not computed yet
-            if finished:
+        for _ in range(request.max_tokens):
+            logits = np.ctypeslib.as_array(model._ctx.get_logits_ith(-1), shape=(n_vocab,)).astype(np.float64)
+            log_softmax = logits - (logits.max() + np.log(np.exp(logits - logits.max()).sum()))
+            token = grammar.choose(logits) if grammar else int(log_softmax.argmax())
+            if llama_cpp.llama_vocab_is_eog(vocab, token):
                 break
-            model.n_tokens = valid  # the guesses after the first wrong one leave the KV cache
-            draft = lookup_draft(context, min(lookup, request.max_tokens - len(generated) - 1)) if lookup else []
-            start = valid
-            if draft:
-                rows = _decode_rows(model, [token, *draft])
-            else:
-                model.eval([token])
-                rows = [np.ctypeslib.as_array(model._ctx.get_logits_ith(-1), shape=(n_vocab,)).astype(np.float64)]
+            if grammar:
+                grammar.accept(token)
+            top = np.argpartition(-log_softmax, request.top_logprobs)[:request.top_logprobs]
+            top = top[np.argsort(-log_softmax[top])]
+            piece = model.detokenize([token], special=False).decode("utf-8", errors="ignore")
+            logprobs.append(TokenLogprob(
+                token=piece, logprob=float(log_softmax[token]),
+                top={model.detokenize([int(t)], special=False).decode("utf-8", errors="ignore"):
+                     float(log_softmax[t]) for t in top}))
+            generated.append(token)
+            text = model.detokenize(generated, special=False).decode("utf-8", errors="ignore")
+            if any(stop in text for stop in request.stop):
+                text = text[:min(text.index(stop) for stop in request.stop if stop in text)]
+                break
+            model.eval([token])
     finally:
         if grammar:
             grammar.close()
-    if lookup:  # no guess past what was kept stays in the KV cache (a kept state is keyed to n_tokens)
-        model.n_tokens = min(model.n_tokens, valid)
-        model._ctx.kv_cache_seq_rm(-1, model.n_tokens, -1)
     return text, logprobs, len(tokens), len(generated)
 
 
 # KVStateCache's default bound for llama_cpp profiles that do not set engine_args.state_cache_bytes
 # (0: off; docs/llm-time.md has the measurement).
 STATE_CACHE_BYTES = 0
-# the tokens prompt-lookup decoding guesses at a time, for profiles that do not set
-# engine_args.prompt_lookup_tokens (0: off; docs/llm-time.md has the measurement)
-PROMPT_LOOKUP_TOKENS = 0
 
 
 class LlamaCppBackend:
@@ -478,8 +397,6 @@ class LlamaCppBackend:
         self.model_id = model_id(profile)
         # the KV state cache's bound: the profile's engine_args.state_cache_bytes (0: off)
         self.state_cache_bytes = int(profile.engine_args.get("state_cache_bytes", STATE_CACHE_BYTES))
-        # greedy log-prob calls guess up to this many tokens from the prompt (0: off)
-        self.prompt_lookup = int(profile.engine_args.get("prompt_lookup_tokens", PROMPT_LOOKUP_TOKENS))
 
     def _model(self, logits_all: bool):
         """This profile's model; call with _LLAMA_LOCK held (another profile may close it)."""
@@ -542,7 +459,7 @@ class LlamaCppBackend:
                 model = self._model(logits_all=False)
                 states = self._states(model, request)
                 with _PrefillMeter(model) as meter:
-                    text, logprobs, tokens_in, tokens_out = _greedy_with_logprobs(model, request, self.prompt_lookup)
+                    text, logprobs, tokens_in, tokens_out = _greedy_with_logprobs(model, request)
                 if states is not None:
                     states.save(model)
         except ValueError as exc:
