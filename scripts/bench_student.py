@@ -12,13 +12,18 @@ lake), and scores the dataset's candidate pool, printing the scores by the pool 
 source in the refined qrels.
 
     .venv/bin/python scripts/bench_student.py [--gold resources/goldsets/nq_scifact_hard/goldset.jsonl]
-        [--pairs 10000] [--epochs 4]
+        [--pairs 10000] [--epochs 4] [--precisions float32,bfloat16]
+
+--precisions scores the same pairs once in each precision (one after the other, in this
+process) instead of the settings' own, and prints each one's seconds and how far its
+calibrated scores are from the first's.
     .venv/bin/python scripts/bench_student.py --dataset nq_open_mini [--lake data_lake]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import random
 import resource
@@ -27,7 +32,7 @@ import time
 from pathlib import Path
 
 from bridge_assets.student.model import (Example, Student, StudentSettings, assign_splits,
-                                         train_student)
+                                         scoring_precision, train_student)
 
 
 def lake_dataset(lake: str | None, dataset: str, settings: StudentSettings) -> None:
@@ -77,6 +82,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=StudentSettings().epochs)
     parser.add_argument("--dataset", help="train on this dataset's verified labels in the lake instead")
     parser.add_argument("--lake", help="the data lake folder (default: BRIDGE_DATA_LAKE, else data_lake/)")
+    parser.add_argument("--precisions", default="", help="score in each of these (comma-separated: "
+                        "float32, bfloat16), side by side, instead of the settings' own")
     args = parser.parse_args()
     if args.dataset:
         lake_dataset(args.lake, args.dataset, StudentSettings(epochs=args.epochs))
@@ -96,15 +103,24 @@ def main() -> None:
         rng = random.Random(0)
         queries, chunks = [row["query"] for row in rows], [row["chunk"] for row in rows]
         pairs = [(queries[i % len(queries)], rng.choice(chunks)) for i in range(args.pairs)]
-        started = time.perf_counter()
-        scores = student.score(pairs)
-        score_seconds = time.perf_counter() - started
+        arms = [p.strip() for p in args.precisions.split(",") if p.strip()] or [student.settings.precision]
+        scored = {}
+        for precision in arms:
+            arm = dataclasses.replace(student, settings=student.settings.model_copy(update={"precision": precision}))
+            started = time.perf_counter()
+            scored[precision] = (arm.score(pairs), time.perf_counter() - started)
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
     print(f"training: {len(examples)} labels x {settings.epochs} epochs "
           f"({student.report.trained_on} trained on, {student.report.calibrated_on} calibrated on): "
           f"{train_seconds:.1f} s")
-    print(f"scoring: {len(scores)} pairs: {score_seconds:.1f} s ({len(scores) / score_seconds:.0f} pairs/s)")
+    first = next(iter(scored.values()))[0]
+    for precision, (scores, seconds) in scored.items():
+        apart = [abs(a - b) for a, b in zip(scores, first)]
+        print(f"scoring in {precision} ({scoring_precision(precision)} here): {len(scores)} pairs: {seconds:.1f} s "
+              f"({len(scores) / seconds:.0f} pairs/s); calibrated P against {arms[0]}'s: mean |diff| "
+              f"{sum(apart) / len(apart):.5f}, max {max(apart):.5f}, same side of 0.5 "
+              f"{sum((a >= 0.5) == (b >= 0.5) for a, b in zip(scores, first)):,}/{len(scores):,}")
     print(f"peak memory: {peak_gib:.2f} GiB")
 
 

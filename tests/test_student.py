@@ -364,3 +364,33 @@ def test_a_dataset_without_negative_labels_gets_no_student_and_says_why(labeled_
     assert f"student annotator: none (it needs verified labels of both classes (relevant and not); " \
            f"{row[0]['labels']} verified labels, {row[0]['labels']} relevant)" in summary
     assert "no student annotator for this dataset: it needs verified labels of both classes" in format_story(story)
+
+
+def test_auto_precision_is_bfloat16_only_where_the_cpu_lists_it(tmp_path, monkeypatch):
+    from bridge_assets.student import model as student_model
+
+    reads_flags = student_model.cpu_has_bfloat16
+    for flags, native in [("fpu sse2 avx2 avx512f avx512_bf16", True), ("fpu avx2 amx_bf16 amx_tile", True),
+                          ("fpu sse2 avx2 avx512f avx512_vnni", False)]:
+        cpuinfo = tmp_path / "cpuinfo"
+        cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n")
+        assert reads_flags(cpuinfo) is native
+        monkeypatch.setattr(student_model, "cpu_has_bfloat16", lambda: native)
+        assert student_model.scoring_precision("auto") == ("bfloat16" if native else "float32")
+        assert [student_model.scoring_precision(p) for p in ("float32", "bfloat16")] == ["float32", "bfloat16"]
+    assert reads_flags(tmp_path / "no such file") is False
+
+
+def test_bfloat16_scores_are_computed_in_bfloat16_and_stay_close_to_float32():
+    """The precision reaches the encoder (the scores move), and moves them little; a student
+    records what its calibration was scored in."""
+    from bridge_assets.student.model import _cross_encoder, base_model_location, encoder_probabilities
+
+    model = _cross_encoder(base_model_location(TINY.base_model), TINY.max_length)
+    pairs = [(e.query, e.chunk) for e in _examples()]
+    full = encoder_probabilities(model, pairs, precision="float32")
+    half = encoder_probabilities(model, pairs, precision="bfloat16")
+    assert half != full and half == pytest.approx(full, abs=0.02)
+    for precision in ("float32", "bfloat16"):
+        student = train_student(_examples(), TINY.model_copy(update={"precision": precision}))
+        assert student.report.precision == precision

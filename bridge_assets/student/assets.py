@@ -51,6 +51,9 @@ class StudentConfig(dg.Config):
     max_labels: int = Field(_DEFAULTS.max_labels, ge=2, description="At most this many labels "
                             "train it (half from each class at most) and as many calibrate it.")
     seed: int = _DEFAULTS.seed
+    precision: str = Field(_DEFAULTS.precision, description="auto | float32 | bfloat16: the "
+                           "encoder's arithmetic when it scores (auto: bfloat16 where the CPU "
+                           "computes it natively).")
 
     def settings(self) -> StudentSettings:
         return StudentSettings(**self.model_dump())

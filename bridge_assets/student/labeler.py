@@ -38,6 +38,8 @@ class StudentLabelerSettings(LabelerSettings):
                                      ge=0.0, lt=1.0)
     max_labels: int = Field(StudentSettings.model_fields["max_labels"].default, ge=2)
     seed: int = 0
+    precision: str = Field(StudentSettings.model_fields["precision"].default,
+                           description=StudentSettings.model_fields["precision"].description)
 
     def student(self) -> StudentSettings:
         """The training settings (the fields both spell the same)."""

@@ -23,7 +23,7 @@ import random
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -60,6 +60,28 @@ class StudentSettings(BaseModel):
                             "labels, 4 epochs, batch 8 is 400 steps, about 1.25 s each at 256 "
                             "tokens on 2 cores (docs/student.md).")
     seed: int = 0
+    precision: Literal["auto", "float32", "bfloat16"] = Field(
+        "auto", description="The encoder's arithmetic when it scores (calibration and pool "
+        "alike; training is float32): bfloat16 runs its matrix products about 2x faster on a CPU "
+        "that computes bfloat16 natively (AVX512-BF16 or AMX) and slower on one that does not; "
+        "`auto` is bfloat16 on such a CPU, float32 elsewhere (docs/student.md).")
+
+
+def cpu_has_bfloat16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """Whether the CPU computes bfloat16 natively (its flags list avx512_bf16 or amx_bf16)."""
+    try:
+        flags = {flag for line in cpuinfo.read_text().splitlines() if line.startswith("flags")
+                 for flag in line.split(":", 1)[1].split()}
+    except OSError:
+        return False
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def scoring_precision(setting: str) -> str:
+    """The precision a student of this setting scores in on this machine."""
+    if setting == "auto":
+        return "bfloat16" if cpu_has_bfloat16() else "float32"
+    return setting
 
 
 @dataclass(frozen=True)
@@ -85,6 +107,7 @@ class TrainingReport:
     calibration: str                      # "platt" | "identity (why)"
     held_out: dict[str, Any] = field(default_factory=dict)   # ECE/Brier/AUROC before and after
     seconds: float = 0.0
+    precision: str = "float32"            # what the calibration's scores were computed in
 
 
 def split_by_query(examples: Sequence[Example], share: float, seed: int) -> tuple[list[Example], list[Example]]:
@@ -208,15 +231,22 @@ def train_encoder(examples: Sequence[Example], settings: StudentSettings, locati
     return model
 
 
-def encoder_probabilities(model, pairs: Sequence[tuple[str, str]], batch_size: int = 64) -> list[float]:
-    """sigmoid(logit) of each (query, chunk): the uncalibrated score."""
+def encoder_probabilities(model, pairs: Sequence[tuple[str, str]], batch_size: int = 64,
+                          precision: str = "float32") -> list[float]:
+    """sigmoid(logit) of each (query, chunk): the uncalibrated score, the encoder's matrix
+    products in `precision` (float32 or bfloat16: torch's CPU autocast)."""
+    import contextlib
+
     import torch
 
     if not pairs:
         return []
+    arithmetic = torch.autocast("cpu", dtype=torch.bfloat16) if precision == "bfloat16" \
+        else contextlib.nullcontext()
     # the raw logit (activation_fn=None would mean the model's default, a sigmoid, applied twice)
-    logits = model.predict(list(pairs), batch_size=batch_size, show_progress_bar=False,
-                           activation_fn=torch.nn.Identity(), convert_to_numpy=True)
+    with arithmetic:
+        logits = model.predict(list(pairs), batch_size=batch_size, show_progress_bar=False,
+                               activation_fn=torch.nn.Identity(), convert_to_numpy=True)
     return [1 / (1 + math.exp(-float(z))) for z in np.asarray(logits).reshape(-1)]
 
 
@@ -231,7 +261,8 @@ class Student:
 
     def score(self, pairs: Sequence[tuple[str, str]], batch_size: int = 64) -> list[float]:
         """Calibrated P(relevant) of each (query, chunk)."""
-        return [self.calibrator(p) for p in encoder_probabilities(self.encoder, pairs, batch_size)]
+        return [self.calibrator(p) for p in encoder_probabilities(
+            self.encoder, pairs, batch_size, scoring_precision(self.settings.precision))]
 
     def save(self, folder: Path) -> None:
         self.encoder.save_pretrained(str(folder))
@@ -299,7 +330,8 @@ def train_student(examples: Sequence[Example], settings: StudentSettings,
     train = [e for e, part in zip(examples, parts) if part == TRAIN]
     held = [e for e, part in zip(examples, parts) if part == CALIBRATION]
     encoder = train_encoder(train, settings, location or base_model_location(settings.base_model))
-    raw = encoder_probabilities(encoder, [(e.query, e.chunk) for e in held])
+    precision = scoring_precision(settings.precision)
+    raw = encoder_probabilities(encoder, [(e.query, e.chunk) for e in held], precision=precision)
     labels = [int(e.target) for e in held]
     calibrator, how = calibrate(raw, labels)
     before = calibration_metrics(labels, raw) if held else {}
@@ -310,5 +342,6 @@ def train_student(examples: Sequence[Example], settings: StudentSettings,
     report = TrainingReport(
         examples=len(examples), trained_on=len(train), calibrated_on=len(held),
         relevant=sum(1 for e in hard if e.target == 1.0), sources=sources, calibration=how,
-        held_out={"before": before, "after": after}, seconds=round(time.perf_counter() - started, 1))
+        held_out={"before": before, "after": after}, seconds=round(time.perf_counter() - started, 1),
+        precision=precision)
     return Student(encoder, calibrator, settings, report)
