@@ -370,9 +370,10 @@ def test_auto_precision_is_bfloat16_only_where_the_cpu_lists_it(tmp_path, monkey
     from bridge_assets.student import model as student_model
 
     reads_flags = student_model.cpu_has_bfloat16
-    for flags, native in [("fpu sse2 avx2 avx512f avx512_bf16", True), ("fpu avx2 amx_bf16 amx_tile", True),
-                          ("fpu sse2 avx2 avx512f avx512_vnni", False)]:
-        cpuinfo = tmp_path / "cpuinfo"
+    for n, (flags, native) in enumerate([("fpu sse2 avx2 avx512f avx512_bf16", True),
+                                         ("fpu avx2 amx_bf16 amx_tile", True),
+                                         ("fpu sse2 avx2 avx512f avx512_vnni", False)]):
+        cpuinfo = tmp_path / f"cpuinfo{n}"  # one listing per path: the CPU does not change (cached)
         cpuinfo.write_text(f"processor\t: 0\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n")
         assert reads_flags(cpuinfo) is native
         monkeypatch.setattr(student_model, "cpu_has_bfloat16", lambda: native)

@@ -16,6 +16,7 @@ Training is seeded and runs single-process on the CPU.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -67,8 +68,10 @@ class StudentSettings(BaseModel):
         "`auto` is bfloat16 on such a CPU, float32 elsewhere (docs/student.md).")
 
 
+@functools.cache
 def cpu_has_bfloat16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """Whether the CPU computes bfloat16 natively (its flags list avx512_bf16 or amx_bf16)."""
+    """Whether the CPU computes bfloat16 natively (its flags list avx512_bf16 or amx_bf16).
+    False where the listing cannot be read: float32 is right on every CPU, only slower."""
     try:
         flags = {flag for line in cpuinfo.read_text().splitlines() if line.startswith("flags")
                  for flag in line.split(":", 1)[1].split()}
