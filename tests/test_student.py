@@ -395,3 +395,11 @@ def test_bfloat16_scores_are_computed_in_bfloat16_and_stay_close_to_float32():
     for precision in ("float32", "bfloat16"):
         student = train_student(_examples(), TINY.model_copy(update={"precision": precision}))
         assert student.report.precision == precision
+
+
+def test_every_door_trains_and_scores_with_the_same_student_settings():
+    """A Materialize with no run config (StudentConfig), `bridge run` and label-eval
+    (StudentLabelerSettings) start from StudentSettings' defaults, precision included."""
+    assert set(student_assets.StudentConfig.model_fields) == set(StudentSettings.model_fields)
+    assert student_assets.StudentConfig().settings() == StudentSettings()
+    assert StudentLabelerSettings().student() == StudentSettings()
