@@ -14,14 +14,11 @@
 --    run's own row order, no sort) compares each row with the one before it: new_ranking where
 --    (dataset, retriever, query_id) changes, out_of_order where the score rises or a tie is not
 --    in doc id order. The keys travel only on a ranking's first row; the join with the qrels
---    does not keep the row order, scan_position restores it. When the run is in order (BRIDGE
---    writes its runs so) nothing else is read; otherwise measures.py reads statement 2.
-select r.scan_position, r.score, r.new_ranking, r.out_of_order,
-       case when r.new_ranking then r.dataset end as dataset,
-       case when r.new_ranking then r.retriever end as retriever,
-       case when r.new_ranking then r.query_id end as query_id,
-       hash(r.doc_id) as doc_hash, q.relevance, o.relevance as original_relevance
-from (
+--    does not keep the row order, scan_position restores it. The window runs on one thread;
+--    its result is materialized so that the join (hashing the string keys) runs on all of
+--    them. When the run is in order (BRIDGE writes its runs so) nothing else is read;
+--    otherwise measures.py reads statement 2.
+with r as materialized (
     select scan_position, dataset, retriever, query_id, doc_id, score, new_ranking,
            not new_ranking and (score > previous_score or score = previous_score
                                 and coalesce(doc_id >= previous_doc_id, true)) as out_of_order
@@ -33,7 +30,13 @@ from (
                lag(score) over () as previous_score, lag(doc_id) over () as previous_doc_id
         from metrics_run
     )
-) r
+)
+select r.scan_position, r.score, r.new_ranking, r.out_of_order,
+       case when r.new_ranking then r.dataset end as dataset,
+       case when r.new_ranking then r.retriever end as retriever,
+       case when r.new_ranking then r.query_id end as query_id,
+       hash(r.doc_id) as doc_hash, q.relevance, o.relevance as original_relevance
+from r
 left join metrics_qrels q
        on q.dataset = r.dataset and q.query_id = r.query_id and q.doc_id = r.doc_id
 left join metrics_original_qrels o
@@ -43,10 +46,11 @@ left join metrics_original_qrels o
 --    document with its ids and judgment, relevance NULL for a document the qrels do not list,
 --    original_relevance likewise; ranking_hash tells the rankings apart in one pass, doc_hash
 --    screens for a document listed twice in a ranking (the ids confirm both).
+with r as materialized (select row_number() over () - 1 as scan_position, * from metrics_run)
 select r.scan_position, r.dataset, r.retriever, r.query_id, r.doc_id, r.score,
        hash(r.dataset, r.retriever, r.query_id) as ranking_hash, hash(r.doc_id) as doc_hash,
        q.relevance, o.relevance as original_relevance
-from (select row_number() over () - 1 as scan_position, * from metrics_run) r
+from r
 left join metrics_qrels q
        on q.dataset = r.dataset and q.query_id = r.query_id and q.doc_id = r.doc_id
 left join metrics_original_qrels o
