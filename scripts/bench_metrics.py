@@ -2,17 +2,21 @@
 
 The paper's scale, synthetic: 25 systems x 3,657 queries x top-10 (914,250 run rows), about
 37,000 relevant pairs (graded 1-3) plus judged non-relevant ones. Every tool starts from the
-same polars frames; each is timed with its own input conversion (what a user pays) and for
-the evaluation alone, wall-clock and CPU (all threads), best of --repeat runs. Values are
+same data: by default (--source tables) the run and the qrels as tables of an in-memory DuckDB,
+which is how the pipeline's assets hold the lake's rows (`dataset_snapshot`); with --source
+frames, from polars frames. Each tool is timed with its own input conversion (what a user pays:
+pytrec_eval and ranx read the tables and build their nested dicts) and for the evaluation
+alone, wall-clock and CPU (all threads), best of --repeat runs, the tools taking turns. Values are
 asserted equal per query (1e-9) for every shared measure. Scores are distinct, so ranx's
 unstable tie order cannot matter; ranx's numba kernels are compiled before timing.
 
 --previous REV also times BRIDGE's metrics as of git revision REV (its measures.py and
 retrieval_metrics.sql, read with `git show`), in the same run, its values asserted equal too;
-the default is the last revision before the numpy rewrite (one SQL statement, docs/metrics.md).
+the default is the last revision before the join ran on every thread (docs/metrics.md).
 
     .venv/bin/python scripts/bench_metrics.py [--systems 25 --queries 3657 --seed 7 --repeat 3]
                                               [--previous REV | --previous none]
+                                              [--source tables | --source frames]
 """
 
 from __future__ import annotations
@@ -36,8 +40,9 @@ from bridge_assets.metrics import compute_measures, resolve_measures
 from bridge_assets.paths import PROJECT_ROOT
 
 K = 10
-# the metrics as one set-based DuckDB SQL statement, before the numpy rewrite (issue 28)
-PREVIOUS = "0991ec8c32fc350ab24a31285fa1796251f10918"
+# the numpy rewrite as it was before its statement ran the join on every thread (issue 28);
+# 0991ec8 is the one-statement SQL version before that rewrite
+PREVIOUS = "2c63e2e"
 # our name -> (pytrec_eval measure request or None, ranx metric or None)
 SHARED = {
     "map": ("map", "map"),
@@ -121,9 +126,18 @@ class Stopwatch:
         self._wall, self._cpu = wall, cpu
 
 
-def best_of(repeat: int, tool: Callable[[], tuple[dict, Timing]]) -> tuple[dict, Timing]:
-    runs = [tool() for _ in range(repeat)]
-    return min(runs, key=lambda r: r[1].total)
+def best_of(repeat: int, tools: dict[str, Callable[[], tuple[dict, Timing]]]) -> dict[str, tuple[dict, Timing]]:
+    """Each tool's best run of `repeat`, the tools taking turns (one run each per round): a
+    process runs large allocations faster once its heap has grown, so a tool timed only
+    before the others would pay for that alone."""
+    best: dict[str, tuple[dict, Timing]] = {}
+    for _ in range(repeat):
+        for name, tool in tools.items():
+            values, timing = tool()
+            if name not in best or timing.total < best[name][1].total:
+                best[name] = (best[name][0] if name in best else values, timing)
+            del values  # every run gives the same values; one copy is kept
+    return best
 
 
 def previous_measures(revision: str) -> types.ModuleType:
@@ -139,20 +153,55 @@ def previous_measures(revision: str) -> types.ModuleType:
     return module
 
 
-def run_ours(run: pl.DataFrame, qrels: pl.DataFrame,
-             measures: types.ModuleType | None = None) -> tuple[dict, Timing]:
-    """All systems in one call; DuckDB reads the registered polars frames in place (Arrow)."""
+@dataclass
+class Source:
+    """Where every tool starts: DuckDB tables (what an asset computes on) or polars frames."""
+
+    kind: str
+    run: pl.DataFrame
+    qrels: pl.DataFrame
+    tables: duckdb.DuckDBPyConnection | None = None
+
+    @classmethod
+    def of(cls, kind: str, run: pl.DataFrame, qrels: pl.DataFrame) -> Source:
+        if kind == "frames":
+            return cls(kind, run, qrels)
+        tables = duckdb.connect()
+        for name, frame in (("bench_run", run), ("bench_qrels", qrels)):
+            tables.register("_frame", frame)
+            tables.execute(f"create table {name} as select * from _frame")
+            tables.unregister("_frame")
+        return cls(kind, run, qrels, tables)
+
+    def connection(self) -> tuple[duckdb.DuckDBPyConnection, bool]:
+        """A connection holding bench_run and bench_qrels, and whether to close it after."""
+        if self.tables is not None:
+            return self.tables, False
+        con = duckdb.connect()  # DuckDB reads the registered polars frames in place (Arrow)
+        con.register("bench_run", self.run)
+        con.register("bench_qrels", self.qrels)
+        return con, True
+
+    def frames(self) -> tuple[pl.DataFrame, pl.DataFrame]:
+        """The run and the qrels as polars frames (read from the tables when there are some)."""
+        if self.tables is None:
+            return self.run, self.qrels
+        return (self.tables.execute("select retriever, query_id, doc_id, score from bench_run").pl(),
+                self.tables.execute("select query_id, doc_id, relevance from bench_qrels").pl())
+
+
+def run_ours(source: Source, measures: types.ModuleType | None = None) -> tuple[dict, Timing]:
+    """All systems in one call, straight from the tables (or the registered frames)."""
     resolve, compute = ((measures.resolve_measures, measures.compute_measures) if measures
                         else (resolve_measures, compute_measures))
     selection = resolve([*SHARED, *OURS_ONLY])
     watch = Stopwatch()
-    con = duckdb.connect()
-    con.register("bench_run", run)
-    con.register("bench_qrels", qrels)
+    con, close = source.connection()
     watch.lap("conversion")
     frame = compute(con, selection, run="bench_run", qrels="bench_qrels")
     watch.lap("evaluation")
-    con.close()
+    if close:
+        con.close()
     rows = frame.select("retriever", "query_id", "measure", "value").iter_rows()
     return {(s, q, m): v for s, q, m, v in rows}, watch.timing
 
@@ -164,9 +213,10 @@ def nested(frame: pl.DataFrame, value: str) -> dict[str, dict[str, float]]:
     return dict(out)
 
 
-def run_pytrec(run: pl.DataFrame, qrels: pl.DataFrame) -> tuple[dict, Timing]:
+def run_pytrec(source: Source) -> tuple[dict, Timing]:
     """pytrec_eval takes nested dicts, one run per call."""
     watch = Stopwatch()
+    run, qrels = source.frames()
     qrels_dict = nested(qrels, "relevance")
     runs = {s: nested(part, "score") for (s,), part in run.partition_by("retriever", as_dict=True).items()}
     evaluator = pytrec_eval.RelevanceEvaluator(qrels_dict, {p for p, _ in SHARED.values() if p})
@@ -177,10 +227,11 @@ def run_pytrec(run: pl.DataFrame, qrels: pl.DataFrame) -> tuple[dict, Timing]:
             for m, v in measures.items()}, watch.timing
 
 
-def run_ranx(run: pl.DataFrame, qrels: pl.DataFrame) -> tuple[dict, Timing]:
+def run_ranx(source: Source) -> tuple[dict, Timing]:
     """ranx takes its Qrels/Run objects (numba kernels, parallel over queries), one run per call."""
     metrics = [r for _, r in SHARED.values() if r]
     watch = Stopwatch()
+    run, qrels = source.frames()
     ranx_qrels = Qrels(nested(qrels, "relevance"))
     runs = {s: Run(nested(part, "score"))
             for (s,), part in run.partition_by("retriever", as_dict=True).items()}
@@ -206,22 +257,30 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs per tool; the best counts")
     parser.add_argument("--previous", default=PREVIOUS,
                         help="git revision of BRIDGE's metrics to time alongside ('none': skip)")
+    parser.add_argument("--source", choices=("tables", "frames"), default="tables",
+                        help="where every tool starts: DuckDB tables (as the pipeline's assets "
+                             "hold the lake's rows) or polars frames")
     args = parser.parse_args()
 
     run, qrels = synthetic(args.systems, args.queries, args.seed)
     relevant = qrels.filter(pl.col("relevance") > 0).height
     print(f"data: {args.systems} systems x {args.queries} queries x top-{K} = {run.height:,} run rows; "
           f"{qrels.height:,} judgments, {relevant:,} relevant")
+    print(f"every tool starts from {'DuckDB tables' if args.source == 'tables' else 'polars frames'}")
+    source = Source.of(args.source, run, qrels)
     warm_up_ranx()
-    ours, ours_t = best_of(args.repeat, lambda: run_ours(run, qrels))
+    tools = {"ours": lambda: run_ours(source)}
     if args.previous != "none":
         previous = previous_measures(args.previous)
-        before, before_t = best_of(args.repeat, lambda: run_ours(run, qrels, previous))
+        tools["before"] = lambda: run_ours(source, previous)
+    tools |= {"pytrec": lambda: run_pytrec(source), "ranx": lambda: run_ranx(source)}
+    best = best_of(args.repeat, tools)
+    (ours, ours_t), (pytrec, pytrec_t), (ranx_values, ranx_t) = best["ours"], best["pytrec"], best["ranx"]
+    if args.previous != "none":
+        before, before_t = best["before"]
         assert before.keys() == ours.keys()
         for key, value in before.items():
             assert abs(value - ours[key]) <= 1e-9, (key, value, ours[key])
-    pytrec, pytrec_t = best_of(args.repeat, lambda: run_pytrec(run, qrels))
-    ranx_values, ranx_t = best_of(args.repeat, lambda: run_ranx(run, qrels))
 
     checked = 0
     for (system, query_id, name), value in ours.items():
