@@ -12,26 +12,32 @@
 -- 1. The run as stored, with what tells whether it is already in trec_eval's order: ranking
 --    by ranking, each by score descending, ties by doc id descending. A streaming window (in the
 --    run's own row order, no sort) compares each row with the one before it: new_ranking where
---    (dataset, retriever, query_id) changes, out_of_order where the score rises or a tie is not
---    in doc id order. The keys travel only on a ranking's first row; the join with the qrels
+--    (dataset, retriever, query_id) changes, out_of_order where the score rises (or a doc id is
+--    NULL), tie_out_of_order where a tie is not in doc id order. The doc ids of tied rows travel
+--    (tied_doc_id), so a run whose ties are stored in another order (BRIDGE's own keep them
+--    ascending) is put right without statement 2. The keys travel only on a ranking's first row; the join with the qrels
 --    does not keep the row order, scan_position restores it. The window runs on one thread;
 --    its result is materialized so that the join (hashing the string keys) runs on all of
 --    them. When the run is in order (BRIDGE writes its runs so) nothing else is read;
 --    otherwise measures.py reads statement 2.
 with r as materialized (
     select scan_position, dataset, retriever, query_id, doc_id, score, new_ranking,
-           not new_ranking and (score > previous_score or score = previous_score
-                                and coalesce(doc_id >= previous_doc_id, true)) as out_of_order
+           (not new_ranking and score > previous_score) or doc_id is null as out_of_order,
+           not new_ranking and score = previous_score
+               and coalesce(doc_id >= previous_doc_id, true) as tie_out_of_order,
+           -- a tie with a row of the next or previous ranking is harmless: rankings stay apart
+           case when score = previous_score or score = next_score then doc_id end as tied_doc_id
     from (
         select row_number() over () - 1 as scan_position, dataset, retriever, query_id, doc_id, score,
                dataset is distinct from lag(dataset) over ()
                    or retriever is distinct from lag(retriever) over ()
                    or query_id is distinct from lag(query_id) over () as new_ranking,
-               lag(score) over () as previous_score, lag(doc_id) over () as previous_doc_id
+               lag(score) over () as previous_score, lead(score) over () as next_score,
+               lag(doc_id) over () as previous_doc_id
         from metrics_run
     )
 )
-select r.scan_position, r.score, r.new_ranking, r.out_of_order,
+select r.scan_position, r.score, r.new_ranking, r.out_of_order, r.tie_out_of_order, r.tied_doc_id,
        case when r.new_ranking then r.dataset end as dataset,
        case when r.new_ranking then r.retriever end as retriever,
        case when r.new_ranking then r.query_id end as query_id,

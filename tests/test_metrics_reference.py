@@ -124,6 +124,36 @@ def test_the_run_s_row_order_does_not_matter(layout):
                 assert got[query_id, name] == pytest.approx(value, abs=1e-9), (layout, query_id, name)
 
 
+def test_ties_stored_ascending_are_put_right_without_reading_the_run_twice(monkeypatch):
+    """BRIDGE's own runs keep tied documents by doc id ascending: statement 1 hands over the
+    tied rows' doc ids and only those rows are re-sorted, so the ids are not read a second
+    time (statement 2, _in_trec_order), and the values are pytrec_eval's."""
+    from bridge_assets.metrics import measures
+
+    qrels, run = generate(3, ties=True, edge_cases=True)
+    reference = pytrec_eval.RelevanceEvaluator(qrels, PYTREC_MEASURES).evaluate(run)
+    qrels_frame, run_frame = frames(qrels, run)
+    run_frame = run_frame.sort(["query_id", "score", "doc_id"], descending=[False, True, False])
+    con = duckdb.connect()
+    con.register("test_run", run_frame)
+    con.register("test_qrels", qrels_frame)
+    # the layout does need the fix: some tie is stored out of trec_eval's order
+    assert run_frame.select((pl.col("score") == pl.col("score").shift()) & (pl.col("query_id") == pl.col("query_id").shift())
+                            & (pl.col("doc_id") > pl.col("doc_id").shift())).to_series().any()
+
+    def second_read(*args, **kwargs):
+        raise AssertionError("the run was read a second time")
+
+    monkeypatch.setattr(measures, "_in_trec_order", second_read)
+    frame = compute_measures(con, resolve_measures(list(PYTREC_MEASURES)), run="test_run",
+                             qrels="test_qrels")
+    got = {(q, m): v for q, m, v in frame.select("query_id", "measure", "value").iter_rows()}
+    for query_id, values in reference.items():
+        for name, value in values.items():
+            if name != "gm_map":
+                assert got[query_id, name] == pytest.approx(value, abs=1e-9), (query_id, name)
+
+
 def trec_eval_iprec(qrels, run, level: float, relevance_level: int = 1) -> dict[str, float]:
     """iprec_at_recall as current trec_eval computes it (m_iprec_at_recall.c): the c-th relevant
     document with c = lround(level * R). pytrec_eval-terrier 0.5.x bundles an older trec_eval

@@ -390,20 +390,28 @@ def _in_trec_order(rows: pa.Table, run: str) -> tuple[np.ndarray, np.ndarray]:
         tied_rows[1:] |= tie
         tied_rows[:-1] |= tie
         slots = np.flatnonzero(tied_rows)
-        part = pl.DataFrame({"ranking": ranking[todo[slots]], "score": score[todo[slots]],
-                             "doc_id": pl.Series(doc.take(at[todo[slots]]), dtype=pl.String)})
-        order = part.with_row_index().sort(["ranking", "score", "doc_id"],
-                                           descending=[False, True, True])["index"].to_numpy()
-        todo[slots] = todo[slots][order]
+        todo[slots] = todo[slots][_tie_order(ranking[todo[slots]], score[todo[slots]],
+                                             doc.take(at[todo[slots]]))]
     at[np.sort(todo)] = at[todo]
     return at, new
 
 
+def _tie_order(ranking: np.ndarray, score: np.ndarray, doc_id: pa.ChunkedArray) -> np.ndarray:
+    """The order that puts rows already in score order, ranking by ranking, into trec_eval's:
+    each run of tied scores by doc id descending (polars sorts strings in byte order, as
+    strcmp); every other row keeps its place."""
+    part = pl.DataFrame({"ranking": ranking, "score": score,
+                         "doc_id": pl.Series(doc_id, dtype=pl.String)})
+    return part.with_row_index().sort(["ranking", "score", "doc_id"], descending=[False, True, True],
+                                      maintain_order=True)["index"].to_numpy()
+
+
 def _as_stored(rows: pa.Table) -> tuple[np.ndarray, np.ndarray, pl.DataFrame] | None:
     """(at, new) as _in_trec_order gives them and each ranking's keys, when the run is stored
-    in trec_eval's order (statement 1 compared each row with the one before it), every score
-    is finite, each ranking's rows are together and no doc id hash repeats within a ranking;
-    else None."""
+    in trec_eval's order (statement 1 compared each row with the one before it) but maybe for
+    the order of tied documents, every score is finite, each ranking's rows are together and no
+    doc id hash repeats within a ranking; else None. Ties out of doc id order are put right
+    here, from the tied rows' doc ids that statement 1 hands over."""
     n = rows.num_rows
     at = np.empty(n, dtype=np.int64)
     at[rows.column("scan_position").to_numpy()] = np.arange(n)
@@ -424,6 +432,14 @@ def _as_stored(rows: pa.Table) -> tuple[np.ndarray, np.ndarray, pl.DataFrame] | 
     ordered = np.sort(mixed)
     if (ordered[1:] == ordered[:-1]).any():
         return None  # maybe a document twice in a ranking: confirmed on the ids
+    if pc.any(rows.column("tie_out_of_order")).as_py():
+        wrong = rows.column("tie_out_of_order").to_numpy(zero_copy_only=False)[at]
+        fix = np.zeros(len(starts), dtype=bool)
+        fix[ranking[wrong]] = True
+        tied = pc.is_valid(rows.column("tied_doc_id")).to_numpy(zero_copy_only=False)[at]
+        slots = np.flatnonzero(tied & fix[ranking])  # the tied rows of those rankings
+        at[slots] = at[slots][_tie_order(ranking[slots], score.to_numpy()[at[slots]],
+                                         rows.column("tied_doc_id").take(at[slots]))]
     return at, new, keys
 
 
