@@ -9,6 +9,9 @@ pytrec_eval and ranx read the tables and build their nested dicts) and for the e
 alone, wall-clock and CPU (all threads), best of --repeat runs, the tools taking turns. Values are
 asserted equal per query (1e-9) for every shared measure. Scores are distinct, so ranx's
 unstable tie order cannot matter; ranx's numba kernels are compiled before timing.
+--layout ties-ascending rounds the scores to 0.1 and stores each ranking's ties by doc id
+ascending, as BRIDGE keeps its own runs (ranx is left out then), --layout shuffled scatters
+the rows; the default stores them in trec_eval's order.
 
 --previous REV also times BRIDGE's metrics as of git revision REV (its measures.py and
 retrieval_metrics.sql, read with `git show`), in the same run, its values asserted equal too;
@@ -17,6 +20,7 @@ the default is the last revision before the join ran on every thread (docs/metri
     .venv/bin/python scripts/bench_metrics.py [--systems 25 --queries 3657 --seed 7 --repeat 3]
                                               [--previous REV | --previous none]
                                               [--source tables | --source frames]
+                                              [--layout trec-order | ties-ascending | shuffled]
 """
 
 from __future__ import annotations
@@ -99,6 +103,19 @@ def synthetic(systems: int, queries: int, seed: int) -> tuple[pl.DataFrame, pl.D
                                pl.col("relevance").cast(pl.Int32)).select("query_id", "doc_id", "relevance")
     assert run.select(pl.struct("retriever", "query_id", "score").is_duplicated().any()).item() is False
     return run, qrels
+
+
+LAYOUTS = ("trec-order", "ties-ascending", "shuffled")
+
+
+def laid_out(run: pl.DataFrame, layout: str) -> pl.DataFrame:
+    """The run's rows as `layout` stores them (synthetic() gives them in trec_eval's order)."""
+    if layout == "ties-ascending":
+        return run.with_columns(pl.col("score").round(1)).sort(
+            ["retriever", "query_id", "score", "doc_id"], descending=[False, False, True, False])
+    if layout == "shuffled":
+        return run.sample(fraction=1.0, shuffle=True, seed=1)
+    return run
 
 
 @dataclass
@@ -260,9 +277,16 @@ def main() -> None:
     parser.add_argument("--source", choices=("tables", "frames"), default="tables",
                         help="where every tool starts: DuckDB tables (as the pipeline's assets "
                              "hold the lake's rows) or polars frames")
+    parser.add_argument("--layout", choices=LAYOUTS, default="trec-order",
+                        help="how the run's rows are stored: in trec_eval's order; with scores "
+                             "rounded to 0.1 and ties by doc id ascending (as BRIDGE keeps its "
+                             "own runs; ranx is then left out: its tie order is undefined); "
+                             "shuffled")
     args = parser.parse_args()
 
     run, qrels = synthetic(args.systems, args.queries, args.seed)
+    run = laid_out(run, args.layout)
+    with_ranx = args.layout != "ties-ascending"
     relevant = qrels.filter(pl.col("relevance") > 0).height
     print(f"data: {args.systems} systems x {args.queries} queries x top-{K} = {run.height:,} run rows; "
           f"{qrels.height:,} judgments, {relevant:,} relevant")
@@ -273,9 +297,12 @@ def main() -> None:
     if args.previous != "none":
         previous = previous_measures(args.previous)
         tools["before"] = lambda: run_ours(source, previous)
-    tools |= {"pytrec": lambda: run_pytrec(source), "ranx": lambda: run_ranx(source)}
+    tools["pytrec"] = lambda: run_pytrec(source)
+    if with_ranx:
+        tools["ranx"] = lambda: run_ranx(source)
     best = best_of(args.repeat, tools)
-    (ours, ours_t), (pytrec, pytrec_t), (ranx_values, ranx_t) = best["ours"], best["pytrec"], best["ranx"]
+    (ours, ours_t), (pytrec, pytrec_t) = best["ours"], best["pytrec"]
+    ranx_values, ranx_t = best["ranx"] if with_ranx else ({}, None)
     if args.previous != "none":
         before, before_t = best["before"]
         assert before.keys() == ours.keys()
@@ -290,13 +317,13 @@ def main() -> None:
         if pytrec_name:
             assert abs(value - pytrec[system, query_id, name]) <= 1e-9, (system, query_id, name, value)
             checked += 1
-        if ranx_name:
+        if ranx_name and with_ranx:
             assert abs(value - ranx_values[system, query_id, ranx_name]) <= 1e-9, \
                 (system, query_id, name, value)
             checked += 1
     print(f"equal values: {checked:,} per-query comparisons within 1e-9 "
           f"({len(SHARED)} shared measures; ours also computed {', '.join(OURS_ONLY)})")
-    tools = [("BRIDGE", ours_t), ("pytrec_eval", pytrec_t), ("ranx", ranx_t)]
+    tools = [("BRIDGE", ours_t), ("pytrec_eval", pytrec_t)] + ([("ranx", ranx_t)] if with_ranx else [])
     if args.previous != "none":
         print(f"BRIDGE before ({args.previous[:7]}): all {len(before):,} values (every measure, "
               "every query and 'all') equal to BRIDGE's within 1e-9")
