@@ -14,12 +14,13 @@
 --    run's own row order, no sort) compares each row with the one before it: new_ranking where
 --    (dataset, retriever, query_id) changes, out_of_order where the score rises (or a doc id is
 --    NULL), tie_out_of_order where a tie is not in doc id order. The doc ids of tied rows travel
---    (tied_doc_id), so a run whose ties are stored in another order (BRIDGE's own keep them
---    ascending) is put right without statement 2. The keys travel only on a ranking's first row; the join with the qrels
---    does not keep the row order, scan_position restores it. The window runs on one thread;
---    its result is materialized so that the join (hashing the string keys) runs on all of
---    them. When the run is in order (BRIDGE writes its runs so) nothing else is read;
---    otherwise measures.py reads statement 2.
+--    (tied_doc_id), so ties stored in another order (BRIDGE's own runs keep them ascending) are
+--    put right without reading the run again. The keys travel only on a ranking's first row;
+--    the join with the qrels does not keep the row order, scan_position restores it. The
+--    window runs on one thread; its result is materialized so that the join (hashing the string
+--    keys) runs on all of them. When the run is in order, but maybe for its ties, nothing else
+--    is read; otherwise (a score rising, a ranking's rows apart, a doc id hash repeated)
+--    measures.py reads statement 2.
 with r as materialized (
     select scan_position, dataset, retriever, query_id, doc_id, score, new_ranking,
            (not new_ranking and score > previous_score) or doc_id is null as out_of_order,

@@ -337,11 +337,12 @@ def _in_trec_order(rows: pa.Table, run: str) -> tuple[np.ndarray, np.ndarray]:
     by ranking, each in trec_eval's order (score descending, ties by doc id descending in byte
     order, strcmp); `new[i]` is True where a ranking starts.
 
-    Nothing is sorted when the run is stored that way (BRIDGE writes its runs so): the scan
-    order is restored (the join does not keep it) and checked in one pass over numbers, the
-    rankings told apart by DuckDB's 64-bit hash of (dataset, retriever, query_id). When a
-    ranking's rows are not together, or two rankings' hashes are equal, the rows are grouped by
-    the ids themselves; only rankings out of score order are sorted."""
+    Read from statement 2, when statement 1 found what _as_stored cannot put right (a score
+    rising within a ranking, a ranking's rows apart, a doc id hash repeated). The scan order is
+    restored (the join does not keep it) and checked in one pass over numbers, the rankings told
+    apart by DuckDB's 64-bit hash of (dataset, retriever, query_id). When a ranking's rows are
+    not together, or two rankings' hashes are equal, the rows are grouped by the ids themselves;
+    only rankings out of score order are sorted."""
     n = rows.num_rows
     at = np.empty(n, dtype=np.int64)
     at[rows.column("scan_position").to_numpy()] = np.arange(n)
