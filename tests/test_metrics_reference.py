@@ -97,12 +97,15 @@ def test_equal_to_pytrec_eval_with_ties_and_edge_cases(seed, relevance_level):
     assert got["all", "num_q"] == len(reference)
 
 
-@pytest.mark.parametrize("layout", ["trec_order", "shuffled", "ties_ascending"])
-def test_the_run_s_row_order_does_not_matter(layout):
-    """The run read as stored (already in trec_eval's order: nothing sorted), with its rows
-    scattered over the table (rankings regrouped by their ids), and with tied documents stored
-    in ascending doc id order (as BRIDGE's own runs keep them: only those rankings re-sorted)
-    give the same values as pytrec_eval."""
+@pytest.mark.parametrize("layout, reads", [("trec_order", 1), ("ties_ascending", 1), ("shuffled", 2)])
+def test_the_run_s_row_order_does_not_matter(layout, reads, monkeypatch):
+    """The run read as stored (already in trec_eval's order: nothing sorted), with tied
+    documents stored in ascending doc id order (as BRIDGE's own runs keep them: statement 1
+    hands over the tied rows' doc ids and only those rows are re-sorted), and with its rows
+    scattered over the table (read a second time with every id, statement 2, and the rankings
+    regrouped by their ids) give the same values as pytrec_eval."""
+    from bridge_assets.metrics import measures
+
     qrels, run = generate(3, ties=True, edge_cases=True)
     reference = pytrec_eval.RelevanceEvaluator(qrels, PYTREC_MEASURES).evaluate(run)
     qrels_frame, run_frame = frames(qrels, run)
@@ -110,48 +113,27 @@ def test_the_run_s_row_order_does_not_matter(layout):
         run_frame = run_frame.sort(["query_id", "score", "doc_id"], descending=[False, True, True])
     elif layout == "ties_ascending":
         run_frame = run_frame.sort(["query_id", "score", "doc_id"], descending=[False, True, False])
+        tie_out_of_order = ((pl.col("query_id") == pl.col("query_id").shift())
+                            & (pl.col("score") == pl.col("score").shift())
+                            & (pl.col("doc_id") > pl.col("doc_id").shift()))
+        assert run_frame.select(tie_out_of_order).to_series().any()  # the layout needs the fix
     else:
         run_frame = run_frame.sample(fraction=1.0, shuffle=True, seed=5)
+    second_reads = []
+    in_trec_order = measures._in_trec_order
+    monkeypatch.setattr(measures, "_in_trec_order",
+                        lambda *args: second_reads.append(args) or in_trec_order(*args))
     con = duckdb.connect()
     con.register("test_run", run_frame)
     con.register("test_qrels", qrels_frame)
     frame = compute_measures(con, resolve_measures(list(PYTREC_MEASURES)), run="test_run",
                              qrels="test_qrels")
+    assert 1 + len(second_reads) == reads
     got = {(q, m): v for q, m, v in frame.select("query_id", "measure", "value").iter_rows()}
     for query_id, values in reference.items():
         for name, value in values.items():
             if name != "gm_map":
                 assert got[query_id, name] == pytest.approx(value, abs=1e-9), (layout, query_id, name)
-
-
-def test_ties_stored_ascending_are_put_right_without_reading_the_run_twice(monkeypatch):
-    """BRIDGE's own runs keep tied documents by doc id ascending: statement 1 hands over the
-    tied rows' doc ids and only those rows are re-sorted, so the ids are not read a second
-    time (statement 2, _in_trec_order), and the values are pytrec_eval's."""
-    from bridge_assets.metrics import measures
-
-    qrels, run = generate(3, ties=True, edge_cases=True)
-    reference = pytrec_eval.RelevanceEvaluator(qrels, PYTREC_MEASURES).evaluate(run)
-    qrels_frame, run_frame = frames(qrels, run)
-    run_frame = run_frame.sort(["query_id", "score", "doc_id"], descending=[False, True, False])
-    con = duckdb.connect()
-    con.register("test_run", run_frame)
-    con.register("test_qrels", qrels_frame)
-    # the layout does need the fix: some tie is stored out of trec_eval's order
-    assert run_frame.select((pl.col("score") == pl.col("score").shift()) & (pl.col("query_id") == pl.col("query_id").shift())
-                            & (pl.col("doc_id") > pl.col("doc_id").shift())).to_series().any()
-
-    def second_read(*args, **kwargs):
-        raise AssertionError("the run was read a second time")
-
-    monkeypatch.setattr(measures, "_in_trec_order", second_read)
-    frame = compute_measures(con, resolve_measures(list(PYTREC_MEASURES)), run="test_run",
-                             qrels="test_qrels")
-    got = {(q, m): v for q, m, v in frame.select("query_id", "measure", "value").iter_rows()}
-    for query_id, values in reference.items():
-        for name, value in values.items():
-            if name != "gm_map":
-                assert got[query_id, name] == pytest.approx(value, abs=1e-9), (query_id, name)
 
 
 def trec_eval_iprec(qrels, run, level: float, relevance_level: int = 1) -> dict[str, float]:
