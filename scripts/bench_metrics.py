@@ -174,7 +174,6 @@ def previous_measures(revision: str) -> types.ModuleType:
 class Source:
     """Where every tool starts: DuckDB tables (what an asset computes on) or polars frames."""
 
-    kind: str
     run: pl.DataFrame
     qrels: pl.DataFrame
     tables: duckdb.DuckDBPyConnection | None = None
@@ -182,13 +181,13 @@ class Source:
     @classmethod
     def of(cls, kind: str, run: pl.DataFrame, qrels: pl.DataFrame) -> Source:
         if kind == "frames":
-            return cls(kind, run, qrels)
+            return cls(run, qrels)
         tables = duckdb.connect()
         for name, frame in (("bench_run", run), ("bench_qrels", qrels)):
             tables.register("_frame", frame)
             tables.execute(f"create table {name} as select * from _frame")
             tables.unregister("_frame")
-        return cls(kind, run, qrels, tables)
+        return cls(run, qrels, tables)
 
     def connection(self) -> tuple[duckdb.DuckDBPyConnection, bool]:
         """A connection holding bench_run and bench_qrels, and whether to close it after."""
@@ -293,14 +292,14 @@ def main() -> None:
     print(f"every tool starts from {'DuckDB tables' if args.source == 'tables' else 'polars frames'}")
     source = Source.of(args.source, run, qrels)
     warm_up_ranx()
-    tools = {"ours": lambda: run_ours(source)}
+    timed = {"ours": lambda: run_ours(source)}
     if args.previous != "none":
         previous = previous_measures(args.previous)
-        tools["before"] = lambda: run_ours(source, previous)
-    tools["pytrec"] = lambda: run_pytrec(source)
+        timed["before"] = lambda: run_ours(source, previous)
+    timed["pytrec"] = lambda: run_pytrec(source)
     if with_ranx:
-        tools["ranx"] = lambda: run_ranx(source)
-    best = best_of(args.repeat, tools)
+        timed["ranx"] = lambda: run_ranx(source)
+    best = best_of(args.repeat, timed)
     (ours, ours_t), (pytrec, pytrec_t) = best["ours"], best["pytrec"]
     ranx_values, ranx_t = best["ranx"] if with_ranx else ({}, None)
     if args.previous != "none":

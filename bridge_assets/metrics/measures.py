@@ -417,7 +417,7 @@ def _as_stored(rows: pa.Table) -> tuple[np.ndarray, np.ndarray, pl.DataFrame] | 
     at = np.empty(n, dtype=np.int64)
     at[rows.column("scan_position").to_numpy()] = np.arange(n)
     score = rows.column("score")
-    if score.null_count or not np.isfinite(score.to_numpy()).all() \
+    if score.null_count or not np.isfinite(score_values := score.to_numpy()).all() \
             or pc.any(rows.column("out_of_order")).as_py():
         return None
     new = rows.column("new_ranking").to_numpy(zero_copy_only=False)[at]
@@ -439,7 +439,7 @@ def _as_stored(rows: pa.Table) -> tuple[np.ndarray, np.ndarray, pl.DataFrame] | 
         fix[ranking[wrong]] = True
         tied = pc.is_valid(rows.column("tied_doc_id")).to_numpy(zero_copy_only=False)[at]
         slots = np.flatnonzero(tied & fix[ranking])  # the tied rows of those rankings
-        at[slots] = at[slots][_tie_order(ranking[slots], score.to_numpy()[at[slots]],
+        at[slots] = at[slots][_tie_order(ranking[slots], score_values[at[slots]],
                                          rows.column("tied_doc_id").take(at[slots]))]
     return at, new, keys
 
