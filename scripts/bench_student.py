@@ -12,7 +12,7 @@ lake), and scores the dataset's candidate pool, printing the scores by the pool 
 source in the refined qrels.
 
     .venv/bin/python scripts/bench_student.py [--gold resources/goldsets/nq_scifact_hard/goldset.jsonl]
-        [--pairs 10000] [--epochs 4] [--precisions float32,bfloat16]
+        [--pairs 10000] [--epochs 4] [--base-model all-minilm-l6-v2] [--precisions float32,bfloat16]
 
 --precisions scores the same pairs once in each precision (one after the other, in this
 process) instead of the settings' own, and prints each one's seconds and how far its
@@ -80,19 +80,21 @@ def main() -> None:
     parser.add_argument("--gold", default="resources/goldsets/nq_scifact_hard/goldset.jsonl")
     parser.add_argument("--pairs", type=int, default=10_000)
     parser.add_argument("--epochs", type=int, default=StudentSettings().epochs)
+    parser.add_argument("--base-model", default=StudentSettings().base_model,
+                        help="the encoder it starts from (a model of resources/retrievers.yaml)")
     parser.add_argument("--dataset", help="train on this dataset's verified labels in the lake instead")
     parser.add_argument("--lake", help="the data lake folder (default: BRIDGE_DATA_LAKE, else data_lake/)")
     parser.add_argument("--precisions", default="", help="score in each of these (comma-separated: "
                         "float32, bfloat16), side by side, instead of the settings' own")
     args = parser.parse_args()
     if args.dataset:
-        lake_dataset(args.lake, args.dataset, StudentSettings(epochs=args.epochs))
+        lake_dataset(args.lake, args.dataset, StudentSettings(epochs=args.epochs, base_model=args.base_model))
         print(f"peak memory: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
         return
 
     rows = [json.loads(line) for line in Path(args.gold).read_text().splitlines() if line.strip()]
     examples = [Example(row["query"], row["query"], row["chunk"], float(row["label"]), "gold") for row in rows]
-    settings = StudentSettings(epochs=args.epochs)
+    settings = StudentSettings(epochs=args.epochs, base_model=args.base_model)
 
     started = time.perf_counter()
     student = train_student(examples, settings)
@@ -111,7 +113,7 @@ def main() -> None:
             scored[precision] = (arm.score(pairs), time.perf_counter() - started)
     peak_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
-    print(f"training: {len(examples)} labels x {settings.epochs} epochs "
+    print(f"training ({settings.base_model}): {len(examples)} labels x {settings.epochs} epochs "
           f"({student.report.trained_on} trained on, {student.report.calibrated_on} calibrated on): "
           f"{train_seconds:.1f} s")
     first = next(iter(scored.values()))[0]

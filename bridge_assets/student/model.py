@@ -225,9 +225,11 @@ def train_encoder(examples: Sequence[Example], settings: StudentSettings, locati
             batch = [examples[i] for i in order[start:start + settings.batch_size]]
             features = tokenizer([e.query for e in batch], [e.chunk for e in batch], padding=True,
                                  truncation=True, max_length=settings.max_length, return_tensors="pt")
+            # the last step's gradients are dropped before the forward pass, not after it: they
+            # would sit beside its activations, the training's peak (one model's size more)
+            optimizer.zero_grad(set_to_none=True)
             logits = network(**features).logits.view(-1)
             loss = loss_fn(logits, torch.tensor([e.target for e in batch], dtype=torch.float32))
-            optimizer.zero_grad()
             loss.backward()
             optimizer.step()
     network.eval()
