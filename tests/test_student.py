@@ -403,3 +403,26 @@ def test_every_door_trains_and_scores_with_the_same_student_settings():
     assert set(student_assets.StudentConfig.model_fields) == set(StudentSettings.model_fields)
     assert student_assets.StudentConfig().settings() == StudentSettings()
     assert StudentLabelerSettings().student() == StudentSettings()
+
+
+def test_a_training_step_drops_the_last_step_s_gradients_before_its_forward_pass(monkeypatch):
+    """They would sit beside the forward pass's activations, the training's peak memory."""
+    from bridge_assets.student import model as student_model
+
+    held = []
+    real = student_model._cross_encoder
+
+    def with_a_probe(location, max_length):
+        encoder = real(location, max_length)
+        network = encoder.model
+
+        def probe(module, inputs):
+            if network.training:
+                held.append(sum(p.grad is not None for p in network.parameters()))
+        network.register_forward_pre_hook(probe)
+        return encoder
+
+    monkeypatch.setattr(student_model, "_cross_encoder", with_a_probe)
+    train_student(_examples(), StudentSettings(epochs=2, max_length=32, batch_size=4, calibration_share=0.34))
+    assert len(held) == 4  # 8 training pairs, 2 steps an epoch, 2 epochs
+    assert held == [0, 0, 0, 0]
