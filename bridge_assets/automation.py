@@ -29,6 +29,7 @@ import dagster as dg
 from bridge_assets.llm import budget as llm_budget
 from bridge_assets.llm import ledger
 from bridge_assets.run_settings import dataset_of
+from bridge_assets.settings import env
 
 SENSOR_NAME = "bridge_automation_sensor"
 # Dagster's own tag on the runs its automation sensors launch.
@@ -49,7 +50,7 @@ def with_condition(spec: dg.AssetSpec) -> dg.AssetSpec:
 def sensor(selection: dg.AssetSelection) -> dg.AutomationConditionSensorDefinition:
     return dg.AutomationConditionSensorDefinition(
         SENSOR_NAME, target=selection, default_status=dg.DefaultSensorStatus.RUNNING,
-        minimum_interval_seconds=30,
+        minimum_interval_seconds=env.sensor_interval(30),
         description="Re-materializes a dataset's pool, labels, qrels, metrics and report when "
                     "anything upstream of them changed (eager automation conditions); LLM "
                     "calls capped per run by the dataset's automation.llm_calls_per_run.")

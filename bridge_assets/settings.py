@@ -53,6 +53,9 @@ VARIABLES: tuple[Setting, ...] = (
     Setting("BRIDGE_MODELS_DIR", "~/.cache/bridge/models", "where joined or downloaded LLM weights are kept"),
     Setting("BRIDGE_MAX_LINE_BYTES", str(8 * 1024 * 1024), "the longest line a dataset file may have (bytes)"),
     Setting("BRIDGE_MAX_TEXT_CHARS", str(1_000_000), "the longest text a dataset may have (characters)"),
+    Setting("BRIDGE_SENSOR_INTERVAL_S", "60 (automation: 30)",
+            "the least seconds between two ticks of each sensor (registry, run files, votes, "
+            "student re-rankers, automation)"),
     Setting("BRIDGE_ANNOTATE_SECRET", "random, kept in <data lake>/annotate.secret",
             "the annotation app's session secret"),
     Setting("BRIDGE_ANNOTATOR_RATE", "none",
@@ -128,6 +131,16 @@ class Settings:
             raise ValueError(f"BRIDGE_ANNOTATOR_RATE={value!r}: expected an amount per hour, "
                              "e.g. 30 (USD) or '30 EUR'")
         return rate, currency.strip().upper() or "USD"
+
+    def sensor_interval(self, default: int) -> int:
+        """BRIDGE_SENSOR_INTERVAL_S, else `default`: read when the definitions load (the daemon's
+        code server), so a change takes effect when the daemon restarts."""
+        value = self.text("BRIDGE_SENSOR_INTERVAL_S")
+        if not value:
+            return default
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"BRIDGE_SENSOR_INTERVAL_S={value!r}: expected a whole number of seconds >= 1")
+        return int(value)
 
     @property
     def models_dir(self) -> Path | None:

@@ -81,3 +81,25 @@ def test_new_votes_refresh_what_follows_human_labels_and_nothing_before_it(tmp_p
                  dg.AssetSelection.assets("human_labels").downstream(include_self=False).resolve(graph)}
         assert requested(second) == {(name, "demo") for name in after}
         assert "bridge_qrels" in after and "candidate_pool" not in after
+
+
+def sensor_intervals(env: dict[str, str]) -> dict[str, int]:
+    """Each sensor's minimum interval in a fresh process (the definitions read it as they load,
+    as the daemon's code server does)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", "import json; from bridge_assets.definitions import defs; "
+                           "print(json.dumps({s.name: s.minimum_interval_seconds for s in defs.sensors}))"],
+                          env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_sensors_look_every_minute_and_automation_every_30_s_unless_the_setting_says_otherwise():
+    default = sensor_intervals({"BRIDGE_SENSOR_INTERVAL_S": ""})
+    assert default.pop(automation.SENSOR_NAME) == 30
+    assert default and set(default.values()) == {60}, default
+    assert set(sensor_intervals({"BRIDGE_SENSOR_INTERVAL_S": "7"}).values()) == {7}

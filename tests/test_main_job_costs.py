@@ -37,6 +37,7 @@ PIPELINE = {
                       "adjudicator_model": MODEL},
     "rag_answers": {"model": MODEL, "systems": ["bm25"], "query_limit": 2},
     "rag_judgments": {"model": MODEL},
+    "student_annotator": {"epochs": 1, "max_length": 64},  # what it learns: tests/test_student.py
 }
 
 

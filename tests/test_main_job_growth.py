@@ -35,6 +35,9 @@ def config(model: str) -> dict:
         # every system (the demo's own entry names two): explicit run config wins over it
         "rag_answers": {"model": model, "query_limit": 1, "max_tokens": 16, "systems": []},
         "rag_judgments": {"model": model},
+        # the student retrains when the verified labels grow: one short epoch (what it learns is
+        # tests/test_student.py's)
+        "student_annotator": {"epochs": 1, "max_length": 64},
     }
 
 

@@ -12,6 +12,7 @@ from bridge_assets.human.labels import (REQUIRED_VOTES, HumanLabels, compute_hum
 from bridge_assets.human.votes_store import VotesStore
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.resources import DuckDBStore
+from bridge_assets.settings import env
 
 # The pipeline tables human_labels reads (its deps); the votes come from the votes store.
 READS = ("debate_labels",)
@@ -94,7 +95,7 @@ human_labels_job = dg.define_asset_job(
     description="human_labels of one dataset and everything downstream of it.")
 
 
-@dg.sensor(job=human_labels_job, minimum_interval_seconds=60,
+@dg.sensor(job=human_labels_job, minimum_interval_seconds=env.sensor_interval(60),
            default_status=dg.DefaultSensorStatus.RUNNING,
            description="Runs human_labels_job (human_labels and everything after it) for a dataset "
                        "whenever its votes changed: one run per state of the votes, however many "

@@ -25,6 +25,7 @@ from bridge_assets.retrieval.assets import retrieval_job
 from bridge_assets.retrieval.errors import RegistryError
 from bridge_assets.retrieval.registry import load_registry
 from bridge_assets.retrieval.run_files import FoundRun, find_run_files, register_run_file, runs_dir
+from bridge_assets.settings import env
 
 
 @dataclass
@@ -70,7 +71,7 @@ def sync_partitions(instance: dg.DagsterInstance, store: DuckDBStore) -> Registr
     return sync
 
 
-@dg.sensor(job=retrieval_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING,
+@dg.sensor(job=retrieval_job, minimum_interval_seconds=env.sensor_interval(60), default_status=dg.DefaultSensorStatus.RUNNING,
            description="Syncs the `retriever` partitions with the active profile of "
                        "resources/retrievers.yaml and requests the runs of new or changed systems.")
 def retriever_registry_sensor(context: dg.SensorEvaluationContext, store: DuckDBStore) -> dg.SensorResult:
@@ -102,7 +103,7 @@ def _stamp(run: FoundRun) -> str:
     return f"{stat.st_size}:{stat.st_mtime_ns}"
 
 
-@dg.sensor(job=retrieval_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING,
+@dg.sensor(job=retrieval_job, minimum_interval_seconds=env.sensor_interval(60), default_status=dg.DefaultSensorStatus.RUNNING,
            description="Turns every new TREC run file in <BRIDGE_REGISTRY_DIR>/runs/<dataset>/<name>.trec[.gz] "
                        "into a run_file system and requests the run of each new or changed file.")
 def run_files_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:

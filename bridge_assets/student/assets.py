@@ -22,6 +22,7 @@ from bridge_assets import ducklake, run_settings, snapshots
 from bridge_assets.labeling.pairs import load_pairs
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.resources import DuckDBStore
+from bridge_assets.settings import env
 from bridge_assets.student.annotator import (calibration_queries, ensure_student, score_pairs, splits,
                                              student_folder, training_set)
 from bridge_assets.student.model import StudentSettings, untrainable
@@ -225,7 +226,7 @@ student_rerank_job = dg.define_asset_job(
                 "the analyses, the report).")
 
 
-@dg.sensor(job=student_rerank_job, minimum_interval_seconds=60, default_status=dg.DefaultSensorStatus.RUNNING,
+@dg.sensor(job=student_rerank_job, minimum_interval_seconds=env.sensor_interval(60), default_status=dg.DefaultSensorStatus.RUNNING,
            description="Runs student_rerank_job for every dataset whose student_rerank_run was built "
                        "under other evaluation-only systems (kind student_rerank) than the registry's "
                        "active profile now declares: one added, changed or removed is benchmarked "
