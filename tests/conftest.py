@@ -80,12 +80,13 @@ def ducklake_lake(data_lake, monkeypatch) -> Iterator[Path]:
 
 
 @pytest.fixture
-def escalated_lake(data_lake) -> Path:
-    """The escalated set of tests/fixtures/escalated_set.py: what the annotation app serves."""
+def escalated_lake(data_lake, tmp_path_factory) -> Path:
+    """The escalated set of tests/fixtures/escalated_set.py: what the annotation app serves.
+    Built once per session, each test gets its own copy (0.7 s a build, 1 ms a copy)."""
     from fixtures.escalated_set import write_escalated_set
+    from fixtures.lake_templates import copy_of
 
-    write_escalated_set(data_lake)
-    return data_lake
+    return copy_of("escalated", write_escalated_set, data_lake, tmp_path_factory)
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from bridge_assets.human.labels import compute_human_labels
 from bridge_assets.human.tables import SCHEMA, ensure_schema
 from bridge_assets.human.transfer import ImportFailed, import_votes
 from fixtures.paths import annotations
-from fixtures.escalated_set import DATASET, ESCALATED, vote, write_escalated_set
+from fixtures.escalated_set import DATASET, ESCALATED, vote
 from fixtures.human_app import expected_of, login, make_client, post_answer, served_pair, votes
 
 DESCRIPTION = "Find what len() gives back for a sized container."
@@ -28,15 +28,14 @@ NARRATIVE = "Relevant passages state the returned value; passages on other built
 
 
 @pytest.fixture
-def trec_topic_lake(data_lake):
+def trec_topic_lake(escalated_lake):
     """The escalated set, its first query as a TREC topic: no answers, a description and a narrative."""
-    write_escalated_set(data_lake)
     with store.connect() as con:
         con.execute("alter table queries add column description varchar")
         con.execute("alter table queries add column narrative varchar")
         con.execute("update queries set answers = [], description = ?, narrative = ? "
                     "where query_id = 'q1'", [DESCRIPTION, NARRATIVE])
-    return data_lake
+    return escalated_lake
 
 
 @pytest.fixture
