@@ -55,10 +55,6 @@ class LakeLocation:
         return self.folder / "runs"
 
     @property
-    def indexes(self) -> Path:
-        return self.folder / "indexes"
-
-    @property
     def downloads(self) -> Path:
         return self.folder / "downloads"
 

@@ -50,6 +50,9 @@ VARIABLES: tuple[Setting, ...] = (
     Setting("BRIDGE_MODELS", "resources/models.yaml", "the LLM profiles file"),
     Setting("BRIDGE_GOLDSETS", "resources/goldsets.yaml", "the labeler evaluation's gold sets file"),
     Setting("BRIDGE_RETRIEVER_PROFILE", "the registry's profile:", "which retriever profile runs"),
+    Setting("BRIDGE_INDEX_DIR", "<data lake>/indexes",
+            "where indexes and document embeddings are cached (keyed by corpus content and encoder: "
+            "lakes over the same corpora may share one folder)"),
     Setting("BRIDGE_MODELS_DIR", "~/.cache/bridge/models", "where joined or downloaded LLM weights are kept"),
     Setting("BRIDGE_MAX_LINE_BYTES", str(8 * 1024 * 1024), "the longest line a dataset file may have (bytes)"),
     Setting("BRIDGE_MAX_TEXT_CHARS", str(1_000_000), "the longest text a dataset may have (characters)"),
@@ -141,6 +144,11 @@ class Settings:
         if not value.isdigit() or int(value) < 1:
             raise ValueError(f"BRIDGE_SENSOR_INTERVAL_S={value!r}: expected a whole number of seconds >= 1")
         return int(value)
+
+    def index_dir(self, lake_folder: Path) -> Path:
+        """BRIDGE_INDEX_DIR, else the lake folder's indexes/."""
+        value = self.text("BRIDGE_INDEX_DIR")
+        return Path(value).expanduser().resolve() if value else lake_folder / "indexes"
 
     @property
     def models_dir(self) -> Path | None:

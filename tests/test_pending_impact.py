@@ -41,24 +41,28 @@ def lake(runs: dict, original: dict, pending: list, labels: dict | None = None,
     queries = sorted({q for ranking in runs.values() for q in ranking})
     con.execute("create table queries as select 'toy' as dataset, unnest(?) as query_id, "
                 "'text' as text, ['a'] as answers", [queries])
+    run_rows = [("toy", system, q, d, rank, 100.0 - rank)
+                for system, ranking in runs.items() for q, docs in ranking.items() for rank, d in enumerate(docs, 1)]
     con.execute("create table retrieval_run (dataset varchar, retriever varchar, query_id varchar, "
                 "doc_id varchar, rank integer, score double)")
     con.execute("create table student_rerank_run as select * from retrieval_run")
-    for system, ranking in runs.items():
-        table = "student_rerank_run" if system in evaluation_only else "retrieval_run"
-        for q, docs in ranking.items():
-            for rank, d in enumerate(docs, 1):
-                con.execute(f"insert into {table} values ('toy', ?, ?, ?, ?, ?)", [system, q, d, rank, 100.0 - rank])
+    for table, pooled in (("retrieval_run", False), ("student_rerank_run", True)):
+        rows = [row for row in run_rows if (row[1] in evaluation_only) == pooled]
+        if rows:  # one statement per table (a row each took 2 ms; brute force builds hundreds of lakes)
+            con.execute(f"insert into {table} select unnest(?, recursive := true)",
+                        [[dict(zip(("dataset", "retriever", "query_id", "doc_id", "rank", "score"), row, strict=True))
+                          for row in rows]])
     con.execute("create table original_qrels (dataset varchar, query_id varchar, doc_id varchar, relevance integer)")
     con.execute("create table bridge_qrels (dataset varchar, query_id varchar, doc_id varchar, "
                 "relevance integer, source varchar)")
-    for (q, d), r in original.items():
-        con.execute("insert into original_qrels values ('toy', ?, ?, ?)", [q, d, r])
-        con.execute("insert into bridge_qrels values ('toy', ?, ?, ?, 'original')", [q, d, r])
-    for q, d in pending:
-        label = labels.get((q, d))
-        con.execute("insert into bridge_qrels values ('toy', ?, ?, ?, ?)",
-                    [q, d, label, "pending" if label is None else "human"])
+    qrels = [("toy", q, d, r, "original") for (q, d), r in original.items()]
+    qrels += [("toy", q, d, labels.get((q, d)), "pending" if labels.get((q, d)) is None else "human")
+              for q, d in pending]
+    names = ("dataset", "query_id", "doc_id", "relevance", "source")
+    con.execute("insert into bridge_qrels select unnest(?, recursive := true)",
+                [[dict(zip(names, row, strict=True)) for row in qrels]])
+    con.execute("insert into original_qrels select dataset, query_id, doc_id, relevance from bridge_qrels "
+                "where source = 'original'")
     metrics, _ = compute_dataset_metrics(con, DATASET, scope="all")
     con.register("metrics_frame", metrics)
     con.execute("create table retrieval_metrics as select * from metrics_frame")

@@ -30,6 +30,15 @@ def demo_slice(demo_texts):
     return corpus.filter(pl.col("doc_id").is_in(judged + others)), queries
 
 
+@pytest.fixture(scope="module", autouse=True)
+def own_index_cache():
+    """This module builds indexes and says so: the lake's own cache, not the suite's shared
+    BRIDGE_INDEX_DIR (tests/conftest.py), where another module may have built them first."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.delenv("BRIDGE_INDEX_DIR", raising=False)
+        yield
+
+
 @pytest.fixture(scope="module")
 def index_lake(tmp_path_factory):
     return tmp_path_factory.mktemp("lake")
@@ -52,6 +61,20 @@ def test_bm25_index_is_built_once_and_reused(demo_texts, index_lake, registry):
     qrels = load_dataset(get_dataset("demo")).qrels
     hits = first.run.join(qrels, on=["query_id", "doc_id"])["query_id"].n_unique()
     assert hits >= queries.height // 2
+
+
+def test_lakes_share_the_index_folder_bridge_index_dir_names(demo_texts, registry, tmp_path, monkeypatch):
+    corpus, queries = demo_texts
+    corpus = corpus.head(60)
+    shared = tmp_path / "shared_indexes"
+    monkeypatch.setenv("BRIDGE_INDEX_DIR", str(shared))
+    first = run_retriever("demo", "bm25", corpus, queries, registry=registry, lake=tmp_path / "lake_a")
+    other = run_retriever("demo", "bm25", corpus, queries, registry=registry, lake=tmp_path / "lake_b")
+    assert first.metadata["indexes"]["bm25-lucene"]["built_now"] is True
+    assert other.metadata["indexes"]["bm25-lucene"]["built_now"] is False  # the other lake's index
+    assert other.metadata["indexes"]["bm25-lucene"]["path"].startswith(str(shared))
+    assert first.run.equals(other.run)
+    assert not (tmp_path / "lake_a" / "indexes").exists() and not (tmp_path / "lake_b" / "indexes").exists()
 
 
 def test_changed_corpus_gets_a_new_index(demo_texts, index_lake, registry):

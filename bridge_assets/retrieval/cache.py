@@ -1,8 +1,8 @@
 """Indexes and document embeddings, built once per (dataset, encoder) and reused.
 
-An artifact lives in `<data lake>/indexes/<dataset>/<family>/<key>/`, where `key` hashes the
-corpus content and the encoder's configuration: a changed corpus or encoder gets a new folder,
-an unchanged one is found again. Builds run in a temporary folder renamed into place when
+An artifact lives in `<data lake>/indexes/<dataset>/<family>/<key>/` (or under
+$BRIDGE_INDEX_DIR), where `key` hashes the corpus content and the encoder's configuration: a
+changed corpus or encoder gets a new folder, an unchanged one is found again, by any lake. Builds run in a temporary folder renamed into place when
 complete, under a file lock, so parallel runs (Dagster's multiprocess executor) never read a
 half-built index nor build the same one twice. A resumable build (document encoding, which
 takes an hour on a large corpus on CPU) keeps its temporary folder when interrupted and
@@ -22,6 +22,8 @@ from typing import Any
 
 import polars as pl
 from filelock import FileLock
+
+from bridge_assets.settings import env
 
 
 log = logging.getLogger(__name__)
@@ -48,8 +50,8 @@ def artifact_key(corpus_hash: str, config: dict[str, Any]) -> str:
 
 
 def artifact_dir(dataset: str, family: str, key: str, lake: Path) -> Path:
-    """Where an index of the lake folder `lake` is cached."""
-    return lake / "indexes" / dataset / family / key
+    """Where an index of the lake folder `lake` is cached (BRIDGE_INDEX_DIR, else its indexes/)."""
+    return env.index_dir(lake) / dataset / family / key
 
 
 def is_built(folder: Path) -> bool:
