@@ -2,9 +2,10 @@
 
 An artifact lives in `<data lake>/indexes/<dataset>/<family>/<key>/` (or under
 $BRIDGE_INDEX_DIR), where `key` hashes the corpus content and the encoder's configuration: a
-changed corpus or encoder gets a new folder, an unchanged one is found again, by any lake. Builds run in a temporary folder renamed into place when
-complete, under a file lock, so parallel runs (Dagster's multiprocess executor) never read a
-half-built index nor build the same one twice. A resumable build (document encoding, which
+changed corpus or encoder gets a new folder, an unchanged one is found again, by any lake.
+Builds run in a temporary folder renamed into place when complete, under a file lock, so
+parallel runs (Dagster's multiprocess executor) never read a half-built index nor build the
+same one twice. A resumable build (document encoding, which
 takes an hour on a large corpus on CPU) keeps its temporary folder when interrupted and
 continues from there next time.
 """
