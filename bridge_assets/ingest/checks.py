@@ -1,9 +1,13 @@
 """Asset checks of the ingest tables, as great-expectations suites (see bridge_assets.quality).
 
 Checks read the whole table (every dataset at once), so one check result covers all
-partitions and a failure names the datasets concerned.
+partitions and a failure names the datasets concerned. The three are one step
+(`ingest_tables_are_valid`, each still its own check in the UI): under the multiprocess
+executor a step is a process, and each would import Dagster, the definitions and
+great_expectations (about 5 s on 2 cores) to validate tables of a few thousand rows.
 """
 
+from collections.abc import Callable, Iterator
 
 import dagster as dg
 
@@ -15,8 +19,8 @@ def _result(outcome, rows: int) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(passed=outcome.success, metadata={"rows": rows, **outcome.failures})
 
 
-@dg.asset_check(asset="corpus", description="doc_id unique per dataset; title present; text non-empty.")
 def corpus_is_valid(store: DuckDBStore) -> dg.AssetCheckResult:
+    """doc_id unique per dataset; title present; text non-empty."""
     frame = store.read("select dataset, doc_id, title, text from corpus")
     expect = expectations()
     outcome = validate(frame, [
@@ -28,9 +32,9 @@ def corpus_is_valid(store: DuckDBStore) -> dg.AssetCheckResult:
     return _result(outcome, frame.height)
 
 
-@dg.asset_check(asset="queries", description="query_id unique per dataset; text non-empty; in a "
-                "dataset that declares answers, every query has at least one.")
 def queries_are_valid(store: DuckDBStore) -> dg.AssetCheckResult:
+    """query_id unique per dataset; text non-empty; in a dataset that declares answers, every
+    query has at least one."""
     frame = store.read("""
         select dataset, query_id, text, len(answers) as answer_count,
                max(len(answers)) over (partition by dataset) > 0 as dataset_has_answers
@@ -50,9 +54,8 @@ def queries_are_valid(store: DuckDBStore) -> dg.AssetCheckResult:
     return _result(outcome, frame.height)
 
 
-@dg.asset_check(asset="original_qrels", additional_deps=["corpus", "queries"],
-                description="one judgment per (query, doc); every row names a known query and document.")
 def original_qrels_are_valid(store: DuckDBStore) -> dg.AssetCheckResult:
+    """one judgment per (query, doc); every row names a known query and document."""
     frame = store.read("""
         select r.dataset, r.query_id, r.doc_id, r.relevance,
                exists (select 1 from corpus c
@@ -68,3 +71,24 @@ def original_qrels_are_valid(store: DuckDBStore) -> dg.AssetCheckResult:
         expect.ExpectColumnValuesToNotBeNull(column="relevance"),
     ], "original_qrels")
     return _result(outcome, frame.height)
+
+
+CHECKS: dict[str, tuple[Callable[[DuckDBStore], dg.AssetCheckResult], list[str]]] = {
+    # check name: (function, the tables it reads; the first is the asset it checks)
+    "corpus_is_valid": (corpus_is_valid, ["corpus"]),
+    "queries_are_valid": (queries_are_valid, ["queries"]),
+    "original_qrels_are_valid": (original_qrels_are_valid, ["original_qrels", "corpus", "queries"]),
+}
+
+
+@dg.multi_asset_check(
+    specs=[dg.AssetCheckSpec(name, asset=tables[0], additional_deps=tables[1:],
+                             description=" ".join(function.__doc__.split()))
+           for name, (function, tables) in CHECKS.items()],
+    can_subset=True)
+def ingest_tables_are_valid(context: dg.AssetCheckExecutionContext,
+                            store: DuckDBStore) -> Iterator[dg.AssetCheckResult]:
+    for key in context.selected_asset_check_keys:
+        result = CHECKS[key.name][0](store)
+        yield dg.AssetCheckResult(asset_key=key.asset_key, check_name=key.name, passed=result.passed,
+                                  metadata=result.metadata)
