@@ -53,11 +53,12 @@ _one_thread_models_file()
 
 def _shared_index_cache() -> None:
     """One index and embedding cache for every lake of the test session (BRIDGE_INDEX_DIR, set
-    in the first process and inherited by xdist's workers and every subprocess; builds run under
-    a file lock, as for parallel runs): the demo's BM25 index and MiniLM embeddings are built once, not
-    once per test lake (about 7% of the suite's CPU time, py-spy, docs/testing.md). The cache is
-    keyed by corpus content and encoder, so a test sees what it would have built itself; tests
-    that assert a build happens use their lake's own (tests/test_retrieval_systems.py)."""
+    in the first process and inherited by xdist's workers and every subprocess; builds run
+    under a file lock, as for parallel runs): the demo's BM25 index and MiniLM embeddings are
+    built once, not once per test lake (about 7% of the suite's CPU time, py-spy,
+    docs/testing.md). The cache is keyed by corpus content and encoder, so a test sees what it
+    would have built itself; tests that assert a build happens use their lake's own
+    (tests/test_retrieval_systems.py)."""
     if "BRIDGE_INDEX_DIR" in os.environ:
         return
     import atexit
