@@ -88,11 +88,16 @@ def test_the_same_labeler_runs_in_label_eval_with_its_own_setting(tmp_path, data
         {"id": "c", "query": "q", "answers": ["x"], "chunk": "x marks it", "label": 1}]) + "\n")
     runner = CliRunner()
     out = runner.invoke(app, ["label-eval", "--gold", str(gold), "--method", PLUGIN,
-                              "--set", "min_chars=2", "--json"])
+                              "--set", "min_chars=2", "--json", "--items", str(tmp_path / "items.jsonl")])
     assert out.exit_code == 0, out.output
     figures = json.loads(out.output)
     # "x" is shorter than min_chars: the setting reached the labeler
     assert (figures["n"], figures["recall_relevant"], figures["recall_irrelevant"]) == (3, 0.5, 1.0)
+    # each triplet's outcome, in the gold set's order, for analyses that join on its id
+    items = [json.loads(line) for line in (tmp_path / "items.jsonl").read_text().splitlines()]
+    assert [(i["id"], i["gold"], i["label"], i["escalated"]) for i in items] == [
+        ("a", 1, 1, False), ("b", 0, 0, False), ("c", 1, 0, False)]
+    assert {i["method"] for i in items} == {figures["method"]}
     assert figures["config"]["min_chars"] == 2 and figures["calls"] == 0
     refused = runner.invoke(app, ["label-eval", "--gold", str(gold), "--method", PLUGIN, "--set", "rounds=2"])
     assert refused.exit_code == 2 and "rounds" in refused.output and "Extra inputs" in refused.output

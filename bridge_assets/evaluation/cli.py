@@ -84,6 +84,9 @@ def label_eval_command(
                                     "flips by opening stance and round. R: at least the debate's rounds."),
     reliability: Path = typer.Option(None, "--reliability", help="Also draw the reliability diagram of the "
                                      "method's P(relevant) (the bins of its ECE) to this PNG and print its bins."),
+    items_out: Path = typer.Option(None, "--items", help="Also write each scored triplet's outcome to "
+                                   "this JSONL file: id, domain, gold, label (null where escalated), "
+                                   "escalated, resolved, score (the method's P(relevant), if any), detail."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as JSON."),
 ) -> None:
     """Label a gold set (or a dataset's labelled pairs) with one labeler; print recalls, bAcc,
@@ -91,7 +94,7 @@ def label_eval_command(
     under)."""
     from bridge_assets.evaluation.goldsets import MethodSpec, read_goldset, stratified_head
     from bridge_assets.evaluation.runner import (format_persistence_tables, format_reliability, format_stability,
-                                                 format_table, run_method, summary_json)
+                                                 format_table, run_method, summary_json, write_items)
     from bridge_assets.llm import LLMClient, get_profile
     from bridge_assets.llm.profiles import role_profiles
 
@@ -128,6 +131,8 @@ def label_eval_command(
         for client in clients.values():
             client.close()
     drawn = format_reliability(result, reliability) if reliability is not None else None
+    if items_out is not None:
+        write_items(result, items_out)
     if as_json:
         typer.echo(summary_json(result))
         return

@@ -221,6 +221,14 @@ def result_frames(result: MethodResult, goldset: str) -> dict[str, pl.DataFrame]
             "consensus_stability": stability}
 
 
+def write_items(result: MethodResult, path: Path) -> None:
+    """One JSON line per scored triplet (`labeler_eval_items`' columns), in the gold set's order:
+    what other analyses join on the triplet id (e.g. one labeler's decisions with another's
+    scores) without calling a model again."""
+    path.write_text("".join(json.dumps({"method": result.spec.name, **asdict(item)}) + "\n"
+                            for item in result.items), encoding="utf-8")
+
+
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """A plain-text table of result summaries (the gold set's Table 1)."""
     columns = [("method", 26, "s"), ("n", 4, "d"), ("R_irr", 7, "%"), ("R_rel", 7, "%"),
