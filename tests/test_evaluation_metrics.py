@@ -7,8 +7,8 @@ import math
 import pytest
 
 from bridge_assets.evaluation.lara import IDENTITY, fit_calibrator, lara, logit
-from bridge_assets.evaluation.metrics import (agreement, auroc, balanced_accuracy, brier_score,
-                                              calibration_metrics, class_recalls,
+from bridge_assets.evaluation.metrics import (NO_LABEL, agreement, auroc, bacc_interval, balanced_accuracies,
+                                              balanced_accuracy, brier_score, calibration_metrics, class_recalls,
                                               escalate_least_confident, escalation_count,
                                               expected_calibration_error, labeler_metrics,
                                               reliability_bins)
@@ -31,6 +31,33 @@ def test_balanced_accuracy_is_undefined_without_both_classes():
     assert balanced_accuracy([1, 1], [1, 0]) is None
     with pytest.raises(ValueError, match="2 gold labels but 1"):
         class_recalls([1, 0], [1])
+
+
+def test_the_batched_balanced_accuracy_is_the_case_by_case_one():
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    gold, predicted = rng.integers(0, 2, (50, 12)), rng.integers(-1, 2, (50, 12))
+    predicted[0, :] = NO_LABEL  # nothing labelled: undefined
+    batched = balanced_accuracies(gold, predicted)
+    for g, p, value in zip(gold, predicted, batched, strict=True):
+        kept = p != NO_LABEL
+        expected = balanced_accuracy(g[kept].tolist(), p[kept].tolist())
+        assert math.isnan(value) if expected is None else value == pytest.approx(expected)
+
+
+def test_the_bacc_interval_is_scipys_percentile_bootstrap_of_the_case_by_case_bacc():
+    import numpy as np
+    from scipy import stats
+
+    rng = np.random.default_rng(4)
+    gold = rng.integers(0, 2, 60)
+    predicted = np.where(rng.random(60) < 0.8, gold, 1 - gold)
+    expected = stats.bootstrap((gold, predicted), lambda g, p: balanced_accuracy(g.tolist(), p.tolist()),
+                               paired=True, vectorized=False, n_resamples=2000, method="percentile",
+                               rng=np.random.default_rng(0)).confidence_interval
+    assert bacc_interval(gold.tolist(), predicted.tolist()) == pytest.approx(tuple(expected))
+    assert bacc_interval([1, 1], [1, 0]) == (None, None)
 
 
 @pytest.mark.parametrize("n, ratio, expected", [

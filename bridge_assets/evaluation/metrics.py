@@ -47,6 +47,19 @@ def balanced_accuracy(gold: Sequence[int], predicted: Sequence[int]) -> float | 
     return (relevant + irrelevant) / 2
 
 
+NO_LABEL = -1  # in arrays: a case without a label (escalated), left out of its bAcc
+
+
+def balanced_accuracies(gold: np.ndarray, predicted: np.ndarray, axis: int = -1) -> np.ndarray:
+    """`balanced_accuracy` along `axis`, for many resamples at once (scipy's vectorized
+    `bootstrap`): cases predicted NO_LABEL are left out; NaN where a class has no case."""
+    labelled = predicted != NO_LABEL
+    relevant, irrelevant = labelled & (gold == 1), labelled & (gold == 0)
+    with np.errstate(invalid="ignore", divide="ignore"):  # 0 / 0: a class without a case
+        return ((relevant & (predicted == 1)).sum(axis) / relevant.sum(axis)
+                + (irrelevant & (predicted == 0)).sum(axis) / irrelevant.sum(axis)) / 2
+
+
 def bacc_interval(gold: Sequence[int], predicted: Sequence[int], *, seed: int = 0,
                   confidence_level: float = CONFIDENCE_LEVEL) -> tuple[float | None, float | None]:
     """A percentile bootstrap confidence interval of the balanced accuracy (scipy's
@@ -56,15 +69,10 @@ def bacc_interval(gold: Sequence[int], predicted: Sequence[int], *, seed: int = 
 
     if balanced_accuracy(gold, predicted) is None:
         return None, None
-
-    def statistic(g: np.ndarray, p: np.ndarray) -> float:
-        value = balanced_accuracy(g.tolist(), p.tolist())
-        return float("nan") if value is None else value
-
     with warnings.catch_warnings():  # every resample scoring the same is a valid, degenerate interval
         warnings.simplefilter("ignore", stats.DegenerateDataWarning)
-        result = stats.bootstrap((np.asarray(gold), np.asarray(predicted)), statistic, paired=True,
-                                 vectorized=False, n_resamples=BOOTSTRAP_RESAMPLES, method="percentile",
+        result = stats.bootstrap((np.asarray(gold), np.asarray(predicted)), balanced_accuracies, paired=True,
+                                 vectorized=True, n_resamples=BOOTSTRAP_RESAMPLES, method="percentile",
                                  confidence_level=confidence_level, rng=np.random.default_rng(seed))
     low, high = result.confidence_interval
     if math.isnan(low) or math.isnan(high):

@@ -1,0 +1,122 @@
+"""A score as an escalation signal: send to people the labels it contradicts with confidence.
+
+    rows = escalation_study(gold, labels, {"student": scores}, p_yes, confidences=(0.7, 0.8, 0.9))
+
+`labels` are one labeler's decisions on a gold set (None where it escalated already, e.g. the
+pipeline's filter then DREAM); a signal is a P(relevant) per triplet (the student's, scored out
+of fold; the LLM's P(yes)). At confidence c a decided label is escalated as well when the signal
+contradicts it: "relevant" with P <= 1 - c, "not relevant" with P >= c (only where `eligible`,
+e.g. the debate's consensus but not the filter's "no"). Each row stands beside LARA at the same
+escalation (LARA's online-calibrated P(yes), `bridge_assets.evaluation.lara`), with the paired
+bootstrap interval of the difference in decided bAcc (cases resampled, both labelers' decisions
+held fixed). A study, not a default: the pipeline escalates by its own checks only.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from bridge_assets.evaluation.lara import lara
+from bridge_assets.evaluation.metrics import (BOOTSTRAP_RESAMPLES, CONFIDENCE_LEVEL, NO_LABEL,
+                                              balanced_accuracies, balanced_accuracy, bacc_interval)
+
+
+@dataclass(frozen=True)
+class EscalationRow:
+    signal: str                  # "" for the labeler alone
+    confidence: float | None     # None for the labeler alone
+    n: int
+    escalated: int               # the labeler's own escalations plus the signal's
+    by_signal: int               # of those, escalated by the signal
+    bacc: float | None           # over the decided cases
+    bacc_ci: tuple[float | None, float | None]
+    lara_bacc: float | None      # LARA at the same escalation count
+    lara_ci: tuple[float | None, float | None]
+    difference: float | None     # bacc - lara_bacc
+    difference_ci: tuple[float | None, float | None]
+
+    @property
+    def escalation_ratio(self) -> float:
+        return self.escalated / self.n
+
+
+def contradicts(label: int, p_relevant: float, confidence: float) -> bool:
+    """Whether a signal of P(relevant) `p_relevant` contradicts `label` with `confidence`: its
+    P of the other class is at least `confidence`."""
+    return (1 - p_relevant if label == 1 else p_relevant) >= confidence
+
+
+def escalate_contradicted(labels: Sequence[int | None], signal: Sequence[float | None], confidence: float,
+                          eligible: Sequence[bool] | None = None) -> list[int | None]:
+    """`labels` with every eligible decided label the signal contradicts at `confidence` escalated
+    (a case without a score, e.g. a failed call, keeps its label)."""
+    eligible = eligible if eligible is not None else [True] * len(labels)
+    return [None if label is not None and ok and p is not None and contradicts(label, p, confidence) else label
+            for label, p, ok in zip(labels, signal, eligible, strict=True)]
+
+
+def decided_bacc(gold: Sequence[int], labels: Sequence[int | None]) -> float | None:
+    pairs = [(g, label) for g, label in zip(gold, labels, strict=True) if label is not None]
+    return balanced_accuracy([g for g, _ in pairs], [label for _, label in pairs])
+
+
+def _decided_interval(gold: Sequence[int], labels: Sequence[int | None]) -> tuple[float | None, float | None]:
+    pairs = [(g, label) for g, label in zip(gold, labels, strict=True) if label is not None]
+    return bacc_interval([g for g, _ in pairs], [label for _, label in pairs])
+
+
+def difference_interval(gold: Sequence[int], first: Sequence[int | None], second: Sequence[int | None], *,
+                        seed: int = 0) -> tuple[float | None, float | None]:
+    """Percentile bootstrap interval of decided bAcc(first) - decided bAcc(second), the cases
+    resampled in triples (scipy's `bootstrap`, seeded); (None, None) where undefined."""
+    from scipy import stats
+
+    def encode(labels: Sequence[int | None]) -> np.ndarray:
+        return np.array([NO_LABEL if label is None else label for label in labels])
+
+    def statistic(g: np.ndarray, a: np.ndarray, b: np.ndarray, axis: int = -1) -> np.ndarray:
+        return balanced_accuracies(g, a, axis) - balanced_accuracies(g, b, axis)
+
+    data = (np.asarray(gold), encode(first), encode(second))
+    if np.isnan(statistic(*data)):
+        return None, None
+    with warnings.catch_warnings():  # the same decisions: a valid, degenerate interval
+        warnings.simplefilter("ignore", stats.DegenerateDataWarning)
+        result = stats.bootstrap(data, statistic, paired=True, vectorized=True,
+                                 n_resamples=BOOTSTRAP_RESAMPLES, method="percentile",
+                                 confidence_level=CONFIDENCE_LEVEL, rng=np.random.default_rng(seed))
+    low, high = result.confidence_interval
+    return (None, None) if math.isnan(low) or math.isnan(high) else (float(low), float(high))
+
+
+def _row(signal: str, confidence: float | None, gold: Sequence[int], labels: Sequence[int | None],
+         by_signal: int, p_yes: Sequence[float | None]) -> EscalationRow:
+    n = len(gold)
+    escalated = sum(label is None for label in labels)
+    baseline = lara(p_yes, gold, escalated / n).labels
+    bacc, lara_bacc = decided_bacc(gold, labels), decided_bacc(gold, baseline)
+    return EscalationRow(signal, confidence, n, escalated, by_signal, bacc, _decided_interval(gold, labels),
+                         lara_bacc, _decided_interval(gold, baseline),
+                         None if bacc is None or lara_bacc is None else bacc - lara_bacc,
+                         difference_interval(gold, labels, baseline))
+
+
+def escalation_study(gold: Sequence[int], labels: Sequence[int | None],
+                     signals: Mapping[str, Sequence[float | None]],
+                     p_yes: Sequence[float | None], confidences: Sequence[float], *,
+                     eligible: Sequence[bool] | None = None) -> list[EscalationRow]:
+    """The labeler alone, then each signal at each confidence, each beside LARA at its escalation."""
+    rows = [_row("", None, gold, labels, 0, p_yes)]
+    for name, signal in signals.items():
+        if len(signal) != len(labels):
+            raise ValueError(f"signal {name!r}: {len(signal)} scores for {len(labels)} labels")
+        for confidence in confidences:
+            escalated = escalate_contradicted(labels, signal, confidence, eligible)
+            added = sum(a is None for a in escalated) - sum(b is None for b in labels)
+            rows.append(_row(name, confidence, gold, escalated, added, p_yes))
+    return rows

@@ -1,0 +1,105 @@
+"""Measure a score as an escalation signal for a labeler's decisions, beside LARA at the same
+escalation, from `bridge label-eval --items` files (no model call).
+
+    G=resources/goldsets/nq_scifact_hard/goldset.jsonl
+    # the gold set's test half: the queries of student fold 1 (2 folds, seed 0)
+    .venv/bin/python scripts/escalation_signal.py --write-test-half $G test_half.jsonl
+    # the pipeline's labeler on it (the 1.5B filter, then DREAM), and the 1.5B's P(yes)
+    bridge label-eval --gold test_half.jsonl --method dream --profile qwen-1.5b --threads 1 \
+        --set reason_words=30 --prefilter qwen-1.5b --items dream.jsonl
+    bridge label-eval --gold test_half.jsonl --method diras --profile qwen-1.5b --threads 1 --items pyes.jsonl
+    # the students over the whole gold set: the test half is scored by students trained on fold 0
+    bridge label-eval --gold $G --method student --items student.jsonl
+    .venv/bin/python scripts/escalation_signal.py --labels dream.jsonl --lara pyes.jsonl \
+        --signal student=student.jsonl --signal pyes=pyes.jsonl [--scope consensus|decided]
+
+Prints a markdown table: per signal and confidence, the escalation, the decided bAcc with its
+95% interval, LARA's at the same escalation, and the paired interval of the difference.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from bridge_assets.evaluation.goldsets import read_goldset
+from bridge_assets.student.escalation import EscalationRow, escalation_study
+from bridge_assets.student.labeler import query_folds
+
+CONFIDENCES = (0.6, 0.7, 0.8, 0.9, 0.95)
+
+
+def read_items(path: Path) -> dict[str, dict]:
+    return {row["id"]: row for row in map(json.loads, path.read_text(encoding="utf-8").splitlines()) if row}
+
+
+def write_test_half(gold: Path, out: Path, *, folds: int = 2, seed: int = 0, fold: int = 1) -> int:
+    """The gold set's triplets of one student query fold (as `--method student` deals them)."""
+    items = [t.item() for t in read_goldset(gold)]
+    kept = {item.id for item, f in zip(items, query_folds(items, folds, seed), strict=True) if f == fold}
+    lines = [line for line in gold.read_text(encoding="utf-8").splitlines()
+             if line.strip() and json.loads(line)["id"] in kept]
+    out.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    return len(lines)
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
+
+
+def _interval(ci: tuple[float | None, float | None]) -> str:
+    return "-" if ci[0] is None else f"[{100 * ci[0]:.1f}, {100 * ci[1]:.1f}]"
+
+
+def markdown(rows: list[EscalationRow]) -> str:
+    lines = ["| signal | confidence | escalated (by signal) | decided bAcc [95% CI] | LARA at the same "
+             "[95% CI] | difference [95% CI] |", "|---|---|---|---|---|---|"]
+    for row in rows:
+        lines.append(f"| {row.signal or '(labeler alone)'} | {'-' if row.confidence is None else row.confidence} | "
+                     f"{row.escalated} of {row.n}, {_percent(row.escalation_ratio)}% ({row.by_signal}) | "
+                     f"{_percent(row.bacc)} {_interval(row.bacc_ci)} | {_percent(row.lara_bacc)} "
+                     f"{_interval(row.lara_ci)} | {_percent(row.difference)} {_interval(row.difference_ci)} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--write-test-half", nargs=2, type=Path, metavar=("GOLD", "OUT"),
+                        help="write the gold set's test half (student query fold 1 of 2, seed 0) and stop")
+    parser.add_argument("--labels", type=Path, help="label-eval --items of the labeler studied")
+    parser.add_argument("--lara", type=Path, help="label-eval --items of a P(yes) scorer (diras): LARA's scores")
+    parser.add_argument("--signal", action="append", default=[], metavar="NAME=FILE",
+                        help="label-eval --items whose score is the signal (repeatable)")
+    parser.add_argument("--confidences", default=",".join(map(str, CONFIDENCES)))
+    parser.add_argument("--scope", choices=("consensus", "decided"), default="consensus",
+                        help="labels a signal may escalate: the debate's (not the filter's 'no'), or every decided one")
+    args = parser.parse_args()
+    if args.write_test_half:
+        gold, out = args.write_test_half
+        print(f"{write_test_half(gold, out)} triplets -> {out}")
+        return
+    if not (args.labels and args.lara and args.signal):
+        parser.error("give --labels, --lara and at least one --signal (or --write-test-half)")
+    labeled = read_items(args.labels)
+    ids = list(labeled)
+    scorers = {"lara": read_items(args.lara)}
+    for text in args.signal:
+        name, _, path = text.partition("=")
+        scorers[name] = read_items(Path(path))
+    for name, scored in scorers.items():
+        if missing := [i for i in ids if i not in scored]:
+            parser.error(f"{name}: no score for {len(missing)} of the labeler's triplets (e.g. {missing[0]})")
+    gold = [labeled[i]["gold"] for i in ids]
+    labels = [labeled[i]["label"] for i in ids]
+    eligible = [args.scope == "decided" or labeled[i]["detail"] != "filtered" for i in ids]
+    rows = escalation_study(gold, labels, {name: [scorers[name][i]["score"] for i in ids]
+                                           for name in scorers if name != "lara"},
+                            [scorers["lara"][i]["score"] for i in ids],
+                            [float(c) for c in args.confidences.split(",")], eligible=eligible)
+    print(f"{args.labels}: {len(ids)} triplets, scope {args.scope}\n")
+    print(markdown(rows))
+
+
+if __name__ == "__main__":
+    main()
