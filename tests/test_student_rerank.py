@@ -23,7 +23,7 @@ from bridge_assets.retrieval import cache
 from bridge_assets.retrieval.systems import RunContext, inputs_fingerprint, retrieve
 from bridge_assets.student import assets as student_assets
 from bridge_assets.student.annotator import TrainingSet, student_key
-from bridge_assets.student.model import StudentSettings, base_model_location
+from bridge_assets.student.model import StudentSettings, base_model_location, resolve_base_model
 from bridge_assets.student.rerank import student_rerank
 from bridge_assets.summary import run_summary
 from fixtures.labeled_lake import DATASET, materialize_qrels, read
@@ -79,19 +79,19 @@ def _toy() -> tuple[pl.DataFrame, dict, dict, TrainingSet]:
     return candidates, queries, docs, data
 
 
-def test_each_query_is_ranked_by_a_student_that_never_saw_its_labels(tmp_path):
+def test_each_query_is_ranked_by_a_student_that_never_saw_its_labels(tmp_path, monkeypatch):
     candidates, queries, docs, data = _toy()
     result = student_rerank(candidates, queries, docs, data, TINY, folds=2, k=3, lake_folder=tmp_path, dataset="toy")
     assert result.not_trained is None and len(result.folds) == 2
     run = result.run
     assert run.group_by("query_id").agg(pl.col("rank").sort()).sort("query_id")["rank"].to_list() == [[1, 2, 3]] * 6
     assert run["score"].is_between(0, 1).all()
-    location = base_model_location(TINY.base_model)
+    base = resolve_base_model(TINY.base_model)
     for fold in result.folds:
         scored = set(run.filter(pl.col("fold") == fold["fold"])["query_id"])
         assert len(scored) == fold["queries"] == 3
         # the fold's student is the one of the labels of every other query, and of those only
-        assert fold["student_key"] == student_key(data.without_queries(scored).version, TINY, location)
+        assert fold["student_key"] == student_key(data.without_queries(scored).version, TINY, base.identity)
         assert fold["trained_on"] == 6 and fold["trained_now"]
         assert set(run.filter(pl.col("fold") == fold["fold"])["student_key"]) == {fold["student_key"]}
 
@@ -99,6 +99,22 @@ def test_each_query_is_ranked_by_a_student_that_never_saw_its_labels(tmp_path):
     again = student_rerank(candidates, queries, docs, data, TINY, folds=2, k=3, lake_folder=tmp_path, dataset="toy")
     assert not any(fold["trained_now"] for fold in again.folds)
     assert again.run.equals(run)
+
+    # the same encoder elsewhere (another checkout's environment): still the same students
+    import dataclasses
+    import shutil
+
+    from bridge_assets.retrieval import weights
+
+    moved = shutil.copytree(base.location, tmp_path / "elsewhere" / "encoder")
+    resolve = weights.resolve_model
+    monkeypatch.setattr(weights, "resolve_model",
+                        lambda spec, system=None: dataclasses.replace(resolve(spec, system), location=str(moved)))
+    assert resolve_base_model(TINY.base_model).location == str(moved)
+    elsewhere = student_rerank(candidates, queries, docs, data, TINY, folds=2, k=3, lake_folder=tmp_path,
+                               dataset="toy")
+    assert [f["student_key"] for f in elsewhere.folds] == [f["student_key"] for f in result.folds]
+    assert not any(fold["trained_now"] for fold in elsewhere.folds)
 
 
 def test_no_run_when_a_fold_has_nothing_to_learn_from(tmp_path):

@@ -26,7 +26,7 @@ import polars as pl
 from bridge_assets import settings
 from bridge_assets.retrieval import cache, dense, encoders, lucene, splade
 from bridge_assets.retrieval.errors import RetrievalError
-from bridge_assets.retrieval.registry import RetrieverRegistry, SystemSpec, load_registry, model_identity
+from bridge_assets.retrieval.registry import RetrieverRegistry, SystemSpec, load_registry
 from bridge_assets.retrieval.runs import RUN_SCHEMA, document_texts, scored, top_k
 from bridge_assets.retrieval.weights import resolve_model
 
@@ -112,9 +112,7 @@ def _bm25(ctx: RunContext, spec: SystemSpec, queries: pl.DataFrame, k: int) -> p
 def _model_key(ctx: RunContext, model: str, system: str) -> tuple[str, Path]:
     """The cache folder of `model`'s document representation of this corpus."""
     spec = ctx.registry.model(model)
-    resolved = resolve_model(spec, system)
-    config = {"model": model_identity(spec), "backend": resolved.backend, "source": resolved.source}
-    key = cache.artifact_key(ctx.corpus_hash, config)
+    key = cache.artifact_key(ctx.corpus_hash, resolve_model(spec, system).identity(spec))
     return key, cache.artifact_dir(ctx.dataset, model, key, ctx.lake)
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bridge_assets.retrieval.errors import ModelUnavailableError
-from bridge_assets.retrieval.registry import ModelSource, ModelSpec, RetrieverRegistry
+from bridge_assets.retrieval.registry import ModelSource, ModelSpec, RetrieverRegistry, model_identity
 
 
 @dataclass(frozen=True)
@@ -27,6 +27,12 @@ class ResolvedModel:
     backend: str
     location: str   # a folder, or a Hugging Face repo id the Hub will serve
     source: str     # which declared source it is, for logs and metadata
+
+    def identity(self, spec: ModelSpec) -> dict:
+        """What the weights are, for cache keys: the registry entry, the backend and the source
+        found, never `location` (where this machine keeps them: a key with it changes when the
+        environment moves and stays when the weights at a path change)."""
+        return {"model": model_identity(spec), "backend": self.backend, "source": self.source}
 
 
 def hf_offline() -> bool:

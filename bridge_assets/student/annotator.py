@@ -4,8 +4,9 @@ assets in assets.py wire them.
 
 A student is stored once per key, `<data lake>/students/<dataset>/<key>/` (the folder holds
 the encoder, calibration.json and meta.json), where the key hashes its training set (the
-verified labels, sql/student_training_set.sql), its settings and its base encoder: unchanged
-labels find the trained student again, changed ones train a new one.
+verified labels, sql/student_training_set.sql), its settings and its base encoder (its
+retrievers.yaml entry and source, not the folder it lies in): unchanged labels find the trained
+student again, changed ones train a new one.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from bridge_assets.labeling.pairs import Pair, load_pairs
 from bridge_assets.paths import read_sql
 from bridge_assets.retrieval.cache import ensure_built, read_meta
 from bridge_assets.student.model import (Example, Student, StudentSettings, assign_splits,
-                                         base_model_location, held_out_queries, train_student,
+                                         held_out_queries, resolve_base_model, train_student,
                                          weights_hash)
 
 SCORE_BATCH = 64
@@ -68,9 +69,10 @@ def student_folder(lake_folder: Path, dataset: str, key: str) -> Path:
     return lake_folder / "students" / dataset / key
 
 
-def student_key(version: str, settings: StudentSettings, base_location: str) -> str:
-    """Its training set's version, its settings and the encoder it starts from."""
-    config = {"training_set": version, "settings": settings.model_dump(), "base": base_location}
+def student_key(version: str, settings: StudentSettings, base: dict) -> str:
+    """Its training set's version, its settings and what the encoder it starts from is (not
+    where it lies: a lake moved to another environment finds its students again)."""
+    config = {"training_set": version, "settings": settings.model_dump(), "base": base}
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -89,11 +91,11 @@ def ensure_student(lake_folder: Path, dataset: str, data: TrainingSet,
                    settings: StudentSettings) -> StoredStudent:
     """The student of `data` under `settings`: found again when one was trained on the same
     labels, else trained now (under a file lock; a half-trained folder is never read)."""
-    location = base_model_location(settings.base_model)
-    key = student_key(data.version, settings, location)
+    base = resolve_base_model(settings.base_model)
+    key = student_key(data.version, settings, base.identity)
 
     def build(folder: Path) -> dict[str, Any]:
-        student = train_student(data.examples(), settings, location)
+        student = train_student(data.examples(), settings, base.location)
         student.save(folder)
         return {"weights_hash": weights_hash(folder), "training_set": data.version,
                 "report": asdict(student.report), "settings": settings.model_dump()}

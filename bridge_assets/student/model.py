@@ -179,8 +179,16 @@ def assign_splits(examples: Sequence[Example], settings: StudentSettings) -> lis
     return parts
 
 
-def base_model_location(name: str) -> str:
-    """The folder (or Hub id) of a retrievers.yaml model, through its declared sources."""
+@dataclass(frozen=True)
+class BaseModel:
+    """The encoder a student starts from: where its weights are here, and what they are."""
+
+    location: str
+    identity: dict   # what keys hash (`ResolvedModel.identity`): the same on every machine
+
+
+def resolve_base_model(name: str) -> BaseModel:
+    """A retrievers.yaml model, through its declared sources."""
     from bridge_assets.retrieval.registry import load_registry
     from bridge_assets.retrieval.weights import resolve_model
 
@@ -188,7 +196,14 @@ def base_model_location(name: str) -> str:
     if name not in registry.models:
         raise StudentError(f"student base_model '{name}' is not a model of retrievers.yaml "
                            f"(known: {', '.join(registry.models)})")
-    return resolve_model(registry.models[name]).location
+    spec = registry.models[name]
+    resolved = resolve_model(spec)
+    return BaseModel(resolved.location, resolved.identity(spec))
+
+
+def base_model_location(name: str) -> str:
+    """The folder (or Hub id) of a retrievers.yaml model."""
+    return resolve_base_model(name).location
 
 
 def _cross_encoder(location: str, max_length: int):
