@@ -13,8 +13,11 @@ escalation, from `bridge label-eval --items` files (no model call).
     .venv/bin/python scripts/escalation_signal.py --labels dream.jsonl --lara pyes.jsonl \
         --signal student=student.jsonl --signal pyes=pyes.jsonl [--scope consensus|decided]
 
-Prints a markdown table: per signal and confidence, the escalation, the decided bAcc with its
-95% interval, LARA's at the same escalation, and the paired interval of the difference.
+Prints two markdown tables: how well each signal ranks the triplets (AUROC, and its difference
+from LARA's P(yes), with paired 95% intervals); then, with --labels, per signal and confidence,
+the escalation, the decided bAcc with its 95% interval, LARA's at the same escalation, and the
+paired interval of the difference. Without --labels, only the first table, over the triplets of
+the --lara file (e.g. the whole gold set).
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import json
 from pathlib import Path
 
 from bridge_assets.evaluation.goldsets import read_goldset
+from bridge_assets.evaluation.metrics import auroc, auroc_intervals
 from bridge_assets.student.escalation import EscalationRow, escalation_study
 from bridge_assets.student.labeler import query_folds
 
@@ -63,6 +67,16 @@ def markdown(rows: list[EscalationRow]) -> str:
     return "\n".join(lines)
 
 
+def auroc_table(gold: list[int], scores: dict[str, list[float]], reference: str) -> str:
+    lines = [f"| signal | AUROC [95% CI] | minus {reference}'s [95% CI] |", "|---|---|---|"]
+    for name, score in scores.items():
+        (low, high), (diff_low, diff_high) = auroc_intervals(gold, score, scores[reference])
+        difference = auroc(gold, score) - auroc(gold, scores[reference])
+        lines.append(f"| {name} | {auroc(gold, score):.3f} [{low:.3f}, {high:.3f}] | "
+                     f"{difference:+.3f} [{diff_low:+.3f}, {diff_high:+.3f}] |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write-test-half", nargs=2, type=Path, metavar=("GOLD", "OUT"),
@@ -79,25 +93,29 @@ def main() -> None:
         gold, out = args.write_test_half
         print(f"{write_test_half(gold, out)} triplets -> {out}")
         return
-    if not (args.labels and args.lara and args.signal):
-        parser.error("give --labels, --lara and at least one --signal (or --write-test-half)")
-    labeled = read_items(args.labels)
-    ids = list(labeled)
+    if not (args.lara and args.signal):
+        parser.error("give --lara and at least one --signal (and --labels for the escalation table), "
+                     "or --write-test-half")
     scorers = {"lara": read_items(args.lara)}
     for text in args.signal:
         name, _, path = text.partition("=")
         scorers[name] = read_items(Path(path))
+    labeled = read_items(args.labels) if args.labels else scorers["lara"]
+    ids = list(labeled)
     for name, scored in scorers.items():
-        if missing := [i for i in ids if i not in scored]:
-            parser.error(f"{name}: no score for {len(missing)} of the labeler's triplets (e.g. {missing[0]})")
+        if missing := [i for i in ids if i not in scored or scored[i]["score"] is None]:
+            parser.error(f"{name}: no score for {len(missing)} of the triplets studied (e.g. {missing[0]})")
     gold = [labeled[i]["gold"] for i in ids]
+    scores = {name: [scored[i]["score"] for i in ids] for name, scored in scorers.items()}
+    print(f"{args.labels or args.lara}: {len(ids)} triplets\n")
+    print(auroc_table(gold, scores, "lara"))
+    if not args.labels:
+        return
     labels = [labeled[i]["label"] for i in ids]
     eligible = [args.scope == "decided" or labeled[i]["detail"] != "filtered" for i in ids]
-    rows = escalation_study(gold, labels, {name: [scorers[name][i]["score"] for i in ids]
-                                           for name in scorers if name != "lara"},
-                            [scorers["lara"][i]["score"] for i in ids],
-                            [float(c) for c in args.confidences.split(",")], eligible=eligible)
-    print(f"{args.labels}: {len(ids)} triplets, scope {args.scope}\n")
+    rows = escalation_study(gold, labels, {name: score for name, score in scores.items() if name != "lara"},
+                            scores["lara"], [float(c) for c in args.confidences.split(",")], eligible=eligible)
+    print(f"\nescalation, scope {args.scope}\n")
     print(markdown(rows))
 
 

@@ -70,8 +70,9 @@ def test_the_script_reads_label_eval_items_and_refuses_missing_scores(tmp_path, 
     table = capsys.readouterr().out
     assert "| (labeler alone) | - | 3 of 30, 10.0% (0) |" in table
     assert "| oracle | 0.9 | 8 of 30, 26.7% (5) |" in table  # the filtered "no" stays
+    assert "| oracle | 1.000 [1.000, 1.000] | +0.000 [+0.000, +0.000] |" in table  # AUROC; minus P(yes)'s
     (tmp_path / "short.jsonl").write_text(oracle.read_text().splitlines()[0] + "\n")
     monkeypatch.setattr(sys, "argv", argv[:-4] + ["--signal", f"short={tmp_path / 'short.jsonl'}"])
     with pytest.raises(SystemExit):
         runpy.run_path("scripts/escalation_signal.py", run_name="__main__")
-    assert "short: no score for 29 of the labeler's triplets" in capsys.readouterr().err
+    assert "short: no score for 29 of the triplets studied" in capsys.readouterr().err

@@ -7,7 +7,8 @@ import math
 import pytest
 
 from bridge_assets.evaluation.lara import IDENTITY, fit_calibrator, lara, logit
-from bridge_assets.evaluation.metrics import (NO_LABEL, agreement, auroc, bacc_interval, balanced_accuracies,
+from bridge_assets.evaluation.metrics import (NO_LABEL, agreement, auroc, auroc_intervals, aurocs,
+                                              bacc_interval, balanced_accuracies,
                                               balanced_accuracy, brier_score, calibration_metrics, class_recalls,
                                               escalate_least_confident, escalation_count,
                                               expected_calibration_error, labeler_metrics,
@@ -58,6 +59,31 @@ def test_the_bacc_interval_is_scipys_percentile_bootstrap_of_the_case_by_case_ba
                                rng=np.random.default_rng(0)).confidence_interval
     assert bacc_interval(gold.tolist(), predicted.tolist()) == pytest.approx(tuple(expected))
     assert bacc_interval([1, 1], [1, 0]) == (None, None)
+
+
+def test_the_batched_auroc_is_roc_auc_score_ties_included():
+    import numpy as np
+
+    rng = np.random.default_rng(5)
+    gold, score = rng.integers(0, 2, (40, 15)), np.round(rng.random((40, 15)), 1)  # many ties
+    gold[0, :] = 1  # one class only: undefined
+    for g, s, value in zip(gold, score, aurocs(gold, score), strict=True):
+        expected = auroc(g.tolist(), s.tolist())
+        assert math.isnan(value) if expected is None else value == pytest.approx(expected)
+
+
+def test_auroc_intervals_hold_the_value_and_a_score_against_itself_differs_by_nothing():
+    import numpy as np
+
+    rng = np.random.default_rng(6)
+    gold = rng.integers(0, 2, 80)
+    good, noise = gold + rng.normal(0, 0.7, 80), rng.random(80)
+    (low, high), (diff_low, diff_high) = auroc_intervals(gold.tolist(), good.tolist(), noise.tolist())
+    assert low <= auroc(gold.tolist(), good.tolist()) <= high
+    assert 0 < diff_low < diff_high  # the informative score ranks better than noise, intervals apart
+    assert auroc_intervals(gold.tolist(), good.tolist(), good.tolist())[1] == (0.0, 0.0)
+    with pytest.raises(ValueError, match="both classes"):
+        auroc_intervals([1, 1], [0.2, 0.3], [0.1, 0.5])
 
 
 @pytest.mark.parametrize("n, ratio, expected", [
