@@ -14,7 +14,7 @@ escalation, from `bridge label-eval --items` files (no model call).
         --signal student=student.jsonl --signal pyes=pyes.jsonl [--scope consensus|decided]
 
 Prints two markdown tables: how well each signal ranks the triplets (AUROC, and its difference
-from LARA's P(yes), with paired 95% intervals); then, with --labels, per signal and confidence,
+from LARA's P(yes), with paired 95% intervals); then, with --labels, per signal and rule,
 the escalation, the decided bAcc with its 95% interval, LARA's at the same escalation, and the
 paired interval of the difference. Without --labels, only the first table, over the triplets of
 the --lara file (e.g. the whole gold set).
@@ -32,6 +32,7 @@ from bridge_assets.student.escalation import EscalationRow, escalation_study
 from bridge_assets.student.labeler import query_folds
 
 CONFIDENCES = (0.6, 0.7, 0.8, 0.9, 0.95)
+UP_TO = (0.15, 0.2)
 
 
 def read_items(path: Path) -> dict[str, dict]:
@@ -57,10 +58,10 @@ def _interval(ci: tuple[float | None, float | None]) -> str:
 
 
 def markdown(rows: list[EscalationRow]) -> str:
-    lines = ["| signal | confidence | escalated (by signal) | decided bAcc [95% CI] | LARA at the same "
+    lines = ["| signal | rule | escalated (by signal) | decided bAcc [95% CI] | LARA at the same "
              "[95% CI] | difference [95% CI] |", "|---|---|---|---|---|---|"]
     for row in rows:
-        lines.append(f"| {row.signal or '(labeler alone)'} | {'-' if row.confidence is None else row.confidence} | "
+        lines.append(f"| {row.signal or '(labeler alone)'} | {row.rule or '-'} | "
                      f"{row.escalated} of {row.n}, {_percent(row.escalation_ratio)}% ({row.by_signal}) | "
                      f"{_percent(row.bacc)} {_interval(row.bacc_ci)} | {_percent(row.lara_bacc)} "
                      f"{_interval(row.lara_ci)} | {_percent(row.difference)} {_interval(row.difference_ci)} |")
@@ -85,7 +86,10 @@ def main() -> None:
     parser.add_argument("--lara", type=Path, help="label-eval --items of a P(yes) scorer (diras): LARA's scores")
     parser.add_argument("--signal", action="append", default=[], metavar="NAME=FILE",
                         help="label-eval --items whose score is the signal (repeatable)")
-    parser.add_argument("--confidences", default=",".join(map(str, CONFIDENCES)))
+    parser.add_argument("--confidences", default=",".join(map(str, CONFIDENCES)),
+                        help="escalate every label the signal contradicts at this P or more")
+    parser.add_argument("--up-to", default=",".join(map(str, UP_TO)),
+                        help="escalate the most contradicted labels until this share is escalated in all")
     parser.add_argument("--scope", choices=("consensus", "decided"), default="consensus",
                         help="labels a signal may escalate: the debate's (not the filter's 'no'), or every decided one")
     args = parser.parse_args()
@@ -114,7 +118,8 @@ def main() -> None:
     labels = [labeled[i]["label"] for i in ids]
     eligible = [args.scope == "decided" or labeled[i]["detail"] != "filtered" for i in ids]
     rows = escalation_study(gold, labels, {name: score for name, score in scores.items() if name != "lara"},
-                            scores["lara"], [float(c) for c in args.confidences.split(",")], eligible=eligible)
+                            scores["lara"], confidences=[float(c) for c in args.confidences.split(",") if c],
+                            up_to=[float(r) for r in args.up_to.split(",") if r], eligible=eligible)
     print(f"\nescalation, scope {args.scope}\n")
     print(markdown(rows))
 

@@ -1,12 +1,16 @@
 """A score as an escalation signal: send to people the labels it contradicts with confidence.
 
-    rows = escalation_study(gold, labels, {"student": scores}, p_yes, confidences=(0.7, 0.8, 0.9))
+    rows = escalation_study(gold, labels, {"student": scores}, p_yes, confidences=(0.7, 0.9),
+                            up_to=(0.15, 0.2))
 
 `labels` are one labeler's decisions on a gold set (None where it escalated already, e.g. the
 pipeline's filter then DREAM); a signal is a P(relevant) per triplet (the student's, scored out
-of fold; the LLM's P(yes)). At confidence c a decided label is escalated as well when the signal
-contradicts it: "relevant" with P <= 1 - c, "not relevant" with P >= c (only where `eligible`,
-e.g. the debate's consensus but not the filter's "no"). Each row stands beside LARA at the same
+of fold; the LLM's P(yes)). Its contradiction of a decided label is its P of the other class.
+Two rules escalate a decided label as well (only where `eligible`, e.g. the debate's consensus
+but not the filter's "no"): at confidence c, every label contradicted at c or more; up to a
+ratio r, the most contradicted labels (contradiction above one half) until r of the cases are
+escalated in all (for a signal whose calibrated scores crowd near one half, which no confidence
+reaches, the budget still uses its ranking). Each row stands beside LARA at the same
 escalation (LARA's online-calibrated P(yes), `bridge_assets.evaluation.lara`), with the paired
 bootstrap interval of the difference in decided bAcc (cases resampled, both labelers' decisions
 held fixed). A study, not a default: the pipeline escalates by its own checks only.
@@ -23,13 +27,14 @@ import numpy as np
 
 from bridge_assets.evaluation.lara import lara
 from bridge_assets.evaluation.metrics import (BOOTSTRAP_RESAMPLES, CONFIDENCE_LEVEL, NO_LABEL,
-                                              balanced_accuracies, balanced_accuracy, bacc_interval)
+                                              balanced_accuracies, balanced_accuracy, bacc_interval,
+                                              escalation_count)
 
 
 @dataclass(frozen=True)
 class EscalationRow:
     signal: str                  # "" for the labeler alone
-    confidence: float | None     # None for the labeler alone
+    rule: str                    # what the signal escalated: "P >= 0.7", "up to 20%" ("" alone)
     n: int
     escalated: int               # the labeler's own escalations plus the signal's
     by_signal: int               # of those, escalated by the signal
@@ -45,19 +50,36 @@ class EscalationRow:
         return self.escalated / self.n
 
 
-def contradicts(label: int, p_relevant: float, confidence: float) -> bool:
-    """Whether a signal of P(relevant) `p_relevant` contradicts `label` with `confidence`: its
-    P of the other class is at least `confidence`."""
-    return (1 - p_relevant if label == 1 else p_relevant) >= confidence
+def contradiction(label: int, p_relevant: float) -> float:
+    """How strongly a signal of P(relevant) `p_relevant` contradicts `label`: its P of the other class."""
+    return 1 - p_relevant if label == 1 else p_relevant
+
+
+def _contradicted(labels: Sequence[int | None], signal: Sequence[float | None],
+                  eligible: Sequence[bool] | None) -> dict[int, float]:
+    """Each eligible decided case with a score (a failed call has none: it keeps its label),
+    with its contradiction."""
+    eligible = eligible if eligible is not None else [True] * len(labels)
+    return {i: contradiction(label, p) for i, (label, p, ok) in enumerate(zip(labels, signal, eligible, strict=True))
+            if label is not None and ok and p is not None}
 
 
 def escalate_contradicted(labels: Sequence[int | None], signal: Sequence[float | None], confidence: float,
                           eligible: Sequence[bool] | None = None) -> list[int | None]:
-    """`labels` with every eligible decided label the signal contradicts at `confidence` escalated
-    (a case without a score, e.g. a failed call, keeps its label)."""
-    eligible = eligible if eligible is not None else [True] * len(labels)
-    return [None if label is not None and ok and p is not None and contradicts(label, p, confidence) else label
-            for label, p, ok in zip(labels, signal, eligible, strict=True)]
+    """`labels` with every eligible decided label the signal contradicts at `confidence` or more escalated."""
+    chosen = {i for i, strength in _contradicted(labels, signal, eligible).items() if strength >= confidence}
+    return [None if i in chosen else label for i, label in enumerate(labels)]
+
+
+def escalate_most_contradicted(labels: Sequence[int | None], signal: Sequence[float | None], ratio: float,
+                               eligible: Sequence[bool] | None = None) -> list[int | None]:
+    """`labels` with the eligible decided labels the signal contradicts most (above one half; ties:
+    the earlier case) escalated until `ratio` of the cases are escalated in all (`escalation_count`)."""
+    room = escalation_count(len(labels), ratio) - sum(label is None for label in labels)
+    ranked = sorted(((-strength, i) for i, strength in _contradicted(labels, signal, eligible).items()
+                     if strength > 0.5))
+    chosen = {i for _, i in ranked[:max(room, 0)]}
+    return [None if i in chosen else label for i, label in enumerate(labels)]
 
 
 def decided_bacc(gold: Sequence[int], labels: Sequence[int | None]) -> float | None:
@@ -94,29 +116,32 @@ def difference_interval(gold: Sequence[int], first: Sequence[int | None], second
     return (None, None) if math.isnan(low) or math.isnan(high) else (float(low), float(high))
 
 
-def _row(signal: str, confidence: float | None, gold: Sequence[int], labels: Sequence[int | None],
-         by_signal: int, p_yes: Sequence[float | None]) -> EscalationRow:
+def _row(signal: str, rule: str, gold: Sequence[int], labels: Sequence[int | None],
+         before: Sequence[int | None], p_yes: Sequence[float | None]) -> EscalationRow:
     n = len(gold)
     escalated = sum(label is None for label in labels)
+    by_signal = escalated - sum(label is None for label in before)
     baseline = lara(p_yes, gold, escalated / n).labels
     bacc, lara_bacc = decided_bacc(gold, labels), decided_bacc(gold, baseline)
-    return EscalationRow(signal, confidence, n, escalated, by_signal, bacc, _decided_interval(gold, labels),
+    return EscalationRow(signal, rule, n, escalated, by_signal, bacc, _decided_interval(gold, labels),
                          lara_bacc, _decided_interval(gold, baseline),
                          None if bacc is None or lara_bacc is None else bacc - lara_bacc,
                          difference_interval(gold, labels, baseline))
 
 
 def escalation_study(gold: Sequence[int], labels: Sequence[int | None],
-                     signals: Mapping[str, Sequence[float | None]],
-                     p_yes: Sequence[float | None], confidences: Sequence[float], *,
+                     signals: Mapping[str, Sequence[float | None]], p_yes: Sequence[float | None], *,
+                     confidences: Sequence[float] = (), up_to: Sequence[float] = (),
                      eligible: Sequence[bool] | None = None) -> list[EscalationRow]:
-    """The labeler alone, then each signal at each confidence, each beside LARA at its escalation."""
-    rows = [_row("", None, gold, labels, 0, p_yes)]
+    """The labeler alone, then each signal under each rule, each beside LARA at its escalation."""
+    rows = [_row("", "", gold, labels, labels, p_yes)]
     for name, signal in signals.items():
         if len(signal) != len(labels):
             raise ValueError(f"signal {name!r}: {len(signal)} scores for {len(labels)} labels")
         for confidence in confidences:
-            escalated = escalate_contradicted(labels, signal, confidence, eligible)
-            added = sum(a is None for a in escalated) - sum(b is None for b in labels)
-            rows.append(_row(name, confidence, gold, escalated, added, p_yes))
+            rows.append(_row(name, f"P >= {confidence:g}", gold,
+                             escalate_contradicted(labels, signal, confidence, eligible), labels, p_yes))
+        for ratio in up_to:
+            rows.append(_row(name, f"up to {100 * ratio:g}%", gold,
+                             escalate_most_contradicted(labels, signal, ratio, eligible), labels, p_yes))
     return rows
