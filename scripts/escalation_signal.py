@@ -33,6 +33,7 @@ from bridge_assets.student.labeler import query_folds
 
 CONFIDENCES = (0.6, 0.7, 0.8, 0.9, 0.95)
 UP_TO = (0.15, 0.2)
+REFERENCE = "P(yes) of --lara"  # the scores LARA calibrates, the baseline of both tables
 
 
 def read_items(path: Path) -> dict[str, dict]:
@@ -100,11 +101,11 @@ def main() -> None:
     if not (args.lara and args.signal):
         parser.error("give --lara and at least one --signal (and --labels for the escalation table), "
                      "or --write-test-half")
-    scorers = {"lara": read_items(args.lara)}
+    scorers = {REFERENCE: read_items(args.lara)}
     for text in args.signal:
         name, _, path = text.partition("=")
         scorers[name] = read_items(Path(path))
-    labeled = read_items(args.labels) if args.labels else scorers["lara"]
+    labeled = read_items(args.labels) if args.labels else scorers[REFERENCE]
     ids = list(labeled)
     for name, scored in scorers.items():
         if missing := [i for i in ids if i not in scored or scored[i]["score"] is None]:
@@ -112,13 +113,13 @@ def main() -> None:
     gold = [labeled[i]["gold"] for i in ids]
     scores = {name: [scored[i]["score"] for i in ids] for name, scored in scorers.items()}
     print(f"{args.labels or args.lara}: {len(ids)} triplets\n")
-    print(auroc_table(gold, scores, "lara"))
+    print(auroc_table(gold, scores, REFERENCE))
     if not args.labels:
         return
     labels = [labeled[i]["label"] for i in ids]
     eligible = [args.scope == "decided" or labeled[i]["detail"] != "filtered" for i in ids]
-    rows = escalation_study(gold, labels, {name: score for name, score in scores.items() if name != "lara"},
-                            scores["lara"], confidences=[float(c) for c in args.confidences.split(",") if c],
+    rows = escalation_study(gold, labels, {name: score for name, score in scores.items() if name != REFERENCE},
+                            scores[REFERENCE], confidences=[float(c) for c in args.confidences.split(",") if c],
                             up_to=[float(r) for r in args.up_to.split(",") if r], eligible=eligible)
     print(f"\nescalation, scope {args.scope}\n")
     print(markdown(rows))

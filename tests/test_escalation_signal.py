@@ -86,6 +86,7 @@ def test_the_script_reads_label_eval_items_and_refuses_missing_scores(tmp_path, 
     assert "| (labeler alone) | - | 3 of 30, 10.0% (0) |" in table
     assert "| oracle | P >= 0.9 | 8 of 30, 26.7% (5) |" in table  # the filtered "no" stays
     assert "| oracle | 1.000 [1.000, 1.000] | +0.000 [+0.000, +0.000] |" in table  # AUROC; minus P(yes)'s
+    assert "| P(yes) of --lara | 1.000 [1.000, 1.000] |" in table
     (tmp_path / "short.jsonl").write_text(oracle.read_text().splitlines()[0] + "\n")
     monkeypatch.setattr(sys, "argv", argv[:-6] + ["--signal", f"short={tmp_path / 'short.jsonl'}"])
     with pytest.raises(SystemExit):
