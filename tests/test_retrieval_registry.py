@@ -250,6 +250,35 @@ def test_archive_parts_that_are_missing_or_corrupt_are_never_unpacked(registry_f
         load_registry(registry_file)
 
 
+def test_an_unpacking_killed_mid_way_is_cleared_by_the_next_one(registry_file, tmp_path, monkeypatch):
+    import os
+    import subprocess
+
+    from bridge_assets.retrieval.weights import UNPACKED, resolve_model
+
+    monkeypatch.setenv("BRIDGE_MODELS_DIR", str(tmp_path / "models"))
+    folder = tmp_path / "tiny-model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"hidden_size": 4}')
+    site = tmp_path / "site"
+    site.mkdir()
+    parts, digest = _archive_packages(site, folder, 2, "tiny-left")
+    monkeypatch.syspath_prepend(str(site))
+    _with_archive_model(registry_file, "tiny-left", parts, digest, "tiny-model")
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a process killed while unpacking, and one still at it (this one)
+    unpacked_dir = tmp_path / "models" / "unpacked"
+    killed, running = (unpacked_dir / f"{digest[:16]}.{gone.pid}.x.partial",
+                       unpacked_dir / f"{digest[:16]}.{os.getpid()}.y.partial")
+    for partial in (killed, running):
+        (partial / "files").mkdir(parents=True)
+        (partial / "archive.zip").write_bytes(b"half an archive")
+
+    found = resolve_model(load_registry(registry_file).model("tiny-left"))
+    assert (unpacked_dir / digest[:16] / UNPACKED).exists() and found.location.endswith("tiny-model")
+    assert not killed.exists() and running.exists()
+
+
 def test_make_mpnet_installs_exactly_the_parts_the_registry_joins_and_setup_does_not():
     import re
     import subprocess

@@ -82,7 +82,10 @@ def _archive(source: ModelSource) -> tuple[Path | None, str]:
             return None, why
         parts.append(part)
     unpacked.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=unpacked.name + ".", suffix=".partial", dir=unpacked.parent))
+    _remove_abandoned(unpacked)
+    # the owner's pid in the name: a later process can tell a killed one's leftovers
+    work = Path(tempfile.mkdtemp(prefix=f"{unpacked.name}.{os.getpid()}.", suffix=".partial",
+                                 dir=unpacked.parent))
     try:
         archive = work / "archive.zip"
         join_parts(parts, archive, source.sha256, f"archive of {source.describe()}")
@@ -99,6 +102,25 @@ def _archive(source: ModelSource) -> tuple[Path | None, str]:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return unpacked / source.subdir, ""
+
+
+def _remove_abandoned(unpacked: Path) -> None:
+    """Delete the half-unpacked folders of `unpacked` whose process is gone (killed mid-way:
+    each holds up to the joined archive, hundreds of MB); another live process's is left alone."""
+    for partial in unpacked.parent.glob(f"{unpacked.name}.*.partial"):
+        owner = partial.name.split(".")[1]
+        if owner.isdigit() and not _process_alive(int(owner)):
+            shutil.rmtree(partial, ignore_errors=True)
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
 
 
 def _local_path(source: ModelSource) -> tuple[Path | None, str]:
