@@ -201,9 +201,11 @@ def auroc_intervals(gold: Sequence[int], score: Sequence[float], reference: Sequ
         value = aurocs(g, s, axis)
         return value, value - aurocs(g, r, axis)
 
-    result = stats.bootstrap(data, both, paired=True, vectorized=True, n_resamples=BOOTSTRAP_RESAMPLES,
-                             method="percentile", confidence_level=CONFIDENCE_LEVEL,
-                             rng=np.random.default_rng(seed))
+    with warnings.catch_warnings():  # a score against itself: a valid, degenerate difference
+        warnings.simplefilter("ignore", stats.DegenerateDataWarning)
+        result = stats.bootstrap(data, both, paired=True, vectorized=True, n_resamples=BOOTSTRAP_RESAMPLES,
+                                 method="percentile", confidence_level=CONFIDENCE_LEVEL,
+                                 rng=np.random.default_rng(seed))
     (low, low_difference), (high, high_difference) = result.confidence_interval
     return (float(low), float(high)), (float(low_difference), float(high_difference))
 
