@@ -82,14 +82,18 @@ def escalate_most_contradicted(labels: Sequence[int | None], signal: Sequence[fl
     return [None if i in chosen else label for i, label in enumerate(labels)]
 
 
+def _decided(gold: Sequence[int], labels: Sequence[int | None]) -> tuple[list[int], list[int]]:
+    """The gold and labels of the decided cases."""
+    kept = [i for i, label in enumerate(labels) if label is not None]
+    return [gold[i] for i in kept], [labels[i] for i in kept]
+
+
 def decided_bacc(gold: Sequence[int], labels: Sequence[int | None]) -> float | None:
-    pairs = [(g, label) for g, label in zip(gold, labels, strict=True) if label is not None]
-    return balanced_accuracy([g for g, _ in pairs], [label for _, label in pairs])
+    return balanced_accuracy(*_decided(gold, labels))
 
 
 def _decided_interval(gold: Sequence[int], labels: Sequence[int | None]) -> tuple[float | None, float | None]:
-    pairs = [(g, label) for g, label in zip(gold, labels, strict=True) if label is not None]
-    return bacc_interval([g for g, _ in pairs], [label for _, label in pairs])
+    return bacc_interval(*_decided(gold, labels))
 
 
 def difference_interval(gold: Sequence[int], first: Sequence[int | None], second: Sequence[int | None], *,
