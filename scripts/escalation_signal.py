@@ -71,11 +71,12 @@ def markdown(rows: list[EscalationRow]) -> str:
 
 def auroc_table(gold: list[int], scores: dict[str, list[float]], reference: str) -> str:
     lines = [f"| signal | AUROC [95% CI] | minus {reference}'s [95% CI] |", "|---|---|---|"]
+    baseline = auroc(gold, scores[reference])
     for name, score in scores.items():
         (low, high), (diff_low, diff_high) = auroc_intervals(gold, score, scores[reference])
-        difference = auroc(gold, score) - auroc(gold, scores[reference])
-        lines.append(f"| {name} | {auroc(gold, score):.3f} [{low:.3f}, {high:.3f}] | "
-                     f"{difference:+.3f} [{diff_low:+.3f}, {diff_high:+.3f}] |")
+        value = auroc(gold, score)
+        lines.append(f"| {name} | {value:.3f} [{low:.3f}, {high:.3f}] | "
+                     f"{value - baseline:+.3f} [{diff_low:+.3f}, {diff_high:+.3f}] |")
     return "\n".join(lines)
 
 
