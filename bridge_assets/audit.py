@@ -29,7 +29,7 @@ from bridge_assets.labeling.pairs import chunk_text
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.llm.parsing import canonical_json
 from bridge_assets.snapshots import snapshot_of
-from bridge_assets.student.model import ONE_CLASS_QUERY, SAMPLED_OUT
+from bridge_assets.student.model import ONE_CLASS_QUERY, SAMPLED_OUT, TRAIN
 from bridge_assets.store import table_exists
 
 # Assets whose latest materialization of the dataset's partition the story names.
@@ -206,8 +206,12 @@ def _student(reader: _Reader) -> dict[str, Any] | None:
                learned_from_snapshot
         from student_annotator where dataset = ? and student_key = ?""",
                        [reader.params[0], scores[0]["student_key"]])
-    learned = reader.pair_rows("student_training_set", "label, source, split") \
-        if reader.exists("student_training_set") else None
+    learned = None
+    if reader.exists("student_training_set"):
+        # a lake from before distillation has no `teacher` column
+        teacher = reader.con.execute("select count(*) from information_schema.columns where table_name = "
+                                     "'student_training_set' and column_name = 'teacher'").fetchone()[0]
+        learned = reader.pair_rows("student_training_set", "label, source, split" + (", teacher" if teacher else ""))
     return {**scores[0], "student": student[0] if student else None,
             "learned_from_pair": learned[0] if learned else None}
 
@@ -406,6 +410,8 @@ def _student_lines(story: dict[str, Any]) -> list[str | None]:
                 "verified labels being all of one class")
     else:
         said = f"yes: label {learned['label']} ({learned['source']}, {learned['split']} split)" if learned else "no"
+        if learned and learned["split"] == TRAIN and learned.get("teacher") is not None:
+            said += f", distilled with the debate's P(yes) {learned['teacher']:.2f}"
     lines.append(_line("learned from it", said))
     return lines
 

@@ -58,7 +58,7 @@ def main() -> None:
         if not spec.known_holes:
             parser.error(f"dataset {args.dataset} names no known_holes: nothing to count lost pairs against")
         holes = read_known_holes(spec.resolve(spec.known_holes, "known_holes"))
-        tables = ("bridge_qrels", "filtered_pool", "filter_votes", "queries", "corpus")
+        tables = ("bridge_qrels", "debate_labels", "filtered_pool", "filter_votes", "queries", "corpus")
         with DuckDBStore().snapshot(args.dataset, tables) as con:
             study = lake_study(con, args.dataset, holes, settings, thresholds)
         print(f"\n## {args.dataset} (the pairs the filter saw; relevant = known holes; "

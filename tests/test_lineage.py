@@ -101,7 +101,8 @@ RUNS: dict[str, tuple[dg.AssetsDefinition, list[dict]]] = {
     # the shipped profile's student_rerank_bm25 (students of one short epoch), before the
     # metrics that read its run
     "student_rerank_run": (student_assets.student_rerank_run,
-                           [{"epochs": 1, "max_length": 32, "batch_size": 8, "calibration_share": 0.34}]),
+                           [{"epochs": 1, "max_length": 32, "batch_size": 8, "calibration_share": 0.34,
+                             "teacher_weight": 0.5}]),
     "retrieval_metrics": (analysis_assets.retrieval_metrics, [{"scope": "pooled"}, {"scope": "all"}]),
     "ranking_shift": (analysis_assets.ranking_shift, [{}]),
     "significance": (analysis_assets.significance, [{"resamples": 20}]),
@@ -118,7 +119,8 @@ RUNS: dict[str, tuple[dg.AssetsDefinition, list[dict]]] = {
     "rag_judgments": (analysis_assets.rag_judgments, [{"model": "m"}]),
     "rag_alignment": (analysis_assets.rag_alignment, [{}]),
     "student_annotator": (student_assets.student_annotator,
-                          [{"epochs": 1, "max_length": 32, "batch_size": 8, "calibration_share": 0.34}]),
+                          [{"epochs": 1, "max_length": 32, "batch_size": 8, "calibration_share": 0.34,
+                            "teacher_weight": 0.5}]),   # distilling: it reads debate_labels
     "student_scores": (student_assets.student_scores, [{}]),
     "report": (report_assets.report, [{}, KNOWN_HOLES]),
 }

@@ -69,6 +69,32 @@ def test_training_set_holds_verified_labels_only(labeled_lake):
     assert got == {pair: (int(relevance > 0), source) for pair, (relevance, source) in EXPECTED_LABELS.items()}
     assert [(p.query_id, p.doc_id) for p in data.pairs] == list(got)
     assert {e.target for e in data.examples()} == {0.0, 1.0}
+    assert {e.teacher for e in data.examples()} == {None}  # no teacher read: nothing distilled
+
+
+def test_a_distilling_student_reads_the_debate_s_p_yes_of_verified_labels_only(labeled_lake):
+    """The debate's P(yes) joins the labels it verified (consensus, or people's label of a pair
+    the agents disagreed on); a pending pair's P(yes) and guess never reach the training set,
+    and reading the teacher changes the training set's version (a new student)."""
+    _plant_pending_yes(labeled_lake)
+    materialize_qrels(labeled_lake)
+    tables = ("bridge_qrels", "debate_labels", "queries", "corpus")
+    with DuckDBStore(data_lake=str(labeled_lake)).snapshot(DATASET, tables) as con:
+        plain, distilled = training_set(con, DATASET), training_set(con, DATASET, teacher=True)
+        debated = {(q, d): p for q, d, p in con.execute(
+            "select query_id, doc_id, p_yes from debate_labels where dataset = ?", [DATASET]).fetchall()}
+    assert distilled.labels.drop("teacher").equals(plain.labels) and distilled.pairs == plain.pairs
+    teacher = {(q, d): (source, p) for q, d, source, p
+               in distilled.labels.select("query_id", "doc_id", "source", "teacher").iter_rows()}
+    assert ("q2", "d10") not in teacher
+    for pair, (source, p) in teacher.items():
+        if source in ("debate", "human") and debated.get(pair) is not None:
+            assert p == debated[pair]
+        else:
+            assert p is None, (pair, source)
+    assert {source for source, p in teacher.values() if p is not None} >= {"debate", "human"}
+    assert [e.teacher for e in distilled.examples()] == distilled.labels["teacher"].to_list()
+    assert distilled.version != plain.version
 
 
 def test_split_keeps_each_query_whole():
@@ -218,13 +244,29 @@ def test_student_assets_train_once_and_score_the_whole_pool(labeled_lake, tmp_pa
     with store.connect(labeled_lake / "bridge.duckdb") as con:  # the audit names the student
         learned, unlearned = audit_pair(con, DATASET, "q1", "d5"), audit_pair(con, DATASET, "q2", "d10")
     assert learned["student"]["student"]["weights_hash"] == first["weights_hash"].value
-    assert learned["student"]["learned_from_pair"] == {"label": 1, "source": "debate",
-                                                       "split": learned["student"]["learned_from_pair"]["split"]}
+    split = learned["student"]["learned_from_pair"]["split"]
+    assert learned["student"]["learned_from_pair"] == {"label": 1, "source": "debate", "split": split,
+                                                       "teacher": None}
     assert unlearned["student"]["learned_from_pair"] is None  # the pending pair: scored, never learned
     text = format_story(learned)
     assert f"student {first['student_key'].value} (weights {first['weights_hash'].value}), trained on " \
            f"{row[0]['trained_on']} and calibrated on {row[0]['calibrated_on']} of {len(EXPECTED_LABELS)} " \
            "verified labels" in text
+
+    # distilling (a Materialize with teacher_weight): another student, whose training set and
+    # audit carry the debate's P(yes) of the labels it trained on
+    config = dg.RunConfig(ops={"student_annotator": student_assets.StudentConfig(
+        epochs=1, max_length=48, batch_size=8, calibration_share=0.25, teacher_weight=0.5)})
+    distilled = materialize()
+    assert distilled["trained_now"].value is True and distilled["student_key"] != first["student_key"]
+    teacher = read(labeled_lake, "select t.source, t.teacher, d.p_yes from student_training_set t "
+                                 "left join debate_labels d using (dataset, query_id, doc_id)")
+    assert teacher.filter(pl.col("source") == "debate")["teacher"].to_list() == \
+        teacher.filter(pl.col("source") == "debate")["p_yes"].to_list()
+    assert teacher.filter(pl.col("source").is_in(["original", "filter"]))["teacher"].is_null().all()
+    with store.connect(labeled_lake / "bridge.duckdb") as con:
+        text = format_story(audit_pair(con, DATASET, "q1", "d5"))
+    assert ("distilled with the debate's P(yes) 0.90" in text) == (split == "train")
 
 
 def test_a_sampled_student_says_what_it_left_out(labeled_lake):
@@ -268,7 +310,7 @@ def test_student_labeler_scores_every_pair_out_of_fold():
     assert run.extra["scored"] == len(items) and run.extra["auroc"] is not None
     with pytest.raises(LabelerError, match="known labels"):
         pipeline_labeler(labeler.settings, lambda role: [], "binary")
-    with pytest.raises(LabelerError, match="no LLM"):
+    with pytest.raises(LabelerError, match="no LLM without a teacher"):  # a profile is a teacher
         build_labeler({"labeler": "student", "models": ["qwen-0.5b"]}, profiles_for=lambda role: [])
 
 
@@ -426,3 +468,67 @@ def test_a_training_step_drops_the_last_step_s_gradients_before_its_forward_pass
     train_student(_examples(), StudentSettings(epochs=2, max_length=32, batch_size=4, calibration_share=0.34))
     assert len(held) == 4  # 8 training pairs, 2 steps an epoch, 2 epochs
     assert held == [0, 0, 0, 0]
+
+
+def test_a_teacher_s_p_yes_is_mixed_into_the_target_at_its_weight():
+    labelled = Example("q", "query", "chunk", 1.0, "gold", teacher=0.2)
+    assert labelled.training_target(0.0) == 1.0
+    assert labelled.training_target(0.5) == pytest.approx(0.6)
+    assert labelled.training_target(1.0) == pytest.approx(0.2)
+    assert Example("q", "query", "chunk", 0.0, "gold").training_target(1.0) == 0.0  # no teacher: its label
+
+
+def test_students_without_a_teacher_keep_the_keys_they_had_before_distillation():
+    import hashlib
+    import json
+
+    from bridge_assets.student.annotator import student_key
+
+    base = {"entry": "all-minilm-l6-v2"}
+    before = {k: v for k, v in StudentSettings().model_dump().items() if k != "teacher_weight"}
+    old_key = hashlib.sha256(json.dumps({"training_set": "v1", "settings": before, "base": base},
+                                        sort_keys=True).encode()).hexdigest()[:16]
+    assert student_key("v1", StudentSettings(), base) == old_key
+    assert student_key("v1", StudentSettings(teacher_weight=0.5), base) != old_key
+
+
+def test_a_student_distils_its_teacher_s_p_yes_of_its_training_folds_only(monkeypatch):
+    """Each fold's student learns from the teacher's P(yes) of the other folds' pairs (never of
+    a pair it scores); a pair the teacher failed keeps its gold label alone."""
+    from bridge_assets.evaluation.pointwise import PointwiseScore
+    from bridge_assets.student import labeler as student_labeler
+
+    examples = _examples()
+    items = [LabelItem(str(i), Pair(e.query_id, f"d{i}", e.query, (), e.chunk), int(e.target))
+             for i, e in enumerate(examples)]
+    teacher = {item.id: (None if n == 3 else 0.1 + 0.05 * n) for n, item in enumerate(items)}
+    asked = []
+
+    def scripted_teacher(triplets, model, generate, **kwargs):  # stands in for the LLM's P(yes)
+        asked.append((model, len(triplets), kwargs["definitions"]))
+        return [PointwiseScore(None if teacher[t.id] is None else 1, teacher[t.id], f"k{t.id}", None)
+                for t in triplets]
+
+    trained = []
+    real_train = student_labeler.train_student
+
+    def recording(train, settings):
+        trained.append((train, settings))
+        return real_train(train, settings)
+
+    monkeypatch.setattr(student_labeler, "score_triplets", scripted_teacher)
+    monkeypatch.setattr(student_labeler, "train_student", recording)
+    labeler = build_labeler({"labeler": "student", "epochs": 1, "max_length": 48, "batch_size": 8,
+                             "teacher_weight": 0.5, "models": ["qwen-1.5b"]}, profiles_for=lambda role: [])
+    run = labeler.label(items, generate=None)
+    assert asked == [("qwen-1.5b", len(items), True)]
+    assert run.models == ["qwen-1.5b"] and run.extra["teacher_scored"] == len(items) - 1
+    folds = query_folds(items, 2, seed=0)
+    by_text = {(item.query, item.chunk): (n, item) for n, item in enumerate(items)}
+    assert len(trained) == 2
+    for fold, (train, settings) in enumerate(trained):
+        assert settings.teacher_weight == 0.5
+        for example in train:
+            n, item = by_text[(example.query, example.chunk)]
+            assert folds[n] != fold                      # never a pair of the fold it scores
+            assert (example.target, example.teacher) == (float(item.gold), teacher[item.id])

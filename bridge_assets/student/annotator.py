@@ -33,17 +33,18 @@ SCORE_BATCH = 64
 
 @dataclass(frozen=True)
 class TrainingSet:
-    """The verified labels of a dataset, with their texts."""
+    """The verified labels of a dataset, with their texts (and, to distil, the teacher's P(yes))."""
 
-    labels: pl.DataFrame   # query_id, doc_id, label, source
+    labels: pl.DataFrame   # query_id, doc_id, label, source[, teacher]
     pairs: list[Pair]      # the same rows' texts, in the same order
 
     @property
     def version(self) -> str:
-        """Changes exactly when a label, its source or a text it reads does."""
+        """Changes exactly when a label, its source, a text it reads or a teacher's P(yes) does
+        (the last only where it was read: a student that distils nothing keeps its version)."""
         digest = hashlib.sha256()
-        for (query_id, doc_id, label, source), pair in zip(self.labels.iter_rows(), self.pairs, strict=True):
-            digest.update(json.dumps([query_id, doc_id, label, source, pair.query, pair.chunk]).encode())
+        for row, pair in zip(self.labels.iter_rows(), self.pairs, strict=True):
+            digest.update(json.dumps([*row, pair.query, pair.chunk]).encode())
         return digest.hexdigest()[:16]
 
     def without_queries(self, queries: set[str]) -> TrainingSet:
@@ -53,13 +54,18 @@ class TrainingSet:
                            [pair for pair, kept in zip(self.pairs, keep) if kept])
 
     def examples(self) -> list[Example]:
-        return [Example(pair.query_id, pair.query, pair.chunk, float(label), source)
-                for (_, _, label, source), pair in zip(self.labels.iter_rows(), self.pairs, strict=True)]
+        return [Example(pair.query_id, pair.query, pair.chunk, float(row["label"]), row["source"],
+                        row.get("teacher"))
+                for row, pair in zip(self.labels.iter_rows(named=True), self.pairs, strict=True)]
 
 
-def training_set(con: duckdb.DuckDBPyConnection, dataset: str) -> TrainingSet:
-    """The verified labels of `dataset` in `con` (bridge_qrels, queries, corpus)."""
+def training_set(con: duckdb.DuckDBPyConnection, dataset: str, *, teacher: bool = False) -> TrainingSet:
+    """The verified labels of `dataset` in `con` (bridge_qrels, queries, corpus; with `teacher`,
+    debate_labels too: each label's teacher P(yes) where the debate gave one)."""
     labels = con.execute(read_sql("student_training_set"), {"dataset": dataset}).pl()
+    if teacher:
+        scores = con.execute(read_sql("student_teacher_scores"), {"dataset": dataset}).pl()
+        labels = labels.join(scores, on=["query_id", "doc_id"], how="left", maintain_order="left")
     pairs = load_pairs(con, dataset, "select query_id, doc_id from bridge_qrels where dataset = $dataset "
                        "and verified and relevance is not null")
     return TrainingSet(labels, pairs)
@@ -72,7 +78,10 @@ def student_folder(lake_folder: Path, dataset: str, key: str) -> Path:
 def student_key(version: str, settings: StudentSettings, base: dict) -> str:
     """Its training set's version, its settings and what the encoder it starts from is (not
     where it lies: a lake moved to another environment finds its students again)."""
-    config = {"training_set": version, "settings": settings.model_dump(), "base": base}
+    # distillation's weight counts only once it is set: students trained before it existed
+    # (weight 0, the default) keep their keys
+    dumped = settings.model_dump(exclude=set() if settings.teacher_weight else {"teacher_weight"})
+    config = {"training_set": version, "settings": dumped, "base": base}
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -29,11 +29,12 @@ from bridge_assets.student.model import StudentSettings, untrainable
 
 GROUP = "student"
 READS: dict[str, tuple[str, ...]] = {
-    "student_annotator": ("bridge_qrels", "queries", "corpus"),
+    # debate_labels: the teacher's P(yes) of the debated verified labels, read to distil them
+    "student_annotator": ("bridge_qrels", "debate_labels", "queries", "corpus"),
     "student_scores": ("student_annotator", "candidate_pool", "queries", "corpus"),
     # retrieval_run: every retriever's run of the dataset (Dagster maps the dataset partition
     # to all of them), for the first stages
-    "student_rerank_run": ("bridge_qrels", "queries", "corpus", "retrieval_run"),
+    "student_rerank_run": ("bridge_qrels", "debate_labels", "queries", "corpus", "retrieval_run"),
 }
 _DEFAULTS = StudentSettings()
 
@@ -51,6 +52,9 @@ class StudentConfig(dg.Config):
                                      description="Share of the queries held out to calibrate.")
     max_labels: int = Field(_DEFAULTS.max_labels, ge=2, description="At most this many labels "
                             "train it (half from each class at most) and as many calibrate it.")
+    teacher_weight: float = Field(_DEFAULTS.teacher_weight, ge=0.0, le=1.0, description="Distillation: "
+                                  "a debated label's target mixes in the debate's P(yes) at this "
+                                  "weight (0: the verified label only; docs/student.md).")
     seed: int = _DEFAULTS.seed
     precision: str = Field(_DEFAULTS.precision, description="auto | float32 | bfloat16: the "
                            "encoder's arithmetic when it scores (auto: bfloat16 where the CPU "
@@ -82,8 +86,11 @@ def annotator_frame(row: dict) -> pl.DataFrame:
 
 
 def training_frame(data, dataset: str, key: str | None, split: list[str] | None) -> pl.DataFrame:
-    """`student_training_set`: every label it saw, its split, the student that learned from it."""
-    return data.labels.with_columns(pl.lit(dataset).alias("dataset"),
+    """`student_training_set`: every label it saw, its split, the teacher's P(yes) it distilled
+    (null where none), the student that learned from it."""
+    labels = data.labels if "teacher" in data.labels.columns else \
+        data.labels.with_columns(pl.lit(None, dtype=pl.Float64).alias("teacher"))
+    return labels.with_columns(pl.lit(dataset).alias("dataset"),
                                     pl.Series("split", split or [None] * data.labels.height, dtype=pl.Utf8),
                                     pl.lit(key, dtype=pl.Utf8).alias("student_key"))
 
@@ -104,7 +111,7 @@ def student_annotator(context: dg.AssetExecutionContext, config: StudentConfig,
     settings = resolved.config.settings()
     learned_from = _lake_snapshot(store)
     with snapshots.inputs(store, dataset, READS["student_annotator"]) as con:
-        data = training_set(con, dataset)
+        data = training_set(con, dataset, teacher=settings.teacher_weight > 0)
     row = {"dataset": dataset, "base_model": settings.base_model,
            "settings": json.dumps(settings.model_dump(), sort_keys=True),
            "training_set_version": data.version, "labels": data.labels.height,
@@ -206,7 +213,7 @@ def student_rerank_run(context: dg.AssetExecutionContext, config: StudentConfig,
     found = EvaluationRuns(pl.DataFrame(schema=RERANK_SCHEMA))
     if systems:
         with snapshots.inputs(store, dataset, READS["student_rerank_run"]) as con:
-            inputs = RerankInputs.read(con, dataset)
+            inputs = RerankInputs.read(con, dataset, teacher=resolved.config.teacher_weight > 0)
         found = run_evaluation_systems(registry, systems, inputs, resolved.config.settings(),
                                        lake_folder=store.lake.folder, dataset=dataset, progress=context.log.info)
     for name, why in found.not_run.items():

@@ -8,7 +8,8 @@ call's cost.
 
 The encoder starts from a shipped bi-encoder checkpoint (retrievers.yaml `models`, default
 all-MiniLM-L6-v2) with a new one-logit relevance head, trained with binary cross-entropy
-(targets may be soft: a teacher's P(yes)). A share of the queries (never their pairs apart)
+(targets may be soft: with `teacher_weight` w > 0, a pair with a teacher's P(yes) t learns
+(1 - w) * label + w * t, DIRAS's distillation). A share of the queries (never their pairs apart)
 is held out and a Platt calibration (the same logistic fit LARA uses) is fitted on it; with
 too few held-out labels of both classes the calibration is the identity and says so.
 Training is seeded and runs single-process on the CPU.
@@ -60,6 +61,9 @@ class StudentSettings(BaseModel):
                             "from each class; calibration: uniform). It bounds the time: 800 "
                             "labels, 4 epochs, batch 8 is 400 steps, about 1.25 s each at 256 "
                             "tokens on 2 cores (docs/student.md).")
+    teacher_weight: float = Field(0.0, ge=0.0, le=1.0, description="Distillation: a training "
+                                  "pair with a teacher's P(yes) t learns (1 - w) * label + w * t "
+                                  "(0: its verified label only; docs/student.md).")
     seed: int = 0
     precision: Literal["auto", "float32", "bfloat16"] = Field(
         "auto", description="The encoder's arithmetic when it scores (calibration and pool "
@@ -89,13 +93,21 @@ def scoring_precision(setting: str) -> str:
 
 @dataclass(frozen=True)
 class Example:
-    """One training pair: `target` is 1/0 for a verified label, or a teacher's P(yes)."""
+    """One training pair: `target` is 1/0 for a verified label, or a teacher's P(yes);
+    `teacher`, where a teacher scored the pair, its P(yes) (distilled at `teacher_weight`)."""
 
     query_id: str
     query: str
     chunk: str
     target: float
     source: str = ""
+    teacher: float | None = None
+
+    def training_target(self, teacher_weight: float) -> float:
+        """What the encoder learns for this pair."""
+        if self.teacher is None or not teacher_weight:
+            return self.target
+        return (1 - teacher_weight) * self.target + teacher_weight * self.teacher
 
 
 @dataclass
@@ -244,7 +256,8 @@ def train_encoder(examples: Sequence[Example], settings: StudentSettings, locati
             # would sit beside its activations, the training's peak (one model's size more)
             optimizer.zero_grad(set_to_none=True)
             logits = network(**features).logits.view(-1)
-            loss = loss_fn(logits, torch.tensor([e.target for e in batch], dtype=torch.float32))
+            targets = [e.training_target(settings.teacher_weight) for e in batch]
+            loss = loss_fn(logits, torch.tensor(targets, dtype=torch.float32))
             loss.backward()
             optimizer.step()
     network.eval()

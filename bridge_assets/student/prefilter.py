@@ -70,14 +70,15 @@ class LakeStudy:
 
 def lake_study(con: duckdb.DuckDBPyConnection, dataset: str, holes: KnownHoles,
                settings: StudentLabelerSettings, thresholds: Sequence[float] = THRESHOLDS) -> LakeStudy:
-    """`con`: the dataset's bridge_qrels, filtered_pool, filter_votes, queries and corpus.
-    Relevant pairs are the known holes among the pairs the filter saw."""
-    data = training_set(con, dataset)
+    """`con`: the dataset's bridge_qrels, debate_labels, filtered_pool, filter_votes, queries and
+    corpus. Relevant pairs are the known holes among the pairs the filter saw."""
+    data = training_set(con, dataset, teacher=settings.teacher_weight > 0)
     known = [LabelItem(f"{p.query_id}|{p.doc_id}", p, int(label))
              for p, label in zip(data.pairs, data.labels["label"], strict=True)]
+    teacher = data.labels["teacher"].to_list() if "teacher" in data.labels.columns else None
     seen = load_pairs(con, dataset, "select query_id, doc_id from filtered_pool where dataset = $dataset")
     to_score = [LabelItem(f"{p.query_id}|{p.doc_id}", p) for p in seen]
-    scores, folds = cross_fitted_scores(known, to_score, settings)
+    scores, folds = cross_fitted_scores(known, to_score, settings, teacher)
     relevant = [p.doc_id in holes.holes.get(p.query_id, ()) for p in seen]
     models = con.execute("select count(distinct model) from filter_votes where dataset = ?", [dataset]).fetchone()[0]
     return LakeStudy(threshold_table(scores, relevant, thresholds), int(models), folds)

@@ -99,7 +99,7 @@ class RerankInputs:
     stored_runs: pl.DataFrame   # retriever + systems.STORED_COLUMNS
 
     @classmethod
-    def read(cls, con: duckdb.DuckDBPyConnection, dataset: str) -> RerankInputs:
+    def read(cls, con: duckdb.DuckDBPyConnection, dataset: str, *, teacher: bool = False) -> RerankInputs:
         corpus = con.execute("select doc_id, title, text from corpus where dataset = ? order by doc_id",
                              [dataset]).pl()
         queries = con.execute("select query_id, text from queries where dataset = ? order by query_id",
@@ -108,7 +108,7 @@ class RerankInputs:
         # a run from before runs recorded their inputs is never taken as current
         stored = (runs.select("retriever", *STORED_COLUMNS) if set(STORED_COLUMNS) <= set(runs.columns)
                   else pl.DataFrame(schema=dict.fromkeys(["retriever", *STORED_COLUMNS], pl.String)))
-        return cls(training_set(con, dataset), corpus, queries, stored)
+        return cls(training_set(con, dataset, teacher=teacher), corpus, queries, stored)
 
 
 @dataclass
