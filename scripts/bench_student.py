@@ -12,7 +12,7 @@ lake), and scores the dataset's candidate pool, printing the scores by the pool 
 source in the refined qrels.
 
     .venv/bin/python scripts/bench_student.py [--gold resources/goldsets/nq_scifact_hard/goldset.jsonl]
-        [--pairs 10000] [--epochs 4] [--base-model all-minilm-l6-v2] [--precisions float32,bfloat16]
+        [--pairs 10000] [--epochs 4] [--base-model all-minilm-l6-v2] [--precisions float32,bfloat16] [--low-memory]
 
 --precisions scores the same pairs once in each precision (one after the other, in this
 process) instead of the settings' own, and prints each one's seconds and how far its
@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from bridge_assets.student.model import (Example, Student, StudentSettings, assign_splits,
-                                         scoring_precision, train_student)
+                                         scoring_precision, train_student, weights_hash)
 
 
 def lake_dataset(lake: str | None, dataset: str, settings: StudentSettings) -> None:
@@ -82,25 +82,29 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=StudentSettings().epochs)
     parser.add_argument("--base-model", default=StudentSettings().base_model,
                         help="the encoder it starts from (a model of resources/retrievers.yaml)")
+    parser.add_argument("--low-memory", action="store_true", help="train with low_memory (the same "
+                        "weights in about half the memory; their sha256 is printed to compare)")
     parser.add_argument("--dataset", help="train on this dataset's verified labels in the lake instead")
     parser.add_argument("--lake", help="the data lake folder (default: BRIDGE_DATA_LAKE, else data_lake/)")
     parser.add_argument("--precisions", default="", help="score in each of these (comma-separated: "
                         "float32, bfloat16), side by side, instead of the settings' own")
     args = parser.parse_args()
     if args.dataset:
-        lake_dataset(args.lake, args.dataset, StudentSettings(epochs=args.epochs, base_model=args.base_model))
+        lake_dataset(args.lake, args.dataset, StudentSettings(epochs=args.epochs, base_model=args.base_model,
+                                                              low_memory=args.low_memory))
         print(f"peak memory: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
         return
 
     rows = [json.loads(line) for line in Path(args.gold).read_text().splitlines() if line.strip()]
     examples = [Example(row["query"], row["query"], row["chunk"], float(row["label"]), "gold") for row in rows]
-    settings = StudentSettings(epochs=args.epochs, base_model=args.base_model)
+    settings = StudentSettings(epochs=args.epochs, base_model=args.base_model, low_memory=args.low_memory)
 
     started = time.perf_counter()
     student = train_student(examples, settings)
     train_seconds = time.perf_counter() - started
     with tempfile.TemporaryDirectory() as folder:  # scored as the pipeline does: from its saved files
         student.save(Path(folder))
+        weights = weights_hash(Path(folder))
         student = Student.load(Path(folder))
         rng = random.Random(0)
         queries, chunks = [row["query"] for row in rows], [row["chunk"] for row in rows]
@@ -115,7 +119,7 @@ def main() -> None:
 
     print(f"training ({settings.base_model}): {len(examples)} labels x {settings.epochs} epochs "
           f"({student.report.trained_on} trained on, {student.report.calibrated_on} calibrated on): "
-          f"{train_seconds:.1f} s")
+          f"{train_seconds:.1f} s{' (low_memory)' if settings.low_memory else ''}; weights sha256 {weights}")
     first = next(iter(scored.values()))[0]
     for precision, (scores, seconds) in scored.items():
         apart = [abs(a - b) for a, b in zip(scores, first)]

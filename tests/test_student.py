@@ -478,14 +478,14 @@ def test_a_teacher_s_p_yes_is_mixed_into_the_target_at_its_weight():
     assert Example("q", "query", "chunk", 0.0, "gold").training_target(1.0) == 0.0  # no teacher: its label
 
 
-def test_students_without_a_teacher_keep_the_keys_they_had_before_distillation():
+def test_students_without_a_teacher_keep_the_keys_they_had_before_distillation_and_low_memory():
     import hashlib
     import json
 
     from bridge_assets.student.annotator import student_key
 
     base = {"entry": "all-minilm-l6-v2"}
-    before = {k: v for k, v in StudentSettings().model_dump().items() if k != "teacher_weight"}
+    before = {k: v for k, v in StudentSettings().model_dump().items() if k not in ("teacher_weight", "low_memory")}
     old_key = hashlib.sha256(json.dumps({"training_set": "v1", "settings": before, "base": base},
                                         sort_keys=True).encode()).hexdigest()[:16]
     assert student_key("v1", StudentSettings(), base) == old_key
@@ -532,3 +532,32 @@ def test_a_student_distils_its_teacher_s_p_yes_of_its_training_folds_only(monkey
             n, item = by_text[(example.query, example.chunk)]
             assert folds[n] != fold                      # never a pair of the fold it scores
             assert (example.target, example.teacher) == (float(item.gold), teacher[item.id])
+
+
+def test_low_memory_trains_the_same_weights_recomputing_each_layer(monkeypatch):
+    """low_memory trades time for memory only (docs/student.md measures both): the weights are
+    bit for bit those of the ordinary training, each layer is recomputed in the backward pass,
+    and it is no part of the student's key."""
+    import torch.utils.checkpoint
+
+    from bridge_assets.student.annotator import student_key
+    from bridge_assets.student.model import base_model_location, train_encoder
+
+    recomputed = []
+    real_checkpoint = torch.utils.checkpoint.checkpoint
+
+    def counting(function, *args, **kwargs):
+        recomputed.append(function)
+        return real_checkpoint(function, *args, **kwargs)
+
+    monkeypatch.setattr(torch.utils.checkpoint, "checkpoint", counting)
+    settings = StudentSettings(epochs=1, max_length=32, batch_size=4, calibration_share=0.34)
+    location = base_model_location(settings.base_model)
+    weights = []
+    for low_memory in (False, True):
+        encoder = train_encoder(_examples()[:8], settings.model_copy(update={"low_memory": low_memory}), location)
+        weights.append({name: tensor.clone() for name, tensor in encoder.model.state_dict().items()})
+    assert len(recomputed) == 2 * 6  # two steps, each of MiniLM's six layers, only when asked
+    assert weights[0].keys() == weights[1].keys()
+    assert all(weights[0][name].equal(weights[1][name]) for name in weights[0])
+    assert student_key("v", settings, {}) == student_key("v", settings.model_copy(update={"low_memory": True}), {})

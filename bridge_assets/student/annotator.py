@@ -78,9 +78,9 @@ def student_folder(lake_folder: Path, dataset: str, key: str) -> Path:
 def student_key(version: str, settings: StudentSettings, base: dict) -> str:
     """Its training set's version, its settings and what the encoder it starts from is (not
     where it lies: a lake moved to another environment finds its students again)."""
-    # distillation's weight counts only once it is set: students trained before it existed
-    # (weight 0, the default) keep their keys
-    dumped = settings.model_dump(exclude=set() if settings.teacher_weight else {"teacher_weight"})
+    # low_memory trains the same weights: never part of the key. Distillation's weight counts
+    # only once it is set: students trained before it existed (weight 0) keep their keys
+    dumped = settings.model_dump(exclude={"low_memory"} | (set() if settings.teacher_weight else {"teacher_weight"}))
     config = {"training_set": version, "settings": dumped, "base": base}
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
 

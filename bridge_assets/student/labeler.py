@@ -45,6 +45,8 @@ class StudentLabelerSettings(LabelerSettings):
     max_labels: int = Field(StudentSettings.model_fields["max_labels"].default, ge=2)
     teacher_weight: float = Field(StudentSettings.model_fields["teacher_weight"].default, ge=0.0,
                                   le=1.0, description=StudentSettings.model_fields["teacher_weight"].description)
+    low_memory: bool = Field(StudentSettings.model_fields["low_memory"].default,
+                             description=StudentSettings.model_fields["low_memory"].description)
     seed: int = 0
     precision: str = Field(StudentSettings.model_fields["precision"].default,
                            description=StudentSettings.model_fields["precision"].description)
