@@ -66,10 +66,10 @@ class StudentSettings(BaseModel):
     teacher_weight: float = Field(0.0, ge=0.0, le=1.0, description="Distillation: a training "
                                   "pair with a teacher's P(yes) t learns (1 - w) * label + w * t "
                                   "(0: its verified label only; docs/student.md).")
-    low_memory: bool = Field(False, description="Train in about half the memory and twice the "
-                             "time, to the same weights: each layer's activations recomputed in the "
-                             "backward pass, large blocks returned to the system when freed "
-                             "(all-mpnet-base-v2: 6.7 -> 2.4 GiB; docs/student.md). Not part of "
+    low_memory: bool = Field(False, description="Train to the same weights in less memory and "
+                             "more time: each layer's activations recomputed in the backward pass, "
+                             "large blocks returned to the system when freed (all-mpnet-base-v2: "
+                             "5.9 -> 2.9 GiB at 1.6-1.7x the time; docs/student.md). Not part of "
                              "the student's key.")
     seed: int = 0
     precision: Literal["auto", "float32", "bfloat16"] = Field(
