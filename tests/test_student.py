@@ -264,9 +264,14 @@ def test_student_assets_train_once_and_score_the_whole_pool(labeled_lake, tmp_pa
     assert teacher.filter(pl.col("source") == "debate")["teacher"].to_list() == \
         teacher.filter(pl.col("source") == "debate")["p_yes"].to_list()
     assert teacher.filter(pl.col("source").is_in(["original", "filter"]))["teacher"].is_null().all()
+    # the audit says so for a label it trained on, and not for one it only calibrated on
+    rows = read(labeled_lake, "select query_id, doc_id, split, teacher from student_training_set "
+                              "where teacher is not null and split in ('train', 'calibration')")
+    assert "train" in rows["split"].to_list()
     with store.connect(labeled_lake / "bridge.duckdb") as con:
-        text = format_story(audit_pair(con, DATASET, "q1", "d5"))
-    assert ("distilled with the debate's P(yes) 0.90" in text) == (split == "train")
+        for query_id, doc_id, part, p_yes in rows.iter_rows():
+            text = format_story(audit_pair(con, DATASET, query_id, doc_id))
+            assert (f"distilled with the debate's P(yes) {p_yes:.2f}" in text) == (part == "train")
 
 
 def test_a_sampled_student_says_what_it_left_out(labeled_lake):

@@ -22,6 +22,7 @@ import ctypes
 import functools
 import hashlib
 import json
+import logging
 import math
 import random
 from collections.abc import Sequence
@@ -287,7 +288,9 @@ def _large_blocks_returned(enabled: bool):
     if enabled:
         try:
             libc = ctypes.CDLL("libc.so.6")
-        except OSError:  # not glibc: nothing to tune
+        except OSError:  # not glibc: the layers are still recomputed, only this tuning is skipped
+            logging.getLogger(__name__).warning("low_memory: no glibc (libc.so.6) here, so freed "
+                                                "blocks stay with the process")
             libc = None
     if libc is not None:
         libc.mallopt(_M_MMAP_THRESHOLD, 1 << 20)
