@@ -15,7 +15,7 @@ the rows; the default stores them in trec_eval's order.
 
 --previous REV also times BRIDGE's metrics as of git revision REV (its measures.py and
 retrieval_metrics.sql, read with `git show`), in the same run, its values asserted equal too;
-the default is the last revision before the join ran on every thread (docs/metrics.md).
+the default is the last revision before statement 1's window was cut (docs/metrics.md).
 
     .venv/bin/python scripts/bench_metrics.py [--systems 25 --queries 3657 --seed 7 --repeat 3]
                                               [--previous REV | --previous none]
@@ -44,9 +44,9 @@ from bridge_assets.metrics import compute_measures, resolve_measures
 from bridge_assets.paths import PROJECT_ROOT
 
 K = 10
-# the numpy rewrite as it was before its statement ran the join on every thread (issue 28);
-# 0991ec8 is the one-statement SQL version before that rewrite
-PREVIOUS = "2c63e2e"
+# statement 1 as it was before its window was cut to the ranking boundaries (issue 28); 2c63e2e
+# is the numpy rewrite before the join ran on every thread, 0991ec8 the one-statement SQL version
+PREVIOUS = "85867d9"
 # our name -> (pytrec_eval measure request or None, ranx metric or None)
 SHARED = {
     "map": ("map", "map"),

@@ -11,34 +11,23 @@
 --
 -- 1. The run as stored, with what tells whether it is already in trec_eval's order: ranking
 --    by ranking, each by score descending, ties by doc id descending. A streaming window (in the
---    run's own row order, no sort) compares each row with the one before it: new_ranking where
---    (dataset, retriever, query_id) changes, out_of_order where the score rises (or a doc id is
---    NULL), tie_out_of_order where a tie is not in doc id order. The doc ids of tied rows travel
---    (tied_doc_id), so ties stored in another order (BRIDGE's own runs keep them ascending) are
---    put right without reading the run again. The keys travel only on a ranking's first row;
---    the join with the qrels does not keep the row order, scan_position restores it. The
---    window runs on one thread; its result is materialized so that the join (hashing the string
---    keys) runs on all of them. When the run is in order, but maybe for its ties, nothing else
---    is read; otherwise (a score rising, a ranking's rows apart, a doc id hash repeated)
---    measures.py reads statement 2.
+--    run's own row order, no sort) marks new_ranking where (dataset, retriever, query_id)
+--    changes; the keys travel only on a ranking's first row. Whether the scores fall and tied
+--    doc ids descend within each ranking is checked in numpy (measures.py, _as_stored) from the
+--    scores and doc ids handed over: every other comparison in this window (lag and lead of
+--    score and doc id) ran on its single thread. The join with the qrels does not keep the row
+--    order, scan_position restores it; the window's result is materialized so that the join
+--    (hashing the string keys) runs on all threads. When the run is in order, but maybe for its
+--    ties, nothing else is read; otherwise (a score rising, a ranking's rows apart, a doc id
+--    hash repeated) measures.py reads statement 2.
 with r as materialized (
-    select scan_position, dataset, retriever, query_id, doc_id, score, new_ranking,
-           (not new_ranking and score > previous_score) or doc_id is null as out_of_order,
-           not new_ranking and score = previous_score
-               and coalesce(doc_id >= previous_doc_id, true) as tie_out_of_order,
-           -- a tie with a row of the next or previous ranking is harmless: rankings stay apart
-           case when score = previous_score or score = next_score then doc_id end as tied_doc_id
-    from (
-        select row_number() over () - 1 as scan_position, dataset, retriever, query_id, doc_id, score,
-               dataset is distinct from lag(dataset) over ()
-                   or retriever is distinct from lag(retriever) over ()
-                   or query_id is distinct from lag(query_id) over () as new_ranking,
-               lag(score) over () as previous_score, lead(score) over () as next_score,
-               lag(doc_id) over () as previous_doc_id
-        from metrics_run
-    )
+    select row_number() over () - 1 as scan_position, dataset, retriever, query_id, doc_id, score,
+           dataset is distinct from lag(dataset) over ()
+               or retriever is distinct from lag(retriever) over ()
+               or query_id is distinct from lag(query_id) over () as new_ranking
+    from metrics_run
 )
-select r.scan_position, r.score, r.new_ranking, r.out_of_order, r.tie_out_of_order, r.tied_doc_id,
+select r.scan_position, r.score, r.new_ranking, r.doc_id,
        case when r.new_ranking then r.dataset end as dataset,
        case when r.new_ranking then r.retriever end as retriever,
        case when r.new_ranking then r.query_id end as query_id,

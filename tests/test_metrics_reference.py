@@ -101,7 +101,7 @@ def test_equal_to_pytrec_eval_with_ties_and_edge_cases(seed, relevance_level):
 def test_the_run_s_row_order_does_not_matter(layout, reads, monkeypatch):
     """The run read as stored (already in trec_eval's order: nothing sorted), with tied
     documents stored in ascending doc id order (as BRIDGE's own runs keep them: statement 1
-    hands over the tied rows' doc ids and only those rows are re-sorted), and with its rows
+    hands over the doc ids, and only the tied rows of those rankings are re-sorted), and with its rows
     scattered over the table (read a second time with every id, statement 2, and the rankings
     regrouped by their ids) give the same values as pytrec_eval."""
     from bridge_assets.metrics import measures

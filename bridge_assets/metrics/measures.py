@@ -409,19 +409,23 @@ def _tie_order(ranking: np.ndarray, score: np.ndarray, doc_id: pa.ChunkedArray) 
 
 def _as_stored(rows: pa.Table) -> tuple[np.ndarray, np.ndarray, pl.DataFrame] | None:
     """(at, new) as _in_trec_order gives them and each ranking's keys, when the run is stored
-    in trec_eval's order (statement 1 compared each row with the one before it) but maybe for
-    the order of tied documents, every score is finite, each ranking's rows are together and no
-    doc id hash repeats within a ranking; else None. Ties out of doc id order are put right
-    here, from the tied rows' doc ids that statement 1 hands over."""
+    in trec_eval's order but maybe for the order of tied documents, every score is finite and
+    every doc id present, each ranking's rows are together and no doc id hash repeats within a
+    ranking; else None. Ties out of doc id order are put right here."""
     n = rows.num_rows
     at = np.empty(n, dtype=np.int64)
     at[rows.column("scan_position").to_numpy()] = np.arange(n)
-    score = rows.column("score")
-    if score.null_count or not np.isfinite(score_values := score.to_numpy()).all() \
-            or pc.any(rows.column("out_of_order")).as_py():
+    score, doc = rows.column("score"), rows.column("doc_id")
+    if score.null_count or doc.null_count:
+        return None
+    score = score.to_numpy()[at]
+    if not np.isfinite(score).all():
         return None
     new = rows.column("new_ranking").to_numpy(zero_copy_only=False)[at]
     new[0] = True
+    same = ~new[1:]
+    if (same & (score[1:] > score[:-1])).any():
+        return None  # a score rises within a ranking
     starts, ranking = _number_rankings(new)
     # a ranking's rows are not together when its keys start two rankings: screened on a hash
     # of the keys, confirmed on the keys themselves
@@ -433,14 +437,18 @@ def _as_stored(rows: pa.Table) -> tuple[np.ndarray, np.ndarray, pl.DataFrame] | 
     ordered = np.sort(mixed)
     if (ordered[1:] == ordered[:-1]).any():
         return None  # maybe a document twice in a ranking: confirmed on the ids
-    if pc.any(rows.column("tie_out_of_order")).as_py():
-        wrong = rows.column("tie_out_of_order").to_numpy(zero_copy_only=False)[at]
-        fix = np.zeros(len(starts), dtype=bool)
-        fix[ranking[wrong]] = True
-        tied = pc.is_valid(rows.column("tied_doc_id")).to_numpy(zero_copy_only=False)[at]
-        slots = np.flatnonzero(tied & fix[ranking])  # the tied rows of those rankings
-        at[slots] = at[slots][_tie_order(ranking[slots], score_values[at[slots]],
-                                         rows.column("tied_doc_id").take(at[slots]))]
+    equal = score[1:] == score[:-1]
+    tie = np.flatnonzero(same & equal)  # row tie + 1 ties with row tie in its ranking
+    if len(tie):
+        descending = pc.greater(doc.take(at[tie]), doc.take(at[tie + 1])).to_numpy(zero_copy_only=False)
+        if not descending.all():
+            fix = np.zeros(len(starts), dtype=bool)
+            fix[ranking[tie[~descending]]] = True
+            tied = np.zeros(n, dtype=bool)  # every row tied with a neighbour (a tie across
+            tied[1:] |= equal               # two rankings is harmless: rankings stay apart)
+            tied[:-1] |= equal
+            slots = np.flatnonzero(tied & fix[ranking])  # the tied rows of those rankings
+            at[slots] = at[slots][_tie_order(ranking[slots], score[slots], doc.take(at[slots]))]
     return at, new, keys
 
 
@@ -619,7 +627,7 @@ def _evaluate(con: duckdb.DuckDBPyConnection, selection: MeasureSelection, run: 
         keep = np.arange(len(at)) - starts[ranking] < max_docs
         at, new, ranking = at[keep], new[keep], ranking[keep]
         starts = np.flatnonzero(new)
-    if "doc_id" in rows.column_names:  # checked already when the run was in order
+    if found is None:  # read from statement 2 (_as_stored checked the run in order)
         _check_no_duplicates(rows, at, ranking, run)
 
     # which rankings are evaluated: those of a query the qrels know (with -c also the judged
