@@ -200,7 +200,8 @@ def _student_rerank(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
     """Each evaluation-only student re-ranker against its first stage, on the refined qrels'
     lower bound (its unjudged documents count as not relevant: Judged@10 says how many)."""
     rows = _rows(con, "student_rerank_run", """
-        with runs as (select distinct retriever, first_stage from student_rerank_run where dataset = $1),
+        with runs as (select distinct retriever, first_stage from student_rerank_run
+                      where dataset = $1 and first_stage is not null),
         metric as (select retriever, measure, value from retrieval_metrics
                    where dataset = $1 and qrels_version = 'refined' and query_id = 'all'
                      and measure in ('ndcg_cut_10', 'judged_10'))
@@ -216,6 +217,25 @@ def _student_rerank(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
             f"(Judged@10 {judged:.2f} vs {first_judged:.2f}: unjudged counts as not relevant)"
             for name, first, value, first_value, judged, first_judged in rows
             if None not in (value, first_value, judged, first_judged)]
+
+
+def _trained_retrievers(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
+    """Each evaluation-only trained retriever, on the refined qrels' lower bound (never pooled:
+    its unjudged documents count as not relevant, Judged@10 says how many)."""
+    rows = _rows(con, "student_rerank_run", """
+        with runs as (select distinct retriever from student_rerank_run
+                      where dataset = $1 and first_stage is null),
+        metric as (select retriever, measure, value from retrieval_metrics
+                   where dataset = $1 and qrels_version = 'refined' and query_id = 'all'
+                     and measure in ('ndcg_cut_10', 'judged_10'))
+        select r.retriever, s.value, j.value
+        from runs r
+        left join metric s on s.retriever = r.retriever and s.measure = 'ndcg_cut_10'
+        left join metric j on j.retriever = r.retriever and j.measure = 'judged_10'
+        order by r.retriever""", [dataset]) if table_exists(con, "retrieval_metrics") else []
+    return [f"trained retriever {name} (evaluated, never pooled; fine-tuned on the labels of the other "
+            f"query fold): nDCG@10 {value:.3f} on the verified labels (Judged@10 {judged:.2f}: unjudged "
+            f"counts as not relevant)" for name, value, judged in rows if None not in (value, judged)]
 
 
 def run_summary(con: duckdb.DuckDBPyConnection, dataset: str, started: float,
@@ -243,6 +263,7 @@ def run_summary(con: duckdb.DuckDBPyConnection, dataset: str, started: float,
     lines += _escalations(con, dataset)
     lines += _student(con, dataset)
     lines += _student_rerank(con, dataset)
+    lines += _trained_retrievers(con, dataset)
     if spec is not None and spec.known_holes:
         score = score_known_holes(con, dataset, read_known_holes(spec.resolve(spec.known_holes, "known_holes")))
         if score is not None:

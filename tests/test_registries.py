@@ -247,3 +247,21 @@ def test_retrievers_add_writes_the_user_folder_and_replaces_only_when_asked(user
     assert replaced.exit_code == 0, replaced.output
     assert load_retrievers().system("bm25").params().k1 == 2  # the user's entry wins
     assert list(yaml.safe_load((user_dir / "retrievers.yaml").read_text())["systems"]) == ["bm25_strict", "bm25"]
+
+
+def test_retrievers_add_a_trained_retriever_as_the_docs_show(user_dir):
+    """docs/trained-retriever.md's command: an evaluation-only system, listed as trained."""
+    runner = CliRunner()
+    result = runner.invoke(app, ["retrievers", "add", "trained_minilm2", "--kind", "trained_retriever",
+                                 "--model", "all-minilm-l6-v2", "--param", "labels=original"])
+    assert result.exit_code == 0, result.output
+    assert "evaluated, never pooled" in result.output
+    system = load_retrievers().system("trained_minilm2")
+    assert system.evaluation_only and system.params().labels == "original"
+    listed = runner.invoke(app, ["retrievers", "list"])
+    assert listed.exit_code == 0, listed.output
+    line = next(row for row in listed.output.splitlines() if row.startswith("trained_minilm2"))
+    assert "trained_retriever" in line and "all-minilm-l6-v2 trained (not pooled)" in line
+    bad = runner.invoke(app, ["retrievers", "add", "trained_ce", "--kind", "trained_retriever",
+                              "--model", "tinybert-l6-ce"])
+    assert bad.exit_code != 0 and "backend cross_encoder" in bad.output

@@ -66,6 +66,32 @@ def test_a_student_rerank_system_is_evaluated_never_pooled(tmp_path):
                                                                               "model": "all-minilm-l6-v2"}}))
 
 
+TRAINED_MINILM = {"kind": "trained_retriever", "model": "all-minilm-l6-v2",
+                  "parameters": {"labels": "refined", "folds": 2, "epochs": 1}}
+
+
+def test_a_trained_retriever_is_evaluated_never_pooled_and_fine_tunes_a_bi_encoder(tmp_path):
+    registry = load_registry(registry_file(tmp_path, {"bm25": BM25, "trained": TRAINED_MINILM}))
+    assert registry.profile_systems() == ["bm25"] and registry.evaluation_systems() == ["trained"]
+    assert registry.config("trained")["parameters"] == {"labels": "refined", "folds": 2, "epochs": 1,
+                                                         "negatives": 4, "learning_rate": 2e-5, "seed": 0}
+    changed = load_registry(registry_file(tmp_path, {"bm25": BM25, "trained": {
+        **TRAINED_MINILM, "parameters": {**TRAINED_MINILM["parameters"], "labels": "original"}}}))
+    assert changed.config_hash("trained") != registry.config_hash("trained")  # the sensor reruns it
+    with pytest.raises(RetrievalError, match="the student stage builds its run"):
+        retrieve(RunContext(DATASET, pl.DataFrame(), registry, tmp_path), "trained", pl.DataFrame(), 10)
+    shipped = load_registry().system("trained_minilm")  # the README's: in no profile until one is added
+    assert (shipped.kind, shipped.model, shipped.profiles, shipped.params().labels) == \
+        ("trained_retriever", "all-minilm-l6-v2", (), "refined")
+    for wrong, message in (({"model": None}, "needs model"),
+                           ({"first_stage": "bm25"}, "no first_stage, inputs or llm"),
+                           ({"model": "tinybert-l6-ce"}, "backend cross_encoder"),
+                           ({"model": "dpr-multiset"}, "separate query encoder"),
+                           ({"parameters": {"labels": "utility"}}, "labels")):
+        with pytest.raises((RegistryError, ValueError), match=message):
+            load_registry(registry_file(tmp_path, {"bm25": BM25, "trained": {**TRAINED_MINILM, **wrong}}))
+
+
 def _toy() -> tuple[pl.DataFrame, dict, dict, TrainingSet]:
     """Six queries, each with the chunk that answers it (relevant) and another query's (not);
     the candidates: every query against every chunk."""
@@ -182,6 +208,30 @@ def test_the_asset_runs_the_registry_systems_and_the_metrics_read_them(labeled_l
         summary = run_summary(con, DATASET, time.time())
     assert "student re-ranker student_bm25 (evaluated, never pooled; students of the other query fold): " \
            "nDCG@10 " in summary and "vs its first stage bm25" in summary
+
+
+def test_the_asset_runs_a_trained_retriever_and_the_metrics_read_it(labeled_lake, tmp_path, monkeypatch):
+    monkeypatch.setenv("BRIDGE_RETRIEVERS", registry_file(tmp_path, {"bm25": BM25, "trained": TRAINED_MINILM}))
+    materialize_qrels(labeled_lake)
+    from bridge_assets.analysis import assets as analysis_assets
+
+    result = dg.materialize([student_assets.student_rerank_run, analysis_assets.retrieval_metrics],
+                            partition_key=DATASET, resources={"store": DuckDBStore(data_lake=str(labeled_lake))})
+    assert result.success
+    details = json.loads(result.asset_materializations_for_node("student_rerank_run")[0].metadata["details"].value)
+    run = read(labeled_lake, "select * from student_rerank_run")
+    queries = read(labeled_lake, "select query_id from queries")["query_id"]
+    assert set(run["retriever"]) == {"trained"} and run["first_stage"].null_count() == run.height
+    assert set(run["query_id"]) == set(queries) and run.group_by("query_id").len()["len"].max() == 10
+    assert [f["weights_hash"] for f in details["trained"]["folds"]] == \
+        [run.filter(pl.col("fold") == fold)["student_key"].unique().item() for fold in (0, 1)]
+    metrics = read(labeled_lake, "select * from retrieval_metrics where query_id = 'all' and measure = 'ndcg_cut_10'")
+    assert {"trained", "bm25"} <= set(metrics["retriever"])
+    assert "trained" not in str(read(labeled_lake, "select * from candidate_pool").to_dicts())  # never pooled
+    with store.connect(labeled_lake / "bridge.duckdb") as con:
+        summary = run_summary(con, DATASET, time.time())
+    assert "trained retriever trained (evaluated, never pooled; fine-tuned on the labels of the other " \
+           "query fold): nDCG@10 " in summary and "student re-ranker trained" not in summary
 
 
 def test_without_evaluation_systems_the_table_is_empty(labeled_lake, tmp_path, monkeypatch):

@@ -180,3 +180,35 @@ def test_the_progress_line_gives_mean_losses_of_the_first_and_last_steps():
     assert log.loss_trend() == "mean loss of the first 5 step(s) 1.000 -> of the last 5 0.000"
     assert tr.TrainingLog(1, 1, 1, steps=3, losses=[0.9, 0.5, 0.1]).loss_trend() == \
         "mean loss of the first 1 step(s) 0.900 -> of the last 1 0.100"
+
+
+def test_the_trained_retriever_ranks_each_query_with_a_model_that_never_saw_it(data, location, monkeypatch):
+    """kind: trained_retriever's run: every query once, ranked by the fold model trained on the
+    other folds' queries only; the same seed gives the same weights and the same run."""
+    trained_on: list[set[str]] = []
+    train = tr.train_retriever
+    monkeypatch.setattr(tr, "train_retriever", lambda model, queries, settings:
+                        trained_on.append({q.query_id for q in queries}) or train(model, queries, settings))
+    settings = tr.TrainSettings(epochs=1, max_length=32)
+    first = tr.trained_retriever_run(data, location, "refined", settings, folds=2, k=4)
+    assert first.not_trained is None
+    run = first.run
+    assert set(run["query_id"]) == set(QUERIES) and run.group_by("query_id").len()["len"].max() == 4
+    assert run["rank"].to_list() == [r for _ in QUERIES for r in range(1, 5)]
+    for fold, report in enumerate(first.folds):
+        ranked = set(run.filter(pl.col("fold") == fold)["query_id"])
+        assert ranked and not ranked & trained_on[fold]        # never trained on what it ranks
+        assert set(run.filter(pl.col("fold") == fold)["student_key"]) == {report["weights_hash"]}
+    assert first.folds[0]["weights_hash"] != first.folds[1]["weights_hash"]
+    again = tr.trained_retriever_run(data, location, "refined", settings, folds=2, k=4)
+    assert again.run.equals(run) and [f["weights_hash"] for f in again.folds] == [f["weights_hash"] for f in first.folds]
+
+
+def test_no_trained_run_when_a_fold_has_nothing_to_learn_from(data, location):
+    # the original qrels of one query only: the fold that holds it has no other query to learn from
+    few = tr.LakeData(**{**data.__dict__, "original_qrels": data.original_qrels.filter(pl.col("query_id") == "q0")})
+    found = tr.trained_retriever_run(few, location, "original", tr.TrainSettings(epochs=1, max_length=32),
+                                     folds=2, k=4)
+    assert found.run.is_empty()
+    assert found.not_trained.startswith("fold ") and "no training query has a positive in the original labels" \
+        in found.not_trained

@@ -50,8 +50,10 @@ def list_systems(
             model = "+".join(spec.inputs)
         if spec.path:
             model = spec.path
-        if spec.evaluation_only:
+        if spec.kind == "student_rerank":
             model = f"student on {spec.first_stage} (not pooled)"
+        elif spec.kind == "trained_retriever":
+            model = f"{spec.model} trained (not pooled)"
         ok, detail = availability(registry, name) if check else (None, "")
         loadable += bool(ok)
         mark = "-" if ok is None else ("yes" if ok else "NO")
@@ -78,9 +80,11 @@ def _parse_params(items: list[str]) -> dict[str, Any]:
 @app.command("add")
 def add_system(
     name: str = typer.Argument(..., help="The new system's name (its partition key)."),
-    kind: str = typer.Option(..., "--kind", "-k", help="bm25, splade, dense, fusion, rerank, rewrite, run_file or "
-                                                       "student_rerank (evaluated, never pooled)."),
-    model: str = typer.Option(None, "--model", "-m", help="A model of the registry's `models:`."),
+    kind: str = typer.Option(..., "--kind", "-k", help="bm25, splade, dense, fusion, rerank, rewrite, run_file, "
+                                                       "student_rerank or trained_retriever (these two "
+                                                       "evaluated, never pooled)."),
+    model: str = typer.Option(None, "--model", "-m", help="A model of the registry's `models:` "
+                                                    "(trained_retriever: the bi-encoder it fine-tunes)."),
     first_stage: str = typer.Option(None, "--first-stage", help="rerank/rewrite/student_rerank: the system "
                                                                     "run first."),
     inputs: list[str] = typer.Option(None, "--input", help="fusion: a system to fuse (repeat)."),

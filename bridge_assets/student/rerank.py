@@ -1,6 +1,8 @@
-"""The student re-ranker (`kind: student_rerank` in resources/retrievers.yaml): a first stage's
-top documents re-scored by a student annotator, so the benchmark shows what the verified labels
-taught. Plain functions (no Dagster): the student stage's `student_rerank_run` asset wires them.
+"""The evaluation-only systems of the registry, run after the labels: the student re-ranker
+(`kind: student_rerank` in resources/retrievers.yaml), a first stage's top documents re-scored by
+a student annotator, and the trained retriever (`kind: trained_retriever`, retriever.py), a
+bi-encoder fine-tuned on the labels; so the benchmark shows what the labels taught. Plain
+functions (no Dagster): the student stage's `student_rerank_run` asset wires them.
 
 It is cross-fitted by query: the queries are dealt into `folds` (seeded) and each fold's
 queries are scored by a student trained on the verified labels of the other folds only, so no
@@ -26,13 +28,16 @@ from bridge_assets.retrieval.runs import document_texts, top_k
 from bridge_assets.retrieval.systems import STORED_COLUMNS, RunContext, first_stage_candidates
 from bridge_assets.student.annotator import SCORE_BATCH, TrainingSet, ensure_student, training_set
 from bridge_assets.student.model import StudentSettings, untrainable
-from bridge_assets.student.retriever import query_folds
+from bridge_assets.student.retriever import (LakeData, TrainSettings, base_location, load_lake_data, query_folds,
+                                             trained_retriever_run)
 
 log = logging.getLogger(__name__)
 
 # what student_rerank_run stores per row besides the run's (query_id, doc_id, rank, score)
 FOLD_COLUMNS = {"fold": pl.Int32, "student_key": pl.String}
-# the table student_rerank_run: the runs of every evaluation-only system of a dataset
+# the table student_rerank_run: the runs of every evaluation-only system of a dataset. first_stage
+# is null for a trained retriever; student_key is the key of the student (student_rerank) or the
+# fine-tuned weights' sha256[:16] (trained_retriever) that ranked the query
 RERANK_SCHEMA = {"dataset": pl.String, "retriever": pl.String, "query_id": pl.String, "doc_id": pl.String,
                  "rank": pl.Int32, "score": pl.Float64, "config_hash": pl.String, "first_stage": pl.String,
                  "fold": pl.Int32, "student_key": pl.String}
@@ -90,13 +95,15 @@ def student_rerank(candidates: pl.DataFrame, query_texts: Mapping[str, str], doc
 
 @dataclass(frozen=True)
 class RerankInputs:
-    """What the student re-rankers of one dataset read: its verified labels, corpus, queries
-    and the pooled systems' stored runs (their first stages)."""
+    """What the evaluation-only systems of one dataset read: its verified labels, corpus,
+    queries and the pooled systems' stored runs (the re-rankers' first stages), and the same as
+    the trained retrievers read them (with the original qrels and pending pairs)."""
 
     data: TrainingSet
     corpus: pl.DataFrame        # doc_id, title, text
     queries: pl.DataFrame       # query_id, text
     stored_runs: pl.DataFrame   # retriever + systems.STORED_COLUMNS
+    lake: LakeData
 
     @classmethod
     def read(cls, con: duckdb.DuckDBPyConnection, dataset: str, *, teacher: bool = False) -> RerankInputs:
@@ -108,7 +115,8 @@ class RerankInputs:
         # a run from before runs recorded their inputs is never taken as current
         stored = (runs.select("retriever", *STORED_COLUMNS) if set(STORED_COLUMNS) <= set(runs.columns)
                   else pl.DataFrame(schema=dict.fromkeys(["retriever", *STORED_COLUMNS], pl.String)))
-        return cls(training_set(con, dataset, teacher=teacher), corpus, queries, stored)
+        return cls(training_set(con, dataset, teacher=teacher), corpus, queries, stored,
+                   load_lake_data(con, dataset))
 
 
 @dataclass
@@ -123,8 +131,10 @@ class EvaluationRuns:
 def run_evaluation_systems(registry: RetrieverRegistry, systems: list[str], inputs: RerankInputs,
                            settings: StudentSettings, *, lake_folder: Path, dataset: str,
                            progress: Callable[[str], None] = log.info) -> EvaluationRuns:
-    """Each student_rerank system of `systems` on `dataset`: its first stage's candidates (the
-    stored run when current and deep enough, else that stage run again), re-ranked out of fold."""
+    """Each evaluation-only system of `systems` on `dataset`. A student_rerank: its first stage's
+    candidates (the stored run when current and deep enough, else that stage run again),
+    re-ranked out of fold by students with `settings`. A trained_retriever: its model
+    fine-tuned out of fold with the system's own parameters."""
     ctx = RunContext(dataset, inputs.corpus, registry, lake_folder, progress=progress,
                      stored_run=lambda system: inputs.stored_runs.filter(pl.col("retriever") == system)
                      .drop("retriever"))
@@ -134,18 +144,30 @@ def run_evaluation_systems(registry: RetrieverRegistry, systems: list[str], inpu
     frames = [found.frame]
     for name in systems:
         spec = registry.system(name)
-        candidates = first_stage_candidates(ctx, spec, inputs.queries)
-        result = student_rerank(candidates, query_texts, doc_texts, inputs.data, settings,
-                                folds=spec.params().folds, k=registry.system_k(name), lake_folder=lake_folder,
-                                dataset=dataset, progress=lambda line, name=name: progress(f"{name}: {line}"))
-        found.details[name] = {"first_stage": spec.first_stage, "folds": result.folds,
-                               **ctx.metadata.get("first_stage", {}).get(spec.first_stage, {})}
-        if result.not_trained:  # too few verified labels: no run, said so (never a partial one)
-            found.not_run[name] = result.not_trained
+        say = (lambda line, name=name: progress(f"{name}: {line}"))
+        if spec.kind == "trained_retriever":
+            params = spec.params()
+            train = TrainSettings(epochs=params.epochs, learning_rate=params.learning_rate,
+                                  negatives_per_query=params.negatives, seed=params.seed,
+                                  max_length=registry.model(spec.model).max_length or TrainSettings.max_length)
+            trained = trained_retriever_run(inputs.lake, base_location(spec.model), params.labels, train,
+                                            folds=params.folds, k=registry.system_k(name), progress=say)
+            run, folds, not_trained = trained.run, trained.folds, trained.not_trained
+            found.details[name] = {"model": spec.model, "labels": params.labels, "folds": folds}
+        else:
+            candidates = first_stage_candidates(ctx, spec, inputs.queries)
+            result = student_rerank(candidates, query_texts, doc_texts, inputs.data, settings,
+                                    folds=spec.params().folds, k=registry.system_k(name), lake_folder=lake_folder,
+                                    dataset=dataset, progress=say)
+            run, not_trained = result.run, result.not_trained
+            found.details[name] = {"first_stage": spec.first_stage, "folds": result.folds,
+                                   **ctx.metadata.get("first_stage", {}).get(spec.first_stage, {})}
+        if not_trained:  # too few labels: no run, said so (never a partial one)
+            found.not_run[name] = not_trained
             continue
-        frames.append(result.run.with_columns(dataset=pl.lit(dataset), retriever=pl.lit(name),
-                                              config_hash=pl.lit(registry.config_hash(name)),
-                                              first_stage=pl.lit(spec.first_stage))
+        frames.append(run.with_columns(dataset=pl.lit(dataset), retriever=pl.lit(name),
+                                       config_hash=pl.lit(registry.config_hash(name)),
+                                       first_stage=pl.lit(spec.first_stage, dtype=pl.String))
                       .select(list(RERANK_SCHEMA)).cast(RERANK_SCHEMA))
     found.frame = pl.concat(frames)
     return found

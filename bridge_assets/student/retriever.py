@@ -20,7 +20,9 @@ MultipleNegativesRankingLoss, whose one-positive rows would make a query's other
 in-batch negatives. Training is seeded: the same seed, labels and base model give identical
 weights (tests/test_trained_retriever.py).
 
-Plain functions, no Dagster: scripts/trained_retriever.py prints the comparison table.
+Plain functions, no Dagster: scripts/trained_retriever.py prints the comparison table, and
+`trained_retriever_run` is the registry's evaluation-only `kind: trained_retriever` (the
+student stage's student_rerank_run asset writes its run).
 """
 
 from __future__ import annotations
@@ -517,6 +519,55 @@ def run_comparison(data: LakeData, location: str, sources: Sequence[LabelSource 
         result.seconds = time.perf_counter() - started
         results.append(result)
     return results
+
+
+@dataclass
+class TrainedRun:
+    """A trained retriever's run over every query (query_id, doc_id, rank, score, fold,
+    student_key: the fold model's weights sha256[:16]), each fold's report, or why no run."""
+
+    run: pl.DataFrame
+    folds: list[dict] = field(default_factory=list)
+    not_trained: str | None = None
+
+
+def _empty_trained_run() -> pl.DataFrame:
+    return pl.DataFrame(schema={"query_id": pl.String, "doc_id": pl.String, "rank": pl.Int32,
+                                "score": pl.Float64, "fold": pl.Int32, "student_key": pl.String})
+
+
+def trained_retriever_run(data: LakeData, location: str, source: LabelSource, settings: TrainSettings, *,
+                          folds: int, k: int, progress: Callable[[str], None] | None = None) -> TrainedRun:
+    """The registry's `trained_retriever`: the queries dealt into `folds` (seeded); each fold's
+    queries are ranked (exact cosine over the whole corpus, top `k`) by the encoder at `location`
+    fine-tuned on the `source` labels of the other folds' queries only, so no query is ranked
+    by a model that learned its labels. No run when a fold has nothing to train on: a run
+    trained for some queries only would be compared with full runs."""
+    say = progress or (lambda text: None)
+    queries = sorted(data.queries)
+    if len(queries) < folds:
+        return TrainedRun(_empty_trained_run(), not_trained=f"{len(queries)} queries cannot make {folds} folds")
+    split = query_folds(queries, folds, settings.seed)
+    training = [training_queries(data, train, source, settings) for train, _ in split]
+    for fold, queries_of_fold in enumerate(training):  # every fold checked before any trains
+        if not queries_of_fold:
+            return TrainedRun(_empty_trained_run(), not_trained=f"fold {fold + 1} of {folds}: no training "
+                                                               f"query has a positive in the {source} labels")
+    parts, reports = [], []
+    for fold, ((_, test), queries_of_fold) in enumerate(zip(split, training)):
+        model = load_encoder(location, settings.max_length)
+        log = train_retriever(model, queries_of_fold, settings)
+        key = weights_digest(model)[:16]
+        run = retrieve(model, {q: data.queries[q] for q in test}, data.corpus, k=k, threads=settings.threads)
+        parts.append(run.with_columns(pl.col("rank").cast(pl.Int32), fold=pl.lit(fold, dtype=pl.Int32),
+                                      student_key=pl.lit(key, dtype=pl.String)))
+        reports.append({"fold": fold, "queries": len(test), "trained_on_queries": log.queries,
+                        "positives": log.positives, "negatives": log.negatives, "steps": log.steps,
+                        "weights_hash": key, "seconds": round(log.seconds, 1)})
+        say(f"fold {fold + 1}/{folds}: trained on {log.queries} queries' {source} labels ({log.positives} "
+            f"positives, {log.negatives} hard negatives, {log.steps} steps, {log.loss_trend()}, "
+            f"{log.seconds:.0f} s), weights {key}; ranked {len(test)} held-out queries")
+    return TrainedRun(pl.concat(parts).select(_empty_trained_run().columns).sort("query_id", "rank"), reports)
 
 
 def format_table(results: Sequence[SystemResult], seed: int) -> str:
