@@ -42,5 +42,5 @@ with warnings.catch_warnings():
         *(stage.defs for stage in STAGES),
         dg.Definitions(resources={"store": _store, "llm": LLMResource(store=_store)},
                        sensors=[automation.sensor(automated_selection)],
-                       executor=executor_from_env()),  # $BRIDGE_EXECUTOR: multiprocess (default) | dask
+                       executor=executor_from_env()),  # $BRIDGE_EXECUTOR: multiprocess (default) | dask | in_process
     ).map_resolved_asset_specs(func=automation.with_condition, selection=automated_selection)

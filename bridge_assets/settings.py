@@ -39,7 +39,7 @@ VARIABLES: tuple[Setting, ...] = (
             "where the DuckLake's Parquet files go: a folder, s3://... or gs://..."),
     Setting("BRIDGE_LAKE_INLINE_ROWS", str(ducklake.INLINE_ROWS),
             "inserts of at most this many rows stay in the DuckLake catalog"),
-    Setting("BRIDGE_EXECUTOR", "Dagster's (multiprocess)",
+    Setting("BRIDGE_EXECUTOR", "multiprocess",
             "the asset jobs' executor: multiprocess, dask or in_process"),
     Setting("BRIDGE_DASK_SCHEDULER", "a LocalCluster", "the Dask cluster to run steps on (tcp://host:8786)"),
     Setting("BRIDGE_DASK_WORKERS", "2", "the LocalCluster's worker processes"),
@@ -100,7 +100,7 @@ class Settings:
 
     @property
     def executor(self) -> str | None:
-        """The executor named, lower case; None when unset (Dagster's default)."""
+        """The executor named, lower case; None when unset (multiprocess)."""
         value = self.raw("BRIDGE_EXECUTOR")
         return value.strip().lower() if value else None
 

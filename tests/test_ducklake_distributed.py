@@ -41,7 +41,12 @@ def table_rows(tables, where: str = "") -> dict[str, list[tuple]]:
 
 def test_the_executor_comes_from_the_environment(monkeypatch):
     monkeypatch.delenv("BRIDGE_EXECUTOR", raising=False)
-    assert executor_from_env() is None  # Dagster's default: multiprocess
+    default = executor_from_env()  # multiprocess, each step forked from a server that preloaded us
+    assert default.name == "multiprocess"
+    assert default.apply_config_mapping({}).value["config"]["start_method"] == \
+        {"forkserver": {"preload_modules": ["bridge_assets.definitions"]}}
+    monkeypatch.setenv("BRIDGE_EXECUTOR", "in_process")
+    assert executor_from_env() is dg.in_process_executor
     monkeypatch.setenv("BRIDGE_EXECUTOR", "dask")
     monkeypatch.setenv("BRIDGE_DASK_WORKERS", "3")
     assert executor_from_env().name == "dask"
