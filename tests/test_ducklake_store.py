@@ -232,6 +232,11 @@ def test_bridge_sql_refuses_every_statement_that_is_not_one_read(data_lake, tmp_
         assert result.exit_code == 2 and why in result.output, (query, result.output)
     assert not out.exists()
     assert rows("select count(*) from t") == [(5,)]
+    # a table past the inlining limit is read from its Parquet files, inside the lake
+    store.write_partitions({"big": pl.DataFrame({"dataset": ["a"] * 2000, "value": range(2000)})}, {"dataset": "a"})
+    assert data_files(data_lake, "big")
+    result = runner.invoke(app, ["sql", "select sum(value) as s from big"])
+    assert result.exit_code == 0 and result.stdout.splitlines() == ["s", str(sum(range(2000)))], result.output
     # a read cannot reach files outside the lake either
     outside = tmp_path / "outside.csv"
     outside.write_text("a\n1\n")
