@@ -28,7 +28,7 @@ from bridge_assets.retrieval.runs import document_texts, top_k
 from bridge_assets.retrieval.systems import STORED_COLUMNS, RunContext, first_stage_candidates
 from bridge_assets.student.annotator import SCORE_BATCH, TrainingSet, ensure_student, training_set
 from bridge_assets.student.model import StudentSettings, untrainable
-from bridge_assets.student.retriever import (LakeData, TrainSettings, base_location, load_lake_data, query_folds,
+from bridge_assets.student.retriever import (LakeData, TrainSettings, base_location, lake_data, query_folds,
                                              trained_retriever_run)
 
 log = logging.getLogger(__name__)
@@ -115,8 +115,9 @@ class RerankInputs:
         # a run from before runs recorded their inputs is never taken as current
         stored = (runs.select("retriever", *STORED_COLUMNS) if set(STORED_COLUMNS) <= set(runs.columns)
                   else pl.DataFrame(schema=dict.fromkeys(["retriever", *STORED_COLUMNS], pl.String)))
-        return cls(training_set(con, dataset, teacher=teacher), corpus, queries, stored,
-                   load_lake_data(con, dataset))
+        data = training_set(con, dataset, teacher=teacher)
+        return cls(data, corpus, queries, stored,
+                   lake_data(con, dataset, queries=queries, corpus=corpus, runs=runs, verified=data.labels))
 
 
 @dataclass

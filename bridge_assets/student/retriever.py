@@ -112,26 +112,34 @@ def load_lake_data(con: duckdb.DuckDBPyConnection, dataset: str) -> LakeData:
     for table in ("queries", "corpus", "original_qrels", "bridge_qrels", "retrieval_run"):
         _require(con, table, dataset)
     args = {"dataset": dataset}
-    queries = dict(con.execute("select query_id, text from queries where dataset = $dataset order by query_id",
-                               args).fetchall())
-    corpus = {doc_id: chunk_text(title, text) for doc_id, title, text in con.execute(
-        "select doc_id, title, text from corpus where dataset = $dataset order by doc_id", args).fetchall()}
+    queries = con.execute("select query_id, text from queries where dataset = $dataset", args).pl()
+    corpus = con.execute("select doc_id, title, text from corpus where dataset = $dataset", args).pl()
+    runs = con.execute("select retriever, query_id, doc_id, rank from retrieval_run where dataset = $dataset",
+                       args).pl()
+    verified = con.execute(read_sql("student_training_set"), args).pl()
+    return lake_data(con, dataset, queries=queries, corpus=corpus, runs=runs, verified=verified)
+
+
+def lake_data(con: duckdb.DuckDBPyConnection, dataset: str, *, queries: pl.DataFrame, corpus: pl.DataFrame,
+              runs: pl.DataFrame, verified: pl.DataFrame) -> LakeData:
+    """LakeData from what a caller read already (queries: query_id, text; corpus: doc_id, title,
+    text; runs: retriever, query_id, doc_id, rank; verified: sql/student_training_set.sql's rows),
+    with both qrels read from `con`."""
+    args = {"dataset": dataset}
     original = con.execute("select query_id, doc_id, relevance::integer as relevance from original_qrels "
                            "where dataset = $dataset order by query_id, doc_id", args).pl()
     refined = con.execute("select query_id, doc_id, coalesce(relevance, 0)::integer as relevance "
                           "from bridge_qrels where dataset = $dataset order by query_id, doc_id", args).pl()
     pending = set(con.execute("select query_id, doc_id from bridge_qrels where dataset = $dataset "
                               "and relevance is null", args).fetchall())
-    runs = con.execute("select retriever, query_id, doc_id, rank from retrieval_run where dataset = $dataset "
-                       "order by retriever, query_id, rank, doc_id", args).pl()
-    return LakeData(dataset, queries, corpus, original, refined, verified_positives(con, dataset), pending, runs)
-
-
-def verified_positives(con: duckdb.DuckDBPyConnection, dataset: str) -> dict[str, set[str]]:
-    """The refined qrels' verified relevant pairs: the student annotator's selection
-    (sql/student_training_set.sql), so a pending pair or an unverified guess never gets here."""
-    rows = con.execute(read_sql("student_training_set"), {"dataset": dataset}).fetchall()
-    return _grouped((query_id, doc_id) for query_id, doc_id, label, _ in rows if label == 1)
+    # the refined qrels' verified relevant pairs: the student annotator's selection, so a
+    # pending pair or an unverified guess never gets here
+    positives = _grouped(verified.filter(pl.col("label") == 1).select("query_id", "doc_id").iter_rows())
+    return LakeData(dataset, dict(queries.sort("query_id").select("query_id", "text").iter_rows()),
+                    {doc_id: chunk_text(title, text)
+                     for doc_id, title, text in corpus.sort("doc_id").select("doc_id", "title", "text").iter_rows()},
+                    original, refined, positives, pending,
+                    runs.select("retriever", "query_id", "doc_id", "rank").sort("retriever", "query_id", "rank", "doc_id"))
 
 
 def original_positives(data: LakeData) -> dict[str, set[str]]:
