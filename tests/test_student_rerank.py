@@ -232,6 +232,15 @@ def test_the_asset_runs_a_trained_retriever_and_the_metrics_read_it(labeled_lake
         summary = run_summary(con, DATASET, time.time())
     assert "trained retriever trained (evaluated, never pooled; fine-tuned on the labels of the other " \
            "query fold): nDCG@10 " in summary and "student re-ranker trained" not in summary
+    # materialized again with the same labels: each fold's model is found in the lake, not retrained
+    assert [f["trained_now"] for f in details["trained"]["folds"]] == [True, True]
+    assert len(list((labeled_lake / "trained_retrievers" / DATASET).glob("*/meta.json"))) == 2
+    again = dg.materialize([student_assets.student_rerank_run], partition_key=DATASET,
+                           resources={"store": DuckDBStore(data_lake=str(labeled_lake))})
+    details = json.loads(again.asset_materializations_for_node("student_rerank_run")[0].metadata["details"].value)
+    assert [f["trained_now"] for f in details["trained"]["folds"]] == [False, False]
+    assert read(labeled_lake, "select * from student_rerank_run").sort("query_id", "rank").equals(
+        run.sort("query_id", "rank"))
 
 
 def test_without_evaluation_systems_the_table_is_empty(labeled_lake, tmp_path, monkeypatch):

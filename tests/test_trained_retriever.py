@@ -212,3 +212,36 @@ def test_no_trained_run_when_a_fold_has_nothing_to_learn_from(data, location):
     assert found.run.is_empty()
     assert found.not_trained.startswith("fold ") and "no training query has a positive in the original labels" \
         in found.not_trained
+
+
+def test_a_stored_fold_model_is_found_again_until_its_training_changes(data, location, tmp_path, monkeypatch):
+    """With a store (the registry kind's: <lake>/trained_retrievers/<dataset>/), each fold's model
+    is kept by the key of its training queries, settings and base, found again while they stay
+    the same (no training: the same weights hashes and the same run as when trained), and trained
+    anew when they change."""
+    trainings = []
+    train = tr.train_retriever
+    monkeypatch.setattr(tr, "train_retriever", lambda model, queries, settings:
+                        trainings.append(len(queries)) or train(model, queries, settings))
+    settings = tr.TrainSettings(epochs=1, max_length=32)
+    base = {"source": "test", "location": "all-minilm-l6-v2"}
+    in_memory = tr.trained_retriever_run(data, location, "refined", settings, folds=2, k=4)
+    assert len(trainings) == 2
+    first = tr.trained_retriever_run(data, location, "refined", settings, folds=2, k=4, store=tmp_path, base=base)
+    assert len(trainings) == 4 and [f["trained_now"] for f in first.folds] == [True, True]
+    assert first.run.equals(in_memory.run)   # the stored model is the model it trained
+    said: list[str] = []
+    again = tr.trained_retriever_run(data, location, "refined", settings, folds=2, k=4, store=tmp_path, base=base,
+                                     progress=said.append)
+    assert len(trainings) == 4 and [f["trained_now"] for f in again.folds] == [False, False]
+    assert again.run.equals(first.run)
+    assert [f["weights_hash"] for f in again.folds] == [f["weights_hash"] for f in first.folds]
+    assert all("found again" in line for line in said)
+    # another setting, another base or other labels: trained anew
+    tr.trained_retriever_run(data, location, "refined", tr.TrainSettings(epochs=1, max_length=32, seed=1),
+                             folds=2, k=4, store=tmp_path, base=base)
+    tr.trained_retriever_run(data, location, "refined", settings, folds=2, k=4, store=tmp_path,
+                             base={**base, "source": "other"})
+    tr.trained_retriever_run(data, location, "original", settings, folds=2, k=4, store=tmp_path, base=base)
+    assert len(trainings) == 10
+    assert len([p for p in tmp_path.iterdir() if p.is_dir()]) == 8

@@ -27,9 +27,9 @@ from bridge_assets.retrieval.registry import RetrieverRegistry
 from bridge_assets.retrieval.runs import document_texts, top_k
 from bridge_assets.retrieval.systems import STORED_COLUMNS, RunContext, first_stage_candidates
 from bridge_assets.student.annotator import SCORE_BATCH, TrainingSet, ensure_student, training_set
-from bridge_assets.student.model import StudentSettings, untrainable
-from bridge_assets.student.retriever import (LakeData, TrainSettings, base_location, lake_data, query_folds,
-                                             trained_retriever_run)
+from bridge_assets.student.model import StudentSettings, resolve_base_model, untrainable
+from bridge_assets.student.retriever import (LakeData, TrainSettings, lake_data, query_folds,
+                                             trained_retriever_folder, trained_retriever_run)
 
 log = logging.getLogger(__name__)
 
@@ -151,8 +151,10 @@ def run_evaluation_systems(registry: RetrieverRegistry, systems: list[str], inpu
             train = TrainSettings(epochs=params.epochs, learning_rate=params.learning_rate,
                                   negatives_per_query=params.negatives, seed=params.seed,
                                   max_length=registry.model(spec.model).max_length or TrainSettings.max_length)
-            trained = trained_retriever_run(inputs.lake, base_location(spec.model), params.labels, train,
-                                            folds=params.folds, k=registry.system_k(name), progress=say)
+            base = resolve_base_model(spec.model)
+            trained = trained_retriever_run(inputs.lake, base.location, params.labels, train,
+                                            folds=params.folds, k=registry.system_k(name), progress=say,
+                                            store=trained_retriever_folder(lake_folder, dataset), base=base.identity)
             run, folds, not_trained = trained.run, trained.folds, trained.not_trained
             found.details[name] = {"model": spec.model, "labels": params.labels, "folds": folds}
         else:

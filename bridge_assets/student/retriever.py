@@ -30,12 +30,14 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
+import json
 import math
 import random
 import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 import duckdb
@@ -45,6 +47,7 @@ import polars as pl
 from bridge_assets.errors import BridgeError
 from bridge_assets.labeling.pairs import chunk_text
 from bridge_assets.paths import read_sql
+from bridge_assets.retrieval.cache import ensure_built, read_meta
 
 if TYPE_CHECKING:
     from bridge_assets.labeling.calls import Generate
@@ -544,13 +547,63 @@ def _empty_trained_run() -> pl.DataFrame:
                                 "score": pl.Float64, "fold": pl.Int32, "student_key": pl.String})
 
 
+def trained_retriever_folder(lake_folder: Path, dataset: str) -> Path:
+    """Where a lake keeps its trained retrievers' fold models (beside its students)."""
+    return lake_folder / "trained_retrievers" / dataset
+
+
+def trained_model_key(queries: Sequence[TrainingQuery], settings: TrainSettings, base: Mapping) -> str:
+    """What a fold's weights follow from: its training queries (texts, positives, negatives),
+    the settings and what the base encoder is (retrievers.yaml's identity, not its folder)."""
+    config = {"training": [dataclasses.asdict(q) for q in queries], "settings": dataclasses.asdict(settings),
+              "base": dict(base)}
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class FoldModel:
+    model: object           # a SentenceTransformer
+    weights_hash: str       # weights_digest[:16]
+    log: TrainingLog
+    trained_now: bool
+
+
+def fold_model(location: str, queries: Sequence[TrainingQuery], settings: TrainSettings, *,
+               store: Path | None = None, base: Mapping | None = None) -> FoldModel:
+    """The encoder at `location` fine-tuned on `queries`. With `store` (and the base's identity),
+    kept in store/<trained_model_key>/ and found there again while its inputs stay the same: a
+    seed gives the same weights anyway, so training again would only cost the minutes."""
+    def train() -> tuple[object, TrainingLog]:
+        model = load_encoder(location, settings.max_length)
+        return model, train_retriever(model, queries, settings)
+
+    if store is None:
+        model, log = train()
+        return FoldModel(model, weights_digest(model)[:16], log, True)
+    if base is None:
+        raise TrainedRetrieverError("a stored trained retriever needs its base encoder's identity")
+
+    def build(folder: Path) -> dict:
+        model, log = train()
+        model.save(str(folder))
+        return {"weights_hash": weights_digest(model)[:16], "log": dataclasses.asdict(log),
+                "settings": dataclasses.asdict(settings), "base": dict(base)}
+
+    folder, built_now = ensure_built(store / trained_model_key(queries, settings, base), build)
+    meta = read_meta(folder)
+    return FoldModel(load_encoder(str(folder), settings.max_length), meta["weights_hash"],
+                     TrainingLog(**meta["log"]), built_now)
+
+
 def trained_retriever_run(data: LakeData, location: str, source: LabelSource, settings: TrainSettings, *,
-                          folds: int, k: int, progress: Callable[[str], None] | None = None) -> TrainedRun:
+                          folds: int, k: int, progress: Callable[[str], None] | None = None,
+                          store: Path | None = None, base: Mapping | None = None) -> TrainedRun:
     """The registry's `trained_retriever`: the queries dealt into `folds` (seeded); each fold's
     queries are ranked (exact cosine over the whole corpus, top `k`) by the encoder at `location`
     fine-tuned on the `source` labels of the other folds' queries only, so no query is ranked
     by a model that learned its labels. No run when a fold has nothing to train on: a run
-    trained for some queries only would be compared with full runs."""
+    trained for some queries only would be compared with full runs. With `store`, each fold's
+    model is kept there and found again (fold_model)."""
     say = progress or (lambda text: None)
     queries = sorted(data.queries)
     if len(queries) < folds:
@@ -563,18 +616,19 @@ def trained_retriever_run(data: LakeData, location: str, source: LabelSource, se
                                                                f"query has a positive in the {source} labels")
     parts, reports = [], []
     for fold, ((_, test), queries_of_fold) in enumerate(zip(split, training)):
-        model = load_encoder(location, settings.max_length)
-        log = train_retriever(model, queries_of_fold, settings)
-        key = weights_digest(model)[:16]
-        run = retrieve(model, {q: data.queries[q] for q in test}, data.corpus, k=k, threads=settings.threads)
+        found = fold_model(location, queries_of_fold, settings, store=store, base=base)
+        log, key = found.log, found.weights_hash
+        run = retrieve(found.model, {q: data.queries[q] for q in test}, data.corpus, k=k, threads=settings.threads)
         parts.append(run.with_columns(pl.col("rank").cast(pl.Int32), fold=pl.lit(fold, dtype=pl.Int32),
                                       student_key=pl.lit(key, dtype=pl.String)))
         reports.append({"fold": fold, "queries": len(test), "trained_on_queries": log.queries,
                         "positives": log.positives, "negatives": log.negatives, "steps": log.steps,
-                        "weights_hash": key, "seconds": round(log.seconds, 1)})
-        say(f"fold {fold + 1}/{folds}: trained on {log.queries} queries' {source} labels ({log.positives} "
-            f"positives, {log.negatives} hard negatives, {log.steps} steps, {log.loss_trend()}, "
-            f"{log.seconds:.0f} s), weights {key}; ranked {len(test)} held-out queries")
+                        "weights_hash": key, "seconds": round(log.seconds, 1), "trained_now": found.trained_now})
+        trained = (f"trained on {log.queries} queries' {source} labels ({log.positives} positives, "
+                   f"{log.negatives} hard negatives, {log.steps} steps, {log.loss_trend()}, {log.seconds:.0f} s)")
+        say(f"fold {fold + 1}/{folds}: " + (f"{trained}, weights {key}" if found.trained_now
+                                            else f"weights {key} found again ({trained} before)")
+            + f"; ranked {len(test)} held-out queries")
     return TrainedRun(pl.concat(parts).select(_empty_trained_run().columns).sort("query_id", "rank"), reports)
 
 
