@@ -147,6 +147,11 @@ def _estimate(estimate: RunEstimate, con: duckdb.DuckDBPyConnection, overrides: 
     answers, judgments = settings("rag_answers"), settings("rag_judgments")
     stages += estimate_rag_calls(con, dataset, answers, judgments, answers.model or llm.profile_for("judge"),
                                  judgments.model or llm.profile_for("judge"), replay)
+    if registry.evaluation_systems():  # a trained retriever on UtilSel labels asks one call per query
+        from bridge_assets.student.rerank import estimate_utility_calls
+        from bridge_assets.student.retriever import pool_pairs
+
+        stages += estimate_utility_calls(registry, pool_pairs(con, dataset), replay)
     estimate.stages += stages
 
 

@@ -25,7 +25,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bridge_assets import settings, store  # noqa: E402
 from bridge_assets.student.retriever import (Curriculum, TrainSettings, base_location,  # noqa: E402
                                              format_differences, format_table, load_lake_data,
-                                             run_comparison, sample_queries, utility_positives)
+                                             pool_pairs, run_comparison, sample_queries,
+                                             utility_positives)
 
 
 def lake_snapshot(con, location) -> int | str:
@@ -51,7 +52,8 @@ def utility_labels_for(lake: Path, ledger_lake: Path, dataset: str, query_ids: l
 
     try:
         with store.connect_read_only(settings.lake_location(lake), snapshot=snapshot) as con:
-            return utility_positives(con, dataset, query_ids, generate, profile)
+            pairs = pool_pairs(con, dataset, query_ids)
+        return utility_positives(pairs, generate, profile)
     finally:
         for client in clients.values():
             client.close()

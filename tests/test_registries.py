@@ -265,3 +265,11 @@ def test_retrievers_add_a_trained_retriever_as_the_docs_show(user_dir):
     bad = runner.invoke(app, ["retrievers", "add", "trained_ce", "--kind", "trained_retriever",
                               "--model", "tinybert-l6-ce"])
     assert bad.exit_code != 0 and "backend cross_encoder" in bad.output
+    # on UtilSel labels: the LLM that selects them
+    utility = runner.invoke(app, ["retrievers", "add", "trained_util", "--kind", "trained_retriever",
+                                  "--model", "all-minilm-l6-v2", "--param", "labels=utility", "--llm-role", "judge"])
+    assert utility.exit_code == 0, utility.output
+    assert load_retrievers().system("trained_util").llm.role == "judge"
+    no_llm = runner.invoke(app, ["retrievers", "add", "trained_util2", "--kind", "trained_retriever",
+                                 "--model", "all-minilm-l6-v2", "--param", "labels=utility"])
+    assert no_llm.exit_code != 0 and "an llm exactly when its labels are `utility`" in no_llm.output

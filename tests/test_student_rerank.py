@@ -15,6 +15,9 @@ import yaml
 
 from bridge_assets import store
 from bridge_assets.labeling.pairs import Pair
+from bridge_assets.llm import budget
+from bridge_assets.llm.replay import LedgerReplay
+from bridge_assets.llm.resource import LLMResource
 from bridge_assets.paths import RESOURCES_DIR
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.retrieval.errors import RegistryError, RetrievalError
@@ -24,9 +27,11 @@ from bridge_assets.retrieval.systems import RunContext, inputs_fingerprint, retr
 from bridge_assets.student import assets as student_assets
 from bridge_assets.student.annotator import TrainingSet, student_key
 from bridge_assets.student.model import StudentSettings, base_model_location, resolve_base_model
-from bridge_assets.student.rerank import student_rerank
+from bridge_assets.student.rerank import estimate_utility_calls, student_rerank
+from bridge_assets.student.retriever import pool_pairs
 from bridge_assets.summary import run_summary
 from fixtures.labeled_lake import DATASET, materialize_qrels, read
+from fixtures.scripted_llm import ScriptedLLM, ScriptedServer, completion
 
 TINY = StudentSettings(epochs=1, max_length=48, batch_size=8, calibration_share=0.0)
 FACTS = [("What does len() return?", "len returns the number of items."),
@@ -44,6 +49,11 @@ def registry_file(tmp_path, systems: dict) -> str:
     path = tmp_path / "retrievers.yaml"
     path.write_text(yaml.safe_dump(shipped))
     return str(path)
+
+
+def resources_of(lake) -> dict:
+    store = DuckDBStore(data_lake=str(lake))
+    return {"store": store, "llm": LLMResource(store=store)}
 
 
 STUDENT_BM25 = {"kind": "student_rerank", "first_stage": "bm25", "parameters": {"depth": 5, "folds": 2}}
@@ -84,10 +94,11 @@ def test_a_trained_retriever_is_evaluated_never_pooled_and_fine_tunes_a_bi_encod
     assert (shipped.kind, shipped.model, shipped.profiles, shipped.params().labels) == \
         ("trained_retriever", "all-minilm-l6-v2", (), "refined")
     for wrong, message in (({"model": None}, "needs model"),
-                           ({"first_stage": "bm25"}, "no first_stage, inputs or llm"),
+                           ({"first_stage": "bm25"}, "no first_stage or inputs"),
+                           ({"llm": {"role": "judge"}}, "an llm exactly when its labels are `utility`"),
                            ({"model": "tinybert-l6-ce"}, "backend cross_encoder"),
                            ({"model": "dpr-multiset"}, "separate query encoder"),
-                           ({"parameters": {"labels": "utility"}}, "labels")):
+                           ({"parameters": {"labels": "utility"}}, "an llm exactly when")):
         with pytest.raises((RegistryError, ValueError), match=message):
             load_registry(registry_file(tmp_path, {"bm25": BM25, "trained": {**TRAINED_MINILM, **wrong}}))
 
@@ -174,7 +185,7 @@ def test_the_asset_runs_the_registry_systems_and_the_metrics_read_them(labeled_l
     make_stored_bm25_current(labeled_lake)
     from bridge_assets.analysis import assets as analysis_assets
 
-    resources = {"store": DuckDBStore(data_lake=str(labeled_lake))}
+    resources = resources_of(labeled_lake)
     config = dg.RunConfig(ops={"student_rerank_run": student_assets.StudentConfig(
         epochs=1, max_length=48, batch_size=8, calibration_share=0.0)})
 
@@ -216,7 +227,7 @@ def test_the_asset_runs_a_trained_retriever_and_the_metrics_read_it(labeled_lake
     from bridge_assets.analysis import assets as analysis_assets
 
     result = dg.materialize([student_assets.student_rerank_run, analysis_assets.retrieval_metrics],
-                            partition_key=DATASET, resources={"store": DuckDBStore(data_lake=str(labeled_lake))})
+                            partition_key=DATASET, resources=resources_of(labeled_lake))
     assert result.success
     details = json.loads(result.asset_materializations_for_node("student_rerank_run")[0].metadata["details"].value)
     run = read(labeled_lake, "select * from student_rerank_run")
@@ -236,17 +247,72 @@ def test_the_asset_runs_a_trained_retriever_and_the_metrics_read_it(labeled_lake
     assert [f["trained_now"] for f in details["trained"]["folds"]] == [True, True]
     assert len(list((labeled_lake / "trained_retrievers" / DATASET).glob("*/meta.json"))) == 2
     again = dg.materialize([student_assets.student_rerank_run], partition_key=DATASET,
-                           resources={"store": DuckDBStore(data_lake=str(labeled_lake))})
+                           resources=resources_of(labeled_lake))
     details = json.loads(again.asset_materializations_for_node("student_rerank_run")[0].metadata["details"].value)
     assert [f["trained_now"] for f in details["trained"]["folds"]] == [False, False]
     assert read(labeled_lake, "select * from student_rerank_run").sort("query_id", "rank").equals(
         run.sort("query_id", "rank"))
 
 
+def test_a_trained_retriever_learns_from_the_candidates_its_llm_selects(labeled_lake, tmp_path, monkeypatch):
+    """labels: utility: one UtilSel call per query over its pool candidates (through the run's
+    LLM resource and ledger); the selected ones are the positives. Under a call cap that defers
+    them there is no run (not one trained on some queries' labels), and once made the calls are
+    answered from the ledger."""
+    utility = {**TRAINED_MINILM, "llm": {"profile": "qwen-0.5b"},
+               "parameters": {**TRAINED_MINILM["parameters"], "labels": "utility"}}
+    monkeypatch.setenv("BRIDGE_RETRIEVERS", registry_file(tmp_path, {"bm25": BM25, "trained": utility}))
+    materialize_qrels(labeled_lake)
+    queries = read(labeled_lake, "select distinct query_id from candidate_pool")["query_id"]
+
+    def first_two_useful(index, body):
+        assert body["response_format"]["schema"]["properties"]["selected"]["type"] == "array"
+        return 200, completion('{"selected": [1, 2]}'), 0
+
+    # the dry run counts them: one call per query of the pool, none in the ledger yet
+    with store.connect(labeled_lake / "bridge.duckdb") as con:
+        pool = pool_pairs(con, DATASET)
+    [estimated] = estimate_utility_calls(load_registry(), pool, LedgerReplay(None))
+    assert (estimated.stage, estimated.profile, estimated.new, estimated.bound) == \
+        ("student_rerank_run", "qwen-0.5b", len(queries), 0) and estimated.prompt_tokens > 0
+
+    with ScriptedServer(first_two_useful) as server:
+        store_ = DuckDBStore(data_lake=str(labeled_lake))
+        resources = {"store": store_, "llm": ScriptedLLM(store=store_, url=server.url)}
+
+        def materialize():
+            result = dg.materialize([student_assets.student_rerank_run], partition_key=DATASET, resources=resources)
+            assert result.success
+            metadata = result.asset_materializations_for_node("student_rerank_run")[0].metadata
+            return json.loads(metadata["details"].value), json.loads(metadata["not_run"].value)
+
+        with budget.enforce(budget.Budget(calls=0)):  # an automation run's cap of 0: deferred
+            details, not_run = materialize()
+        assert server.hits == 0 and "trained" not in details
+        assert not_run["trained"].startswith(f"{len(queries)} of {len(queries)} UtilSel calls deferred")
+        assert read(labeled_lake, "select count(*) as n from student_rerank_run")["n"][0] == 0
+
+        details, not_run = materialize()
+        assert server.hits == len(queries) and not not_run   # one call per query of the pool
+        selected = details["trained"]["utility"]
+        assert (selected["profile"], selected["queries"], selected["selected"]) == \
+            ("qwen-0.5b", len(queries), 2 * len(queries))
+        assert details["trained"]["labels"] == "utility"
+        # two folds: each query trains the other fold's model once, with its two selected candidates
+        assert sum(f["trained_on_queries"] for f in details["trained"]["folds"]) == len(queries)
+        assert sum(f["positives"] for f in details["trained"]["folds"]) == 2 * len(queries)
+        run = read(labeled_lake, "select * from student_rerank_run")
+        assert set(run["retriever"]) == {"trained"} and run.height > 0
+
+        again, _ = materialize()   # the calls from the ledger, the folds found again
+        assert server.hits == len(queries)
+        assert [f["trained_now"] for f in again["trained"]["folds"]] == [False, False]
+
+
 def test_without_evaluation_systems_the_table_is_empty(labeled_lake, tmp_path, monkeypatch):
     monkeypatch.setenv("BRIDGE_RETRIEVERS", registry_file(tmp_path, {"bm25": BM25}))
     result = dg.materialize([student_assets.student_rerank_run], partition_key=DATASET,
-                            resources={"store": DuckDBStore(data_lake=str(labeled_lake))})
+                            resources=resources_of(labeled_lake))
     assert result.success
     assert read(labeled_lake, "select count(*) as n from student_rerank_run")["n"][0] == 0
 

@@ -93,7 +93,7 @@ def test_utility_labels_come_from_one_utilsel_call_per_query(data):
 
     con = toy_lake()
     try:
-        labels = tr.utility_positives(con, DATASET, ["q0", "q1"], generate, "scripted")
+        labels = tr.utility_positives(tr.pool_pairs(con, DATASET, ["q0", "q1"]), generate, "scripted")
         pool = {q: {d for (d,) in con.execute("select doc_id from candidate_pool where query_id = ?", [q]).fetchall()}
                 for q in ("q0", "q1")}
     finally:

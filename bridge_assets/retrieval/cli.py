@@ -88,8 +88,10 @@ def add_system(
     first_stage: str = typer.Option(None, "--first-stage", help="rerank/rewrite/student_rerank: the system "
                                                                     "run first."),
     inputs: list[str] = typer.Option(None, "--input", help="fusion: a system to fuse (repeat)."),
-    llm_role: str = typer.Option(None, "--llm-role", help="rerank/rewrite: an LLM role of models.yaml."),
-    llm_profile: str = typer.Option(None, "--llm-profile", help="rerank/rewrite: an LLM profile of models.yaml."),
+    llm_role: str = typer.Option(None, "--llm-role", help="rerank/rewrite, and a trained_retriever with "
+                                                          "labels=utility: an LLM role of models.yaml."),
+    llm_profile: str = typer.Option(None, "--llm-profile", help="rerank/rewrite, and a trained_retriever with "
+                                                                "labels=utility: an LLM profile of models.yaml."),
     profiles: list[str] = typer.Option(None, "--profile", "-p",
                                        help="Profiles it joins (repeat; default: the active one)."),
     path: str = typer.Option(None, "--path", help="run_file: the TREC run file per dataset, with {dataset}."),

@@ -167,9 +167,10 @@ class StudentRerankParams(_Strict):
 
 
 class TrainedRetrieverParams(_Strict):
-    # positives of a training query: the verified relevant labels of bridge_qrels (refined) or
-    # the benchmark's own qrels (original); docs/trained-retriever.md
-    labels: Literal["refined", "original"] = "refined"
+    # positives of a training query: the verified relevant labels of bridge_qrels (refined), the
+    # benchmark's own qrels (original) or the candidates the system's `llm` selects as useful
+    # (utility: one UtilSel call per query over its candidate pool); docs/trained-retriever.md
+    labels: Literal["refined", "original", "utility"] = "refined"
     folds: int = Field(2, ge=2)               # query folds: each is ranked by a model trained on the others
     epochs: int = Field(2, ge=1)
     negatives: int = Field(4, ge=0)           # hard negatives per query, from the stored runs' top 10
@@ -212,7 +213,7 @@ class SystemSpec(_Strict):
     model: str | None = None            # dense, splade, rerank (a scorer or a bi-encoder), trained_retriever
     first_stage: str | None = None      # rerank, rewrite
     inputs: tuple[str, ...] = ()        # fusion
-    llm: LLMRef | None = None           # rerank (instead of model), rewrite
+    llm: LLMRef | None = None           # rerank (instead of model), rewrite, trained_retriever (utility labels)
     path: str | None = None             # run_file: a TREC run file per dataset, with {dataset}
     parameters: dict[str, Any] = Field(default_factory=dict)
 
@@ -231,9 +232,9 @@ class SystemSpec(_Strict):
         if self.kind == "student_rerank" and (self.model or self.llm):
             raise ValueError("a student_rerank system's students start from the `base_model` of the "
                              "dataset's student_rerank_run settings, not a model or llm of its own")
-        if self.kind == "trained_retriever" and (self.first_stage or self.inputs or self.llm):
+        if self.kind == "trained_retriever" and (self.first_stage or self.inputs):
             raise ValueError("a trained_retriever is a bi-encoder fine-tuned from its `model` and "
-                             "searches the whole corpus: no first_stage, inputs or llm")
+                             "searches the whole corpus: no first_stage or inputs")
         if self.kind == "fusion" and len(self.inputs) < 2:
             raise ValueError("a fusion system needs at least two inputs")
         if self.path is not None and self.kind != "run_file":
@@ -241,7 +242,10 @@ class SystemSpec(_Strict):
         if self.kind == "run_file" and DATASET_PLACEHOLDER not in self.path:
             raise ValueError(f"a run_file path needs {DATASET_PLACEHOLDER} (one run file per dataset), "
                              f"e.g. /runs/{DATASET_PLACEHOLDER}/{self.name}.trec.gz")
-        self.params()  # validates the parameters of the kind
+        params = self.params()  # validates the parameters of the kind
+        if self.kind == "trained_retriever" and bool(self.llm) != (params.labels == "utility"):
+            raise ValueError("a trained_retriever has an llm exactly when its labels are `utility` "
+                             "(the model that selects each query's useful candidates)")
         return self
 
     def params(self) -> Any:

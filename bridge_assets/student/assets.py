@@ -21,6 +21,7 @@ from pydantic import Field
 
 from bridge_assets import ducklake, run_settings, snapshots
 from bridge_assets.labeling.pairs import load_pairs
+from bridge_assets.llm.resource import LLMResource
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.settings import env
@@ -35,9 +36,10 @@ READS: dict[str, tuple[str, ...]] = {
     "student_scores": ("student_annotator", "candidate_pool", "queries", "corpus"),
     # retrieval_run: every retriever's run of the dataset (Dagster maps the dataset partition
     # to all of them), for the first stages and the trained retrievers' hard negatives;
-    # original_qrels: a trained retriever's positives with `labels: original`
+    # original_qrels: a trained retriever's positives with `labels: original`; candidate_pool:
+    # what its LLM selects useful candidates from with `labels: utility`
     "student_rerank_run": ("bridge_qrels", "debate_labels", "queries", "corpus", "retrieval_run",
-                           "original_qrels"),
+                           "original_qrels", "candidate_pool"),
 }
 _DEFAULTS = StudentSettings()
 
@@ -209,7 +211,7 @@ def evaluation_system_hashes(registry=None) -> dict[str, str]:
                 "reads them. Empty when the active profile declares none.",
 )
 def student_rerank_run(context: dg.AssetExecutionContext, config: StudentConfig,
-                       store: DuckDBStore) -> dg.MaterializeResult:
+                       store: DuckDBStore, llm: LLMResource) -> dg.MaterializeResult:
     from bridge_assets.retrieval.registry import load_registry
     from bridge_assets.student.rerank import RERANK_SCHEMA, EvaluationRuns, RerankInputs, run_evaluation_systems
 
@@ -222,15 +224,18 @@ def student_rerank_run(context: dg.AssetExecutionContext, config: StudentConfig,
         with snapshots.inputs(store, dataset, READS["student_rerank_run"]) as con:
             inputs = RerankInputs.read(con, dataset, teacher=resolved.config.teacher_weight > 0)
         found = run_evaluation_systems(registry, systems, inputs, resolved.config.settings(),
-                                       lake_folder=store.lake.folder, dataset=dataset, progress=context.log.info)
+                                       lake_folder=store.lake.folder, dataset=dataset, progress=context.log.info,
+                                       generate=llm.generate_fn(context.run_id, context.log.info))
     for name, why in found.not_run.items():
         context.log.warning(f"{dataset}: no run of {name}: {why}")
     store.write_partitions({"student_rerank_run": found.frame}, dataset=dataset)
+    llm_stats = {name: stats.as_metadata() for name, stats in llm.stats().items()}
     return dg.MaterializeResult(
         metadata={**resolved.metadata(), "dagster/row_count": found.frame.height,
                   "systems": json.dumps(evaluation_system_hashes(registry), sort_keys=True),
                   "not_run": json.dumps(found.not_run, sort_keys=True),
-                  "details": json.dumps(found.details, sort_keys=True)},
+                  "details": json.dumps(found.details, sort_keys=True),
+                  **({"llm": llm_stats} if llm_stats else {})},
         data_version=snapshots.frame_version(found.frame))
 
 

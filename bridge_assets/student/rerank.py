@@ -23,13 +23,17 @@ from typing import Any
 import duckdb
 import polars as pl
 
+from bridge_assets.labeling.calls import Generate
+from bridge_assets.labeling.pairs import Pair
+from bridge_assets.llm.budget import DEFERRED
+from bridge_assets.llm.replay import NOT_ANSWERED, LedgerReplay, StageCalls
 from bridge_assets.retrieval.registry import RetrieverRegistry
 from bridge_assets.retrieval.runs import document_texts, top_k
 from bridge_assets.retrieval.systems import STORED_COLUMNS, RunContext, first_stage_candidates
 from bridge_assets.student.annotator import SCORE_BATCH, TrainingSet, ensure_student, training_set
 from bridge_assets.student.model import StudentSettings, resolve_base_model, untrainable
-from bridge_assets.student.retriever import (LakeData, TrainSettings, lake_data, query_folds,
-                                             trained_retriever_folder, trained_retriever_run)
+from bridge_assets.student.retriever import (LakeData, TrainSettings, lake_data, pool_pairs, query_folds,
+                                             trained_retriever_folder, trained_retriever_run, utility_positives)
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +108,7 @@ class RerankInputs:
     queries: pl.DataFrame       # query_id, text
     stored_runs: pl.DataFrame   # retriever + systems.STORED_COLUMNS
     lake: LakeData
+    pool: list[Pair]            # the candidate pool's pairs (what a utility labeler selects from)
 
     @classmethod
     def read(cls, con: duckdb.DuckDBPyConnection, dataset: str, *, teacher: bool = False) -> RerankInputs:
@@ -117,7 +122,8 @@ class RerankInputs:
                   else pl.DataFrame(schema=dict.fromkeys(["retriever", *STORED_COLUMNS], pl.String)))
         data = training_set(con, dataset, teacher=teacher)
         return cls(data, corpus, queries, stored,
-                   lake_data(con, dataset, queries=queries, corpus=corpus, runs=runs, verified=data.labels))
+                   lake_data(con, dataset, queries=queries, corpus=corpus, runs=runs, verified=data.labels),
+                   pool_pairs(con, dataset))
 
 
 @dataclass
@@ -131,11 +137,14 @@ class EvaluationRuns:
 
 def run_evaluation_systems(registry: RetrieverRegistry, systems: list[str], inputs: RerankInputs,
                            settings: StudentSettings, *, lake_folder: Path, dataset: str,
-                           progress: Callable[[str], None] = log.info) -> EvaluationRuns:
+                           progress: Callable[[str], None] = log.info,
+                           generate: Generate | None = None) -> EvaluationRuns:
     """Each evaluation-only system of `systems` on `dataset`. A student_rerank: its first stage's
     candidates (the stored run when current and deep enough, else that stage run again),
     re-ranked out of fold by students with `settings`. A trained_retriever: its model
-    fine-tuned out of fold with the system's own parameters."""
+    fine-tuned out of fold with the system's own parameters; with `labels: utility`, on the
+    pool candidates its `llm` selects as useful (one UtilSel call per query through
+    `generate`; no run while a call is deferred by the run's LLM budget)."""
     ctx = RunContext(dataset, inputs.corpus, registry, lake_folder, progress=progress,
                      stored_run=lambda system: inputs.stored_runs.filter(pl.col("retriever") == system)
                      .drop("retriever"))
@@ -148,15 +157,36 @@ def run_evaluation_systems(registry: RetrieverRegistry, systems: list[str], inpu
         say = (lambda line, name=name: progress(f"{name}: {line}"))
         if spec.kind == "trained_retriever":
             params = spec.params()
+            utility = None
+            if params.labels == "utility":
+                if generate is None:
+                    raise ValueError(f"{name}: utility labels need an LLM (generate)")
+                selected = utility_positives(inputs.pool, generate, spec.llm.profile_name())
+                deferred = sum(why == DEFERRED for why in selected.failed.values())
+                if deferred:
+                    found.not_run[name] = (f"{deferred} of {selected.queries} UtilSel calls deferred by the "
+                                           f"run's LLM budget (a run trained on some queries' labels only "
+                                           f"would change once they come)")
+                    continue
+                utility = selected.positives
+                say(f"UtilSel by {spec.llm.profile_name()}: {selected.queries} queries, {selected.candidates} "
+                    f"candidates, {sum(map(len, utility.values()))} selected as useful, "
+                    f"{len(selected.failed)} replies unusable")
             train = TrainSettings(epochs=params.epochs, learning_rate=params.learning_rate,
                                   negatives_per_query=params.negatives, seed=params.seed,
                                   max_length=registry.model(spec.model).max_length or TrainSettings.max_length)
             base = resolve_base_model(spec.model)
             trained = trained_retriever_run(inputs.lake, base.location, params.labels, train,
                                             folds=params.folds, k=registry.system_k(name), progress=say,
-                                            store=trained_retriever_folder(lake_folder, dataset), base=base.identity)
+                                            store=trained_retriever_folder(lake_folder, dataset), base=base.identity,
+                                            utility=utility)
             run, folds, not_trained = trained.run, trained.folds, trained.not_trained
             found.details[name] = {"model": spec.model, "labels": params.labels, "folds": folds}
+            if utility is not None:
+                found.details[name]["utility"] = {
+                    "profile": spec.llm.profile_name(), "queries": selected.queries,
+                    "candidates": selected.candidates, "selected": sum(map(len, utility.values())),
+                    "unusable": selected.failed}
         else:
             candidates = first_stage_candidates(ctx, spec, inputs.queries)
             result = student_rerank(candidates, query_texts, doc_texts, inputs.data, settings,
@@ -174,3 +204,24 @@ def run_evaluation_systems(registry: RetrieverRegistry, systems: list[str], inpu
                       .select(list(RERANK_SCHEMA)).cast(RERANK_SCHEMA))
     found.frame = pl.concat(frames)
     return found
+
+
+def estimate_utility_calls(registry: RetrieverRegistry, pool: list[Pair], replay: LedgerReplay) -> list[StageCalls]:
+    """`bridge run --dry-run`: the UtilSel calls of the profile's `labels: utility` trained
+    retrievers over `pool` (one per query; answered when the ledger holds it)."""
+    stages = []
+    for name in registry.evaluation_systems():
+        spec = registry.system(name)
+        if spec.kind != "trained_retriever" or spec.params().labels != "utility":
+            continue
+        stage = replay.stage("student_rerank_run", spec.llm.profile_name(), "utilsel")
+
+        def tally(profile, requests, stage=stage):
+            results = replay(profile, requests)
+            for result, request in zip(results, requests, strict=True):
+                stage.add(result.key, request, result.error != NOT_ANSWERED)
+            return results
+
+        utility_positives(pool, tally, spec.llm.profile_name())
+        stages.append(stage)
+    return stages

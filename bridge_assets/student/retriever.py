@@ -51,6 +51,7 @@ from bridge_assets.retrieval.cache import ensure_built, read_meta
 
 if TYPE_CHECKING:
     from bridge_assets.labeling.calls import Generate
+    from bridge_assets.labeling.pairs import Pair
 
 LabelSource = Literal["original", "refined", "utility"]
 MEASURES = ("ndcg_cut_10", "recall_10")
@@ -238,24 +239,26 @@ class UtilityLabels:
     seconds: float
 
 
-def utility_positives(con: duckdb.DuckDBPyConnection, dataset: str, query_ids: Iterable[str], generate: Generate,
-                      profile: str) -> UtilityLabels:
-    """(c): one UtilSel call per query over its candidate-pool pairs (the listwise utility
+def pool_pairs(con: duckdb.DuckDBPyConnection, dataset: str, query_ids: Iterable[str] | None = None) -> list[Pair]:
+    """The candidate pool's pairs of `dataset` (of `query_ids` only, when given), with the texts
+    a labeler reads."""
+    from bridge_assets.labeling.pairs import load_pairs
+
+    _require(con, "candidate_pool", dataset)
+    pairs = load_pairs(con, dataset, "select distinct query_id, doc_id from candidate_pool where dataset = $dataset")
+    if query_ids is None:
+        return pairs
+    wanted = set(query_ids)
+    return [pair for pair in pairs if pair.query_id in wanted]
+
+
+def utility_positives(pairs: Sequence[Pair], generate: Generate, profile: str) -> UtilityLabels:
+    """(c): one UtilSel call per query over its candidate-pool `pairs` (the listwise utility
     labeler of `bridge label-eval`, bridge_assets/evaluation/utility.py); `generate` is a
     labeling Generate(profile, requests). A query whose reply fails gets no positive."""
     from bridge_assets.evaluation.utility import utility_labels
     from bridge_assets.labeling.labeler import LabelItem
-    from bridge_assets.labeling.pairs import load_pairs
 
-    _require(con, "candidate_pool", dataset)
-    wanted = sorted(set(query_ids))
-    con.execute("create or replace temp table utility_queries as select unnest($ids::varchar[]) as query_id",
-                {"ids": wanted})
-    try:
-        pairs = load_pairs(con, dataset, "select distinct query_id, doc_id from candidate_pool where dataset = "
-                           "$dataset and query_id in (select query_id from utility_queries) order by query_id, doc_id")
-    finally:
-        con.execute("drop table if exists temp.utility_queries")
     items = [LabelItem(f"{p.query_id}|{p.doc_id}", p) for p in pairs]
     started = time.perf_counter()
     outcome = utility_labels(items, "utilsel", profile, generate)
@@ -597,19 +600,21 @@ def fold_model(location: str, queries: Sequence[TrainingQuery], settings: TrainS
 
 def trained_retriever_run(data: LakeData, location: str, source: LabelSource, settings: TrainSettings, *,
                           folds: int, k: int, progress: Callable[[str], None] | None = None,
-                          store: Path | None = None, base: Mapping | None = None) -> TrainedRun:
+                          store: Path | None = None, base: Mapping | None = None,
+                          utility: Mapping[str, set[str]] | None = None) -> TrainedRun:
     """The registry's `trained_retriever`: the queries dealt into `folds` (seeded); each fold's
     queries are ranked (exact cosine over the whole corpus, top `k`) by the encoder at `location`
     fine-tuned on the `source` labels of the other folds' queries only, so no query is ranked
     by a model that learned its labels. No run when a fold has nothing to train on: a run
     trained for some queries only would be compared with full runs. With `store`, each fold's
-    model is kept there and found again (fold_model)."""
+    model is kept there and found again (fold_model). `utility`: the positives of `source`
+    utility (utility_positives)."""
     say = progress or (lambda text: None)
     queries = sorted(data.queries)
     if len(queries) < folds:
         return TrainedRun(_empty_trained_run(), not_trained=f"{len(queries)} queries cannot make {folds} folds")
     split = query_folds(queries, folds, settings.seed)
-    training = [training_queries(data, train, source, settings) for train, _ in split]
+    training = [training_queries(data, train, source, settings, utility) for train, _ in split]
     for fold, queries_of_fold in enumerate(training):  # every fold checked before any trains
         if not queries_of_fold:
             return TrainedRun(_empty_trained_run(), not_trained=f"fold {fold + 1} of {folds}: no training "
