@@ -245,3 +245,36 @@ def test_a_stored_fold_model_is_found_again_until_its_training_changes(data, loc
     tr.trained_retriever_run(data, location, "original", settings, folds=2, k=4, store=tmp_path, base=base)
     assert len(trainings) == 10
     assert len([p for p in tmp_path.iterdir() if p.is_dir()]) == 8
+
+
+def test_a_cached_gradient_step_gives_the_whole_batch_s_gradients(location):
+    """cached_gradient_step encodes a few texts with their graph at a time; the gradients are
+    those of encoding the batch at once with the same dropout (each chunk's RNG state replayed
+    on its second pass): without the replay, the masks and so the gradients would differ."""
+    import torch
+
+    model = tr.load_encoder(location, 32)
+    model.train()   # dropout on: the replay is what keeps it the same
+    texts = ["what does len return", *CORPUS.values()][:7]
+    mask = torch.zeros(2, 5, dtype=torch.bool)
+    mask[0, 0] = mask[1, 3] = True
+
+    def loss_of(embeddings):
+        return tr.multi_positive_loss(embeddings[:2], embeddings[2:], mask, 20.0)
+
+    def gradients():
+        grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+        model.zero_grad()
+        return grads
+
+    torch.manual_seed(3)   # the reference: every chunk encoded once, with its graph, in the same order
+    reference = loss_of(torch.cat([tr._embed(model, texts[i:i + 3]) for i in range(0, len(texts), 3)]))
+    reference.backward()
+    expected = gradients()
+    torch.manual_seed(3)
+    loss = tr.cached_gradient_step(model, texts, loss_of, chunk=3)
+    got = gradients()
+    assert loss == pytest.approx(reference.item(), abs=1e-6)
+    assert got.keys() == expected.keys() and len(got) > 50
+    for name, grad in expected.items():
+        assert torch.allclose(got[name], grad, atol=1e-6), name

@@ -75,6 +75,9 @@ class TrainSettings:
     negative_depth: int = 10        # hard negatives come from the runs' top-N
     max_length: int = 256           # retrievers.yaml's max_length for all-minilm-l6-v2
     seed: int = 0
+    # texts encoded with their graph at a time (cached_gradient_step): bounds a step's memory,
+    # not its gradients
+    encode_chunk: int = 8
     # One thread: on this shared 2-core machine two torch threads beside other work ran a step
     # 2-6x slower than one (OpenMP threads wait on each other); one also fixes the float
     # summation order, part of what makes a seed reproduce the same weights.
@@ -305,6 +308,30 @@ def _embed(model, texts: Sequence[str]):
     return F.normalize(model(features)["sentence_embedding"], dim=-1)
 
 
+def cached_gradient_step(model, texts: Sequence[str], loss_of: Callable, chunk: int) -> float:
+    """One step's gradients of `loss_of(embeddings of texts)` accumulated into `model`, with at
+    most `chunk` texts' activations held at a time (gradient caching, Gao et al. 2021, as
+    sentence-transformers' CachedMultipleNegativesRankingLoss): the embeddings are computed
+    without a graph, the loss's gradient with respect to them is taken, then each chunk is
+    encoded again with its graph (the same dropout: its RNG state replayed) and back-propagates
+    its part. The gradients are the whole batch's; the memory is one chunk's (a batch of 8
+    queries with 5 positives and 4 negatives of 256 tokens: 9.2 GB at once, docs/trained-retriever.md)."""
+    import torch
+
+    states, parts = [], []
+    with torch.no_grad():
+        for start in range(0, len(texts), chunk):
+            states.append(torch.get_rng_state())
+            parts.append(_embed(model, texts[start:start + chunk]))
+    embeddings = torch.cat(parts).requires_grad_()
+    loss = loss_of(embeddings)
+    loss.backward()
+    for n, start in enumerate(range(0, len(texts), chunk)):
+        torch.set_rng_state(states[n])
+        _embed(model, texts[start:start + chunk]).backward(embeddings.grad[start:start + chunk])
+    return float(loss.detach())
+
+
 def multi_positive_loss(query_embeddings, doc_embeddings, positive_mask, scale: float):
     """Mean over queries of -log(sum of the softmax over all batch documents at the query's
     positives): every positive counts, no positive is its own query's negative."""
@@ -370,13 +397,14 @@ def train_retriever(model, queries: Sequence[TrainingQuery], settings: TrainSett
             for start in range(0, len(order), settings.batch_queries):
                 batch = order[start:start + settings.batch_queries]
                 texts, mask = _batch(batch)
-                loss = multi_positive_loss(_embed(model, [q.query for q in batch]), _embed(model, texts), mask,
-                                           settings.scale)
+                queries_first = [q.query for q in batch] + texts   # one pass encodes both, in chunks
                 optimizer.zero_grad()
-                loss.backward()
+                loss = cached_gradient_step(
+                    model, queries_first, lambda e, n=len(batch), mask=mask: multi_positive_loss(
+                        e[:n], e[n:], mask, settings.scale), settings.encode_chunk)
                 optimizer.step()
                 log.steps += 1
-                log.losses.append(float(loss.detach()))
+                log.losses.append(loss)
     model.eval()
     log.seconds = time.perf_counter() - started
     return log
