@@ -315,7 +315,8 @@ def cached_gradient_step(model, texts: Sequence[str], loss_of: Callable, chunk: 
     without a graph, the loss's gradient with respect to them is taken, then each chunk is
     encoded again with its graph (the same dropout: its RNG state replayed) and back-propagates
     its part. The gradients are the whole batch's; the memory is one chunk's (a batch of 8
-    queries with 5 positives and 4 negatives of 256 tokens: 9.2 GB at once, docs/trained-retriever.md)."""
+    queries with 5 positives and 4 negatives of 256 tokens: 8.7 GiB in one graph, 1.7 GiB in
+    chunks of 8; scripts/bench_retriever_step.py, docs/trained-retriever.md)."""
     import torch
 
     states, parts = [], []
