@@ -661,7 +661,7 @@ def trained_retriever_run(data: LakeData, location: str, source: LabelSource, se
         trained = (f"trained on {log.queries} queries' {source} labels ({log.positives} positives, "
                    f"{log.negatives} hard negatives, {log.steps} steps, {log.loss_trend()}, {log.seconds:.0f} s)")
         say(f"fold {fold + 1}/{folds}: " + (f"{trained}, weights {key}" if found.trained_now
-                                            else f"weights {key} found again ({trained} before)")
+                                            else f"weights {key} found again, {trained} before")
             + f"; ranked {len(test)} held-out queries")
     return TrainedRun(pl.concat(parts).select(_empty_trained_run().columns).sort("query_id", "rank"), reports)
 
