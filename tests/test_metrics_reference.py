@@ -3,7 +3,9 @@ many datasets and systems in one query, rank-only runs, holes, -c/-M, refusals."
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import subprocess
 import sys
 import textwrap
@@ -171,24 +173,43 @@ for _k in (1, 5, 10, 20):
                  f"success_{_k}": f"hit_rate@{_k}", f"recip_rank_cut_{_k}": f"mrr@{_k}"})
 
 
+RANX_SCRIPT = """
+import json, sys, warnings
+from ranx import Qrels, Run, evaluate
+qrels, run, metrics = json.load(sys.stdin)
+ranx_run = Run(run)
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # numba's type-safety notes
+    evaluate(Qrels(qrels), ranx_run, metrics)
+json.dump({"scores": ranx_run.scores, "mean_scores": ranx_run.mean_scores}, sys.stdout)
+"""
+
+
+def ranx_values(qrels, run, metrics: list[str]) -> dict:
+    """ranx's per-query and mean values, its functions run as plain Python (NUMBA_DISABLE_JIT):
+    the same definitions, without the 30-50 s of compiling them that every fresh venv paid here
+    (3 s instead); in a subprocess, so no other test's numba is affected. The compiled ranx is
+    compared on the paper's scale by scripts/bench_metrics.py."""
+    done = subprocess.run([sys.executable, "-c", RANX_SCRIPT], input=json.dumps([qrels, run, metrics]),
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "NUMBA_DISABLE_JIT": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout)
+
+
 def test_equal_to_ranx_without_ties():
     """ranx breaks score ties in no defined order and needs the same queries in run and qrels;
     its bpref divides by min(R, N), so every query here has relevant and non-relevant ones."""
-    from ranx import Qrels, Run, evaluate
-
     qrels, run = generate(4, ties=False, edge_cases=False)
     got = ours(qrels, run, list(RANX))
-    ranx_run = Run(run)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # numba's type-safety notes
-        evaluate(Qrels(qrels), ranx_run, list(RANX.values()))
+    ranx = ranx_values(qrels, run, list(RANX.values()))
     compared = 0
     for name, ranx_name in RANX.items():
-        for query_id, value in ranx_run.scores[ranx_name].items():
+        for query_id, value in ranx["scores"][ranx_name].items():
             assert got[query_id, name] == pytest.approx(value, abs=1e-9), (query_id, name)
             compared += 1
-        queries = len(ranx_run.scores[ranx_name]) if name == "num_rel_ret" else 1  # a sum in trec_eval
-        assert got["all", name] == pytest.approx(ranx_run.mean_scores[ranx_name] * queries, abs=1e-9)
+        queries = len(ranx["scores"][ranx_name]) if name == "num_rel_ret" else 1  # a sum in trec_eval
+        assert got["all", name] == pytest.approx(ranx["mean_scores"][ranx_name] * queries, abs=1e-9)
     assert compared == len(RANX) * len(run)
 
 
