@@ -120,7 +120,14 @@ def materialized_since(instance: dg.DagsterInstance, runs_before: set[str]) -> s
 
 def test_only_what_changed_runs_and_the_daemon_keeps_the_benchmark_current(tiny, data_lake, tmp_path):
     env, registry, retrievers_file, home = tiny
+    timeline: list[str] = []
+    test_started = time.monotonic()
+
+    def mark(what: str) -> None:
+        timeline.append(f"{time.monotonic() - test_started:6.0f} s  {what}")
+
     bridge(env, "run", "--dataset", DATASET)  # the explicit first run: real model calls
+    mark("first bridge run (real model)")
     calls_before = query(data_lake, "select count(*) from llm_calls")[0][0]
     assert calls_before > 0
     instance = dg.DagsterInstance.from_config(str(home))
@@ -134,12 +141,14 @@ def test_only_what_changed_runs_and_the_daemon_keeps_the_benchmark_current(tiny,
     shutil.copytree(data_lake, copy, symlinks=True)
     assert "nothing changed" in bridge({**env, "BRIDGE_DATA_LAKE": str(copy)}, "run", "--dataset", DATASET)
     assert {run.run_id for run in instance.get_runs()} == runs
+    mark("two runs: nothing changed")
 
     # bm25's entry changed: its partition and what depends on it run again, nothing else
     retrievers = yaml.safe_load(retrievers_file.read_text())
     retrievers["systems"]["bm25"]["parameters"]["k1"] = 1.2
     retrievers_file.write_text(yaml.safe_dump(retrievers))
     bridge(env, "run", "--dataset", DATASET)
+    mark("bm25 changed: its partition and what depends on it")
     again = materialized_since(instance, runs)
     assert ("retrieval_run", f"{DATASET}|bm25") in again
     assert ("retrieval_run", f"{DATASET}|bm25_rm3") not in again
@@ -155,12 +164,12 @@ def test_only_what_changed_runs_and_the_daemon_keeps_the_benchmark_current(tiny,
     (registry / "runs" / DATASET / "ext.trec").write_text(
         "".join(f"{q} Q0 {d} 1 9.5 ext\n" for q, d in fifth))
 
-    timeline: list[str] = []
     log = open(tmp_path / "daemon.log", "w")
     daemon = subprocess.Popen([sys.executable, "-m", "dagster._daemon", "run", "-w", "workspace.yaml"],
                               cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                               start_new_session=True)
-    started = time.monotonic()
+    started = test_started
+    mark("daemon started")
     try:
         metrics_of_ext = f"select count(*) from retrieval_metrics where dataset = '{DATASET}' and retriever = 'ext'"
         wait_until("retrieval_run of ext", lambda: query(
@@ -208,11 +217,14 @@ def test_only_what_changed_runs_and_the_daemon_keeps_the_benchmark_current(tiny,
         except subprocess.TimeoutExpired:
             os.killpg(daemon.pid, signal.SIGKILL)
         log.close()
-        print("\n".join(["timeline (from the daemon's start):", *timeline]))
+        mark("daemon stopped")
+        print("\n".join(["timeline (from the test's start):", *timeline]))
 
     # what the cap deferred, an explicit run labels (and says nothing is deferred any more)
     before = query(data_lake, "select count(*) from llm_calls")[0][0]
     summary = bridge(env, "run", "--dataset", DATASET)
+    mark("explicit run of the deferred pairs (real model)")
+    print(timeline[-1])
     assert "deferred" not in summary
     assert query(data_lake, "select count(*) from llm_calls")[0][0] > before
     assert not query(data_lake, f"select count(*) from filter_votes where dataset = '{DATASET}' and error = "
