@@ -370,3 +370,24 @@ def test_training_a_student_closes_a_resident_local_llm(monkeypatch):
     examples = [Example("q0", FACTS[0][0], FACTS[0][1], 1.0), Example("q0", FACTS[0][0], FACTS[1][1], 0.0)]
     train_encoder(examples, TINY, base_model_location(TINY.base_model))
     assert Resident.closed and not backends._LLAMA_MODELS
+
+
+def test_training_a_retriever_closes_a_resident_local_llm(monkeypatch):
+    """The same for a trained retriever: with `labels: utility` its LLM (the 1.5B on the demo)
+    has just selected the useful candidates in the same step; beside the training that run
+    peaked at 5.1 GiB."""
+    from bridge_assets.llm import backends
+    from bridge_assets.student.retriever import (TrainingQuery, TrainSettings, base_location,
+                                                 load_encoder, train_retriever)
+
+    class Resident:  # stands in for a loaded llama_cpp.Llama
+        closed = False
+
+        def close(self):
+            Resident.closed = True
+
+    monkeypatch.setitem(backends._LLAMA_MODELS, ("model.gguf", 512, 2, False), Resident())
+    model = load_encoder(base_location("all-minilm-l6-v2"), 32)
+    query = TrainingQuery("q0", FACTS[0][0], positives=(FACTS[0][1],), negatives=(FACTS[1][1],))
+    train_retriever(model, [query], TrainSettings(epochs=1, max_length=32))
+    assert Resident.closed and not backends._LLAMA_MODELS

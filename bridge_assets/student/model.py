@@ -25,6 +25,7 @@ import json
 import logging
 import math
 import random
+import sys
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -232,19 +233,22 @@ def _cross_encoder(location: str, max_length: int):
     return CrossEncoder(location, num_labels=1, max_length=max_length, device="cpu")
 
 
-def train_encoder(examples: Sequence[Example], settings: StudentSettings, location: str):
-    """A CrossEncoder fine-tuned on `examples` (binary cross-entropy on the relevance logit,
-    soft targets allowed), seeded."""
-    import sys
-
-    import torch
-    from transformers import logging as hf_logging
-
-    # a local LLM left resident by an earlier step of the same process (bridge run's) beside a
-    # training took the demo's peak past 4 GiB: close it (the module is only there if one ran)
+def release_resident_llm() -> None:
+    """Close the in-process LLM an earlier step of the same process (`bridge run`'s) left
+    resident, before a training: beside one, the demo's peak went past 4 GiB. The backends
+    module is only imported if a local model ran, so nothing is loaded to close nothing."""
     backends = sys.modules.get("bridge_assets.llm.backends")
     if backends is not None:
         backends.release_local_models()
+
+
+def train_encoder(examples: Sequence[Example], settings: StudentSettings, location: str):
+    """A CrossEncoder fine-tuned on `examples` (binary cross-entropy on the relevance logit,
+    soft targets allowed), seeded."""
+    import torch
+    from transformers import logging as hf_logging
+
+    release_resident_llm()
     torch.manual_seed(settings.seed)
     hf_logging.set_verbosity_error()  # "newly initialized classifier weights" is the point here
     model = _cross_encoder(location, settings.max_length)

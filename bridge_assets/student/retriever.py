@@ -383,8 +383,11 @@ def train_retriever(model, queries: Sequence[TrainingQuery], settings: TrainSett
     batch order comes from random.Random(seed), dropout from torch.manual_seed(seed)."""
     import torch
 
+    from bridge_assets.student.model import release_resident_llm
+
     if not queries:
         raise TrainedRetrieverError("no training query has a positive")
+    release_resident_llm()  # the LLM of labels: utility (UtilSel) asked before the training
     log = TrainingLog(len(queries), sum(len(q.positives) for q in queries), sum(len(q.negatives) for q in queries))
     started = time.perf_counter()
     torch.manual_seed(settings.seed)
