@@ -9,7 +9,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import warnings
 
 import duckdb
 import numpy as np
