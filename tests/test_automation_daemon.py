@@ -168,19 +168,18 @@ def test_only_what_changed_runs_and_the_daemon_keeps_the_benchmark_current(tiny,
     daemon = subprocess.Popen([sys.executable, "-m", "dagster._daemon", "run", "-w", "workspace.yaml"],
                               cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
                               start_new_session=True)
-    started = test_started
     mark("daemon started")
     try:
         metrics_of_ext = f"select count(*) from retrieval_metrics where dataset = '{DATASET}' and retriever = 'ext'"
         wait_until("retrieval_run of ext", lambda: query(
-            data_lake, "select count(*) from retrieval_run where retriever = 'ext'")[0][0] > 0, started, timeline)
+            data_lake, "select count(*) from retrieval_run where retriever = 'ext'")[0][0] > 0, test_started, timeline)
         wait_until("candidate_pool holds ext's pairs", lambda: query(
             data_lake, "select count(*) from candidate_pool where list_contains(systems, 'ext')")[0][0] > 0,
-            started, timeline)
+            test_started, timeline)
         wait_until("retrieval_metrics, ranking_shift and the report hold ext", lambda: (
             query(data_lake, metrics_of_ext)[0][0] > 0
             and query(data_lake, "select count(*) from ranking_shift where retriever = 'ext'")[0][0] > 0
-            and "ext" in (data_lake / "reports" / DATASET / "report.md").read_text()), started, timeline)
+            and "ext" in (data_lake / "reports" / DATASET / "report.md").read_text()), test_started, timeline)
 
         # the new pairs wait for people: their calls were deferred (cap 0), none was made
         new_pairs = query(data_lake, f"""
@@ -205,11 +204,11 @@ def test_only_what_changed_runs_and_the_daemon_keeps_the_benchmark_current(tiny,
                             expected_label=None, status="accepted", source="test")
         wait_until("the votes are in bridge_qrels (source human)", lambda: query(
             data_lake, f"select source from bridge_qrels where dataset = '{DATASET}' and query_id = "
-                       f"'{voted[0]}' and doc_id = '{voted[1]}'")[0][0] == "human", started, timeline)
+                       f"'{voted[0]}' and doc_id = '{voted[1]}'")[0][0] == "human", test_started, timeline)
         wait_until("retrieval_metrics rebuilt after the votes", lambda: query(
             data_lake, f"select count(*) from retrieval_metrics where dataset = '{DATASET}' and retriever = "
                        "'ext' and qrels_version = 'refined' and measure = 'hole_10' and query_id = 'all' "
-                       "and value > 0")[0][0] > 0, started, timeline)
+                       "and value > 0")[0][0] > 0, test_started, timeline)
     finally:
         os.killpg(daemon.pid, signal.SIGTERM)
         try:

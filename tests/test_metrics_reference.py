@@ -186,7 +186,7 @@ json.dump({"scores": ranx_run.scores, "mean_scores": ranx_run.mean_scores}, sys.
 
 def ranx_values(qrels, run, metrics: list[str]) -> dict:
     """ranx's per-query and mean values, its functions run as plain Python (NUMBA_DISABLE_JIT):
-    the same definitions, without the 30-50 s of compiling them that every fresh venv paid here
+    the same definitions, without the 30-60 s of compiling them that every fresh venv paid here
     (3 s instead); in a subprocess, so no other test's numba is affected. The compiled ranx is
     compared on the paper's scale by scripts/bench_metrics.py."""
     done = subprocess.run([sys.executable, "-c", RANX_SCRIPT], input=json.dumps([qrels, run, metrics]),
