@@ -69,6 +69,10 @@ mpnet: setup
 run: setup
 	$(BIN)/bridge run --dataset $(DATASET) $(if $(SAMPLE),--sample $(SAMPLE))
 
+# Bytecode is written even where the environment says not to (PYTHONDONTWRITEBYTECODE, set on
+# some CI images): the suite starts ~100 Python processes that import the project and pytest
+# rewrites every test module, so compiling once saves each later process that work.
+test: export PYTHONDONTWRITEBYTECODE =
 test: setup browser
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 

@@ -1,12 +1,13 @@
 """How `make test` runs the suite: two pytest-xdist workers by default, and in a worker the
 local models on one thread (tests/conftest.py: the other worker keeps a core busy, and
 llama.cpp's threads wait for each other at every layer), from a models.yaml that differs from
-the shipped one only there."""
+the shipped one only there; bytecode is written whatever the environment says."""
 
 from __future__ import annotations
 
 import os
 import re
+import subprocess
 from pathlib import Path
 
 import yaml
@@ -19,6 +20,16 @@ def test_make_test_runs_two_workers_by_default():
     makefile = (PROJECT_ROOT / "Makefile").read_text()
     assert re.search(r"^TEST_WORKERS \?= 2$", makefile, re.MULTILINE)
     assert "-n $(TEST_WORKERS) --dist loadscope" in makefile
+
+
+def test_make_test_writes_bytecode_where_the_environment_says_not_to():
+    """CI images may set PYTHONDONTWRITEBYTECODE; then every process the suite starts compiled the
+    project and pytest rewrote every test module again (docs/testing.md)."""
+    probe = ["make", "-n", "-s", "--eval", 'bytecode_probe: ; +@echo "probe[$$PYTHONDONTWRITEBYTECODE]"',
+             "--eval", "test: bytecode_probe", "test"]
+    done = subprocess.run(probe, cwd=PROJECT_ROOT, capture_output=True, text=True, check=True,
+                          env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert "probe[]" in done.stdout.splitlines()
 
 
 def test_local_models_run_on_one_thread_in_a_worker_only():
