@@ -131,3 +131,40 @@ def test_the_admin_page_shows_accuracy_per_arm(escalated_lake):
     table = table[:table.index("</table>")]
     assert "attention checks" in table and "100%" in table and "0%" in table
     assert table.count("<tr>") == 3  # the header, one row per arm
+
+
+def test_a_page_counts_the_pairs_left_for_the_annotator_as_a_fresh_count_does(escalated_lake, tmp_path):
+    """A page reads the open pairs once (to choose its item) and derives what is left after it;
+    with checks and known items mixed in, the unanswered item shown again and the last page,
+    every page's progress equals progress read afresh."""
+    import time
+
+    from bridge_assets.human.app import AppSettings
+    from bridge_assets.human.app.annotation import annotation_page
+    from bridge_assets.human.app.state import AppState
+    from bridge_assets.human.queue import progress
+
+    _pool(escalated_lake)
+    with annotations(escalated_lake) as con:
+        load_holes(con, DATASET, KEY)
+        people = [name for name in ("ann", "bob") if add_annotator(con, name)]
+    state = AppState(AppSettings(db_path=escalated_lake / "bridge.duckdb", secret="page-progress-secret-0123",
+                                 attention_rate=0.3, known_rate=0.3, seed=7), time.time)
+    served, lefts = {"check": 0, "pair": 0}, set()
+    while people:
+        for who in list(people):
+            item, shown = state.db._call(True, annotation_page, state, who)
+            assert shown == state.db._call(True, progress, who, state.queue)
+            if item is None:
+                people.remove(who)
+                continue
+            again, shown_again = state.db._call(True, annotation_page, state, who)  # not answered yet
+            assert again.assignment_id == item.assignment_id and shown_again == shown
+            expected = state.db._call(False, lambda con, a: con.execute(
+                "select expected_label from annotation_assignments where assignment_id = ?", [a]).fetchone()[0],
+                item.assignment_id)
+            served["pair" if expected is None else "check"] += 1
+            lefts.add(shown.remaining_for_you)
+            state.db._call(False, record_vote, assignment_id=item.assignment_id, annotator_id=who,
+                           label=1 if expected is None else expected, comment=None)
+    assert served["pair"] == 2 * len(ESCALATED) and served["check"] > 0 and len(lefts) > 1

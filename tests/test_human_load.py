@@ -15,13 +15,13 @@ from dataclasses import dataclass, field
 
 import duckdb
 import httpx
-import polars as pl
 import pytest
 
 from bridge_assets import store
 from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.app import AppSettings, annotation_app
 from fixtures.paths import PROJECT_ROOT, annotations, votes_db
+from fixtures.escalated_pairs import write_escalated_pairs
 from fixtures.human_app import served
 
 DATASET = "load"
@@ -30,7 +30,6 @@ DATASET = "load"
 WRITER = """
 import sys, time
 from pathlib import Path
-import polars as pl
 from bridge_assets import store
 stop, writes = Path(sys.argv[1]), 0
 while not stop.exists():
@@ -42,31 +41,6 @@ while not stop.exists():
     time.sleep(0.1)
 print(writes)
 """
-
-
-def write_pairs(n: int) -> list[tuple[str, str]]:
-    """N escalated pairs, each with a two-round debate, in the debate stage's table contracts."""
-    pairs = [(f"q{i}", f"d{i}") for i in range(n)]
-    turns = [{"dataset": DATASET, "query_id": q, "doc_id": d, "pair_key": f"k{q}", "round": r,
-              "agent": agent, "stance": stance, "model": "m", "reference": [f"Sentence {r} of {d}."],
-              "reason": f"{agent} on {q}", "response": response, "call_key": f"{q}-{r}-{agent}",
-              "error": None}
-             for q, d in pairs for r in (1, 2)
-             for agent, stance, response in (("A", "relevant", "yes"), ("B", "irrelevant", "no"))]
-    store.write_partitions({
-        "corpus": pl.DataFrame({"dataset": DATASET, "doc_id": [d for _, d in pairs], "title": "",
-                                "text": [f"Sentence 1 of {d}. Sentence 2 of {d}." for _, d in pairs]}),
-        "queries": pl.DataFrame({"dataset": DATASET, "query_id": [q for q, _ in pairs],
-                                 "text": [f"Question {q}?" for q, _ in pairs],
-                                 "answers": [[f"answer {q}"] for q, _ in pairs]}),
-        "debate_labels": pl.DataFrame({"dataset": DATASET, "query_id": [q for q, _ in pairs],
-                                       "doc_id": [d for _, d in pairs],
-                                       "pair_key": [f"k{q}" for q, _ in pairs],
-                                       "label": pl.Series([None] * n, dtype=pl.Int32),
-                                       "outcome": "escalated", "rounds_used": 2, "config_hash": "c"}),
-        "debate_turns": pl.DataFrame(turns),
-    }, {"dataset": DATASET})
-    return pairs
 
 
 @dataclass
@@ -105,7 +79,7 @@ def csrf(page: str) -> str:
     (2, 30), pytest.param(3, 200, marks=pytest.mark.slow)])
 def test_votes_under_load_with_a_pipeline_writing_the_same_file(data_lake, tmp_path, capsys,
                                                                 annotators, votes):
-    pairs = write_pairs(votes)
+    pairs = write_escalated_pairs(DATASET, votes)
     with annotations() as con:
         people = [Annotator(f"a{i}", add_annotator(con, f"a{i}")) for i in range(annotators)]
     stop = tmp_path / "stop"

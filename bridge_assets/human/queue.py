@@ -259,33 +259,50 @@ def _attention_check(con, dataset: str, annotator_id: str, settings: QueueSettin
     return None
 
 
+@dataclass(frozen=True)
+class Served:
+    assignment: Assignment | None
+    # pairs still open to the annotator once `assignment` is served (progress's remaining_for_you),
+    # when serving it read them; None when it was their unanswered item, found without reading them
+    open_after: int | None
+
+
 def next_assignment(con: duckdb.DuckDBPyConnection, annotator_id: str, settings: QueueSettings,
                     rng: random.Random, now: datetime | None = None) -> Assignment | None:
     """The item to show `annotator_id` now (their unanswered one first); None when nothing is
     left for them. Attention checks are only mixed in while real work remains."""
+    return serve(con, annotator_id, settings, rng, now).assignment
+
+
+def serve(con: duckdb.DuckDBPyConnection, annotator_id: str, settings: QueueSettings,
+          rng: random.Random, now: datetime | None = None) -> Served:
+    """next_assignment's item, and the open pairs it leaves, so that a page's progress does not
+    read the open pairs a second time (the largest query of a page)."""
     ensure_schema(con)
     now = now or utc_now()
     current = _open_assignment(con, annotator_id, settings.datasets)
     if current is not None:
         if current.is_attention_check or not pair_is_decided(
                 con, current.dataset, current.query_id, current.doc_id):
-            return current
+            return Served(current, None)
         close_assignment(con, current.assignment_id, "dropped")  # others completed it meanwhile
     candidates = pairs_open_to(con, annotator_id, settings, now)
     if candidates.is_empty():
-        return None
+        return Served(None, 0)
     dataset, query_id, doc_id = candidates.row(0)[:3]
     draw = rng.random()
+    # a check (attention or known answer) is no escalated pair: the open pairs stay as they are
     if draw < settings.attention_rate:
         check = _attention_check(con, dataset, annotator_id, settings, rng, now)
         if check is not None:
-            return check
+            return Served(check, candidates.height)
     elif draw < settings.attention_rate + settings.known_rate:
         known = _known_item(con, annotator_id, settings, rng, now)
         if known is not None:
-            return known
-    return _insert(con, annotator_id, dataset, query_id, doc_id,
-                   with_history=settings.with_history, now=now)
+            return Served(known, candidates.height)
+    # served to them, the pair is no longer open to them (pairs_open_to: never served twice)
+    return Served(_insert(con, annotator_id, dataset, query_id, doc_id,
+                          with_history=settings.with_history, now=now), candidates.height - 1)
 
 
 @dataclass(frozen=True)
@@ -300,14 +317,17 @@ class Progress:
 
 
 def progress(con: duckdb.DuckDBPyConnection, annotator_id: str, settings: QueueSettings,
-             now: datetime | None = None) -> Progress:
+             now: datetime | None = None, open_pairs: int | None = None) -> Progress:
+    """`open_pairs`: the pairs still open to the annotator when the caller has just counted them
+    (Served.open_after); read here otherwise."""
     ensure_schema(con)
     labelled = con.execute("select count(*) from human_votes where annotator_id = ?",
                            [annotator_id]).fetchone()[0]
     tallies = pair_tallies(con)
     if settings.datasets is not None:
         tallies = tallies.filter(pl.col("dataset").is_in(list(settings.datasets)))
-    remaining = pairs_open_to(con, annotator_id, settings, now or utc_now()).height
+    remaining = open_pairs if open_pairs is not None else \
+        pairs_open_to(con, annotator_id, settings, now or utc_now()).height
     from bridge_assets.human.plan import stopping_points  # plan imports nothing of the queue's
 
     left = stopping_points(con, settings.datasets)

@@ -13,7 +13,7 @@ from bridge_assets.human.app.responses import (BadRequest, busy_headers, redirec
                                                session_of, validated)
 from bridge_assets.human.app.state import AppState, State
 from bridge_assets.human.items import ItemNotFound, ItemView, load_item
-from bridge_assets.human.queue import Progress, close_assignment, next_assignment, progress
+from bridge_assets.human.queue import Progress, close_assignment, progress, serve
 from bridge_assets.human.security import Session
 from bridge_assets.human.transfer import MAX_COMMENT
 from bridge_assets.human.votes import VoteRejected, record_vote
@@ -37,17 +37,19 @@ async def home(request: Request, viewer: CurrentViewer):
 
 def annotation_page(con: duckdb.DuckDBPyConnection, state: AppState,
                     annotator_id: str) -> tuple[ItemView | None, Progress]:
-    while (assignment := next_assignment(con, annotator_id, state.queue, state.rng)) is not None:
+    while (served := serve(con, annotator_id, state.queue, state.rng)).assignment is not None:
+        assignment = served.assignment
         try:
             scale = "graded" if assignment.dataset in state.settings.graded else "binary"
-            return load_item(con, assignment, scale), progress(con, annotator_id, state.queue)
+            return load_item(con, assignment, scale), progress(con, annotator_id, state.queue,
+                                                               open_pairs=served.open_after)
         except ItemNotFound as exc:
             # the queue would serve this item again and again: drop it, serve the next one
             # (never the same: nobody is served a pair twice)
             log.warning("dropped assignment %s of %s: %s", assignment.assignment_id,
                         annotator_id, exc)
             close_assignment(con, assignment.assignment_id, "dropped")
-    return None, progress(con, annotator_id, state.queue)
+    return None, progress(con, annotator_id, state.queue, open_pairs=served.open_after)
 
 
 @router.get("/annotate")

@@ -1,0 +1,74 @@
+"""Benchmark: the annotation app's work per page, in process, on the app's own short connections
+(what `GET /annotate` and `POST /annotate` run in their database thread: the item chosen and
+loaded, the annotator's progress; then the vote recorded), without HTTP and templates.
+
+Writes --pairs escalated pairs (each with a two-round debate) into a fresh lake, adds
+--annotators annotators, then each votes --votes times in turn; prints the page's and the vote's
+mean, median and 95th percentile, and a checksum of the progress every page showed (the same
+figures from two versions of the code mean the same pages).
+
+    .venv/bin/python scripts/bench_annotation_page.py [--pairs 200 --annotators 3 --votes 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+PROJECT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(PROJECT), str(PROJECT / "tests")]
+
+
+def quantile_95(values: list[float]) -> float:
+    return statistics.quantiles(values, n=20)[-1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=200)
+    parser.add_argument("--annotators", type=int, default=3)
+    parser.add_argument("--votes", type=int, default=30)
+    args = parser.parse_args()
+    lake = Path(tempfile.mkdtemp(prefix="bench-page-"))
+    os.environ["BRIDGE_DATA_LAKE"] = str(lake)
+
+    from bridge_assets.human.annotators import add_annotator
+    from bridge_assets.human.app import AppSettings
+    from bridge_assets.human.app.annotation import annotation_page
+    from bridge_assets.human.app.state import AppState
+    from bridge_assets.human.votes import record_vote
+    from fixtures.escalated_pairs import write_escalated_pairs
+    from fixtures.paths import annotations
+
+    write_escalated_pairs("bench", args.pairs)
+    with annotations() as con:
+        people = [f"a{i}" for i in range(args.annotators)]
+        for name in people:
+            add_annotator(con, name)
+    state = AppState(AppSettings(db_path=lake / "bridge.duckdb", secret="bench-page-secret-0123456789",
+                                 attention_rate=0.0), time.time)
+    pages, votes, shown = [], [], 0
+    for n in range(args.votes):
+        for who in people:
+            started = time.perf_counter()
+            item, progress = state.db._call(True, annotation_page, state, who)
+            pages.append(time.perf_counter() - started)
+            shown += progress.remaining_for_you + progress.labelled + progress.decided_pairs
+            started = time.perf_counter()
+            state.db._call(False, record_vote, assignment_id=item.assignment_id, annotator_id=who,
+                           label=n % 2, comment=None)
+            votes.append(time.perf_counter() - started)
+    print(f"{args.pairs} escalated pairs, {args.annotators} annotators x {args.votes} votes, lake {lake}")
+    for name, times in (("page", pages), ("vote", votes)):
+        print(f"{name}: mean {statistics.mean(times) * 1000:.0f} ms, median {statistics.median(times) * 1000:.0f} ms, "
+              f"p95 {quantile_95(times) * 1000:.0f} ms ({len(times)})")
+    print(f"progress checksum {shown}")
+
+
+if __name__ == "__main__":
+    main()
