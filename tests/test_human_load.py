@@ -30,6 +30,7 @@ DATASET = "load"
 WRITER = """
 import sys, time
 from pathlib import Path
+import polars as pl
 from bridge_assets import store
 stop, writes = Path(sys.argv[1]), 0
 while not stop.exists():
