@@ -1,6 +1,7 @@
-"""Benchmark: the annotation app's work per page, in process, on the app's own short connections
-(what `GET /annotate` and `POST /annotate` run in their database thread: the item chosen and
-loaded, the annotator's progress; then the vote recorded), without HTTP and templates.
+"""Benchmark: the annotation app's work per page, in process, called as its routes call it (what
+`GET /annotate` and `POST /annotate` run in their database thread, each on a short connection:
+the item chosen and loaded, the annotator's progress; then the vote recorded), without HTTP and
+templates.
 
 Writes --pairs escalated pairs (each with a two-round debate) into a fresh lake, adds
 --annotators annotators, then each votes --votes times in turn; prints the page's and the vote's
@@ -13,12 +14,15 @@ figures from two versions of the code mean the same pages).
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import anyio
 
 PROJECT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(PROJECT), str(PROJECT / "tests")]
@@ -52,16 +56,17 @@ def main() -> None:
             add_annotator(con, name)
     state = AppState(AppSettings(db_path=lake / "bridge.duckdb", secret="bench-page-secret-0123456789",
                                  attention_rate=0.0), time.time)
+    page = getattr(state.db, "page", state.db.run)  # as the app calls it (run before 2026-11-29)
     pages, votes, shown = [], [], 0
     for n in range(args.votes):
         for who in people:
             started = time.perf_counter()
-            item, progress = state.db._call(True, annotation_page, state, who)
+            item, progress = anyio.run(page, annotation_page, state, who)
             pages.append(time.perf_counter() - started)
             shown += progress.remaining_for_you + progress.labelled + progress.decided_pairs
             started = time.perf_counter()
-            state.db._call(False, record_vote, assignment_id=item.assignment_id, annotator_id=who,
-                           label=n % 2, comment=None)
+            anyio.run(functools.partial(state.db.votes, record_vote, assignment_id=item.assignment_id,
+                                        annotator_id=who, label=n % 2, comment=None))
             votes.append(time.perf_counter() - started)
     print(f"{args.pairs} escalated pairs, {args.annotators} annotators x {args.votes} votes, lake {lake}")
     for name, times in (("page", pages), ("vote", votes)):

@@ -128,6 +128,26 @@ def test_an_open_item_reserves_its_slot(escalated_lake, tokens):
     assert third.get("/annotate").text.count(assignment_of(page.text)) == 1  # same item on reload
 
 
+def test_a_page_that_fails_half_way_serves_nothing(escalated_lake, tokens, monkeypatch):
+    """A page's work is one transaction (Database.page): when loading the item fails after the
+    item was chosen, its assignment is rolled back instead of holding a vote slot unseen."""
+    from bridge_assets.human.app import annotation
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the chunk could not be read")
+
+    client = make_client(escalated_lake)
+    login(client, tokens["ann"])
+    monkeypatch.setattr(annotation, "load_item", broken)
+    with pytest.raises(RuntimeError, match="could not be read"):
+        client.get("/annotate")
+    with duckdb.connect(str(votes_db(escalated_lake))) as con:
+        assert con.execute("select count(*) from annotation_assignments").fetchone()[0] == 0
+    monkeypatch.undo()
+    page = client.get("/annotate")
+    assert page.status_code == 200 and served_pair(escalated_lake, page.text)[:2] == ESCALATED[0]
+
+
 def test_a_double_vote_is_refused(escalated_lake, tokens):
     client = make_client(escalated_lake)
     login(client, tokens["ann"])

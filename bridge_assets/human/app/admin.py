@@ -42,8 +42,8 @@ def queue_overview(con: duckdb.DuckDBPyConnection, datasets: tuple[str, ...] | N
 
 @router.get("/admin")
 async def admin_page(request: Request, viewer: CurrentAdmin, state: State):
-    datasets, activity, people = await state.db.run(admin_overview)
-    queue, stopping = await state.db.run(queue_overview, state.settings.datasets)
+    datasets, activity, people = await state.db.page(admin_overview)
+    queue, stopping = await state.db.page(queue_overview, state.settings.datasets)
     times = (await state.db.votes(judgment_times, None, state.settings.idle_cap_seconds)).to_dicts()
     accuracy = (await state.db.votes(known_accuracy)).to_dicts()
     return render(request, "admin.html", viewer.session, viewer=viewer, datasets=datasets,

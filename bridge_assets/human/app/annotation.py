@@ -56,7 +56,7 @@ def annotation_page(con: duckdb.DuckDBPyConnection, state: AppState,
 async def annotate_page(request: Request, viewer: CurrentViewer, state: State):
     if viewer.annotator.flagged:
         return render(request, "flagged.html", viewer.session, viewer=viewer)
-    item, prog = await state.db.run(annotation_page, state, viewer.annotator.annotator_id)
+    item, prog = await state.db.page(annotation_page, state, viewer.annotator.annotator_id)
     if item is None:
         return render(request, "done.html", viewer.session, viewer=viewer, progress=prog)
     return render(request, "annotate.html", viewer.session, viewer=viewer, item=item,

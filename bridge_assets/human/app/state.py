@@ -16,6 +16,7 @@ from bridge_assets.human import votes_store
 from bridge_assets.human.app.settings import AppSettings
 from bridge_assets.human.queue import QueueSettings
 from bridge_assets.human.security import Clock, SessionSigner
+from bridge_assets.store import transaction
 
 T = TypeVar("T")
 
@@ -29,13 +30,25 @@ class Database:
         self.votes_path, self.lake_path, self.busy_seconds = votes_path, lake_path, busy_seconds
         self._lock = threading.Lock()
 
-    def _call(self, lake: bool, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    def _call(self, lake: bool, fn: Callable[..., T], *args: Any, one_transaction: bool = False,
+              **kwargs: Any) -> T:
         with self._lock, votes_store.connect(self.votes_path, lake_db=self.lake_path if lake else None,
                                              wait_seconds=self.busy_seconds) as con:
-            return fn(con, *args, **kwargs)
+            if not one_transaction:
+                return fn(con, *args, **kwargs)
+            with transaction(con):
+                return fn(con, *args, **kwargs)
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await anyio.to_thread.run_sync(functools.partial(self._call, True, fn, *args, **kwargs))
+
+    async def page(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`run` in one transaction, for a page's work (reads, and the assignment it serves):
+        every statement sees one snapshot of the lake, and on DuckLake that snapshot is looked
+        up once instead of once per statement (~2.4 ms each, about twenty a page). Not for work
+        that opens a transaction of its own (a vote, an import)."""
+        return await anyio.to_thread.run_sync(functools.partial(
+            self._call, True, fn, *args, one_transaction=True, **kwargs))
 
     async def votes(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await anyio.to_thread.run_sync(functools.partial(self._call, False, fn, *args, **kwargs))
