@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 
 from bridge_assets.human import cli
 from bridge_assets.human.annotators import add_annotator
-from bridge_assets.human.app import AppSettings, admin, annotation_app, import_export
+from bridge_assets.human.app import AppSettings, admin, annotation, annotation_app, import_export
 from bridge_assets.human.labels import compute_human_labels
 from bridge_assets.human.security import SESSION_COOKIE
 from fixtures.paths import annotations, votes_db
@@ -131,8 +131,6 @@ def test_an_open_item_reserves_its_slot(escalated_lake, tokens):
 def test_a_page_that_fails_half_way_serves_nothing(escalated_lake, tokens, monkeypatch):
     """A page's work is one transaction (Database.page): when loading the item fails after the
     item was chosen, its assignment is rolled back instead of holding a vote slot unseen."""
-    from bridge_assets.human.app import annotation
-
     def broken(*args, **kwargs):
         raise RuntimeError("the chunk could not be read")
 

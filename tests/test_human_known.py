@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 
 import polars as pl
 from typer.testing import CliRunner
@@ -13,9 +14,12 @@ from typer.testing import CliRunner
 from bridge_assets import store
 from bridge_assets.human import cli
 from bridge_assets.human.annotators import add_annotator, get_annotator
+from bridge_assets.human.app import AppSettings
+from bridge_assets.human.app.annotation import annotation_page
+from bridge_assets.human.app.state import AppState
 from bridge_assets.human.items import load_item
 from bridge_assets.human.known import known_accuracy, load_holes
-from bridge_assets.human.queue import QueueSettings, next_assignment
+from bridge_assets.human.queue import QueueSettings, next_assignment, progress
 from bridge_assets.human.votes import Verdict, record_vote
 from bridge_assets.qrels.known_holes import KnownHoles
 from fixtures.escalated_set import DATASET, ESCALATED, vote
@@ -137,13 +141,6 @@ def test_a_page_counts_the_pairs_left_for_the_annotator_as_a_fresh_count_does(es
     """A page reads the open pairs once (to choose its item) and derives what is left after it;
     with checks and known items mixed in, the unanswered item shown again and the last page,
     every page's progress equals progress read afresh."""
-    import time
-
-    from bridge_assets.human.app import AppSettings
-    from bridge_assets.human.app.annotation import annotation_page
-    from bridge_assets.human.app.state import AppState
-    from bridge_assets.human.queue import progress
-
     _pool(escalated_lake)
     with annotations(escalated_lake) as con:
         load_holes(con, DATASET, KEY)
