@@ -38,7 +38,11 @@ def main() -> None:
     parser.add_argument("--annotators", type=int, default=3)
     parser.add_argument("--votes", type=int, default=30)
     args = parser.parse_args()
-    lake = Path(tempfile.mkdtemp(prefix="bench-page-"))
+    with tempfile.TemporaryDirectory(prefix="bench-page-") as folder:
+        run(Path(folder), args.pairs, args.annotators, args.votes)
+
+
+def run(lake: Path, pairs: int, annotators: int, rounds: int) -> None:
     os.environ["BRIDGE_DATA_LAKE"] = str(lake)
 
     from bridge_assets.human.annotators import add_annotator
@@ -49,16 +53,16 @@ def main() -> None:
     from fixtures.escalated_pairs import write_escalated_pairs
     from fixtures.paths import annotations
 
-    write_escalated_pairs("bench", args.pairs)
+    write_escalated_pairs("bench", pairs)
     with annotations() as con:
-        people = [f"a{i}" for i in range(args.annotators)]
+        people = [f"a{i}" for i in range(annotators)]
         for name in people:
             add_annotator(con, name)
     state = AppState(AppSettings(db_path=lake / "bridge.duckdb", secret="bench-page-secret-0123456789",
                                  attention_rate=0.0), time.time)
     page = getattr(state.db, "page", state.db.run)  # as the app calls it (run before 2026-11-29)
     pages, votes, shown = [], [], 0
-    for n in range(args.votes):
+    for n in range(rounds):
         for who in people:
             started = time.perf_counter()
             item, progress = anyio.run(page, annotation_page, state, who)
@@ -68,7 +72,7 @@ def main() -> None:
             anyio.run(functools.partial(state.db.votes, record_vote, assignment_id=item.assignment_id,
                                         annotator_id=who, label=n % 2, comment=None))
             votes.append(time.perf_counter() - started)
-    print(f"{args.pairs} escalated pairs, {args.annotators} annotators x {args.votes} votes, lake {lake}")
+    print(f"{pairs} escalated pairs, {annotators} annotators x {rounds} votes")
     for name, times in (("page", pages), ("vote", votes)):
         print(f"{name}: mean {statistics.mean(times) * 1000:.0f} ms, median {statistics.median(times) * 1000:.0f} ms, "
               f"p95 {quantile_95(times) * 1000:.0f} ms ({len(times)})")
