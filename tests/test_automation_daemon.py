@@ -7,7 +7,8 @@ Then, under the daemon: a TREC run file dropped into the runs folder becomes a s
 materialized, and automation brings the dataset's pool, labels, qrels, metrics and report up to
 date; its new pairs stay pending (the dataset's automation cap is 0 LLM calls per run). Then
 votes arrive for one pending pair and the votes sensor puts them into the qrels and metrics
-while the other pairs still wait.
+while the other pairs still wait. (That `bridge run` then labels what the cap deferred, and
+that a cap above 0 holds over a run's steps: tests/test_main_job_costs.py, scripted model.)
 
 One real daemon (`dagster-daemon run` on a temporary instance and lake), the real model
 (qwen-0.5b) for the explicit first run only, tiny sizes. It prints its timeline."""
@@ -219,12 +220,3 @@ def test_only_what_changed_runs_and_the_daemon_keeps_the_benchmark_current(tiny,
         mark("daemon stopped")
         print("\n".join(["timeline (from the test's start):", *timeline]))
 
-    # what the cap deferred, an explicit run labels (and says nothing is deferred any more)
-    before = query(data_lake, "select count(*) from llm_calls")[0][0]
-    summary = bridge(env, "run", "--dataset", DATASET)
-    mark("explicit run of the deferred pairs (real model)")
-    print(timeline[-1])
-    assert "deferred" not in summary
-    assert query(data_lake, "select count(*) from llm_calls")[0][0] > before
-    assert not query(data_lake, f"select count(*) from filter_votes where dataset = '{DATASET}' and error = "
-                                "'" + DEFERRED.replace("'", "''") + "'")[0][0]

@@ -1,6 +1,8 @@
 """Cost before you spend, as a user meets it on the demo: `bridge run --dry-run` counts the pool
-and the LLM calls each stage will make before any is made, and `--budget` stops a run before
-the chunk that would pass it, the next run resuming from the ledger.
+and the LLM calls each stage will make before any is made, `--budget` stops a run before the
+chunk that would pass it, the next run resuming from the ledger, and a run the automation
+launches makes at most the dataset's `llm_calls_per_run`, an explicit run labelling what it
+deferred.
 
 The model is a scripted OpenAI-compatible server (the production client, ledger and backend
 talk to it) whose replies are deterministic, so the debate's rounds are known; the systems are
@@ -11,16 +13,19 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
 import zlib
+from pathlib import Path
 
 import pytest
 import yaml
 from typer.testing import CliRunner
 
-from bridge_assets import store
+from bridge_assets import automation, orchestration, store
 from bridge_assets.cli import BUDGET_EXIT, app
 from bridge_assets.costs import RunEstimate, StageCalls, estimate_run
+from bridge_assets.definitions import automated_selection, defs
 from bridge_assets.llm import budget as llm_budget
 from bridge_assets.llm.budget import Budget, BudgetError, BudgetExceeded, prompt_tokens
 from bridge_assets.llm.client import LLMClient
@@ -240,6 +245,47 @@ def test_a_budget_stops_before_the_chunk_that_would_pass_it_and_the_next_run_res
     keys = ledger(lake, "select key, count(*) from llm_calls group by 1")
     assert set(keys.values()) == {1}  # no call was asked twice
     assert server.hits == len(keys)
+
+
+def test_an_automation_run_makes_at_most_its_cap_and_bridge_run_labels_what_it_deferred(scripted_demo):
+    """What the daemon's automation does once a new system's run lands (tests/test_automation_daemon.py
+    shows it under a real daemon, cap 0): one run of the dataset's automated assets, tagged as
+    Dagster's automation tags it, makes at most `llm_calls_per_run` calls over all its steps; the
+    calls past the cap are deferred, never sent, their pairs pending; `bridge run` then asks
+    exactly those and labels them."""
+    lake, server = scripted_demo
+    cap = 2
+    registry = Path(os.environ["BRIDGE_REGISTRY_DIR"]) / "datasets.yaml"
+    entries = yaml.safe_load(registry.read_text())
+    entries["datasets"]["demo"]["automation"] = {"llm_calls_per_run": cap}
+    registry.write_text(yaml.safe_dump(entries))
+    assert bridge("materialize", "-d", "demo", "retrieval_run").exit_code == 0  # explicit: no cap
+    before = server.hits
+
+    instance = orchestration.instance()
+    names = [key.to_user_string() for key in automated_selection.resolve(defs.resolve_asset_graph())]
+    steps = orchestration.plan(defs, names, "demo", instance)
+    assert [step.partition_keys for step in steps] == [["demo"]]  # one run, as the daemon launches it
+    defs.resolve_implicit_global_asset_job_def().execute_in_process(
+        instance=instance, asset_selection=steps[0].keys, partition_key="demo",
+        tags={automation.AUTOMATION_TAG: "true"}, raise_on_error=True)
+    assert server.hits - before == cap
+    is_deferred = "error = '" + llm_budget.DEFERRED.replace("'", "''") + "'"
+    deferred = ledger(lake, f"select query_id || ' ' || doc_id, error from filter_votes where {is_deferred}")
+    assert deferred
+    sources = ledger(lake, "select query_id || ' ' || doc_id, source from bridge_qrels")
+    assert {sources[pair] for pair in deferred} == {"pending"}  # never labels
+
+    finished = bridge("run", "-d", "demo")
+    assert finished.exit_code == 0, finished.output
+    assert "deferred" not in finished.output
+    assert not ledger(lake, f"select error, count(*) from filter_votes where {is_deferred} group by 1")
+    assert not ledger(lake, "select 1, count(*) from debate_labels where list_contains(flags, 'deferred') "
+                            "having count(*) > 0")
+    keys = ledger(lake, "select key, count(*) from llm_calls group by 1")
+    assert set(keys.values()) == {1} and server.hits == len(keys)  # the capped run's calls not asked again
+    answered = ledger(lake, "select query_id || ' ' || doc_id, is_supported from filter_votes where error is null")
+    assert set(deferred) <= set(answered)  # each deferred pair's call made and answered now
 
 
 def test_the_budget_counts_money_at_the_profiles_prices(data_lake):
