@@ -15,6 +15,7 @@ import json
 import math
 import os
 import re
+import time
 import zlib
 from pathlib import Path
 
@@ -32,6 +33,7 @@ from bridge_assets.llm.client import LLMClient
 from bridge_assets.llm.profiles import ModelConfigError, Prices, load_models_config
 from bridge_assets.llm.types import LLMRequest
 from bridge_assets.paths import RESOURCES_DIR
+from bridge_assets.summary import run_summary
 from fixtures.scripted_llm import ScriptedServer, completion, http_profile
 
 MODEL = "fake"
@@ -275,6 +277,9 @@ def test_an_automation_run_makes_at_most_its_cap_and_bridge_run_labels_what_it_d
     assert deferred
     sources = ledger(lake, "select query_id || ' ' || doc_id, source from bridge_qrels")
     assert {sources[pair] for pair in deferred} == {"pending"}  # never labels
+    with store.connect_read_only(lake / "bridge.duckdb") as con:
+        summary = run_summary(con, "demo", time.time())
+    assert re.search(r"\d+ deferred by the automation cap .* `bridge run --dataset demo` labels them", summary)
 
     finished = bridge("run", "-d", "demo")
     assert finished.exit_code == 0, finished.output
