@@ -27,6 +27,7 @@ from bridge_assets import automation, orchestration, store
 from bridge_assets.cli import BUDGET_EXIT, app
 from bridge_assets.costs import RunEstimate, StageCalls, estimate_run
 from bridge_assets.definitions import automated_selection, defs
+from bridge_assets.labeling.debate import FLAG_DEFERRED
 from bridge_assets.llm import budget as llm_budget
 from bridge_assets.llm.budget import Budget, BudgetError, BudgetExceeded, prompt_tokens
 from bridge_assets.llm.client import LLMClient
@@ -254,7 +255,7 @@ def test_an_automation_run_makes_at_most_its_cap_and_bridge_run_labels_what_it_d
     shows it under a real daemon, cap 0): one run of the dataset's automated assets, tagged as
     Dagster's automation tags it, makes at most `llm_calls_per_run` calls over all its steps; the
     calls past the cap are deferred, never sent, their pairs pending; `bridge run` then asks
-    exactly those and labels them."""
+    them, none a second time, and labels them."""
     lake, server = scripted_demo
     cap = 2
     registry = Path(os.environ["BRIDGE_REGISTRY_DIR"]) / "datasets.yaml"
@@ -285,7 +286,7 @@ def test_an_automation_run_makes_at_most_its_cap_and_bridge_run_labels_what_it_d
     assert finished.exit_code == 0, finished.output
     assert "deferred" not in finished.output
     assert not ledger(lake, f"select error, count(*) from filter_votes where {is_deferred} group by 1")
-    assert not ledger(lake, "select 1, count(*) from debate_labels where list_contains(flags, 'deferred') "
+    assert not ledger(lake, f"select 1, count(*) from debate_labels where list_contains(flags, '{FLAG_DEFERRED}') "
                             "having count(*) > 0")
     keys = ledger(lake, "select key, count(*) from llm_calls group by 1")
     assert set(keys.values()) == {1} and server.hits == len(keys)  # the capped run's calls not asked again
