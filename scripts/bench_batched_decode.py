@@ -14,10 +14,10 @@ difference before they part, and whether its logits equal those of the first wid
 
 `debate`: a real DREAM debate of N demo pairs (bench_debate's pairs) twice, each on a fresh
 ledger through LLMClient: as the pipeline runs it in process (pair by pair, one call at a time),
-then round by round with every call of a round decoded in `--width` lanes (`LaneBackend`
-below: each lane its own KV buffer, a lane's calls reuse the prefix they share with its
-previous one, every step `--width` rows wide whatever is left, so a call's reply does not
-depend on its neighbours). Prints both arms' seconds and tokens, and how many replies and
+then round by round with every call of a round decoded in `--width` lanes (the profile with
+`engine_args: {decode_lanes: W}`, llm.backends.DecodeLanes: each lane its own KV buffer, a
+lane's calls reuse the prefix they share with its previous one, every step W rows wide
+whatever is left, so a call's reply does not depend on its neighbours). Prints both arms' seconds and tokens, and how many replies and
 labels are the same.
 """
 
@@ -37,9 +37,7 @@ from bridge_assets.ingest.registry import get_dataset
 from bridge_assets.labeling.calls import MeteredGenerate
 from bridge_assets.labeling.debate import debate_agents, run_debate
 from bridge_assets.llm import LLMClient, backends
-from bridge_assets.llm.ledger import call_key
 from bridge_assets.llm.profiles import get_profile
-from bridge_assets.llm.types import LLMRequest, LLMResult, TokenLogprob
 
 
 def multi_sequence_context(model, sequences: int, per_sequence: int, threads: int, unified: bool,
@@ -123,142 +121,16 @@ def widths(args: argparse.Namespace) -> None:
               f"| {difference:.3f} | {as_width_4} |")
 
 
-class _Lane:
-    def __init__(self) -> None:
-        self.held: list[int] = []  # the tokens this lane's KV buffer holds
-        self.call: int | None = None
-        self.next: int | None = None
-
-
-class LaneBackend:
-    """The in-process backend's greedy loop (`backends._greedy_with_logprobs`: the same token
-    choice, grammar and log-probabilities) over `width` lanes decoded together."""
-
-    name = "llama_cpp"
-
-    def __init__(self, profile, width: int):
-        from llama_cpp import _internals
-
-        self.inner = backends.LlamaCppBackend(profile)
-        self.model_id, self.width = self.inner.model_id, width
-        self.model = self.inner._model(logits_all=False)
-        self.context = multi_sequence_context(self.model, width, profile.context_size,
-                                              profile.threads or 2, unified=False)
-        self.batch = _internals.LlamaBatch(n_tokens=512, embd=0, n_seq_max=1, verbose=False)
-        self.lanes = [_Lane() for _ in range(width)]
-
-    def _logits(self, row: int) -> np.ndarray:
-        return np.ctypeslib.as_array(self.context.get_logits_ith(row), shape=(self.model.n_vocab(),)).astype(np.float64)
-
-    def generate(self, requests: list[LLMRequest]) -> list[LLMResult]:
-        import llama_cpp
-
-        model, vocab = self.model, llama_cpp.llama_model_get_vocab(self.model.model)
-        n = len(requests)
-        queues = [list(range(k * n // self.width, (k + 1) * n // self.width)) for k in range(self.width)]
-        calls: dict[int, dict] = {}
-        results: list[LLMResult | None] = [None] * n
-
-        def finish(k: int) -> None:
-            lane = self.lanes[k]
-            c = calls.pop(lane.call)
-            if c["grammar"]:
-                c["grammar"].close()
-            request = requests[lane.call]
-            results[lane.call] = LLMResult(
-                key=call_key(self.name, self.model_id, request), text=c["text"],
-                logprobs=c["logprobs"] if request.top_logprobs is not None else None,
-                tokens_in=c["tokens_in"], tokens_out=len(c["generated"]), prompt_computed=c["computed"],
-                prompt_reused=c["reused"], decode_tokens=len(c["generated"]), latency_s=c["seconds"])
-            lane.call = lane.next = None
-
-        def start(k: int, i: int) -> None:
-            lane, request = self.lanes[k], requests[i]
-            started = time.perf_counter()
-            tokens = backends._prompt_tokens(model, request)
-            keep = min(model.longest_token_prefix(lane.held, tokens), len(tokens) - 1)
-            self.context.kv_cache_seq_rm(k, keep, -1)
-            for at in range(keep, len(tokens), 512):
-                self.batch.reset()
-                self.batch.set_batch(tokens[at:at + 512], n_past=at, logits_all=False)
-                for j in range(self.batch.batch.n_tokens):
-                    self.batch.batch.seq_id[j][0] = k
-                self.context.decode(self.batch)
-            lane.held, lane.call = list(tokens), i
-            calls[i] = {"logits": self._logits(self.batch.batch.n_tokens - 1), "generated": [], "text": "",
-                        "logprobs": [], "tokens_in": len(tokens), "computed": len(tokens) - keep, "reused": keep,
-                        "grammar": backends._Grammar(model, request.json_schema) if request.json_schema else None,
-                        "seconds": time.perf_counter() - started}
-
-        def choose(k: int) -> None:
-            lane = self.lanes[k]
-            c, request = calls[lane.call], requests[lane.call]
-            logits = c["logits"]
-            log_softmax = logits - (logits.max() + np.log(np.exp(logits - logits.max()).sum()))
-            token = c["grammar"].choose(logits) if c["grammar"] else int(log_softmax.argmax())
-            if llama_cpp.llama_vocab_is_eog(vocab, token):
-                return finish(k)
-            if c["grammar"]:
-                c["grammar"].accept(token)
-            if request.top_logprobs is not None:
-                top = np.argpartition(-log_softmax, request.top_logprobs)[:request.top_logprobs]
-                top = top[np.argsort(-log_softmax[top])]
-                c["logprobs"].append(TokenLogprob(
-                    token=model.detokenize([token], special=False).decode("utf-8", errors="ignore"),
-                    logprob=float(log_softmax[token]),
-                    top={model.detokenize([int(t)], special=False).decode("utf-8", errors="ignore"):
-                         float(log_softmax[t]) for t in top}))
-            c["generated"].append(token)
-            c["text"] = model.detokenize(c["generated"], special=False).decode("utf-8", errors="ignore")
-            if any(stop in c["text"] for stop in request.stop):
-                c["text"] = c["text"][:min(c["text"].index(s) for s in request.stop if s in c["text"])]
-                return finish(k)
-            if len(c["generated"]) == request.max_tokens:
-                return finish(k)
-            lane.next = token
-
-        while True:
-            for k, lane in enumerate(self.lanes):
-                while lane.call is None and queues[k]:
-                    start(k, queues[k].pop(0))
-                    choose(k)
-            decoding = [k for k, lane in enumerate(self.lanes) if lane.next is not None]
-            if not decoding:
-                break
-            started = time.perf_counter()
-            self.batch.reset()
-            b = self.batch.batch
-            b.n_tokens = self.width  # always the full width: a reply never depends on its neighbours
-            for k, lane in enumerate(self.lanes):
-                b.token[k] = lane.next if lane.next is not None else 0
-                b.pos[k], b.n_seq_id[k], b.logits[k] = len(lane.held), 1, True
-                b.seq_id[k][0] = k
-            self.context.decode(self.batch)
-            for k, lane in enumerate(self.lanes):
-                if lane.next is None:  # an idle lane's row is dropped again
-                    self.context.kv_cache_seq_rm(k, len(lane.held), -1)
-            share = (time.perf_counter() - started) / len(decoding)
-            for k in decoding:
-                lane = self.lanes[k]
-                lane.held.append(lane.next)
-                c = calls[lane.call]
-                c["logits"], c["seconds"] = self._logits(k), c["seconds"] + share
-                lane.next = None
-                choose(k)
-        return results
-
-    def close(self) -> None:
-        pass
-
-
 def debate(args: argparse.Namespace) -> None:
     pairs = bench_pairs(load_dataset(get_dataset(args.dataset)), args.pairs)
     arms = {}
+    profile = get_profile(args.profile)
     for arm in ("one at a time, pair by pair", f"{args.width} lanes, round by round"):
         with tempfile.TemporaryDirectory() as folder:
-            client = LLMClient(args.profile, db_path=Path(folder) / "bench.duckdb")
-            if "lanes" in arm:
-                client._backend = LaneBackend(get_profile(args.profile), args.width)
+            lanes = args.width if "lanes" in arm else 1
+            client = LLMClient(profile.model_copy(update={"engine_args": {**profile.engine_args,
+                                                                          "decode_lanes": lanes}}),
+                               db_path=Path(folder) / "bench.duckdb")
             client.backend  # noqa: B018 - the model is loaded before the clock starts
             with backends._LLAMA_LOCK:
                 for loaded in backends._LLAMA_MODELS.values():

@@ -145,6 +145,20 @@ def test_dream_debates_pair_by_pair_only_when_its_models_run_in_process():
     assert local.in_process() and not served.in_process() and not mixed.in_process()
 
 
+def test_dream_debates_round_by_round_when_its_local_model_decodes_in_lanes(tmp_path, monkeypatch):
+    # lanes decode several calls at once: a round's requests go together, as to a server
+    import yaml
+
+    from bridge_assets.paths import RESOURCES_DIR
+
+    shipped = yaml.safe_load((RESOURCES_DIR / "models.yaml").read_text())["profiles"]["qwen-0.5b"]
+    lanes = {**shipped, "engine_args": {"decode_lanes": 4}}
+    (tmp_path / "models.yaml").write_text(yaml.safe_dump({"profiles": {"qwen-0.5b-lanes": lanes}}))
+    monkeypatch.setenv("BRIDGE_REGISTRY_DIR", str(tmp_path))  # the user's models.yaml, merged over ours
+    assert not build_labeler({"models": ["qwen-0.5b-lanes"]}, role_profiles).in_process()
+    assert build_labeler({"models": ["qwen-0.5b"]}, role_profiles).in_process()
+
+
 def test_dream_sends_one_pair_at_a_time_to_an_in_process_model_and_a_round_to_a_server():
     from bridge_assets.labeling.labeler import LabelItem
     from bridge_assets.labeling.pairs import Pair

@@ -305,6 +305,15 @@ def test_a_malformed_profile_is_reported_with_file_and_name(tmp_path):
     path.write_text("defaults:\n  debate: nowhere\nprofiles: {}\n")
     with pytest.raises(ModelConfigError, match="unknown LLM profile 'nowhere'"):
         load_models_config(path)
+    weights = "    weights: {file: m.gguf, sha256: '" + "0" * 64 + "', sources: [{local: m.gguf}]}\n"
+    for lanes in ("0", "two", "1.5", "true"):
+        path.write_text(f"profiles:\n  lanes:\n    backend: llama_cpp\n    model: x\n{weights}"
+                        f"    engine_args: {{decode_lanes: {lanes}}}\n")
+        with pytest.raises(ModelConfigError, match="(?s)lanes.*decode_lanes must be a whole number of 1 or more"):
+            load_models_config(path)
+    path.write_text(f"profiles:\n  lanes:\n    backend: llama_cpp\n    model: x\n{weights}"
+                    "    engine_args: {decode_lanes: 4}\n")
+    assert load_models_config(path).profile("lanes").decode_lanes == 4
 
 
 def test_llm_resource_uses_defaults_unless_configured(data_lake):

@@ -283,3 +283,84 @@ def test_a_changed_model_or_weights_never_reuses_a_state(cached_backends):
     [new_model] = backends._LLAMA_MODELS.values()
     assert new_model is not model and len(states) == 0
     assert result.prompt_reused == 0 and new_model._bridge_state_cache.restored == 0
+
+
+# --- decoding in lanes (llm.backends.DecodeLanes, engine_args.decode_lanes) -----------------
+
+SCHEMA_STATEMENT = {"type": "object", "properties": {"response": {"type": "string", "enum": ["yes", "no"]}},
+                    "required": ["response"], "additionalProperties": False}
+
+
+def judged(statement: str) -> LLMRequest:
+    return LLMRequest(messages=(("system", SYSTEM), ("user", statement)), max_tokens=8,
+                      json_schema=SCHEMA_STATEMENT)
+
+
+@pytest.fixture
+def lane_backend(data_lake):
+    """The 0.5B in-process decoding 4 greedy calls at a time, at a 512-token lane."""
+    pytest.importorskip("llama_cpp")
+    from bridge_assets.llm.backends import LlamaCppBackend
+
+    profile = get_profile("qwen-0.5b")
+    weights.provision(profile)
+    return LlamaCppBackend(profile.model_copy(update={"context_size": 512, "engine_args": {"decode_lanes": 4}}))
+
+
+def fresh_lanes(backend) -> None:
+    """The backend's lanes emptied: every lane starts with nothing to reuse."""
+    from bridge_assets.llm import backends
+
+    with backends._LLAMA_LOCK:
+        model = backend._model(logits_all=False)
+        if getattr(model, "_bridge_lanes", None) is not None:
+            model._bridge_lanes.close()
+            model._bridge_lanes = None
+
+
+def test_a_reply_decoded_in_lanes_does_not_depend_on_its_neighbours_or_its_lane(lane_backend):
+    """Every step is 4 rows wide whatever is left to decode (llama.cpp's CPU kernels round a
+    4-row batch differently from a 1- or 2-row one: with steps only as wide as the calls still
+    decoding, this test fails), and each lane has its own KV buffer."""
+    probe = scored("Is Oslo in Norway?")
+    neighbours = [judged("Is Lima in Peru?"), scored("Is Cairo in Egypt? Think of the Nile."),
+                  LLMRequest(messages=(("user", "Name three colours."),), max_tokens=12)]
+
+    fresh_lanes(lane_backend)  # the probe in lane 0, beside three calls
+    first = lane_backend.generate([probe, *neighbours])
+    fresh_lanes(lane_backend)  # in lane 0 beside one call and two idle lanes
+    fewer = lane_backend.generate([probe, neighbours[2]])
+    fresh_lanes(lane_backend)  # alone, in lane 0
+    [alone] = lane_backend.generate([probe])
+    fresh_lanes(lane_backend)  # in the last lane, behind other calls
+    last = lane_backend.generate([neighbours[2], neighbours[0], neighbours[1], probe])
+
+    replies = [first[0], fewer[0], alone, last[3]]
+    assert all(r.ok and r.tokens_out > 0 and r.prompt_reused == 0 for r in replies)
+    assert len({r.text for r in replies}) == 1
+    assert all(r.logprobs == replies[0].logprobs for r in replies)  # bit for bit
+    assert json.loads(first[1].text)["response"] in ("yes", "no")  # its grammar held in a lane
+    assert json.loads(last[1].text) == json.loads(first[1].text)
+    assert first[1].logprobs is None and len(replies[0].logprobs) == replies[0].tokens_out
+
+
+def test_lanes_reuse_a_lanes_prefix_answer_the_rest_when_one_call_does_not_fit_and_record_each(lane_backend):
+    statements = ["Is Oslo in Norway?", "Is Oslo in Sweden?", "Is Rome in Italy?", "Is Rome in Spain?"]
+    requests = [scored(s) for s in statements]
+    too_long = LLMRequest(messages=(("user", "word " * 600),), max_tokens=4)
+    sampled = LLMRequest(messages=(("user", "Say a number."),), max_tokens=4, temperature=0.7, seed=1)
+    client = LLMClient(lane_backend.profile)
+    fresh_lanes(lane_backend)
+    results = client.generate([*requests[:2], too_long, *requests[2:], sampled], context="lanes")
+
+    # the 5 greedy calls dealt to the 4 lanes in order, in runs: [0], [1], [too long], [2, 3];
+    # the sampled call one at a time. Rome in Spain follows Rome in Italy in its lane
+    assert not results[2].ok and "context window of 512" in results[2].error
+    answered = [r for i, r in enumerate(results) if i != 2]
+    assert all(r.ok and r.tokens_out > 0 for r in answered), [r.error for r in answered]
+    assert results[4].prompt_reused > results[3].prompt_reused == 0
+    for r in answered[:4]:
+        assert r.prompt_computed + r.prompt_reused == r.tokens_in and r.decode_tokens == r.tokens_out
+    calls = read_calls()
+    assert calls.height == 6 and calls["error"].drop_nulls().to_list() == [results[2].error]
+    assert (calls.filter(calls["error"].is_null())["latency_s"] > 0).all()  # a lane step's time shared

@@ -96,11 +96,14 @@ class DreamLabeler(Labeler):
                                "yes/no, so they cannot show a graded debate")
 
     def in_process(self) -> bool:
-        """Every agent's model runs in this process on llama.cpp, which keeps one KV sequence and
-        reuses the prefix a prompt shares with the previous one: the debate then goes pair by
-        pair (run_debate's `pair_major`, same labels), so each round follows its own pair's last."""
+        """Every agent's model runs in this process on llama.cpp one call at a time, which keeps
+        one KV sequence and reuses the prefix a prompt shares with the previous one: the debate
+        then goes pair by pair (run_debate's `pair_major`, same labels), so each round follows
+        its own pair's last. A profile that decodes in lanes (engine_args.decode_lanes) wants a
+        round's calls together, as a server does."""
         profiles = load_models_config().profiles
         return all(name in profiles and profiles[name].backend == "llama_cpp"
+                   and profiles[name].decode_lanes == 1
                    for name in {agent.model for agent in self.agents})
 
     def debate(self, items: Sequence[LabelItem], generate: Generate, prompts: Prompts | None = None,

@@ -68,6 +68,8 @@ def _close_llama_models() -> None:
         _CHAT_FORMATTERS.pop(id(model), None)
         if getattr(model, "_bridge_state_cache", None) is not None:
             model._bridge_state_cache.clear()  # its KV states go with it
+        if getattr(model, "_bridge_lanes", None) is not None:
+            model._bridge_lanes.close()  # its lanes' context goes with it
         model.close()
     _LLAMA_MODELS.clear()
 
@@ -327,6 +329,46 @@ class _Grammar:
         self._llama_cpp.llama_sampler_free(self._sampler)
 
 
+def _greedy_step(model, vocab, logits, grammar: _Grammar | None,
+                 top_logprobs: int | None) -> tuple[int | None, TokenLogprob | None]:
+    """One greedy token from the last position's logits: argmax, or under a JSON schema the most
+    likely token its grammar allows (the grammar then accepts it), and, when asked, its top-k
+    log-softmax entry. (None, None) at the end of generation. Both greedy loops use it (one
+    sequence, `_greedy_with_logprobs`; several, `DecodeLanes`)."""
+    import llama_cpp
+    import numpy as np
+
+    log_softmax = logits - (logits.max() + np.log(np.exp(logits - logits.max()).sum()))
+    token = grammar.choose(logits) if grammar else int(log_softmax.argmax())
+    if llama_cpp.llama_vocab_is_eog(vocab, token):
+        return None, None
+    if grammar:
+        grammar.accept(token)
+    if top_logprobs is None:
+        return token, None
+    top = np.argpartition(-log_softmax, top_logprobs)[:top_logprobs]
+    top = top[np.argsort(-log_softmax[top])]
+
+    def piece(t: int) -> str:
+        return model.detokenize([t], special=False).decode("utf-8", errors="ignore")
+
+    return token, TokenLogprob(token=piece(token), logprob=float(log_softmax[token]),
+                               top={piece(int(t)): float(log_softmax[t]) for t in top})
+
+
+def _stopped(text: str, stops: Sequence[str]) -> str | None:
+    """`text` cut before the first stop string it holds; None when it holds none."""
+    if not any(stop in text for stop in stops):
+        return None
+    return text[:min(text.index(stop) for stop in stops if stop in text)]
+
+
+def _context_error(tokens: int, max_tokens: int, window: int) -> str | None:
+    if tokens + max_tokens > window:
+        return f"Requested tokens ({tokens + max_tokens}) exceed context window of {window}"
+    return None
+
+
 def _greedy_with_logprobs(model, request: LLMRequest) -> tuple[str, list[TokenLogprob], int, int]:
     """Greedy decoding that reads the log-probabilities from the last position's logits only.
 
@@ -340,9 +382,9 @@ def _greedy_with_logprobs(model, request: LLMRequest) -> tuple[str, list[TokenLo
     import numpy as np
 
     tokens = _prompt_tokens(model, request)
-    if len(tokens) + request.max_tokens > model.n_ctx():
-        raise ValueError(f"Requested tokens ({len(tokens) + request.max_tokens}) exceed context "
-                         f"window of {model.n_ctx()}")
+    too_long = _context_error(len(tokens), request.max_tokens, model.n_ctx())
+    if too_long:
+        raise ValueError(too_long)
     vocab = llama_cpp.llama_model_get_vocab(model.model)
     n_vocab = model.n_vocab()
     grammar = _Grammar(model, request.json_schema) if request.json_schema is not None else None
@@ -355,29 +397,194 @@ def _greedy_with_logprobs(model, request: LLMRequest) -> tuple[str, list[TokenLo
     try:
         for _ in range(request.max_tokens):
             logits = np.ctypeslib.as_array(model._ctx.get_logits_ith(-1), shape=(n_vocab,)).astype(np.float64)
-            log_softmax = logits - (logits.max() + np.log(np.exp(logits - logits.max()).sum()))
-            token = grammar.choose(logits) if grammar else int(log_softmax.argmax())
-            if llama_cpp.llama_vocab_is_eog(vocab, token):
+            token, entry = _greedy_step(model, vocab, logits, grammar, request.top_logprobs)
+            if token is None:
                 break
-            if grammar:
-                grammar.accept(token)
-            top = np.argpartition(-log_softmax, request.top_logprobs)[:request.top_logprobs]
-            top = top[np.argsort(-log_softmax[top])]
-            piece = model.detokenize([token], special=False).decode("utf-8", errors="ignore")
-            logprobs.append(TokenLogprob(
-                token=piece, logprob=float(log_softmax[token]),
-                top={model.detokenize([int(t)], special=False).decode("utf-8", errors="ignore"):
-                     float(log_softmax[t]) for t in top}))
+            if entry is not None:
+                logprobs.append(entry)
             generated.append(token)
             text = model.detokenize(generated, special=False).decode("utf-8", errors="ignore")
-            if any(stop in text for stop in request.stop):
-                text = text[:min(text.index(stop) for stop in request.stop if stop in text)]
+            cut = _stopped(text, request.stop)
+            if cut is not None:
+                text = cut
                 break
             model.eval([token])
     finally:
         if grammar:
             grammar.close()
     return text, logprobs, len(tokens), len(generated)
+
+
+class _Lane:
+    """One sequence of DecodeLanes: the tokens its KV buffer holds, and the call it decodes."""
+
+    def __init__(self) -> None:
+        self.held: list[int] = []
+        self.call: int | None = None
+        self.next: int | None = None  # the token to decode at the next step
+
+
+class _LaneCall:
+    """A call in a lane: its prompt's tokens computed and reused, what it generated so far, its
+    latest logits and its seconds (its prefill's, plus its share of each step it took part in)."""
+
+    def __init__(self, request: LLMRequest, tokens_in: int, reused: int, grammar: _Grammar | None,
+                 logits, seconds: float) -> None:
+        self.request, self.tokens_in, self.reused, self.grammar = request, tokens_in, reused, grammar
+        self.computed = tokens_in - reused
+        self.generated: list[int] = []
+        self.logprobs: list[TokenLogprob] = []
+        self.text, self.logits, self.seconds = "", logits, seconds
+
+
+class DecodeLanes:
+    """Greedy decoding of several calls at once: `width` lanes, each one sequence with its own KV
+    buffer in one llama.cpp context beside the model's own, every step one batch of `width` rows.
+
+    On these CPUs decoding is bound by reading the weights, so a step of 4 rows costs little more
+    than a step of 1 (docs/llm-time.md: 1.22 s a 40-token reply at width 4, 3.03 s alone, 1.5B).
+    A batch rounds differently from a single row, so a reply can differ from the one-at-a-time
+    reply; with a buffer per lane and every step the full width (an idle lane decodes a dummy
+    row that is dropped again), a call's reply does not depend on which calls share its steps or
+    which lane it takes (tests/test_llm_time.py). The calls are dealt to the lanes in order, in
+    contiguous runs, and a lane's next call reuses the prefix its prompt shares with the lane's
+    last (consecutive requests are often the same pair's agents); as one at a time, a reused
+    prefix can move the low digits of what follows. Each lane holds `per_lane` tokens (the
+    profile's context size), so the context's KV memory is `width` times the model's own
+    (1.5B, 4 lanes of 4,096 tokens: about 450 MiB). The KV state cache is not used here.
+    Call with _LLAMA_LOCK held."""
+
+    def __init__(self, model, width: int, per_lane: int, threads: int):
+        import llama_cpp
+        from llama_cpp import _internals
+
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx, params.n_batch, params.n_ubatch = width * per_lane, 512, 512
+        params.n_seq_max, params.kv_unified = width, False
+        params.n_threads = params.n_threads_batch = threads
+        self.model, self.width, self.per_lane = model, width, per_lane
+        self.context = _internals.LlamaContext(model=model._model, params=params, verbose=False)
+        self.batch = _internals.LlamaBatch(n_tokens=512, embd=0, n_seq_max=1, verbose=False)
+        self.lanes = [_Lane() for _ in range(width)]
+        self.vocab = llama_cpp.llama_model_get_vocab(model.model)
+
+    def close(self) -> None:
+        self.context.close()
+        self.batch.close()
+
+    def _logits(self, row: int):
+        import numpy as np
+
+        return np.ctypeslib.as_array(self.context.get_logits_ith(row),
+                                     shape=(self.model.n_vocab(),)).astype(np.float64)
+
+    def _prefill(self, k: int, tokens: list[int]) -> int:
+        """Lane k's KV buffer set to `tokens`, keeping the prefix it already holds; returns the
+        tokens reused. The last prompt token is always computed: its logits start the reply."""
+        lane = self.lanes[k]
+        keep = min(self.model.longest_token_prefix(lane.held, tokens), len(tokens) - 1)
+        self.context.kv_cache_seq_rm(k, keep, -1)
+        lane.held = lane.held[:keep]
+        for at in range(keep, len(tokens), 512):
+            self.batch.reset()
+            self.batch.set_batch(tokens[at:at + 512], n_past=at, logits_all=False)
+            for j in range(self.batch.batch.n_tokens):
+                self.batch.batch.seq_id[j][0] = k
+            self.context.decode(self.batch)
+        lane.held = list(tokens)
+        return keep
+
+    def generate(self, requests: Sequence[LLMRequest]) -> list[tuple[_LaneCall | None, str | None]]:
+        """(call, None) for each request answered, (None, error) for one that does not fit a lane."""
+        n = len(requests)
+        queues = [list(range(k * n // self.width, (k + 1) * n // self.width)) for k in range(self.width)]
+        calls: dict[int, _LaneCall] = {}
+        out: list[tuple[_LaneCall | None, str | None]] = [(None, None)] * n
+
+        def finish(k: int) -> None:
+            lane = self.lanes[k]
+            call = calls.pop(lane.call)
+            if call.grammar:
+                call.grammar.close()
+            out[lane.call] = (call, None)
+            lane.call = lane.next = None
+
+        def choose(k: int) -> None:
+            """Lane k's next token from its call's latest logits, or the call's end."""
+            lane = self.lanes[k]
+            call = calls[lane.call]
+            token, entry = _greedy_step(self.model, self.vocab, call.logits, call.grammar,
+                                        call.request.top_logprobs)
+            if token is None:
+                return finish(k)
+            if entry is not None:
+                call.logprobs.append(entry)
+            call.generated.append(token)
+            call.text = self.model.detokenize(call.generated, special=False).decode("utf-8", errors="ignore")
+            cut = _stopped(call.text, call.request.stop)
+            if cut is not None or len(call.generated) == call.request.max_tokens:
+                call.text = call.text if cut is None else cut
+                return finish(k)
+            lane.next = token
+
+        def start(k: int, i: int) -> None:
+            started, request = time.perf_counter(), requests[i]
+            tokens = _prompt_tokens(self.model, request)
+            too_long = _context_error(len(tokens), request.max_tokens, self.per_lane)
+            if too_long:
+                out[i] = (None, too_long)
+                return
+            reused = self._prefill(k, tokens)
+            logits = self._logits(self.batch.batch.n_tokens - 1)
+            grammar = _Grammar(self.model, request.json_schema) if request.json_schema is not None else None
+            calls[i] = _LaneCall(request, len(tokens), reused, grammar, logits, time.perf_counter() - started)
+            self.lanes[k].call = i
+            choose(k)
+
+        try:
+            while True:
+                for k, lane in enumerate(self.lanes):
+                    while lane.call is None and queues[k]:
+                        start(k, queues[k].pop(0))
+                decoding = [k for k, lane in enumerate(self.lanes) if lane.next is not None]
+                if not decoding:
+                    return out
+                started = time.perf_counter()
+                self.batch.reset()
+                rows = self.batch.batch
+                rows.n_tokens = self.width  # always the full width: a reply never depends on its neighbours
+                for k, lane in enumerate(self.lanes):
+                    rows.token[k] = lane.next if lane.next is not None else 0
+                    rows.pos[k], rows.n_seq_id[k], rows.logits[k] = len(lane.held), 1, True
+                    rows.seq_id[k][0] = k
+                self.context.decode(self.batch)
+                share = (time.perf_counter() - started) / len(decoding)
+                for k, lane in enumerate(self.lanes):
+                    if lane.next is None:  # an idle lane's dummy row is dropped again
+                        self.context.kv_cache_seq_rm(k, len(lane.held), -1)
+                        continue
+                    lane.held.append(lane.next)
+                    call = calls[lane.call]
+                    call.logits, call.seconds = self._logits(k), call.seconds + share
+                    lane.next = None
+                    choose(k)
+        finally:
+            for call in calls.values():  # an exception mid-way: no grammar left behind
+                if call.grammar:
+                    call.grammar.close()
+            if calls:  # and no lane left holding a call
+                for lane in self.lanes:
+                    lane.call = lane.next = None
+
+
+def _decode_lanes(model, width: int, per_lane: int, threads: int) -> DecodeLanes:
+    """The model's DecodeLanes of this shape, made on first use and freed with the model."""
+    lanes = getattr(model, "_bridge_lanes", None)
+    if lanes is None or (lanes.width, lanes.per_lane) != (width, per_lane):
+        if lanes is not None:
+            lanes.close()
+        lanes = model._bridge_lanes = DecodeLanes(model, width, per_lane, threads)
+    return lanes
 
 
 # KVStateCache's default bound for llama_cpp profiles that do not set engine_args.state_cache_bytes
@@ -388,7 +595,10 @@ STATE_CACHE_BYTES = 0
 class LlamaCppBackend:
     """llama-cpp-python in this process: the CPU default. Requests run one after another.
     A profile's `engine_args: {state_cache_bytes: N}` keeps up to N bytes of KV states
-    (KVStateCache), so a prompt continues from the longest prefix of any recent call."""
+    (KVStateCache), so a prompt continues from the longest prefix of any recent call;
+    `engine_args: {decode_lanes: W}` (W >= 2) decodes the greedy requests of a batch W at a
+    time (DecodeLanes; off by default: its replies can differ from one-at-a-time decoding, so
+    it becomes a default only once the gold set says it labels no worse, docs/llm-time.md)."""
 
     name = "llama_cpp"
 
@@ -397,14 +607,17 @@ class LlamaCppBackend:
         self.model_id = model_id(profile)
         # the KV state cache's bound: the profile's engine_args.state_cache_bytes (0: off)
         self.state_cache_bytes = int(profile.engine_args.get("state_cache_bytes", STATE_CACHE_BYTES))
+        self.decode_lanes = profile.decode_lanes
 
     def _model(self, logits_all: bool):
         """This profile's model; call with _LLAMA_LOCK held (another profile may close it)."""
         from bridge_assets.llm.weights import provision
 
         path = str(provision(self.profile).path)
-        threads = self.profile.threads or os.cpu_count() or 1
-        return _llama(path, self.profile.context_size, threads, logits_all)
+        return _llama(path, self.profile.context_size, self._threads(), logits_all)
+
+    def _threads(self) -> int:
+        return self.profile.threads or os.cpu_count() or 1
 
     def _states(self, model, request: LLMRequest) -> KVStateCache | None:
         """The model's KV state cache, with the state sharing the longest prefix with the
@@ -415,7 +628,40 @@ class LlamaCppBackend:
         return states
 
     def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
-        return [self._one(request) for request in requests]
+        if self.decode_lanes < 2:
+            return [self._one(request) for request in requests]
+        # with lanes on, every greedy request takes them, alone or not: a reply never depends
+        # on how its calls were batched
+        greedy = [i for i, request in enumerate(requests) if request.temperature == 0]
+        results: list[LLMResult | None] = [None] * len(requests)
+        for i, result in zip(greedy, self._in_lanes([requests[i] for i in greedy]), strict=True):
+            results[i] = result
+        return [result or self._one(request) for result, request in zip(results, requests, strict=True)]
+
+    def _in_lanes(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
+        if not requests:
+            return []
+        started = time.perf_counter()
+        try:
+            with _LLAMA_LOCK:
+                model = self._model(logits_all=False)
+                lanes = _decode_lanes(model, self.decode_lanes, self.profile.context_size, self._threads())
+                answered = lanes.generate(requests)
+        except ValueError as exc:  # e.g. the grammar of a schema llama.cpp cannot compile
+            failed = time.perf_counter() - started
+            return [LLMResult(key=call_key(self.name, self.model_id, request), error=f"llama.cpp: {exc}",
+                              latency_s=failed / len(requests)) for request in requests]
+        results = []
+        for request, (call, error) in zip(requests, answered, strict=True):
+            key = call_key(self.name, self.model_id, request)
+            if call is None:
+                results.append(LLMResult(key=key, error=f"llama.cpp: {error}"))
+                continue
+            results.append(LLMResult(
+                key=key, text=call.text, logprobs=call.logprobs if request.top_logprobs is not None else None,
+                tokens_in=call.tokens_in, tokens_out=len(call.generated), prompt_computed=call.computed,
+                prompt_reused=call.reused, decode_tokens=len(call.generated), latency_s=call.seconds))
+        return results
 
     def _one(self, request: LLMRequest) -> LLMResult:
         key = call_key(self.name, self.model_id, request)

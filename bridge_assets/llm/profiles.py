@@ -98,7 +98,8 @@ class ModelProfile(BaseModel):
     timeout_s: float = Field(120.0, gt=0)              # openai
     retries: int = Field(3, ge=0)                      # openai: transport retries per request
     backoff_s: float = Field(0.5, ge=0)                # openai: first backoff, doubled each retry
-    engine_args: dict[str, Any] = Field(default_factory=dict)  # vllm.LLM(**engine_args)
+    engine_args: dict[str, Any] = Field(default_factory=dict)  # vllm.LLM(**engine_args); llama_cpp:
+                                                      # state_cache_bytes, decode_lanes
     prices: Prices | None = None                       # None: free (a local model)
 
     @model_validator(mode="after")
@@ -107,7 +108,16 @@ class ModelProfile(BaseModel):
             raise ValueError("a llama_cpp profile needs `weights`")
         if self.backend == "openai" and not self.base_urls:
             raise ValueError("an openai profile needs `base_urls`")
+        lanes = self.engine_args.get("decode_lanes", 1)
+        if self.backend == "llama_cpp" and (not isinstance(lanes, int) or isinstance(lanes, bool) or lanes < 1):
+            raise ValueError(f"engine_args.decode_lanes must be a whole number of 1 or more, got {lanes!r}")
         return self
+
+    @property
+    def decode_lanes(self) -> int:
+        """How many greedy calls a llama_cpp profile decodes at once (engine_args.decode_lanes;
+        1, the default: one at a time). See backends.DecodeLanes."""
+        return int(self.engine_args.get("decode_lanes", 1)) if self.backend == "llama_cpp" else 1
 
 
 class ModelsConfig(BaseModel):
