@@ -630,13 +630,14 @@ class LlamaCppBackend:
     def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
         if self.decode_lanes < 2:
             return [self._one(request) for request in requests]
-        # with lanes on, every greedy request takes them, alone or not: a reply never depends
-        # on how its calls were batched
+        # with lanes on, every greedy request takes them, alone or not: a reply does not depend
+        # on which calls share its steps
         greedy = [i for i, request in enumerate(requests) if request.temperature == 0]
         results: list[LLMResult | None] = [None] * len(requests)
         for i, result in zip(greedy, self._in_lanes([requests[i] for i in greedy]), strict=True):
             results[i] = result
-        return [result or self._one(request) for result, request in zip(results, requests, strict=True)]
+        return [result if result is not None else self._one(request)
+                for result, request in zip(results, requests, strict=True)]
 
     def _in_lanes(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
         if not requests:
