@@ -607,7 +607,6 @@ class LlamaCppBackend:
         self.model_id = model_id(profile)
         # the KV state cache's bound: the profile's engine_args.state_cache_bytes (0: off)
         self.state_cache_bytes = int(profile.engine_args.get("state_cache_bytes", STATE_CACHE_BYTES))
-        self.decode_lanes = profile.decode_lanes
 
     def _model(self, logits_all: bool):
         """This profile's model; call with _LLAMA_LOCK held (another profile may close it)."""
@@ -628,7 +627,7 @@ class LlamaCppBackend:
         return states
 
     def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
-        if self.decode_lanes < 2:
+        if self.profile.decode_lanes < 2:
             return [self._one(request) for request in requests]
         # with lanes on, every greedy request takes them, alone or not: a reply does not depend
         # on which calls share its steps
@@ -646,7 +645,7 @@ class LlamaCppBackend:
         try:
             with _LLAMA_LOCK:
                 model = self._model(logits_all=False)
-                lanes = _decode_lanes(model, self.decode_lanes, self.profile.context_size, self._threads())
+                lanes = _decode_lanes(model, self.profile.decode_lanes, self.profile.context_size, self._threads())
                 answered = lanes.generate(requests)
         except ValueError as exc:  # e.g. the grammar of a schema llama.cpp cannot compile
             failed = time.perf_counter() - started
