@@ -1,10 +1,15 @@
 """Markdown rows of docs/labeler-eval.md from `bridge label-eval --json` outputs.
 
     .venv/bin/python scripts/labeler_eval_table.py RUN.json [RUN.json ...]
+    .venv/bin/python scripts/labeler_eval_table.py --paired REFERENCE.items.jsonl OTHER.items.jsonl
 
 Each file holds one method's JSON summary; its name (without .json) names the row. Prints
 one table row per file: n, class recalls, bAcc with its 95% bootstrap interval, escalation,
 bAcc once escalations are resolved (with its interval), distinct calls and model seconds.
+
+--paired compares two labelers on the same triplets from their `label-eval --items` files
+(matched by id): how many outcomes are the same, and OTHER's bAcc and resolved bAcc minus
+REFERENCE's with 95% paired bootstrap intervals (both arms resampled together).
 """
 
 from __future__ import annotations
@@ -12,6 +17,8 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+
+from bridge_assets.evaluation.metrics import NO_LABEL, bacc_difference_interval
 
 HEADER = ("| run | n | irrel. recall | rel. recall | bAcc [95% CI] | esc. | resolved [95% CI] | "
           "calls | model s |\n|---|---|---|---|---|---|---|---|---|")
@@ -38,7 +45,48 @@ def row(path: Path) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def outcomes(path: Path) -> dict[str, dict]:
+    return {item["id"]: item for item in map(json.loads, path.read_text().splitlines()) if item["gold"] is not None}
+
+
+def paired(reference_path: Path, other_path: Path) -> str:
+    reference, other = outcomes(reference_path), outcomes(other_path)
+    if reference.keys() != other.keys():
+        sys.exit(f"{reference_path} and {other_path} hold different triplets "
+                 f"({len(reference.keys() ^ other.keys())} ids in one only)")
+    ids = sorted(reference)
+    gold = [reference[i]["gold"] for i in ids]
+
+    def decided(items: dict) -> list[int]:
+        return [NO_LABEL if items[i]["escalated"] else items[i]["label"] for i in ids]
+
+    def final(items: dict) -> list[int]:  # as labeler_metrics: an unresolved escalation is an error
+        return [items[i]["label"] if not items[i]["escalated"] else
+                items[i]["resolved"] if items[i]["resolved"] is not None else 1 - items[i]["gold"] for i in ids]
+
+    same = sum((reference[i]["escalated"], reference[i]["label"]) == (other[i]["escalated"], other[i]["label"])
+               for i in ids)
+
+    def difference(values: tuple[float | None, float | None, float | None]) -> str:
+        value, low, high = values
+        if value is None:
+            return "-"
+        return f"{100 * value:+.1f}" if low is None else f"{100 * value:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
+
+    escalated = [sum(items[i]["escalated"] for i in ids) for items in (reference, other)]
+    return ("| n | same outcome | bAcc difference [95% CI] | resolved bAcc difference [95% CI] | escalated |\n"
+            "|---|---|---|---|---|\n"
+            f"| {len(ids)} | {same} | {difference(bacc_difference_interval(gold, decided(other), decided(reference)))} "
+            f"| {difference(bacc_difference_interval(gold, final(other), final(reference)))} "
+            f"| {escalated[0]} -> {escalated[1]} |")
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["--paired"]:
+        if len(sys.argv) != 4:
+            sys.exit(__doc__)
+        print(paired(Path(sys.argv[2]), Path(sys.argv[3])))
+        return
     paths = [Path(arg) for arg in sys.argv[1:]]
     if not paths:
         sys.exit(__doc__)

@@ -8,7 +8,7 @@ import pytest
 
 from bridge_assets.evaluation.lara import IDENTITY, fit_calibrator, lara, logit
 from bridge_assets.evaluation.metrics import (NO_LABEL, agreement, auroc, auroc_intervals, aurocs,
-                                              bacc_interval, balanced_accuracies,
+                                              bacc_difference_interval, bacc_interval, balanced_accuracies,
                                               balanced_accuracy, brier_score, calibration_metrics, class_recalls,
                                               escalate_least_confident, escalation_count,
                                               expected_calibration_error, labeler_metrics,
@@ -59,6 +59,39 @@ def test_the_bacc_interval_is_scipys_percentile_bootstrap_of_the_case_by_case_ba
                                rng=np.random.default_rng(0)).confidence_interval
     assert bacc_interval(gold.tolist(), predicted.tolist()) == pytest.approx(tuple(expected))
     assert bacc_interval([1, 1], [1, 0]) == (None, None)
+
+
+def test_the_bacc_difference_resamples_the_cases_of_both_labelers_together():
+    import numpy as np
+    from scipy import stats
+
+    # a case left to humans (NO_LABEL) counts in neither class of its labeler's bAcc:
+    # predicted (1, 0, 0, 0) on gold (1, 1, 0, 0) without its escalated 3rd case: (1/2 + 1) / 2 = 3/4;
+    # reference (1, 1, 1, 0): (1 + 1/2) / 2 = 3/4
+    assert bacc_difference_interval([1, 1, 0, 0], [1, 0, NO_LABEL, 0], [1, 1, 1, 0])[0] == pytest.approx(0)
+    assert bacc_difference_interval([1, 1, 0, 0], [1, 1, 0, 0], [1, 0, 1, 0])[0] == pytest.approx(0.5)
+    same = [1, 0, 1, 1, 0, 0, 1, 0] * 5  # the same labels: every draw differs by nothing
+    assert bacc_difference_interval([1, 0] * 20, same, same) == (0.0, 0.0, 0.0)
+    assert bacc_difference_interval([1, 1], [1, 0], [1, 1]) == (None, None, None)
+
+    rng = np.random.default_rng(6)
+    gold = rng.integers(0, 2, 80)
+    reference = np.where(rng.random(80) < 0.8, gold, 1 - gold)
+    predicted = np.where(rng.random(80) < 0.1, 1 - reference, reference)  # mostly the same labels
+    predicted[:5] = NO_LABEL
+
+    def difference(g, p, r):
+        keep = p != NO_LABEL
+        return balanced_accuracy(g[keep].tolist(), p[keep].tolist()) - balanced_accuracy(g.tolist(), r.tolist())
+
+    expected = stats.bootstrap((gold, predicted, reference), difference, paired=True, vectorized=False,
+                               n_resamples=2000, method="percentile", rng=np.random.default_rng(0))
+    value, low, high = bacc_difference_interval(gold.tolist(), predicted.tolist(), reference.tolist())
+    assert value == pytest.approx(difference(gold, predicted, reference))
+    assert (low, high) == pytest.approx(tuple(expected.confidence_interval))
+    # paired: narrower than two independent intervals would allow for labels this alike
+    assert high - low < (bacc_interval(gold.tolist(), reference.tolist())[1]
+                         - bacc_interval(gold.tolist(), reference.tolist())[0])
 
 
 def test_the_batched_auroc_is_roc_auc_score_ties_included():

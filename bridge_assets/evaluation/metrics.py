@@ -80,6 +80,34 @@ def bacc_interval(gold: Sequence[int], predicted: Sequence[int], *, seed: int = 
     return float(low), float(high)
 
 
+def bacc_difference_interval(gold: Sequence[int], predicted: Sequence[int], reference: Sequence[int], *,
+                             seed: int = 0, confidence_level: float = CONFIDENCE_LEVEL
+                             ) -> tuple[float | None, float | None, float | None]:
+    """(difference, low, high): bAcc of `predicted` minus bAcc of `reference` on the same cases,
+    with its percentile bootstrap interval (scipy's `bootstrap`, the cases resampled together
+    so each draw compares the two labelers on one sample). NO_LABEL marks a case a labeler
+    left to humans, left out of that labeler's bAcc only. None where undefined."""
+    from scipy import stats
+
+    gold, predicted, reference = (np.asarray(values) for values in (gold, predicted, reference))
+    difference = float(balanced_accuracies(gold, predicted) - balanced_accuracies(gold, reference))
+    if math.isnan(difference):
+        return None, None, None
+
+    def differences(g: np.ndarray, p: np.ndarray, r: np.ndarray, axis: int = -1) -> np.ndarray:
+        return balanced_accuracies(g, p, axis) - balanced_accuracies(g, r, axis)
+
+    with warnings.catch_warnings():  # the same labels in both: a valid, degenerate interval
+        warnings.simplefilter("ignore", stats.DegenerateDataWarning)
+        result = stats.bootstrap((gold, predicted, reference), differences, paired=True, vectorized=True,
+                                 n_resamples=BOOTSTRAP_RESAMPLES, method="percentile",
+                                 confidence_level=confidence_level, rng=np.random.default_rng(seed))
+    low, high = result.confidence_interval
+    if math.isnan(low) or math.isnan(high):
+        return difference, None, None
+    return difference, float(low), float(high)
+
+
 def escalate_least_confident(confidence: Sequence[float], ratio: float) -> list[bool]:
     """Mark the `escalation_count` least confident cases (ties: the earlier case first)."""
     order = sorted(range(len(confidence)), key=lambda i: (confidence[i], i))
