@@ -9,7 +9,8 @@ bAcc once escalations are resolved (with its interval), distinct calls and model
 
 --paired compares two labelers on the same triplets from their `label-eval --items` files
 (matched by id): how many outcomes are the same, and OTHER's bAcc and resolved bAcc minus
-REFERENCE's with 95% paired bootstrap intervals (both arms resampled together).
+REFERENCE's with 95% paired bootstrap intervals (both arms resampled together), and how many
+more triplets OTHER escalates (percentage points of the triplets, with its interval).
 """
 
 from __future__ import annotations
@@ -18,7 +19,10 @@ import json
 import sys
 from pathlib import Path
 
-from bridge_assets.evaluation.metrics import NO_LABEL, bacc_difference_interval
+import numpy as np
+from scipy import stats
+
+from bridge_assets.evaluation.metrics import BOOTSTRAP_RESAMPLES, NO_LABEL, bacc_difference_interval
 
 HEADER = ("| run | n | irrel. recall | rel. recall | bAcc [95% CI] | esc. | resolved [95% CI] | "
           "calls | model s |\n|---|---|---|---|---|---|---|---|---|")
@@ -73,12 +77,16 @@ def paired(reference_path: Path, other_path: Path) -> str:
             return "-"
         return f"{100 * value:+.1f}" if low is None else f"{100 * value:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
 
-    escalated = [sum(items[i]["escalated"] for i in ids) for items in (reference, other)]
-    return ("| n | same outcome | bAcc difference [95% CI] | resolved bAcc difference [95% CI] | escalated |\n"
-            "|---|---|---|---|---|\n"
+    escalated = [np.array([items[i]["escalated"] for i in ids], dtype=float) for items in (reference, other)]
+    more = escalated[1] - escalated[0]  # per triplet: +1 escalated only by OTHER, -1 only by REFERENCE
+    interval = stats.bootstrap((more,), np.mean, n_resamples=BOOTSTRAP_RESAMPLES, method="percentile",
+                               rng=np.random.default_rng(0)).confidence_interval if more.any() else (0.0, 0.0)
+    return ("| n | same outcome | bAcc difference [95% CI] | resolved bAcc difference [95% CI] "
+            "| escalated | escalation difference [95% CI] |\n|---|---|---|---|---|---|\n"
             f"| {len(ids)} | {same} | {difference(bacc_difference_interval(gold, decided(other), decided(reference)))} "
             f"| {difference(bacc_difference_interval(gold, final(other), final(reference)))} "
-            f"| {escalated[0]} -> {escalated[1]} |")
+            f"| {int(escalated[0].sum())} -> {int(escalated[1].sum())} "
+            f"| {difference((more.mean(), *interval))} |")
 
 
 def main() -> None:
