@@ -157,6 +157,9 @@ def test_dream_debates_round_by_round_when_its_local_model_decodes_in_lanes(tmp_
     monkeypatch.setenv("BRIDGE_REGISTRY_DIR", str(tmp_path))  # the user's models.yaml, merged over ours
     assert not build_labeler({"models": ["qwen-0.5b-lanes"]}, role_profiles).in_process()
     assert build_labeler({"models": ["qwen-0.5b"]}, role_profiles).in_process()
+    # the shipped debate model decodes in lanes (docs/labeler-eval.md): the default debate goes
+    # round by round
+    assert role_profiles("debate") == ["qwen-1.5b"] and not build_labeler({}, role_profiles).in_process()
 
 
 def test_dream_sends_one_pair_at_a_time_to_an_in_process_model_and_a_round_to_a_server():
