@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from bridge_assets.evaluation.metrics import BOOTSTRAP_RESAMPLES, NO_LABEL, bacc_difference_interval
+from bridge_assets.evaluation.metrics import BOOTSTRAP_RESAMPLES, NO_LABEL, bacc_difference_interval, final_labels
 
 HEADER = ("| run | n | irrel. recall | rel. recall | bAcc [95% CI] | esc. | resolved [95% CI] | "
           "calls | model s |\n|---|---|---|---|---|---|---|---|---|")
@@ -64,9 +64,8 @@ def paired(reference_path: Path, other_path: Path) -> str:
     def decided(items: dict) -> list[int]:
         return [NO_LABEL if items[i]["escalated"] else items[i]["label"] for i in ids]
 
-    def final(items: dict) -> list[int]:  # as labeler_metrics: an unresolved escalation is an error
-        return [items[i]["label"] if not items[i]["escalated"] else
-                items[i]["resolved"] if items[i]["resolved"] is not None else 1 - items[i]["gold"] for i in ids]
+    def final(items: dict) -> list[int]:
+        return final_labels(gold, *([items[i][field] for i in ids] for field in ("label", "escalated", "resolved")))
 
     same = sum((reference[i]["escalated"], reference[i]["label"]) == (other[i]["escalated"], other[i]["label"])
                for i in ids)

@@ -138,6 +138,14 @@ class LabelerMetrics:
         return values
 
 
+def final_labels(gold: Sequence[int], labels: Sequence[int | None], escalated: Sequence[bool],
+                 resolved: Sequence[int | None]) -> list[int]:
+    """Each case's label once escalations are resolved: the labeler's, else the resolver's; an
+    escalated case the resolver gave no label counts as an error (the wrong label)."""
+    return [labels[i] if not escalated[i] else (resolved[i] if resolved[i] is not None else 1 - gold[i])
+            for i in range(len(gold))]
+
+
 def labeler_metrics(gold: Sequence[int], labels: Sequence[int | None], escalated: Sequence[bool],
                     resolved: Sequence[int | None]) -> LabelerMetrics:
     """`labels[i]`: the labeler's label (ignored where escalated); `resolved[i]`: the label an
@@ -151,8 +159,7 @@ def labeler_metrics(gold: Sequence[int], labels: Sequence[int | None], escalated
     decided = [i for i in range(n) if not escalated[i]]
     recall_relevant, recall_irrelevant = class_recalls([gold[i] for i in decided],
                                                        [labels[i] for i in decided])
-    final = [labels[i] if not escalated[i] else
-             (resolved[i] if resolved[i] is not None else 1 - gold[i]) for i in range(n)]
+    final = final_labels(gold, labels, escalated, resolved)
     n_escalated = sum(bool(e) for e in escalated)
     decided_gold, decided_labels = [gold[i] for i in decided], [labels[i] for i in decided]
     return LabelerMetrics(
