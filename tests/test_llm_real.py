@@ -173,3 +173,51 @@ def test_llm_resource_inside_a_dagster_materialization(small_model):
     assert metadata["tokens_out"].value > 0
     calls = read_calls()
     assert calls["purpose"].to_list() == ["judge"] and calls["context"].to_list() == [outcome.run_id]
+
+
+def test_a_schema_s_grammar_keeps_raw_control_characters_out_of_strings(small_model, monkeypatch):
+    """llama-cpp-python's converter let a string take a raw line break, which json.loads then
+    rejects (a debate quote ending at a chunk's line break failed three times at temperature
+    0). The grammar used now forbids U+0000-U+001F inside strings, as JSON does, and still lets
+    the model escape them or close the string; the converter's own grammar is checked to allow
+    the raw break, so this test would fail without the fix."""
+    import json
+
+    import numpy as np
+    from llama_cpp import Llama
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    from bridge_assets.llm import backends
+
+    schema = {"type": "object", "properties": {"quote": {"type": "string", "maxLength": 80}},
+              "required": ["quote"], "additionalProperties": False}
+    vocab = Llama(model_path=str(small_model.path), vocab_only=True, verbose=False)
+    newline, tab, escaped, letter, close = (
+        vocab.tokenize(text.encode(), add_bos=False, special=False) for text in ("\n", "\t", "\\n", "x", '"}'))
+    assert all(len(t) == 1 for t in (newline, tab, letter))
+
+    def next_token(preferred: list[int]) -> int:
+        """The token the grammar picks after `{"quote": "Roses are red` when the model ranks
+        `preferred` first, then the other candidates in this order."""
+        grammar = backends._Grammar(vocab, schema)
+        try:
+            for token in vocab.tokenize(b'{"quote": "Roses are red', add_bos=False, special=False):
+                grammar.accept(token)
+            logits = np.full(vocab.n_vocab(), -10.0, dtype=np.single)
+            ranked = [preferred[0], *(t[0] for t in (escaped, letter, close) if t[0] != preferred[0])]
+            for rank, token in enumerate(ranked):
+                logits[token] = 10.0 - rank
+            return grammar.choose(logits)
+        finally:
+            grammar.close()
+
+    assert next_token(newline) == escaped[0]  # the model may still write "\n", escaped
+    assert next_token(tab) == escaped[0]
+    assert next_token(letter) == letter[0]    # any other character as before
+    for line in backends.json_grammar(schema).splitlines():
+        if line.startswith("char ::="):
+            assert "\\x00-\\x1F" in line
+
+    monkeypatch.setattr(backends, "json_grammar", lambda s: json_schema_to_gbnf(json.dumps(s)))
+    assert next_token(newline) == newline[0]  # the converter's grammar takes the raw break
+    vocab.close()

@@ -283,6 +283,28 @@ def _prompt_tokens(model, request: LLMRequest) -> list[int]:
     return model.tokenize(prompt.prompt.encode("utf-8"), add_bos=not prompt.added_special, special=True)
 
 
+# llama-cpp-python's JSON-schema converter lets a string hold any character but `"` and `\`,
+# raw line breaks and tabs included, which JSON (and json.loads) forbids: a debate reply quoting
+# a chunk's line break was valid for the grammar, rejected when read, and asked again at
+# temperature 0 for the same reply (docs/llm-time.md). As in llama.cpp's own converter, the
+# string's characters exclude the control characters U+0000-U+001F (escapes stay allowed).
+_CONVERTER_CHAR = 'char ::= [^"\\\\] |'
+_JSON_CHAR = 'char ::= [^"\\\\\\x00-\\x1F] |'
+
+
+def json_grammar(schema: dict[str, Any]) -> str:
+    """The GBNF grammar of a JSON schema, its strings as JSON defines them."""
+    from llama_cpp.llama_grammar import json_schema_to_gbnf
+
+    lines = json_schema_to_gbnf(json.dumps(schema)).split("\n")
+    for i, line in enumerate(lines):
+        if line.startswith("char ::="):
+            if not line.startswith(_CONVERTER_CHAR):
+                raise ValueError(f"llama-cpp-python's JSON grammar has another string rule: {line[:80]}")
+            lines[i] = _JSON_CHAR + line[len(_CONVERTER_CHAR):]
+    return "\n".join(lines)
+
+
 class _Grammar:
     """A JSON schema's grammar as a llama.cpp sampler, applied by hand in the greedy loop: the
     model's raw distribution gives the log-probabilities, the grammar only picks the token."""
@@ -292,12 +314,10 @@ class _Grammar:
 
         import llama_cpp
         from llama_cpp._internals import LlamaTokenDataArray
-        from llama_cpp.llama_grammar import json_schema_to_gbnf
 
         self._llama_cpp, self._ctypes = llama_cpp, ctypes
         vocab = llama_cpp.llama_model_get_vocab(model.model)
-        self._sampler = llama_cpp.llama_sampler_init_grammar(
-            vocab, json_schema_to_gbnf(json.dumps(schema)).encode(), b"root")
+        self._sampler = llama_cpp.llama_sampler_init_grammar(vocab, json_grammar(schema).encode(), b"root")
         if not self._sampler:
             raise ValueError("llama.cpp could not compile the JSON schema's grammar")
         self._all = LlamaTokenDataArray(n_vocab=model.n_vocab())
