@@ -214,9 +214,8 @@ def test_a_schema_s_grammar_keeps_raw_control_characters_out_of_strings(small_mo
     assert next_token(newline) == escaped[0]  # the model may still write "\n", escaped
     assert next_token(tab) == escaped[0]
     assert next_token(letter) == letter[0]    # any other character as before
-    for line in backends.json_grammar(schema).splitlines():
-        if line.startswith("char ::="):
-            assert "\\x00-\\x1F" in line
+    [string_rule] = [line for line in backends.json_grammar(schema).splitlines() if line.startswith("char ::=")]
+    assert "\\x00-\\x1F" in string_rule
 
     monkeypatch.setattr(backends, "json_grammar", lambda s: json_schema_to_gbnf(json.dumps(s)))
     assert next_token(newline) == newline[0]  # the converter's grammar takes the raw break
