@@ -170,8 +170,10 @@ def _pool(con: duckdb.DuckDBPyConnection, dataset: str, systems: Sequence[str], 
     con.execute("create table candidate_pool as select * from _pool")
     con.unregister("_pool")
     judged = "" if filter_config.label_judged_pairs else "and not in_original_qrels"
+    spec = get_dataset(dataset)
     pairs = load_pairs(con, dataset, "select query_id, doc_id from candidate_pool "
-                                     f"where dataset = $dataset {judged}", get_dataset(dataset).label_scale)
+                                     f"where dataset = $dataset {judged}", spec.label_scale,
+                       spec.relevance.definition)
     info = PoolInfo(pool.height, pool["query_id"].n_unique(), int(pool["in_original_qrels"].sum()),
                     len(pairs), tuple(sorted({s for row in pool["systems"] for s in row})),
                     config.depth, config.query_limit)

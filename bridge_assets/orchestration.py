@@ -228,6 +228,10 @@ def _external_change(key: dg.AssetKey, partition_key, metadata: dict[str, Any],
 
         if metadata.get("imports_version") != imports_version(store, partition_key):
             return "imported judgments changed (bridge qrels import / remove)"
+        from bridge_assets.ingest.registry import get_dataset
+
+        if metadata.get("min_precision") != get_dataset(partition_key).relevance.min_precision:
+            return "the dataset's relevance.min_precision changed"
     return None
 
 

@@ -25,6 +25,7 @@ import dagster as dg
 from pydantic import ValidationError
 
 from bridge_assets.errors import DatasetError
+from bridge_assets.labeling.relevance import RelevanceSettings
 
 DEFAULT, DATASET, RUN_CONFIG = "default", "dataset", "run config"
 
@@ -49,6 +50,17 @@ def dataset_of(partition_key: str | dg.MultiPartitionKey) -> str:
 # prompt templates (the calling stages), the dataset's known holes (the report).
 LLM_ASSETS = frozenset({"filtered_pool", "filter_votes", "debate_labels", "debate_turns",
                         "rag_answers", "rag_judgments"})
+# Assets whose output depends on the dataset's `relevance:` entry (what relevant means, what
+# people review): the entry is part of their settings, shown and hashed with them.
+RELEVANCE_ASSETS = frozenset({"filtered_pool", "filter_votes", "debate_labels", "debate_turns",
+                              "review_sample"})
+
+
+def dataset_relevance(dataset: str) -> dict[str, Any]:
+    """The dataset's `relevance:` entry, every field (defaults filled in)."""
+    from bridge_assets.ingest.registry import get_dataset
+
+    return get_dataset(dataset).relevance.model_dump(mode="json")
 
 
 def input_files(dataset: str, assets: Iterable[str]) -> list[Path]:
@@ -83,6 +95,7 @@ class Resolved(Generic[C]):
     config: C
     sources: dict[str, str] = field(default_factory=dict)
     inputs: str = ""  # digest of the files outside the settings it depends on (input_files)
+    relevance: dict[str, Any] | None = None  # the dataset's `relevance:` entry, where it applies
 
     @property
     def values(self) -> dict[str, Any]:
@@ -90,8 +103,10 @@ class Resolved(Generic[C]):
 
     @property
     def hash(self) -> str:
-        text = json.dumps([type(self.config).__name__, self.values, self.inputs], sort_keys=True,
-                          default=str)
+        parts: list[Any] = [type(self.config).__name__, self.values, self.inputs]
+        if self.relevance is not None:  # absent elsewhere, so the hashes already stored stay
+            parts.append(self.relevance)
+        text = json.dumps(parts, sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def table(self) -> str:
@@ -105,8 +120,14 @@ class Resolved(Generic[C]):
         def named(source: str) -> str:
             return ", ".join(name for name, where in self.sources.items() if where == source) or "none"
 
-        return {"settings": dg.MetadataValue.md(self.table()), "settings_hash": self.hash,
-                "settings_from_dataset": named(DATASET), "settings_from_run_config": named(RUN_CONFIG)}
+        metadata = {"settings": dg.MetadataValue.md(self.table()), "settings_hash": self.hash,
+                    "settings_from_dataset": named(DATASET), "settings_from_run_config": named(RUN_CONFIG)}
+        if self.relevance is not None:
+            definition = self.relevance.get("definition")
+            metadata["relevance_definition"] = definition or "default (answer_support with short answers, " \
+                "narrative with a TREC topic, useful otherwise; a query's own wins)"
+            metadata["relevance_settings"] = dg.MetadataValue.json(self.relevance)
+        return metadata
 
 
 def resolve(config_cls: type[C], dataset: str, assets: Iterable[str],
@@ -115,6 +136,11 @@ def resolve(config_cls: type[C], dataset: str, assets: Iterable[str],
     """`config_cls` for the op writing `assets` on `dataset`: defaults < the dataset's entry
     (a multi-asset's entries merged) < `explicit`. A field the class does not have, or a value
     it refuses, is a DatasetError naming the dataset's entry."""
+    # the dataset's entries, from the registry unless given (then its relevance entry's defaults)
+    relevance = None
+    if set(assets) & RELEVANCE_ASSETS:
+        relevance = dataset_relevance(dataset) if pipeline is None else \
+            RelevanceSettings().model_dump(mode="json")
     pipeline = dataset_pipeline(dataset) if pipeline is None else pipeline
     entry: dict[str, Any] = {}
     for name in assets:
@@ -126,7 +152,7 @@ def resolve(config_cls: type[C], dataset: str, assets: Iterable[str],
     config = _validated(config_cls, dataset, assets, entry, explicit)
     sources = {name: RUN_CONFIG if name in explicit else DATASET if name in entry else DEFAULT
                for name in type(config).model_fields}
-    return Resolved(config, sources, files_digest(input_files(dataset, assets)))
+    return Resolved(config, sources, files_digest(input_files(dataset, assets)), relevance)
 
 
 def _validated(config_cls: type[C], dataset: str, assets: Iterable[str], entry: dict[str, Any],

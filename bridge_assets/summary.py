@@ -1,10 +1,12 @@
 """The short summary `bridge run` prints: what the pipeline found, what still awaits people,
 and where the time went.
 
-Only verified labels count as found holes: a debate consensus that passed its checks, or
-people's votes. Pending pairs (escalated, awaiting people) are counted and the command to
-annotate them is shown; what a model guessed for them (the opt-in LLM adjudicator, the
-agents' vote beyond a human budget) is reported apart and never counted.
+Only verified labels count as found holes: a debate consensus that passed its checks where
+the dataset trusts it (bridge_assets.qrels.trust), or people's votes. Pending pairs (escalated,
+awaiting people) are counted and the command to annotate them is shown; what a model guessed
+for them (the opt-in LLM adjudicator, the agents' vote beyond a human budget, a provisional
+consensus) is reported apart and never counted, and so are the filter's drops, whose hidden
+holes the audit estimates.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from bridge_assets.analysis.retrieval import measure_label
 from bridge_assets.ingest.registry import DatasetSpec
 from bridge_assets.labeling.debate import FLAG_DEFERRED
 from bridge_assets.qrels.known_holes import read_known_holes, score_known_holes
+from bridge_assets.qrels.trust import debate_trust, dropped_holes, trusted_by_rule
 from bridge_assets.store import table_exists
 from bridge_assets.student.model import ONE_CLASS_QUERY, SAMPLED_OUT
 
@@ -31,10 +34,12 @@ def _labels(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
     # relevant labels are labels, never found holes (bridge qrels import)
     by_source = _rows(con, "bridge_qrels", """
         select source || case when bool_or(original_relevance is not null) then ' (corrections)'
+                              when source = 'filter' then ' (drops, unverified)'
                               when bool_or(import_file is not null) and not bool_or(verified)
                               then ' (unverified)' else '' end,
                count(*) filter (where relevance > 0), count(*) filter (where relevance = 0),
-               count(*) filter (where source = 'pending' and unverified_source is distinct from 'vote'),
+               count(*) filter (where source = 'pending'
+                                and coalesce(unverified_source not in ('vote', 'provisional'), true)),
                count(*) filter (where relevance > 0 and verified and original_relevance is null)
         from bridge_qrels where dataset = ? and source <> 'original' group by source
         order by source""", [dataset])
@@ -42,8 +47,8 @@ def _labels(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
         return []
     holes = sum(verified_new for *_, verified_new in by_source)
     pending = sum(n for *_, n, _ in by_source)
-    lines = [f"holes found (verified: debate consensus that passed its checks, people's votes, or "
-             f"verified imported judgments): {holes}",
+    lines = [f"holes found (verified: debate consensus that passed its checks where it is trusted on "
+             f"this dataset, people's votes, or verified imported judgments): {holes}",
              "new labels by source: " + (", ".join(
                  f"{source} {relevant} relevant / {irrelevant} not"
                  for source, relevant, irrelevant, _, _ in by_source if source != "pending") or "none")]
@@ -62,9 +67,24 @@ def _labels(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
         from bridge_qrels where dataset = ? and unverified_source is not null
         group by unverified_source order by 1""", [dataset])
     for source, relevant, irrelevant in guesses:
-        what = "the LLM adjudicator" if source == "adjudicator" else "the agents' vote beyond the human budget"
+        what = {"adjudicator": "the LLM adjudicator", "vote": "the agents' vote beyond the human budget",
+                "provisional": "the debate's consensus, provisional until measured right on this "
+                               "dataset (metrics bound them)"}[source]
         lines.append(f"  unverified guesses by {what} (not counted): {relevant} relevant / {irrelevant} not")
     return lines
+
+
+def _trust(con: duckdb.DuckDBPyConnection, spec: DatasetSpec) -> list[str]:
+    """What the models' labels count for on this dataset (qrels.trust): the debate's consensus
+    per class, with people's measured agreement, and the audit of the filter's drops."""
+    if not table_exists(con, "debate_labels"):
+        return []
+    trust = debate_trust(con, spec.name, by_rule=trusted_by_rule(con, spec.name),
+                         bar=spec.relevance.min_precision)
+    lines = [f"debate consensus \"{'yes' if c.label else 'no'}\": "
+             + ("counted as labels" if c.trusted else "provisional, not counted")
+             + f" ({c.reason}); people agreed {c.precision.describe()}" for c in (trust.yes, trust.no)]
+    return [*lines, dropped_holes(con, spec.name).describe()]
 
 
 def _escalations(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
@@ -261,6 +281,8 @@ def run_summary(con: duckdb.DuckDBPyConnection, dataset: str, started: float,
                      f"queries ({pool[0][1]} not judged before)")
     lines += _labels(con, dataset)
     lines += _escalations(con, dataset)
+    if spec is not None:
+        lines += _trust(con, spec)
     lines += _student(con, dataset)
     lines += _student_rerank(con, dataset)
     lines += _trained_retrievers(con, dataset)

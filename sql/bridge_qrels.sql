@@ -10,22 +10,28 @@
 --  20 human        the majority of the accepted human votes on an escalated pair
 --                  (human_labels): people settle what the agents could not.
 --  30 debate       DREAM consensus that passed the debate's checks (debate_labels.outcome =
---                  'consensus').
+--                  'consensus'), of a class trusted on this dataset ($trust_yes, $trust_no:
+--                  bridge_assets.qrels.trust); a consensus of an untrusted class is
+--                  provisional: stored as pending, its label kept apart (unverified_source
+--                  'provisional').
 --  40 pending      an escalated or failed debate pair nobody has voted on yet. Pending is not a
 --                  label: relevance is NULL. What a model guessed for it is kept apart as
 --                  unverified_label, with unverified_source 'adjudicator' (the opt-in LLM
---                  adjudicator) or 'vote' (the agents' pooled vote beyond the human budget).
+--                  adjudicator), 'vote' (the agents' pooled vote beyond the human budget) or
+--                  'provisional' (a consensus not yet measured right on this dataset).
 --                  Metrics bound pending pairs (every one irrelevant / every one relevant).
---  50 filter       every filter model said the chunk supports no answer, so the pair never
---                  reached the debate: judged irrelevant (relevance 0).
+--  50 filter       every filter model said the chunk is not relevant, so the pair never
+--                  reached the debate: relevance 0, but unverified. A model's "no" is a guess
+--                  like its "yes": never a found non-hole, never a training label; a seeded
+--                  sample of the drops goes to people (the audit), whose votes then win as
+--                  'human', and the summary estimates how many holes the drops hide.
 --  imported        `bridge qrels import` sources (imported_qrels), each at the precedence
 --                  qrels_sources gives it: above 10 for an ordinary source (it never overrides
 --                  the gold), below 10 for a correction source (corrects_original), which
 --                  holds original pairs only and applies where it changes the grade; where it
 --                  agrees with the original, 'original' stays the source.
--- verified: original, human, debate and filter labels, and an imported source's if it was
--- imported as verified; only a verified relevant label outside the original qrels is a found
--- hole. (The numbers are bridge_assets.qrels.sources.BUILTIN_PRECEDENCE.)
+-- verified: original, human and debate labels, and an imported source's if it was imported
+-- as verified; only a verified relevant label outside the original qrels is a found hole. (The numbers are bridge_assets.qrels.sources.BUILTIN_PRECEDENCE.)
 -- (A pair holds several built-in sources only when the tables come from different
 -- configurations, e.g. a debate re-run after people voted on the earlier escalation.)
 --
@@ -78,14 +84,16 @@ debate as (
            []::bigint[] as vote_ids
     from debated
     where outcome = 'consensus' and label is not null
+      and case when label > 0 then $trust_yes else $trust_no end
 ),
 pending as (
     select query_id, doc_id, null::integer as relevance, 'pending' as source, 40 as precedence,
            false as verified,
-           coalesce(adjudicator_label, case when outcome = 'vote' then label end)::integer
+           coalesce(adjudicator_label, case when outcome in ('vote', 'consensus') then label end)::integer
                as unverified_label,
            case when adjudicator_label is not null then 'adjudicator'
-                when outcome = 'vote' and label is not null then 'vote' end as unverified_source,
+                when outcome = 'vote' and label is not null then 'vote'
+                when outcome = 'consensus' then 'provisional' end as unverified_source,
            pair_key, config_hash,
            coalesce(turn_call_keys, []::varchar[])
                || case when adjudicator_call_key is not null then [adjudicator_call_key]
@@ -93,10 +101,12 @@ pending as (
            []::bigint[] as vote_ids
     from debated
     where outcome in ('escalated', 'failed', 'vote')
+       or (outcome = 'consensus' and label is not null
+           and not case when label > 0 then $trust_yes else $trust_no end)
 ),
 filtered_out as (
     select p.query_id, p.doc_id, 0 as relevance, 'filter' as source, 50 as precedence,
-           true as verified, null::integer as unverified_label, null::varchar as unverified_source,
+           false as verified, null::integer as unverified_label, null::varchar as unverified_source,
            any_value(v.pair_key) as pair_key, null::varchar as config_hash,
            coalesce(list(v.call_key order by v.model) filter (where v.call_key is not null),
                     []::varchar[]) as call_keys,

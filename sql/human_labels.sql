@@ -1,6 +1,8 @@
--- human_labels: the label people gave each escalated pair, from the accepted human votes.
+-- human_labels: the label people gave each pair sent to them, from the accepted human votes.
 -- Parameters: $dataset (NULL: every dataset), $required_votes (accepted votes a pair needs).
--- One row per escalated pair (debate_labels.outcome 'escalated' or 'failed'). The label is the
+-- One row per pair for people: escalated by the debate (debate_labels.outcome 'escalated' or
+-- 'failed'), or drawn into the review sample (the audit of the filter's drops, the calibration
+-- sample of the debate's consensus; `review` says which, NULL for an escalation). The label is the
 -- median vote: on 0/1 votes the majority, on grades 0-3 the middle grade (an ordinal scale has
 -- no mean, and one outlying vote does not move it). When the two middle votes of an even
 -- number differ (on 0/1 votes, a tie) there is no median and the pair waits for one more vote.
@@ -9,12 +11,18 @@
 -- `agreement` is the share of the most frequent vote. The asset keeps the decided rows; the
 -- annotation queue serves the others.
 with escalated as (
-    select distinct dataset, query_id, doc_id
-    from debate_labels
-    where outcome in ('escalated', 'failed') and ($dataset is null or dataset = $dataset)
+    select dataset, query_id, doc_id, any_value(review) as review
+    from (select dataset, query_id, doc_id, null::varchar as review
+          from debate_labels
+          where outcome in ('escalated', 'failed') and ($dataset is null or dataset = $dataset)
+          union all
+          select dataset, query_id, doc_id, kind as review
+          from review_sample
+          where $dataset is null or dataset = $dataset)
+    group by dataset, query_id, doc_id
 ),
 tallies as (
-    select e.dataset, e.query_id, e.doc_id,
+    select e.dataset, e.query_id, e.doc_id, e.review,
            count(v.label)::int as votes,
            count(v.label) filter (where v.label >= 1)::int as votes_relevant,
            list_sort(list(v.label) filter (where v.label is not null)) as sorted
@@ -28,7 +36,7 @@ medians as (
     select *, sorted[(votes + 1) // 2] as low_median, sorted[votes // 2 + 1] as high_median
     from tallies
 )
-select dataset, query_id, doc_id,
+select dataset, query_id, doc_id, review,
        case when low_median = high_median then low_median end as label,
        votes,
        votes_relevant,

@@ -14,7 +14,7 @@ ASSETS = {
     "debate_turns", "filter_votes", "filtered_pool", "human_labels", "labeler_eval_items",
     "labeler_eval_plot", "labeler_eval_results", "original_qrels", "partial_annotation_study", "pending_impact",
     "pool_coverage", "pool_saturation", "queries", "rag_alignment", "rag_answers", "rag_judgments", "ranking_shift",
-    "report", "retrieval_metrics", "retrieval_run", "significance", "student_annotator", "student_rerank_run",
+    "report", "retrieval_metrics", "retrieval_run", "review_sample", "significance", "student_annotator", "student_rerank_run",
     "student_scores",
 }
 CHECKS = {
@@ -27,7 +27,8 @@ CHECKS = {
 GROUPS = {
     "ingest": {"corpus", "queries", "original_qrels"},
     "retrieval": {"retrieval_run"},
-    "labeling": {"candidate_pool", "filter_votes", "filtered_pool", "debate_labels", "debate_turns"},
+    "labeling": {"candidate_pool", "filter_votes", "filtered_pool", "debate_labels", "debate_turns",
+                 "review_sample"},
     "human": {"human_labels"},
     "qrels": {"bridge_qrels"},
     "analysis": {"retrieval_metrics", "ranking_shift", "significance", "pool_saturation", "pool_coverage",

@@ -162,19 +162,26 @@ def test_diras_labels_with_its_guess_and_reports_calibration():
     assert [i.score for i in result.items] == pytest.approx([0.8, 0.3, 0.8, 0.6])
 
 
-def test_diras_shows_the_per_query_definition_only_when_asked():
+def test_every_labeler_reads_the_per_query_definition_over_the_method_s():
     seen = []
 
     def model(profile, requests):
         seen.extend(user for request in requests for role, user in request.messages if role == "user")
         return OracleModel()(profile, requests)
 
-    with_definition = [GoldTriplet("a1", "q", (), "RELEVANT c", 1, definition="only exact dates count")]
-    run_method(MethodSpec.parse("d", {"method": "diras", "models": ["m"]}), with_definition, model,
-               profiles_for=profiles_for, model_id=str)
-    run_method(MethodSpec.parse("d", {"method": "diras", "models": ["m"], "use_definitions": False}),
-               with_definition, model, profiles_for=profiles_for, model_id=str)
-    assert "only exact dates count" in seen[0] and "only exact dates count" not in seen[1]
+    triplets = [GoldTriplet("a1", "q", (), "RELEVANT c", 1, definition="only exact dates count"),
+                GoldTriplet("a2", "q2", (), "other c", 0)]
+    for method in ("diras", "filter", "judge", "dream", "lara"):
+        seen.clear()
+        spec = MethodSpec.parse("d", {"method": method, "models": ["m"], "definition": "names count"})
+        result = run_method(spec, triplets, model, profiles_for=profiles_for, model_id=str)
+        own = [text for text in seen if "Query: q\n" in text]
+        other = [text for text in seen if "Query: q2\n" in text]
+        assert own and all("What counts as relevant: only exact dates count" in t for t in own), method
+        assert other and all("What counts as relevant: names count" in t for t in other), method
+        plain = run_method(MethodSpec.parse("d", {"method": method, "models": ["m"]}), triplets, model,
+                           profiles_for=profiles_for, model_id=str)
+        assert plain.config_hash != result.config_hash, method
 
 
 def test_utilsel_and_utilrank_are_compared_with_the_relevance_labels():

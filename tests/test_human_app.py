@@ -382,7 +382,7 @@ def test_admin_imports_csv_json_and_label_studio_with_validation(escalated_lake,
                             b"demo,q1,d5,<script>,1\n")
     assert bad.status_code == 400 and "Nothing imported" in bad.text
     assert "bad.csv, line 3: same annotator and pair as line 2" in bad.text
-    assert "bad.csv, line 4: not an escalated pair" in bad.text  # a consensus pair
+    assert "bad.csv, line 4: not a pair sent to people" in bad.text  # a consensus pair
     assert "bad.csv, line 5: annotator_id" in bad.text and "<script>" not in bad.text
     assert len(votes(escalated_lake)) == 3
     no_csrf = admin.post("/admin/import", files={"file": ("v.csv", b"x")})

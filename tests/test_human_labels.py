@@ -85,7 +85,7 @@ def test_majority_over_accepted_votes_with_coverage_kappa_and_open_pairs(escalat
     assert before.escalated_pairs == 4 and before.open_pairs == 2 and before.decided_pairs == 2
     assert before.coverage == 0.5 and before.accepted_votes == 8 and before.excluded_votes == 1
     rows = {(r["query_id"], r["doc_id"]): r for r in before.labels.to_dicts()}
-    assert rows[p1] == {"dataset": DATASET, "query_id": "q1", "doc_id": "d5", "label": 1, "votes": 3,
+    assert rows[p1] == {"dataset": DATASET, "query_id": "q1", "doc_id": "d5", "review": None, "label": 1, "votes": 3,
                         "votes_relevant": 2, "agreement": pytest.approx(2 / 3)}
     assert rows[p2]["label"] == 0 and rows[p2]["agreement"] == 1.0 and set(rows) == {p1, p2}
     assert before.kappa == pytest.approx(statsmodels_fleiss_kappa(np.array([[1, 2], [3, 0]])))
@@ -216,7 +216,7 @@ def test_import_and_export_commands_round_trip_and_reject_bad_files(escalated_la
     assert rejected.exit_code == 2
     assert "bad.csv: 2 problem(s), nothing imported" in rejected.output
     assert "bad.csv, line 2: label: Value error, label 'maybe'" in rejected.output
-    assert "bad.csv, line 3: not an escalated pair of debate_labels" in rejected.output
+    assert "bad.csv, line 3: not a pair sent to people" in rejected.output
 
     out = tmp_path / "out.json"
     exported = runner.invoke(cli.app, ["export", "--format", "json", "--output", str(out)])

@@ -98,7 +98,7 @@ def _trec(tmp_path, query_field: str = "title"):
 
 
 def test_trec_topics_keep_title_description_and_narrative(tmp_path):
-    queries = _trec(tmp_path).queries
+    queries = _trec(tmp_path).queries.drop("definition")
     assert queries.rows() == [
         ("301", "international organized crime", [],
          "Identify organizations that take part in international criminal activity.",
@@ -146,8 +146,22 @@ def test_query_field_and_label_scale_are_registry_fields(tmp_path):
 
 def test_other_loaders_leave_description_and_narrative_null(tmp_path):
     tables = load_beir_folder(write_beir(tmp_path / "b"))
-    assert tables.queries.columns == ["query_id", "text", "answers", "description", "narrative"]
+    assert tables.queries.columns == ["query_id", "text", "answers", "description", "narrative", "definition"]
     assert tables.queries["description"].null_count() == tables.queries["narrative"].null_count() == 2
+
+
+def test_a_query_line_may_state_its_own_relevance_definition(tmp_path):
+    folder = write_beir(tmp_path / "b")
+    lines = (folder / "queries.jsonl").read_text().splitlines()
+    first = json.loads(lines[0])
+    lines[0] = json.dumps({**first, "definition": "  A passage   naming the year counts. "})
+    (folder / "queries.jsonl").write_text("\n".join(lines) + "\n")
+    queries = load_beir_folder(folder).queries
+    assert queries["definition"].to_list() == ["A passage naming the year counts.", None]
+    lines[0] = json.dumps({**first, "definition": "   "})
+    (folder / "queries.jsonl").write_text("\n".join(lines) + "\n")
+    with pytest.raises(DatasetError, match="queries.jsonl, line 1, field 'definition'|definition"):
+        load_beir_folder(folder)
 
 
 def test_bridge_release_layout(tmp_path):

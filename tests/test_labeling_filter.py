@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import json
 import shutil
 
@@ -90,8 +92,13 @@ def test_prompts_carry_the_guidelines_answers_and_chunk():
     system, user = (text for _, text in filter_request(pair("p", ("lambda", "def")), Prompts()).messages)
     assert '"is_supported"' in system
     assert "- lambda\n- def" in user and "chunk p" in user
-    _, no_answers = (text for _, text in filter_request(pair("p", ()), Prompts()).messages)
-    assert "none are given" in no_answers
+    # without answers the default definition is `useful`, asked leniently; answer_support asks
+    # for a complete answer, as every such pair was asked before definitions existed
+    system_useful, useful = (text for _, text in filter_request(pair("p", ()), Prompts()).messages)
+    assert "directly answers the question or a part of it" in useful
+    assert "could be relevant" in system_useful and "none are given" not in useful
+    strict = replace(pair("p", ()), definition="answer_support")
+    assert "none are given" in filter_request(strict, Prompts()).messages[1][1]
     agents = debate_agents(["m"])
     debate_system = turn_request(pair("p"), agents[0], agents, [], 1, Prompts(), 0.0, 256).messages[0][1]
     for guideline in ("Same scope", "Said directly", "Same concept, same intent", "No surface matching",

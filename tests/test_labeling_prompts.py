@@ -29,8 +29,11 @@ BASELINE = Path(__file__).parent / "data" / "labeling_prompts_head.json"
 PAIRS = {
     "answers": Pair("q1", "d1", "who wrote the iliad", ("Homer", "the poet Homer"),
                     "Iliad\nThe Iliad is an ancient Greek epic poem attributed to Homer."),
+    # judged by answer_support without answers, as every such pair was before definitions
+    # (the default is `useful` since: test_relevance_definition.py)
     "no_answers": Pair("q2", "d2", "0-dimensional biomaterials show inductive properties.", (),
-                       "Title line\nA study of nanomaterials and bone induction."),
+                       "Title line\nA study of nanomaterials and bone induction.",
+                       definition="answer_support"),
 }
 DESCRIPTION = "Find studies of whether zero-dimensional biomaterials induce bone formation."
 NARRATIVE = "A relevant abstract reports such an induction; a review without results is not relevant."
@@ -83,11 +86,9 @@ def renders(pairs: dict[str, Pair]) -> dict[str, list[list[str]]]:
                                         0.0, 40 if prompt == "soft_stance" else 100,
                                         examples if fewshot else ()).messages
         out[f"adjudicator/{name}"] = _adjudicator_messages(pair, prompts).messages
-        triplet = GoldTriplet(pair.query_id, pair.query, pair.answers, pair.chunk, 1,
-                              definition="A chunk counts when it names the author.")
-        for definition in (False, True):
-            out[f"diras_score/{name}/definition={definition}"] = score_request(
-                triplet, prompts, definition=definition).messages
+        triplet = GoldTriplet(pair.query_id, pair.query, pair.answers, pair.chunk, 1)
+        out[f"diras_score/{name}/definition=False"] = score_request(
+            triplet.item(pair.definition), prompts).messages
     return {key: [list(message) for message in messages] for key, messages in out.items()}
 
 

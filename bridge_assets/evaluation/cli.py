@@ -61,8 +61,11 @@ def label_eval_command(
                                           "answer_first, reason_words, evidence_check, answer_check, "
                                           "min_confidence, escalation_budget(_ratio), adjudicate, "
                                           "adjudicator_model, grade_consensus; judge: reason_words, "
-                                          "fewshot; lara: escalation_ratio; diras: use_definitions; "
-                                          "utilrank: top_percent; every labeler: temperature."),
+                                          "fewshot; lara: escalation_ratio; utilrank: top_percent; "
+                                          "every labeler: temperature, definition (what relevant "
+                                          "means: answer_support | useful | narrative | a text "
+                                          "of your own; default: the dataset's, else answer_support "
+                                          "with short answers, useful without)."),
     profile: list[str] = typer.Option(None, "--profile", help="LLM profile(s) of models.yaml (the "
                                       "`models` setting); dream takes one for all agents or one per "
                                       "agent. Default: the labeler's role's."),
@@ -101,10 +104,17 @@ def label_eval_command(
     if gold is None and dataset is None:
         _fail("give --gold FILE, or --dataset D to evaluate its labeler against its known holes")
     typed = _settings(method, assignments or [], profile or [])
+    # the relevance definition is the dataset's (or the gold set's default), not a labeler setting
+    definition = typed.pop("definition", None)
+    if definition is None and dataset:
+        from bridge_assets.ingest.registry import get_dataset
+
+        definition = get_dataset(dataset).relevance.definition
     settings = _dataset_settings(dataset, typed) if dataset else typed
     spec = MethodSpec.parse(f"{dataset}:{settings.get('labeler', 'dream')}" if dataset
                             else settings.get("labeler", "dream"),
-                            {**settings, "prefilter": list(prefilter or ())})
+                            {**settings, "prefilter": list(prefilter or ()),
+                             **({"definition": definition} if definition is not None else {})})
     if gold is not None:
         source = str(gold)
         items = [t.item() for t in stratified_head(read_goldset(gold), limit)]
@@ -175,5 +185,5 @@ def _dataset_items(dataset: str) -> list:
         if not store.table_exists(con, "filtered_pool"):
             raise BridgeError(f"dataset '{dataset}' has no filtered pool yet: run `bridge run --dataset "
                              f"{dataset}` first")
-        pairs = pipeline_pairs(con, dataset, spec.label_scale)
+        pairs = pipeline_pairs(con, dataset, spec.label_scale, spec.relevance.definition)
     return [LabelItem(f"{p.query_id}|{p.doc_id}", p, key.label(p.query_id, p.doc_id)) for p in pairs]

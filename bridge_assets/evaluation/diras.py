@@ -1,13 +1,12 @@
 """DIRAS-style pointwise labeling: a yes/no guess plus a calibrated relevance score per
-triplet (P(yes) from token log-probabilities), optionally with a per-query relevance
-definition; judged by the guess's recalls and the score's calibration (ECE, Brier, AUROC).
+triplet (P(yes) from token log-probabilities), under the triplet's relevance definition (its
+query's own, else its dataset's or gold set's: bridge_assets.labeling.relevance); judged by the
+guess's recalls and the score's calibration (ECE, Brier, AUROC).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-from pydantic import Field
 
 from bridge_assets.evaluation.metrics import calibration_metrics
 from bridge_assets.evaluation.pointwise import SCORE_TEMPLATE, score_triplets
@@ -16,23 +15,16 @@ from bridge_assets.labeling.labeler import Labeler, LabelerRun, LabelerSettings,
 from bridge_assets.labeling.prompts import Prompts
 
 
-class DirasSettings(LabelerSettings):
-    use_definitions: bool = Field(True, description="The item's per-query relevance definition, "
-                                  "where it has one.")
-
-
 class DirasLabeler(Labeler):
     """The guess is the label (a `vote`; no escalation by design, only a failed score leaves a
     pair to people); P(yes) is its score, whose calibration is measured where labels are known."""
 
-    Settings = DirasSettings
+    Settings = LabelerSettings
     templates = (SCORE_TEMPLATE,)
-    settings: DirasSettings
 
     def label(self, items: Sequence[LabelItem], generate: Generate,
               prompts: Prompts | None = None) -> LabelerRun:
         scores = score_triplets(items, self.model, generate, prompts=prompts,
-                                definitions=self.settings.use_definitions,
                                 temperature=self.settings.temperature)
         p_yes = [s.p_yes for s in scores]
         gold = [item.gold for item in items]

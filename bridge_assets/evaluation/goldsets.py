@@ -23,6 +23,7 @@ from bridge_assets import registries
 from bridge_assets.errors import BridgeError
 from bridge_assets.labeling.labeler import DEFAULT_LABELER, LabelerSettings, LabelItem, labeler_settings
 from bridge_assets.labeling.pairs import Pair
+from bridge_assets.labeling.relevance import validate_definition
 from bridge_assets.paths import PROJECT_ROOT
 from bridge_assets.settings import env
 
@@ -42,14 +43,17 @@ class GoldTriplet:
     chunk: str
     label: int
     domain: str | None = None
-    definition: str | None = None
+    definition: str | None = None   # the triplet's own relevance definition (DIRAS per query)
 
-    def pair(self) -> Pair:
-        """The triplet as the labelers see it; its id names both query and chunk."""
-        return Pair(self.id, self.id, self.query, self.answers, self.chunk)
+    def pair(self, definition: str | None = None) -> Pair:
+        """The triplet as the labelers see it, judged by its own definition, else `definition`
+        (the gold set's, or `--set definition=`), else the default for what it has; its id
+        names both query and chunk."""
+        return Pair(self.id, self.id, self.query, self.answers, self.chunk,
+                    definition=definition, query_definition=self.definition)
 
-    def item(self) -> LabelItem:
-        return LabelItem(self.id, self.pair(), self.label, self.domain, self.definition)
+    def item(self, definition: str | None = None) -> LabelItem:
+        return LabelItem(self.id, self.pair(definition), self.label, self.domain)
 
 
 def _string(record: dict, field: str, path: Path, line: int, *, required: bool = True) -> str | None:
@@ -143,6 +147,9 @@ class MethodSpec(BaseModel):
     name: str
     settings: SerializeAsAny[LabelerSettings]
     prefilter: tuple[str, ...] = ()
+    # The relevance definition the triplets are judged by where they state none of their own
+    # (a preset or a text; None: the default for what each has: bridge_assets.labeling.relevance).
+    definition: str | None = None
 
     @property
     def method(self) -> str:
@@ -151,18 +158,27 @@ class MethodSpec(BaseModel):
     def entry(self) -> dict[str, Any]:
         """The spec as a registry entry, flat (what `parse` reads back)."""
         settings = self.settings.model_dump(mode="json")
-        return {"name": self.name, "method": settings.pop("labeler"), **settings,
-                "prefilter": list(self.prefilter)}
+        entry = {"name": self.name, "method": settings.pop("labeler"), **settings,
+                 "prefilter": list(self.prefilter)}
+        return entry if self.definition is None else {**entry, "definition": self.definition}
 
     @classmethod
     def parse(cls, name: str, body: dict[str, Any]) -> MethodSpec:
         """A registry entry: `method` (or `labeler`) names the labeler, `prefilter` the filter
-        profiles, every other key is one of the labeler's settings."""
+        profiles, `definition` the relevance definition, every other key is one of the
+        labeler's settings."""
         body = dict(body)
         labeler = body.pop("labeler", DEFAULT_LABELER)
         method = body.pop("method", labeler)
         prefilter = tuple(body.pop("prefilter", ()) or ())
-        return cls(name=name, settings=labeler_settings({**body, "labeler": method}), prefilter=prefilter)
+        definition = body.pop("definition", None)
+        if definition is not None:
+            try:
+                definition = validate_definition(definition)
+            except ValueError as exc:
+                raise GoldSetError(f"method '{name}': {exc}", field="definition") from None
+        return cls(name=name, settings=labeler_settings({**body, "labeler": method}), prefilter=prefilter,
+                   definition=definition)
 
 
 class EvaluationRegistry(BaseModel):

@@ -43,22 +43,18 @@ class PointwiseScore:
     error: str | None
 
 
-def score_request(triplet: LabelItem, prompts: Prompts, *, definition: bool,
-                  temperature: float = 0.0) -> LLMRequest:
-    messages = prompts.messages(SCORE_TEMPLATE, query=triplet.query, answers=triplet.answers,
-                                chunk=triplet.chunk,
-                                definition=triplet.definition if definition else None)
+def score_request(triplet: LabelItem, prompts: Prompts, *, temperature: float = 0.0) -> LLMRequest:
+    """The scorer's call on one triplet, under its pair's relevance definition."""
+    messages = prompts.messages(SCORE_TEMPLATE, **triplet.pair.prompt_context())
     return LLMRequest(messages=messages, json_schema=SCORE_SCHEMA, max_tokens=SCORE_MAX_TOKENS,
                       temperature=temperature, top_logprobs=TOP_LOGPROBS, purpose="relevance_score")
 
 
 def score_triplets(triplets: Sequence[LabelItem], model: str, generate: Generate, *,
-                   prompts: Prompts | None = None, definitions: bool = False,
-                   temperature: float = 0.0) -> list[PointwiseScore]:
+                   prompts: Prompts | None = None, temperature: float = 0.0) -> list[PointwiseScore]:
     """One batched call to `model`; a score per triplet, in order."""
     prompts = prompts or Prompts()
-    requests = [score_request(t, prompts, definition=definitions, temperature=temperature)
-                for t in triplets]
+    requests = [score_request(t, prompts, temperature=temperature) for t in triplets]
     scores = []
     for result in generate(model, requests) if requests else []:
         reply, error = parse_reply(result, ScoreReply)

@@ -123,7 +123,7 @@ def run_method(spec: MethodSpec, triplets: Sequence[GoldTriplet | LabelItem], ge
     cost counts the rounds it went on."""
     prompts = prompts or Prompts()
     labeler = build_labeler(spec.settings, profiles_for)
-    items = [t.item() if isinstance(t, GoldTriplet) else t for t in triplets]
+    items = [(t.item() if isinstance(t, GoldTriplet) else t).judged_by(spec.definition) for t in triplets]
     debate = labeler if isinstance(labeler, DreamLabeler) and persistence else None
     if persistence:
         if debate is None:
@@ -160,7 +160,8 @@ def run_method(spec: MethodSpec, triplets: Sequence[GoldTriplet | LabelItem], ge
     models = [*run.models, *(f"prefilter:{name}" for name in spec.prefilter)]
     return MethodResult(spec, models, scored, metrics, meter.cost(time.perf_counter() - started),
                         extra, run.stability,
-                        labeler.config_hash(prompts, items=len(kept), model_id=model_id))
+                        labeler.config_hash(prompts, items=len(kept), model_id=model_id,
+                                            definition=spec.definition))
 
 
 def prefilter_kept(items: Sequence[LabelItem], filter_models: list[str], generate: Generate,

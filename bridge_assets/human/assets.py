@@ -14,8 +14,9 @@ from bridge_assets.partitions import dataset_partitions
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.settings import env
 
-# The pipeline tables human_labels reads (its deps); the votes come from the votes store.
-READS = ("debate_labels",)
+# The pipeline tables human_labels reads (its deps): which pairs went to people, escalated by
+# the debate or drawn into the review sample; the votes come from the votes store.
+READS = ("debate_labels", "review_sample")
 
 
 class HumanLabelsConfig(dg.Config):

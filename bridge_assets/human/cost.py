@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import duckdb
 
+from bridge_assets.human.labels import tallies_sql
 from bridge_assets.human.tables import REQUIRED_VOTES
-from bridge_assets.paths import read_sql
 from bridge_assets.store import table_exists
 
 
@@ -86,7 +86,7 @@ def people_cost(con: duckdb.DuckDBPyConnection, dataset: str, rate: Rate | None 
     labelled = open_pairs = needed = 0
     if table_exists(con, "debate_labels"):
         labelled, open_pairs, needed = con.execute(f"""
-            with tallies as ({read_sql("human_labels")})
+            with tallies as ({tallies_sql(con)})
             select count(*) filter (where decided), count(*) filter (where not decided),
                    coalesce(sum(greatest($required - votes, 1)) filter (where not decided), 0)
             from tallies""", {"dataset": dataset, "required_votes": REQUIRED_VOTES,

@@ -50,12 +50,12 @@ def gold_records(con: duckdb.DuckDBPyConnection, dataset: str | None = None,
         con.unregister("gold_tallies")
     records = []
     for (ds, query_id, doc_id, label, votes, relevant, agreement, query, answers, chunk,
-         description, narrative) in rows:
+         description, narrative, query_definition) in rows:
         record = {"id": gold_id(ds, query_id, doc_id), "query": query, "answers": list(answers),
                   "chunk": chunk, "label": int(label >= 1), "domain": ds, "kind": KIND,
                   "note": f"median of {votes} people's votes (label {label}; {relevant} of {votes} "
                           f"relevant), agreement {agreement:.0%}"}
-        definition = (narrative or description) if not answers else None
+        definition = query_definition or ((narrative or description) if not answers else None)
         if definition:
             record["definition"] = definition
         records.append(record)

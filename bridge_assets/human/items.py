@@ -24,6 +24,7 @@ from bridge_assets.human.queue import Assignment
 from bridge_assets.ingest.registry import LabelScale
 from bridge_assets.labeling.evidence import quote_in_chunk
 from bridge_assets.labeling.pairs import topic_columns
+from bridge_assets.labeling.relevance import resolve_relevance
 from bridge_assets.store import table_exists
 
 
@@ -31,7 +32,7 @@ def _known_texts(con: duckdb.DuckDBPyConnection, assignment: Assignment) -> tupl
     """A gold set's item: its query, answers and chunk as loaded (None: the lake's texts)."""
     if not table_exists(con, "known_answers"):
         return None
-    return con.execute("""select query, answers, '', chunk, null, null from known_answers
+    return con.execute("""select query, answers, '', chunk, null, null, null from known_answers
                           where dataset = ? and query_id = ? and doc_id = ? and query is not null""",
                        [assignment.dataset, assignment.query_id, assignment.doc_id]).fetchone()
 
@@ -79,6 +80,8 @@ class ItemView:
     agents: tuple[str, ...] = field(default_factory=tuple)
     description: str | None = None   # a TREC topic's, shown when there are no answers
     narrative: str | None = None
+    relevance: str = "answer_support"  # what relevant means for the pair (labeling.relevance)
+    definition: str | None = None      # the definition shown (useful, or the dataset's or query's own)
     scale: LabelScale = "binary"
 
     @property
@@ -222,7 +225,10 @@ def load_item(con: duckdb.DuckDBPyConnection, assignment: Assignment,
     if row is None:
         raise ItemNotFound(f"dataset '{assignment.dataset}': query '{assignment.query_id}' or "
                            f"chunk '{assignment.doc_id}' is missing from queries/corpus")
-    query, answers, title, text, description, narrative = row
+    query, answers, title, text, description, narrative, query_definition = row
+    relevance = resolve_relevance(_dataset_definition(assignment.dataset), answers=tuple(answers or ()),
+                                  description=description, narrative=narrative,
+                                  query_definition=query_definition)
     rounds = _rounds(con, assignment, text) if assignment.with_history else ()
     quotes: dict[str, list[str]] = {}
     for debate_round in rounds:
@@ -232,4 +238,14 @@ def load_item(con: duckdb.DuckDBPyConnection, assignment: Assignment,
         assignment_id=assignment.assignment_id, dataset=assignment.dataset, query=query,
         answers=tuple(answers or ()), title=title, segments=highlight(text, quotes),
         with_history=assignment.with_history, rounds=rounds, agents=tuple(sorted(quotes)),
-        description=description, narrative=narrative, scale=scale)
+        description=description, narrative=narrative, scale=scale, relevance=relevance.kind,
+        definition=relevance.text)
+
+
+def _dataset_definition(dataset: str) -> str | None:
+    """The dataset's `relevance.definition` (None where the registry does not name it: a gold
+    set's items, a dataset removed since)."""
+    from bridge_assets.ingest.registry import load_registry
+
+    spec = load_registry().get(dataset)
+    return spec.relevance.definition if spec is not None else None

@@ -23,10 +23,31 @@ from bridge_assets.store import table_exists
 
 
 HUMAN_LABELS_SCHEMA = {
-    "dataset": pl.String, "query_id": pl.String, "doc_id": pl.String, "label": pl.Int32,
-    "votes": pl.Int32, "votes_relevant": pl.Int32, "agreement": pl.Float64,
+    "dataset": pl.String, "query_id": pl.String, "doc_id": pl.String, "review": pl.String,
+    "label": pl.Int32, "votes": pl.Int32, "votes_relevant": pl.Int32, "agreement": pl.Float64,
 }
 TALLY_SCHEMA = {**HUMAN_LABELS_SCHEMA, "decided": pl.Boolean}
+# Stands in for the review sample where the lake has none yet (an older lake, or before the debate).
+_NO_REVIEW_SAMPLE = ("(select null::varchar as dataset, null::varchar as query_id, "
+                     "null::varchar as doc_id, null::varchar as kind where false)")
+
+
+def tallies_sql(con: duckdb.DuckDBPyConnection) -> str:
+    """sql/human_labels.sql for `con`: the pairs for people are the debate's escalations and
+    the review sample (labeling/review.py), read as empty where `con` has no such table."""
+    sql = read_sql("human_labels")
+    return sql if table_exists(con, "review_sample") else sql.replace("from review_sample", f"from {_NO_REVIEW_SAMPLE}")
+
+
+def for_people_sql(con: duckdb.DuckDBPyConnection, alias: str) -> str:
+    """A condition: the pair `alias` (dataset, query_id, doc_id) was sent to people."""
+    escalated = (f"exists (select 1 from debate_labels d where d.dataset = {alias}.dataset "
+                 f"and d.query_id = {alias}.query_id and d.doc_id = {alias}.doc_id "
+                 "and d.outcome in ('escalated', 'failed'))") if table_exists(con, "debate_labels") else "false"
+    reviewed = (f"exists (select 1 from review_sample r where r.dataset = {alias}.dataset "
+                f"and r.query_id = {alias}.query_id and r.doc_id = {alias}.doc_id)"
+                if table_exists(con, "review_sample") else "false")
+    return f"({escalated} or {reviewed})"
 
 
 class MissingDebateLabels(BridgeError, LookupError):
@@ -70,19 +91,16 @@ def pair_tallies(con: duckdb.DuckDBPyConnection, dataset: str | None = None) -> 
     snapshot's copy of it) and debate_labels."""
     if not table_exists(con, "debate_labels"):
         return pl.DataFrame(schema=TALLY_SCHEMA)
-    frame = con.execute(read_sql("human_labels"),
+    frame = con.execute(tallies_sql(con),
                         {"dataset": dataset, "required_votes": REQUIRED_VOTES}).pl()
     return frame.cast(TALLY_SCHEMA) if frame.height else pl.DataFrame(schema=TALLY_SCHEMA)
 
 
 def _votes_on_escalated_pairs(con: duckdb.DuckDBPyConnection, dataset: str) -> pl.DataFrame:
-    return con.execute("""
+    return con.execute(f"""
         select v.vote_id, v.query_id, v.doc_id, v.annotator_id, v.label, v.with_history, v.status
         from human_votes v
-        where v.dataset = ? and not v.is_attention_check
-          and exists (select 1 from debate_labels d
-                      where d.dataset = v.dataset and d.query_id = v.query_id
-                        and d.doc_id = v.doc_id and d.outcome in ('escalated', 'failed'))
+        where v.dataset = ? and not v.is_attention_check and {for_people_sql(con, "v")}
         order by v.vote_id""", [dataset]).pl()
 
 
@@ -139,6 +157,7 @@ def compute_human_labels(con: duckdb.DuckDBPyConnection, dataset: str) -> HumanL
 def datasets_with_escalations(con: duckdb.DuckDBPyConnection) -> list[str]:
     if not table_exists(con, "debate_labels"):
         return []
+    review = " union select dataset from review_sample" if table_exists(con, "review_sample") else ""
     return [r[0] for r in con.execute(
-        "select distinct dataset from debate_labels where outcome in ('escalated', 'failed') "
-        "order by 1").fetchall()]
+        "select distinct dataset from debate_labels where outcome in ('escalated', 'failed')"
+        f"{review} order by 1").fetchall()]

@@ -28,9 +28,8 @@ from datetime import datetime, timedelta
 import duckdb
 import polars as pl
 
-from bridge_assets.human.labels import REQUIRED_VOTES, pair_tallies
+from bridge_assets.human.labels import REQUIRED_VOTES, for_people_sql, pair_tallies, tallies_sql
 from bridge_assets.human.tables import ensure_schema, utc_now
-from bridge_assets.paths import read_sql
 from bridge_assets.store import table_exists
 
 
@@ -81,7 +80,7 @@ def pairs_open_to(con: duckdb.DuckDBPyConnection, annotator_id: str, settings: Q
                                     "impact_rank": pl.Int32})
     impact = table_exists(con, "pending_impact")
     frame = con.execute(f"""
-        with tallies as ({read_sql("human_labels")}),
+        with tallies as ({tallies_sql(con)}),
         impact as ({"select dataset, query_id, doc_id, impact, impact_rank from pending_impact"
                     if impact else "select null::varchar as dataset, null::varchar as query_id, "
                     "null::varchar as doc_id, null::double as impact, null::integer as impact_rank"}),
@@ -106,7 +105,8 @@ def pairs_open_to(con: duckdb.DuckDBPyConnection, annotator_id: str, settings: Q
                           where v.annotator_id = $annotator and not v.is_attention_check
                             and v.dataset = t.dataset and v.query_id = t.query_id
                             and v.doc_id = t.doc_id)
-        order by t.votes desc, coalesce(i.impact, 0) desc, t.dataset, i.impact_rank nulls last,
+        -- the calibration sample first: the measurement that decides what the models' labels count for
+        order by t.review is not distinct from 'calibration' desc, t.votes desc, coalesce(i.impact, 0) desc, t.dataset, i.impact_rank nulls last,
                  t.query_id, t.doc_id""",
         {"dataset": None, "required_votes": REQUIRED_VOTES, "annotator": annotator_id,
          "lease_start": now - settings.lease}).pl()
@@ -212,9 +212,7 @@ def _known_item(con, annotator_id: str, settings: QueueSettings, rng: random.Ran
     the served datasets' known pairs and the loaded gold sets; None when none is left."""
     if not table_exists(con, "known_answers"):
         return None
-    escalated = ("and not exists (select 1 from debate_labels d where d.dataset = k.dataset "
-                 "and d.query_id = k.query_id and d.doc_id = k.doc_id and d.outcome in ('escalated', 'failed'))"
-                 if table_exists(con, "debate_labels") else "")
+    escalated = f"and not {for_people_sql(con, 'k')}"
     row = con.execute(f"""
         select k.source, k.dataset, k.query_id, k.doc_id, k.expected_label, k.query is not null
         from known_answers k

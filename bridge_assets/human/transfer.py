@@ -30,6 +30,7 @@ from pydantic import (AfterValidator, AliasChoices, BaseModel, BeforeValidator, 
 
 from bridge_assets.errors import BridgeError
 from bridge_assets.human import annotators
+from bridge_assets.human.labels import for_people_sql
 from bridge_assets.human.tables import ensure_schema
 from bridge_assets.human.votes import insert_vote, votes_frame
 from bridge_assets.ingest.registry import validate_dataset_name
@@ -301,9 +302,7 @@ def _pair_errors(con: duckdb.DuckDBPyConnection, records: list[tuple[str, VoteRe
                           for w, r in records])
     has_debate = table_exists(con, "debate_labels")
     has_ingest = table_exists(con, "queries") and table_exists(con, "corpus")
-    escalated = """exists (select 1 from debate_labels d where d.dataset = f.dataset
-                   and d.query_id = f.query_id and d.doc_id = f.doc_id
-                   and d.outcome in ('escalated', 'failed'))""" if has_debate else "false"
+    escalated = for_people_sql(con, "f") if has_debate else "false"
     known = """exists (select 1 from queries q where q.dataset = f.dataset and q.query_id = f.query_id)
                and exists (select 1 from corpus c where c.dataset = f.dataset and c.doc_id = f.doc_id)""" \
         if has_ingest else "false"
@@ -322,7 +321,8 @@ def _pair_errors(con: duckdb.DuckDBPyConnection, records: list[tuple[str, VoteRe
     for where, is_check, pair_ok, already_voted in rows:
         if not pair_ok:
             errors.append(f"{source}, {where}: " + ("query or chunk unknown in queries/corpus" if is_check
-                                          else "not an escalated pair of debate_labels"))
+                                          else "not a pair sent to people (an escalated pair of "
+                                          "debate_labels, or one of the review sample)"))
         if already_voted:
             errors.append(f"{source}, {where}: this annotator already has a vote on this pair")
     return errors

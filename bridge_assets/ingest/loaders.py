@@ -3,7 +3,9 @@
 Every loader yields the same columns:
   corpus:  doc_id, title, text
   queries: query_id, text, answers (list of strings, empty when the dataset has none),
-           description, narrative (a TREC topic's; NULL for every other kind)
+           description, narrative (a TREC topic's; NULL for every other kind), definition
+           (the query's own relevance definition, DIRAS-style: a `definition` field of a BEIR
+           or BRIDGE-release query line; NULL where it has none)
   qrels:   query_id, doc_id, relevance
 Problems are raised as DatasetError naming the file, the line and the field.
 
@@ -32,6 +34,7 @@ import polars as pl
 from bridge_assets.ingest import remote
 from bridge_assets.ingest.errors import DatasetError
 from bridge_assets.ingest.registry import DatasetSpec, QueryField
+from bridge_assets.labeling.relevance import validate_definition
 from bridge_assets.text_files import MAX_LINE_BYTES, MAX_TEXT_CHARS, Limits, limits_for  # noqa: F401
 from bridge_assets.text_files import capped as _capped
 from bridge_assets.text_files import current_limits as _current_limits
@@ -43,7 +46,7 @@ from bridge_assets.trec_io import parse_relevance as _relevance
 
 CORPUS_SCHEMA = {"doc_id": pl.Utf8, "title": pl.Utf8, "text": pl.Utf8}
 QUERIES_SCHEMA = {"query_id": pl.Utf8, "text": pl.Utf8, "answers": pl.List(pl.Utf8),
-                  "description": pl.Utf8, "narrative": pl.Utf8}
+                  "description": pl.Utf8, "narrative": pl.Utf8, "definition": pl.Utf8}
 # A JSON escape of a UTF-16 surrogate: json.loads turns a lone one into a str that is not
 # Unicode and that polars cannot store.
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
@@ -198,8 +201,21 @@ def read_beir_queries(path: Path) -> pl.DataFrame:
         inline = record.get("answers", metadata.get("answers") if isinstance(metadata, dict) else None)
         rows.append({"query_id": query_id,
                      "text": _text(_field(record, ("text", "query"), path, number), path, number, "text"),
-                     "answers": _answers(inline, path, number, "answers")})
+                     "answers": _answers(inline, path, number, "answers"),
+                     "definition": _definition(record, path, number)})
     return _frame(rows, QUERIES_SCHEMA)
+
+
+def _definition(record: dict, path: Path, line: int) -> str | None:
+    """A query line's own relevance definition (`definition`, or `metadata.definition`)."""
+    metadata = record.get("metadata")
+    value = record.get("definition", metadata.get("definition") if isinstance(metadata, dict) else None)
+    if value is None:
+        return None
+    try:
+        return validate_definition(value)
+    except ValueError as exc:
+        raise DatasetError(str(exc), path, line, "definition") from None
 
 
 def _with_answers(queries: pl.DataFrame, answers: dict[str, list[str]]) -> pl.DataFrame:
@@ -395,7 +411,8 @@ def load_bridge_release(queries_file: Path, corpus: Path) -> DatasetTables:
         queries.append({"query_id": query_id,
                         "text": _text(_field(record, ("query",), queries_file, number),
                                       queries_file, number, "query"),
-                        "answers": _answers(record.get("answers"), queries_file, number, "answers")})
+                        "answers": _answers(record.get("answers"), queries_file, number, "answers"),
+                        "definition": _definition(record, queries_file, number)})
         doc_ids = _field(record, ("doc_id",), queries_file, number)
         if not isinstance(doc_ids, list):
             raise DatasetError("expected a list of document ids", queries_file, number, "doc_id")

@@ -11,6 +11,7 @@ from pydantic import (AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr,
 
 from bridge_assets import registries
 from bridge_assets.ingest.errors import DatasetError
+from bridge_assets.labeling.relevance import RelevanceSettings
 from bridge_assets.paths import PROJECT_ROOT
 
 DatasetKind = Literal["beir", "nq_open", "trec", "bridge_release", "beir_url", "huggingface",
@@ -66,6 +67,10 @@ class DatasetSpec(BaseModel):
     queries: str | None = None       # bridge_release: the q_id/query/doc_id/answers file
     query_field: QueryField = "title"  # trec <top> topics: the field that is the query
     label_scale: LabelScale = "binary"  # new labels (LLM and human): 0/1 or the grades 0-3
+    # What relevant means here: {definition: answer_support | useful | narrative | <your text>}
+    # (bridge_assets.labeling.relevance); unset: answer_support where a query has short answers,
+    # narrative where it has a TREC topic, useful otherwise. Every labeler reads it.
+    relevance: RelevanceSettings = Field(default_factory=RelevanceSettings)
     # Optional answer key: jsonl {"query_id", "doc_ids": [...], "partial": [...]} of unjudged
     # passages people read and verified as holes (or as partial answers). The run summary and
     # the report score the pipeline's labels against it (bridge_assets.qrels.known_holes).

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 import dagster as dg
+import polars as pl
 from pydantic import Field
 
 from bridge_assets import automation, run_settings, snapshots
@@ -28,9 +29,11 @@ from bridge_assets.labeling.labeler import (DEFAULT_LABELER, LabelerSettings, la
                                             pipeline_items, pipeline_labeler, pipeline_pairs)
 from bridge_assets.labeling.pairs import load_pairs
 from bridge_assets.labeling.prompts import Prompts
+from bridge_assets.labeling.review import AUDIT, CALIBRATION, review_sample
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.resources import DuckDBStore
+from bridge_assets.qrels.trust import pair_trusted_by_rule
 from bridge_assets.store import table_exists
 
 GROUP = "labeling"
@@ -41,7 +44,7 @@ READS: dict[str, tuple[str, ...]] = {
     "filter_pool": ("candidate_pool", "queries", "corpus"),
     "debate": ("filtered_pool", "queries", "corpus"),
 }
-LABELING_ASSETS = ("debate_labels", "debate_turns")  # the labeling stage's op writes both
+LABELING_ASSETS = ("debate_labels", "debate_turns", "review_sample")  # the labeling stage's op writes all
 
 class CandidatePoolConfig(dg.Config):
     depth: int = Field(10, ge=1, description="Each system's top-k that enters the pool (paper: 10).")
@@ -134,9 +137,10 @@ def filter_pool(context: dg.AssetExecutionContext, config: FilterConfig, store: 
     started = time.monotonic()
     judged = "" if config.label_judged_pairs else "and not in_original_qrels"
     with snapshots.inputs(store, dataset, READS["filter_pool"]) as con:
+        spec = get_dataset(dataset)
         pairs = load_pairs(con, dataset, "select query_id, doc_id from candidate_pool "
                                          f"where dataset = $dataset {judged}",
-                           get_dataset(dataset).label_scale)
+                           spec.label_scale, spec.relevance.definition)
     before = _previous_keys(store, "filter_votes", "pair_key", dataset)
     models = config.models or llm.profiles_for("filter")
     generate = MeteredGenerate(llm.generate_fn(context.run_id, context.log.info))
@@ -169,6 +173,11 @@ def _share(part: int, whole: int) -> float:
         dg.AssetSpec("debate_turns", deps=READS["debate"],
                      description="Every debate turn: round, agent, stance, model, quoted "
                                  "sentences, reason, answer, call key."),
+        dg.AssetSpec("review_sample", deps=READS["debate"],
+                     description="The model labels people check: a seeded random share of the "
+                                 "filter's drops (audit) and, where the debate's labels are not "
+                                 "trusted by rule, a calibration sample of its consensus labels "
+                                 "(labeling/review.py; the dataset's `relevance:` settings)."),
     ],
     partitions_def=dataset_partitions, group_name=GROUP, can_subset=False)
 def debate(context: dg.AssetExecutionContext, config: LabelingConfig, store: DuckDBStore,
@@ -176,20 +185,32 @@ def debate(context: dg.AssetExecutionContext, config: LabelingConfig, store: Duc
     dataset = context.partition_key
     settings = run_settings.for_run(context, config)
     started = time.monotonic()
-    scale = get_dataset(dataset).label_scale
+    spec = get_dataset(dataset)
+    scale, definition = spec.label_scale, spec.relevance.definition
     labeler = pipeline_labeler(settings.config, llm.profiles_for, scale)
     with snapshots.inputs(store, dataset, READS["debate"]) as con:
-        pairs = pipeline_pairs(con, dataset, scale)
+        pairs = pipeline_pairs(con, dataset, scale, definition)
+        filtered = con.execute("select query_id, doc_id, kept from filtered_pool where dataset = ?",
+                               [dataset]).pl()
     prompts = Prompts()
     config_hash = labeler.config_hash(prompts, scale, items=len(pairs),
-                                      model_id=lambda name: llm.client(name).model_id)
+                                      model_id=lambda name: llm.client(name).model_id,
+                                      definition=definition)
     before = _previous_keys(store, "debate_labels", "pair_key, config_hash", dataset)
     generate = MeteredGenerate(llm.generate_fn(context.run_id, context.log.info))
     with automation.llm_cap(context, llm.db_path) as capped:
         run = labeler.label(pipeline_items(pairs), generate, prompts)
-    labels = labels_frame(DebateOutcome(run.labels, run.turns), dataset, config_hash)
+    labels = labels_frame(DebateOutcome(run.labels, run.turns), dataset, config_hash).with_columns(
+        pl.Series("trusted_by_rule", [pair_trusted_by_rule(pair.relevance.kind, label.answer_present)
+                                      for pair, label in zip(pairs, run.labels, strict=True)],
+                  dtype=pl.Boolean))
     turns = turns_frame(DebateOutcome(run.labels, run.turns), dataset)
-    store.write_partitions({"debate_labels": labels, "debate_turns": turns}, dataset=dataset)
+    sample = review_sample(filtered, labels, spec.relevance,
+                           trusted_by_rule=bool(labels["trusted_by_rule"].all()) if labels.height else False,
+                           previous=_previous_keys(store, "review_sample", "query_id, doc_id, kind", dataset)
+                           ).with_columns(pl.lit(dataset).alias("dataset"))
+    store.write_partitions({"debate_labels": labels, "debate_turns": turns, "review_sample": sample},
+                           dataset=dataset)
 
     n = len(pairs)
     consensus = run.extra.get("consensus_by_round", {})
@@ -216,3 +237,9 @@ def debate(context: dg.AssetExecutionContext, config: LabelingConfig, store: Duc
         **settings.metadata(), "dagster/row_count": turns.height,
         "failed_turns": int(turns["error"].is_not_null().sum())},
         data_version=snapshots.frame_version(turns))
+    yield dg.MaterializeResult(asset_key="review_sample", metadata={
+        **settings.metadata(), "dagster/row_count": sample.height,
+        "audit_pairs": int((sample["kind"] == AUDIT).sum()),
+        "calibration_pairs": int((sample["kind"] == CALIBRATION).sum()),
+        "filter_drops": int((~filtered["kept"]).sum()) if filtered.height else 0},
+        data_version=snapshots.frame_version(sample))

@@ -561,11 +561,12 @@ def debate_config_hash(agents: Sequence[AgentConfig], *, rounds: int, temperatur
                        adjudicator: Mapping[str, object] | None = None,
                        checks: DebateChecks | None = None, examples: Sequence[Mapping] = (),
                        scale: LabelScale = "binary", grade_consensus: GradeConsensus = "exact",
-                       answer_first: bool = False) -> str:
+                       answer_first: bool = False, definition: str | None = None) -> str:
     """A label's labeler configuration: agents, their models (profile and model id), rounds,
     sampling, the prompts' content hashes and extra variables, the checks and the
     adjudicator's settings when one runs; on the graded scale, the scale and the consensus
-    rule (absent on the binary one, whose hashes stay those already stored)."""
+    rule (absent on the binary one, whose hashes stay those already stored); the dataset's
+    relevance definition where it states one."""
     templates = sorted({agent.template for agent in agents})
     config = {
         "agents": [[a.name, a.stance, a.model, model_ids.get(a.model, "")] for a in agents],
@@ -579,6 +580,8 @@ def debate_config_hash(agents: Sequence[AgentConfig], *, rounds: int, temperatur
                       schema=turn_schema(reason_words, scale))
     if answer_first:  # absent when off, so the hashes already stored stay valid
         config.update(answer_first=True, schema=turn_schema(reason_words, answer_first=True))
+    if definition is not None:  # likewise absent where the dataset states none
+        config["definition"] = definition
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -210,7 +210,8 @@ class DreamLabeler(Labeler):
             models=[*self.models, *([f"adjudicator:{self.adjudicator}"] if self.adjudicator else [])])
 
     def config_hash(self, prompts: Prompts | None = None, scale: LabelScale = "binary",
-                    items: int = 0, model_id: ModelId | None = None) -> str:
+                    items: int = 0, model_id: ModelId | None = None,
+                    definition: str | None = None) -> str:
         # debate_config_hash, as before the labeler interface: the labels already stored keep
         # their keys. A budget given as a share depends on how many pairs are debated.
         s, prompts, model_id = self.settings, prompts or Prompts(), model_id or profile_model_id
@@ -224,7 +225,8 @@ class DreamLabeler(Labeler):
                                   reason_words=s.reason_words, prompts=prompts, model_ids=model_ids,
                                   adjudicator=adjudicator, checks=self.checks(items),
                                   examples=fewshot_examples(s.fewshot), scale=scale,
-                                  grade_consensus=s.grade_consensus, answer_first=s.answer_first)
+                                  grade_consensus=s.grade_consensus, answer_first=s.answer_first,
+                                  definition=definition)
 
 
 def _noting_ledger(generate: Generate, answered: dict[str, bool]) -> Generate:

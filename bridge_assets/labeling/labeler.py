@@ -15,6 +15,7 @@ of your own is named by its import path, `labeler: my_package.my_module:MyLabele
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import importlib
 import json
@@ -66,7 +67,6 @@ class LabelItem:
     pair: Pair
     gold: int | None = None
     domain: str | None = None
-    definition: str | None = None  # a per-query relevance definition (DIRAS)
 
     # The texts, as the scorers read them.
     @property
@@ -84,6 +84,13 @@ class LabelItem:
     @property
     def label(self) -> int | None:
         return self.gold
+
+    def judged_by(self, definition: str | None) -> LabelItem:
+        """The item under the relevance definition `definition` where its query states none of
+        its own (None: unchanged)."""
+        if definition is None:
+            return self
+        return dataclasses.replace(self, pair=dataclasses.replace(self.pair, definition=definition))
 
 
 @dataclass
@@ -174,15 +181,19 @@ class Labeler(ABC):
                                "is graded (use dream)")
 
     def config_hash(self, prompts: Prompts | None = None, scale: LabelScale = "binary",
-                    items: int = 0, model_id: ModelId | None = None) -> str:
+                    items: int = 0, model_id: ModelId | None = None,
+                    definition: str | None = None) -> str:
         """The key its labels are stored under: changes when anything they depend on does
         (`items`: how many are labelled together, for a labeler whose budget is a share;
-        `model_id`: a profile's model id, default models.yaml's)."""
+        `model_id`: a profile's model id, default models.yaml's; `definition`: the relevance
+        definition of the dataset or gold set, None: each query's default)."""
         prompts, model_id = prompts or Prompts(), model_id or profile_model_id
         config = {"settings": self.settings.model_dump(mode="json", exclude={"labeler"}),
                   "labeler": f"{type(self).__module__}:{type(self).__name__}",
                   "model_ids": {name: model_id(name) for name in self.models},
                   "prompts": {name: prompts.hash(name) for name in self.templates}, "scale": scale}
+        if definition is not None:  # absent when unset, so the labels stored before keep their key
+            config["definition"] = definition
         return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -248,10 +259,12 @@ def pipeline_labeler(settings: LabelerSettings, profiles_for: ProfilesFor, scale
     return labeler
 
 
-def pipeline_pairs(con: duckdb.DuckDBPyConnection, dataset: str, scale: LabelScale) -> list[Pair]:
-    """The pairs the pipeline's labeler labels: every pair the filter kept."""
+def pipeline_pairs(con: duckdb.DuckDBPyConnection, dataset: str, scale: LabelScale,
+                   definition: str | None = None) -> list[Pair]:
+    """The pairs the pipeline's labeler labels: every pair the filter kept (`definition`: the
+    dataset's relevance definition)."""
     return load_pairs(con, dataset, "select query_id, doc_id from filtered_pool "
-                                    "where dataset = $dataset and kept", scale)
+                                    "where dataset = $dataset and kept", scale, definition)
 
 
 def pipeline_items(pairs: Sequence[Pair]) -> list[LabelItem]:

@@ -1,7 +1,9 @@
 """What a labeler judges: a (query, answers, chunk) triplet, keyed by its content.
 
-A query without reference answers may carry a TREC topic's description and narrative: the
-prompts then judge against them. The scale says whether labels are 0/1 or the grades 0-3.
+A query without reference answers may carry a TREC topic's description and narrative. What
+relevant means for the pair (bridge_assets.labeling.relevance) comes from the query's own
+definition, else its dataset's, else the default for what the query has. The scale says
+whether labels are 0/1 or the grades 0-3.
 """
 
 from __future__ import annotations
@@ -14,19 +16,26 @@ from typing import Any
 import duckdb
 
 from bridge_assets.ingest.registry import LabelScale
+from bridge_assets.labeling.relevance import Relevance, legacy_kind, resolve_relevance
 
 
 def pair_key(query: str, answers: tuple[str, ...], chunk: str, *, description: str | None = None,
-             narrative: str | None = None, scale: LabelScale = "binary") -> str:
-    """Content hash of what a labeler reads and on which scale it answers: the same gives the
-    same key in any dataset or run. A topic's description and narrative count only without
-    answers (the prompts judge by the answers otherwise); they and the scale enter only when
-    set, so a binary pair with answers keeps the key its stored labels carry."""
-    if answers:
+             narrative: str | None = None, scale: LabelScale = "binary",
+             relevance: Relevance | None = None) -> str:
+    """Content hash of what a labeler reads, by which definition and on which scale it answers:
+    the same gives the same key in any dataset or run. A topic's description and narrative
+    count only where the pair is judged by them; they, the scale and the definition enter only
+    when they differ from what the prompts applied before definitions existed, so a binary pair
+    with answers judged by them keeps the key its stored labels carry."""
+    implied = legacy_kind(answers, description, narrative)
+    relevance = relevance or Relevance(implied)
+    if answers and relevance.kind != "narrative":
         description = narrative = None
     content: list[Any] = [query, list(answers), chunk]
     if description or narrative or scale != "binary":
         content += [description, narrative, scale]
+    if relevance.kind != implied:
+        content += [relevance.kind, relevance.text]
     payload = json.dumps(content, ensure_ascii=False)
     return hashlib.sha256(payload.encode()).hexdigest()[:32]
 
@@ -43,16 +52,25 @@ class Pair:
     description: str | None = None   # a TREC topic's, for queries without answers
     narrative: str | None = None
     scale: LabelScale = "binary"
+    definition: str | None = None         # the dataset's `relevance.definition` (None: default)
+    query_definition: str | None = None   # the query's own, which wins over the dataset's
+
+    @property
+    def relevance(self) -> Relevance:
+        return resolve_relevance(self.definition, answers=self.answers, description=self.description,
+                                 narrative=self.narrative, query_definition=self.query_definition)
 
     @property
     def key(self) -> str:
         return pair_key(self.query, self.answers, self.chunk, description=self.description,
-                        narrative=self.narrative, scale=self.scale)
+                        narrative=self.narrative, scale=self.scale, relevance=self.relevance)
 
     def prompt_context(self) -> dict[str, Any]:
         """The variables of the labeling templates this pair fills."""
+        relevance = self.relevance
         return {"query": self.query, "answers": self.answers, "chunk": self.chunk,
-                "description": self.description, "narrative": self.narrative, "scale": self.scale}
+                "description": self.description, "narrative": self.narrative, "scale": self.scale,
+                "relevance": relevance.kind, "definition": relevance.text}
 
 
 def chunk_text(title: str | None, text: str) -> str:
@@ -61,19 +79,19 @@ def chunk_text(title: str | None, text: str) -> str:
 
 
 def topic_columns(con: duckdb.DuckDBPyConnection, alias: str = "q") -> str:
-    """Select items for the description and narrative of `queries` (as `alias`): NULL in a
-    lake whose queries were ingested before those columns existed."""
+    """Select items for the description, narrative and own relevance definition of `queries`
+    (as `alias`): NULL in a lake whose queries were ingested before those columns existed."""
     present = {row[0] for row in con.execute(
         "select column_name from information_schema.columns where table_name = 'queries'").fetchall()}
     return ", ".join(f"{alias}.{name}" if name in present else f"null as {name}"
-                     for name in ("description", "narrative"))
+                     for name in ("description", "narrative", "definition"))
 
 
 def load_pairs(con: duckdb.DuckDBPyConnection, dataset: str, pairs_sql: str,
-               scale: LabelScale = "binary") -> list[Pair]:
+               scale: LabelScale = "binary", definition: str | None = None) -> list[Pair]:
     """Join (query_id, doc_id) rows selected by `pairs_sql` (it may use $dataset) with the
     query texts, answers, topic fields and chunk texts of `dataset`, in the order of
-    `pairs_sql`; `scale`: the dataset's label scale."""
+    `pairs_sql`; `scale`: the dataset's label scale; `definition`: its relevance definition."""
     rows = con.execute(f"""
         with wanted as ({pairs_sql})
         select w.query_id, w.doc_id, q.text, q.answers, c.title, c.text,
@@ -88,5 +106,6 @@ def load_pairs(con: duckdb.DuckDBPyConnection, dataset: str, pairs_sql: str,
         raise LookupError(f"dataset '{dataset}': {len(unknown)} pair(s) name a query or document "
                           f"missing from the queries/corpus tables, e.g. {unknown[:3]}")
     return [Pair(query_id, doc_id, query, tuple(answers or ()), chunk_text(title, text),
-                 description, narrative, scale)
-            for query_id, doc_id, query, answers, title, text, _, _, description, narrative in rows]
+                 description, narrative, scale, definition, query_definition)
+            for query_id, doc_id, query, answers, title, text, _, _, description, narrative,
+            query_definition in rows]

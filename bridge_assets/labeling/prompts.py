@@ -19,15 +19,21 @@ import jinja2.meta
 import yaml
 
 from bridge_assets.errors import BridgeError
+from bridge_assets.labeling.relevance import legacy_kind
 from bridge_assets.paths import RESOURCES_DIR
 
 PROMPTS_DIR = RESOURCES_DIR / "prompts"
 EXAMPLES_FILE = PROMPTS_DIR / "examples.yaml"
 ROLES = ("system", "user")
 # Variables the labeling templates read that not every caller passes: a TREC topic's description
-# and narrative (the relevance criterion of a query without reference answers) and the label
-# scale. Absent, a prompt renders as for a query with answers (or none) on the binary scale.
-OPTIONAL_CONTEXT = {"description": None, "narrative": None, "scale": "binary"}
+# and narrative, the label scale, and the relevance definition's kind and text (a Pair's
+# prompt_context passes them; bridge_assets.labeling.relevance). Absent, a prompt renders as
+# for a query with answers (or a topic, or none) on the binary scale, as before definitions.
+OPTIONAL_CONTEXT = {"description": None, "narrative": None, "scale": "binary", "relevance": None,
+                    "definition": None}
+# What the templates branch on: the kind of definition, by what the labeler reads of it.
+JUDGED_BY = {"answer_support": "answers", "narrative": "topic", "useful": "definition",
+             "custom": "definition"}
 
 Messages = tuple[tuple[str, str], ...]
 
@@ -58,6 +64,10 @@ class Prompts:
         """Render the `system` and `user` blocks of `<name>.j2` into chat messages."""
         template = self._template(name)
         context = {**OPTIONAL_CONTEXT, **context}
+        if context["relevance"] is None:
+            context["relevance"] = legacy_kind(context.get("answers") or (), context["description"],
+                                               context["narrative"])
+        context["judged_by"] = JUDGED_BY[context["relevance"]]
         missing = [role for role in ROLES if role not in template.blocks]
         if missing:
             raise PromptError(f"{self.directory / (name + '.j2')} lacks block(s) {missing}")

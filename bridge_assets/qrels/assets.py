@@ -9,8 +9,10 @@ import polars as pl
 from bridge_assets import snapshots
 from bridge_assets.human.votes_store import VotesStore
 from bridge_assets.partitions import dataset_partitions
+from bridge_assets.ingest.registry import get_dataset
 from bridge_assets.qrels.merge import BridgeQrels, add_missing_columns, build_bridge_qrels, stand_ins
 from bridge_assets.qrels.sources import IMPORT_TABLES, SOURCES, precedence_order
+from bridge_assets.qrels.trust import DebateTrust
 from bridge_assets.quality import expectations, validate
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.store import table_exists
@@ -74,6 +76,15 @@ def _sources_table(sources: pl.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def trust_table(trust: DebateTrust) -> str:
+    """The debate's consensus classes on this dataset: measured precision, and whether each
+    counts as labels (bridge_assets.qrels.trust)."""
+    lines = ["| debate consensus | people agreed (95% CI) | counted as labels | why |", "| --- | --- | --- | --- |"]
+    lines += [f"| {'yes' if c.label else 'no'} | {c.precision.describe()} | {c.trusted} | {c.reason} |"
+              for c in (trust.yes, trust.no)]
+    return "\n".join(lines)
+
+
 def _metadata(result: BridgeQrels, trec_path) -> dict:
     metadata = {"dagster/row_count": result.qrels.height, **result.counts(),
                 "trec_qrels": dg.MetadataValue.path(str(trec_path)),
@@ -85,6 +96,10 @@ def _metadata(result: BridgeQrels, trec_path) -> dict:
         metadata["imported_sources"] = dg.MetadataValue.md(_sources_table(result.sources))
     if result.corrections.height:  # never a silent overwrite of the gold
         metadata["corrections_of_original"] = dg.MetadataValue.md(_corrections_table(result.corrections))
+    if result.trust is not None:
+        metadata["debate_trust"] = dg.MetadataValue.md(trust_table(result.trust))
+        metadata["debate_yes_counted"] = result.trust.yes.trusted
+        metadata["debate_no_counted"] = result.trust.no.trusted
     return metadata
 
 
@@ -94,9 +109,11 @@ def _metadata(result: BridgeQrels, trec_path) -> dict:
     group_name="qrels",
     code_version="2",
     description="Refined qrels: the original gold plus every pair judged by humans, by DREAM "
-                "consensus that passed its checks, or dropped by the filter (relevance 0), and "
-                "the escalated pairs awaiting people as 'pending' (relevance NULL: not a label; a "
-                "model's guess on them is kept apart as unverified_label), and the judgments "
+                "consensus that passed its checks (where trusted on the dataset: qrels/trust.py), "
+                "or dropped by the filter (relevance 0, unverified), and the escalated pairs "
+                "awaiting people and the provisional consensus labels as 'pending' (relevance "
+                "NULL: not a label; a model's guess on them is kept apart as unverified_label), "
+                "and the judgments "
                 "imported with `bridge qrels import` (imported_qrels, ranked by qrels_sources; "
                 "only a correction source may change an original judgment). One row per pair with "
                 "its source (precedence original > human > debate > pending > filter, imported "
@@ -105,28 +122,38 @@ def _metadata(result: BridgeQrels, trec_path) -> dict:
 )
 def bridge_qrels(context: dg.AssetExecutionContext, store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
+    bar = get_dataset(dataset).relevance.min_precision
     with qrels_inputs(store, dataset) as con:
-        result = build_bridge_qrels(con, dataset)
+        result = build_bridge_qrels(con, dataset, bar)
     with store.connect() as con:
         add_missing_columns(con)
     store.write_partitions({"bridge_qrels": result.qrels}, dataset=dataset)
     trec_path = write_trec_qrels(result.qrels.filter(pl.col("source") != "pending"),
                                  store.lake.exports(dataset) / f"{dataset}.bridge.qrels")
-    if result.pending.height:
-        context.log.warning(f"{dataset}: {result.pending.height} escalated pair(s) await people "
+    counts = result.counts()
+    if counts["awaiting_people"]:
+        context.log.warning(f"{dataset}: {counts['awaiting_people']} escalated pair(s) await people "
                             f"(pending, not labels): bridge annotate serve --dataset {dataset}")
+    provisional = counts["unverified_provisional_relevant"] + counts["unverified_provisional_irrelevant"]
+    if provisional:
+        context.log.warning(f"{dataset}: {provisional} debate consensus label(s) are provisional (not "
+                            "yet measured right on this dataset: not labels, the metrics bound them); "
+                            f"people's votes on its calibration sample decide: bridge annotate serve "
+                            f"--dataset {dataset}")
     if result.corrections.height:
         context.log.warning(f"{dataset}: {result.corrections.height} original judgment(s) changed by "
                             f"correction sources: {', '.join(sorted(set(result.corrections['source'])))}")
     return dg.MaterializeResult(metadata={**_metadata(result, trec_path),
-                                          "imports_version": imports_version(store, dataset)},
+                                          "imports_version": imports_version(store, dataset),
+                                          "min_precision": bar},
                                 data_version=dg.DataVersion(qrels_version(result.qrels)))
 
 
 @dg.asset_check(asset=bridge_qrels, additional_deps=["corpus", "queries", "original_qrels"],
                 description="one row per (query, doc); relevance a non-negative integer, NULL "
                             "exactly for pending pairs; a known source (built-in, or imported for "
-                            "the dataset); unverified guesses only on pending pairs; an original "
+                            "the dataset); unverified guesses only on pending pairs; the filter's "
+                            "drops never verified; an original "
                             "judgment changed only by a correction source; every pair points into "
                             "the corpus and the queries.")
 def bridge_qrels_is_valid(store: DuckDBStore) -> dg.AssetCheckResult:
@@ -137,6 +164,8 @@ def bridge_qrels_is_valid(store: DuckDBStore) -> dg.AssetCheckResult:
             select b.dataset, b.query_id, b.doc_id, b.relevance, b.source,
                    (b.relevance is null) = (b.source = 'pending') as null_exactly_when_pending,
                    b.unverified_label is null or b.source = 'pending' as guess_only_when_pending,
+                   -- a model's "no" is a guess: the filter's drops are never verified
+                   b.source <> 'filter' or not coalesce(b.verified, false) as filter_drop_unverified,
                    b.source in ({builtins}) or s.source is not null as source_known,
                    -- (verified is NULL only on rows built before the column existed)
                    b.verified is null or (o.relevance is null or b.relevance = o.relevance
@@ -157,6 +186,7 @@ def bridge_qrels_is_valid(store: DuckDBStore) -> dg.AssetCheckResult:
         expect.ExpectColumnValuesToBeInSet(column="source_known", value_set=[True]),
         expect.ExpectColumnValuesToBeInSet(column="null_exactly_when_pending", value_set=[True]),
         expect.ExpectColumnValuesToBeInSet(column="guess_only_when_pending", value_set=[True]),
+        expect.ExpectColumnValuesToBeInSet(column="filter_drop_unverified", value_set=[True]),
         expect.ExpectColumnValuesToBeInSet(column="original_changed_only_by_correction",
                                            value_set=[True]),
         expect.ExpectColumnValuesToBeInSet(column="doc_known", value_set=[True]),

@@ -20,11 +20,12 @@ import polars as pl
 from bridge_assets.errors import BridgeError
 from bridge_assets.paths import read_sql
 from bridge_assets.qrels.sources import IMPORT_TABLES, SOURCES, UNVERIFIED_GUESSERS, VERIFIED_BUILTINS, registered
+from bridge_assets.qrels.trust import DebateTrust, debate_trust, trusted_by_rule
 from bridge_assets.store import table_exists
 
 # Built-in labels a person or a passed check stands behind (imported sources say so at import,
 # in bridge_qrels.verified): a verified relevant label outside the original qrels is a found
-# hole. (Pending pairs have no label; the filter only ever says irrelevant.)
+# hole. (Pending pairs have no label; the filter only ever says irrelevant, unverified.)
 VERIFIED_SOURCES = VERIFIED_BUILTINS
 UNVERIFIED_SOURCES = UNVERIFIED_GUESSERS
 
@@ -66,6 +67,7 @@ class BridgeQrels:
     qrels: pl.DataFrame          # rows of the bridge_qrels table (pending pairs included)
     missing_inputs: tuple[str, ...]  # labeling tables not materialized yet (read as empty)
     sources: pl.DataFrame | None = None  # the dataset's imported sources (qrels_sources rows)
+    trust: DebateTrust | None = None     # which consensus classes counted as labels, and why
 
     @property
     def pending(self) -> pl.DataFrame:
@@ -126,9 +128,12 @@ def qrels_counts(qrels: pl.DataFrame) -> dict[str, int]:
     else:  # rows written before imports existed: only people and passed checks were verified
         counts["holes_found"] = counts["relevant_human"] + counts["relevant_debate"]
     counts["pending"] = counts["pairs_pending"]
-    # pending pairs people are asked to label (those voted beyond the human budget are not)
+    # pending pairs people are asked to label (those voted beyond the human budget are not, nor
+    # the provisional consensus labels outside the calibration sample)
     counts["awaiting_people"] = int(qrels.filter((pl.col("source") == "pending")
-                                                 & pl.col("unverified_source").ne_missing("vote")).height)
+                                                 & ~pl.col("unverified_source").is_in(["vote", "provisional"])
+                                                 .fill_null(False)).height)
+    counts["unverified_filter_drops"] = counts["pairs_filter"]
     for source in UNVERIFIED_SOURCES:
         guesses = qrels.filter(pl.col("unverified_source") == source)
         counts[f"unverified_{source}_relevant"] = int((guesses["unverified_label"] == 1).sum())
@@ -157,14 +162,18 @@ def add_missing_columns(con: duckdb.DuckDBPyConnection) -> None:
             con.execute(f"alter table bridge_qrels add column if not exists {name} {kind}")
 
 
-def build_bridge_qrels(con: duckdb.DuckDBPyConnection, dataset: str) -> BridgeQrels:
-    """The refined qrels of `dataset` from whatever labels the data lake holds."""
+def build_bridge_qrels(con: duckdb.DuckDBPyConnection, dataset: str, min_precision: float = 0.7) -> BridgeQrels:
+    """The refined qrels of `dataset` from whatever labels the data lake holds; the debate's
+    consensus classes count as labels where bridge_assets.qrels.trust trusts them at the bar
+    `min_precision` (the dataset's `relevance.min_precision`)."""
     if not table_exists(con, "original_qrels") or not con.execute(
             "select count(*) from original_qrels where dataset = ?", [dataset]).fetchone()[0]:
         raise MissingOriginalQrels(f"bridge_qrels for dataset '{dataset}': no original_qrels rows; "
                                    "materialize the dataset's ingest assets first")
     # no import is not a missing stage: those stand-ins are not reported
     with stand_ins(con, OPTIONAL_INPUTS) as missing, stand_ins(con, IMPORT_TABLES):
-        qrels = con.execute(read_sql("bridge_qrels"), {"dataset": dataset}).pl()
+        trust = debate_trust(con, dataset, by_rule=trusted_by_rule(con, dataset), bar=min_precision)
+        qrels = con.execute(read_sql("bridge_qrels"), {"dataset": dataset, "trust_yes": trust.yes.trusted,
+                                                       "trust_no": trust.no.trusted}).pl()
     return BridgeQrels(dataset, qrels.cast(BRIDGE_QRELS_SCHEMA).select(list(BRIDGE_QRELS_SCHEMA)), missing,
-                       registered(con, dataset))
+                       registered(con, dataset), trust)

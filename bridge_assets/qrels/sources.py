@@ -30,10 +30,11 @@ from bridge_assets.store import table_exists
 
 BUILTIN_PRECEDENCE = {"original": 10.0, "human": 20.0, "debate": 30.0, "pending": 40.0, "filter": 50.0}
 SOURCES = tuple(BUILTIN_PRECEDENCE)
-# Labels a person or a passed check stands behind. (Pending pairs have no label.)
-VERIFIED_BUILTINS = ("original", "human", "debate", "filter")
+# Labels a person or a passed check stands behind. (Pending pairs have no label; the filter's
+# drops are a model's unverified "no", audited by people: bridge_assets.human.audit.)
+VERIFIED_BUILTINS = ("original", "human", "debate")
 # Who guessed a pending pair (bridge_qrels.unverified_source): never a source name.
-UNVERIFIED_GUESSERS = ("adjudicator", "vote")
+UNVERIFIED_GUESSERS = ("adjudicator", "vote", "provisional")
 RESERVED = {*SOURCES, *UNVERIFIED_GUESSERS, "all", "unlabelled"}
 _NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 

@@ -93,7 +93,6 @@ class StudentLabeler(Labeler):
         teacher = None
         if self.models:
             teacher = [s.p_yes for s in score_triplets(items, self.model, generate, prompts=prompts,
-                                                       definitions=True,
                                                        temperature=self.settings.temperature)]
         scores, reports = cross_fitted_scores(items, items, self.settings, teacher)
         labels = [outcome_label(item.pair, int(p >= self.settings.threshold), p_yes=p)
