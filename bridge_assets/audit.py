@@ -25,8 +25,9 @@ import typer
 
 from bridge_assets.errors import BridgeError
 from bridge_assets.labeling.evidence import quote_matches
-from bridge_assets.labeling.pairs import chunk_text
+from bridge_assets.labeling.pairs import chunk_text, topic_columns
 from bridge_assets.labeling.prompts import Prompts
+from bridge_assets.labeling.relevance import resolve_relevance
 from bridge_assets.llm.parsing import canonical_json
 from bridge_assets.snapshots import snapshot_of
 from bridge_assets.student.model import ONE_CLASS_QUERY, SAMPLED_OUT, TRAIN
@@ -121,15 +122,17 @@ def audit_pair(con: duckdb.DuckDBPyConnection, dataset: str, query_id: str, doc_
     reader = _Reader(con, dataset, query_id, doc_id)
     story: dict[str, Any] = {"dataset": dataset, "query_id": query_id, "doc_id": doc_id}
 
-    query = _records(con, "select text, answers from queries where dataset = ? and query_id = ?",
+    query = _records(con, f"select q.text, q.answers, {topic_columns(con)} from queries q "
+                          "where q.dataset = ? and q.query_id = ?",
                      [dataset, query_id]) if reader.exists("queries") else []
     chunk = _records(con, "select title, text from corpus where dataset = ? and doc_id = ?",
                      [dataset, doc_id]) if reader.exists("corpus") else []
     if not query and not chunk:
         raise AuditError(f"dataset '{dataset}' knows neither query '{query_id}' nor document "
                          f"'{doc_id}' (are the ingest assets materialized?)")
-    story["query"] = query[0] if query else None
+    story["query"] = {"text": query[0]["text"], "answers": query[0]["answers"]} if query else None
     story["chunk"] = chunk[0] if chunk else None
+    story["relevance"] = _relevance(dataset, query[0]) if query else None
 
     original = reader.pair_rows("original_qrels", "relevance")
     story["original_judgment"] = original[0]["relevance"] if original else None
@@ -156,7 +159,9 @@ def audit_pair(con: duckdb.DuckDBPyConnection, dataset: str, query_id: str, doc_
     human_votes = reader.pair_rows("human_votes", "vote_id, annotator_id, label, with_history, "
                                                   "is_attention_check, expected_label, status, comment, "
                                                   "created_at", "vote_id")
-    story["human"] = {"label": human[0] if human else None, "votes": human_votes or []}
+    review = reader.pair_rows("review_sample", "kind, stratum")
+    story["human"] = {"label": human[0] if human else None, "votes": human_votes or [],
+                      "review_sample": review[0] if review else None}
 
     final = reader.pair_rows("bridge_qrels", "*")
     story["final"] = {k: v for k, v in final[0].items() if k not in ("dataset", "query_id", "doc_id")} \
@@ -189,6 +194,20 @@ def audit_pair(con: duckdb.DuckDBPyConnection, dataset: str, query_id: str, doc_
     story["dagster_runs"] = _dagster_runs(instance, dataset, retrievers) if instance is not None else None
     story["not_materialized"] = reader.not_materialized
     return story
+
+
+def _relevance(dataset: str, query: dict[str, Any]) -> dict[str, Any]:
+    """What relevant meant for the pair: the query's own definition, else its dataset's, else
+    the default for what the query has (bridge_assets.labeling.relevance)."""
+    from bridge_assets.ingest.registry import load_registry
+
+    spec = load_registry().get(dataset)
+    relevance = resolve_relevance(spec.relevance.definition if spec else None, answers=tuple(query["answers"] or ()),
+                                  description=query["description"], narrative=query["narrative"],
+                                  query_definition=query["definition"])
+    return {"kind": relevance.kind, "definition": relevance.text,
+            "from": "the query" if query["definition"] else
+                    "the dataset" if spec and spec.relevance.definition else "the default"}
 
 
 def _student(reader: _Reader) -> dict[str, Any] | None:
@@ -237,7 +256,10 @@ def format_story(story: dict[str, Any]) -> str:
         out.append("")
 
     query, chunk = story["query"], story["chunk"]
-    section("Query", [_line("text", query["text"]), _line("answers", "; ".join(query["answers"] or []) or "(none)")]
+    relevance = story["relevance"]
+    section("Query", [_line("text", query["text"]), _line("answers", "; ".join(query["answers"] or []) or "(none)"),
+                      _line("relevant means", f"{relevance['kind']} ({relevance['from']})"
+                            + (f": {relevance['definition']}" if relevance["definition"] else ""))]
             if query else ["  unknown query"])
     section("Chunk", [_line("title", chunk["title"]) if chunk["title"] else None, _line("text", chunk["text"])]
             if chunk else ["  unknown document"])
@@ -343,6 +365,10 @@ def _voted_lines(story: dict[str, Any]) -> list[str | None]:
         lines.append(_line(f"#{vote['vote_id']} {vote['annotator_id']}",
                            f"label {vote['label']}  {kind}  {'with' if vote['with_history'] else 'without'} "
                            f"history  {vote['status']}  {vote['created_at']}"))
+    if human.get("review_sample"):
+        kind = human["review_sample"]["kind"]
+        lines.append(_line("sent to people", "in the audit of the filter's drops" if kind == "audit" else
+                           f"in the calibration sample ({human['review_sample']['stratum']})"))
     if not human["label"] and not human["votes"]:
         lines.append("  no human votes")
     return lines
@@ -352,13 +378,17 @@ def _final_lines(story: dict[str, Any]) -> list[str | None]:
     """The label bridge_qrels holds, where it came from, and the imports behind it."""
     lines: list[str | None] = [_missing(story, "bridge_qrels")]
     final = story["final"]
-    if final and final["source"] == "pending":
+    if final and final["source"] == "pending" and final["unverified_source"] == "provisional":
+        lines.append(_line("label", "pending: a provisional debate consensus, not yet measured right "
+                                    "on this dataset (not a label)"))
+    elif final and final["source"] == "pending":
         lines.append(_line("label", "pending: escalated, awaiting people (not a label)"))
         if final["unverified_source"]:
             lines.append(_line("unverified guess", f"{final['unverified_label']} by the "
                                                    f"{final['unverified_source']} (not counted)"))
     elif final:
-        lines.append(_line("label", f"relevance {final['relevance']}  source {final['source']}"))
+        lines.append(_line("label", f"relevance {final['relevance']}  source {final['source']}"
+                                    + ("  (unverified: a model's drop)" if final["source"] == "filter" else "")))
         if final.get("import_file") and final.get("original_relevance") is not None:
             lines.append(_line("corrects", f"the original relevance {final['original_relevance']} -> "
                                            f"{final['relevance']} ({final['source']}: {final['import_file']}, "

@@ -99,6 +99,12 @@ def test_the_same_labeler_runs_in_label_eval_with_its_own_setting(tmp_path, data
         ("a", 1, 1, False), ("b", 0, 0, False), ("c", 1, 0, False)]
     assert {i["method"] for i in items} == {figures["method"]}
     assert figures["config"]["min_chars"] == 2 and figures["calls"] == 0
+    # the relevance definition is the gold set's, not a labeler setting: --set takes it all the same
+    defined = runner.invoke(app, ["label-eval", "--gold", str(gold), "--method", PLUGIN, "--set", "min_chars=2",
+                                  "--set", "definition=useful", "--json"])
+    assert defined.exit_code == 0, defined.output
+    under = json.loads(defined.output)
+    assert under["config"]["definition"] == "useful" and under["config_hash"] != figures["config_hash"]
     refused = runner.invoke(app, ["label-eval", "--gold", str(gold), "--method", PLUGIN, "--set", "rounds=2"])
     assert refused.exit_code == 2 and "rounds" in refused.output and "Extra inputs" in refused.output
 

@@ -52,6 +52,11 @@ DEBATE = {("1", "1606628"): [(2, 2)], ("1", "5152028"): [(3, 2)], ("1", "1170532
           ("5", "5953485"): [(3, 1), (3, 3)], ("5", "12580014"): [("no idea", 1)]}
 FILTERED_OUT = {("5", "1606628")}
 VOTES = {("3", "18174210"): {"ann": 2, "bob": 3, "cat": 1}, ("5", "12580014"): {"ann": 0, "bob": 0, "cat": 1}}
+# A topic's narrative is no short answer: the debate's consensus is provisional until people's
+# grades on its calibration sample (here every consensus pair) show it right, and the filter's
+# drop is audited (tests/test_relevance_definition.py has the rule; here people agree).
+CONSENSUS = {("1", "1606628"): 2, ("1", "5152028"): 2, ("1", "11705328"): 0, ("3", "5953485"): 0,
+             ("5", "5953485"): 3}
 REFINED = {**JUDGED, ("1", "1606628"): 2, ("1", "5152028"): 2, ("1", "11705328"): 0,
            ("3", "18174210"): 2, ("3", "5953485"): 0, ("5", "5953485"): 3, ("5", "12580014"): 0,
            ("5", "1606628"): 0}
@@ -199,9 +204,10 @@ def test_graded_labels_of_a_trec_collection_flow_to_qrels_and_ndcg(data_lake, tm
     metrics = {"ops": {"retrieval_metrics": {"config": {"k": 3, "relevance_level": 2}}}}
     materialize(data_lake, [bridge_qrels])
     materialize(data_lake, [analysis_assets.retrieval_metrics], metrics)
-    assert_metrics(data_lake, "refined_upper", {**REFINED, **{pair: 3 for pair in VOTES}})
+    assert_metrics(data_lake, "refined_upper", {**REFINED, **{pair: 3 for pair in (*VOTES, *CONSENSUS)}})
 
-    # people grade the two escalated pairs on the annotation page
+    # people grade the two escalated pairs, the calibration sample and the audited drop on the
+    # annotation page
     with annotations() as con:
         tokens = {name: add_annotator(con, name) for name in ("ann", "bob", "cat")}
     for name, token in tokens.items():
@@ -210,14 +216,17 @@ def test_graded_labels_of_a_trec_collection_flow_to_qrels_and_ndcg(data_lake, tm
         while 'id="vote-form"' in (page := client.get("/annotate").text):
             query_id, doc_id, _ = served_pair(data_lake, page)
             assert f'<p id="narrative">{NARRATIVE.format(id=query_id)}</p>' in page
-            assert 'id="scale"' in page and "says: grade" in page
-            assert post_answer(client, page, VOTES[(query_id, doc_id)][name]).status_code == 303
+            assert 'id="scale"' in page and ("says: grade" in page) == ((query_id, doc_id) in DEBATE)
+            grade = VOTES[(query_id, doc_id)][name] if (query_id, doc_id) in VOTES else \
+                CONSENSUS.get((query_id, doc_id), 0)
+            assert post_answer(client, page, grade).status_code == 303
     with annotations() as con:
-        assert con.execute("select count(*), max(label) from human_votes").fetchall() == [(6, 3)]
+        assert con.execute("select count(*), max(label) from human_votes").fetchall() == [(24, 3)]
 
     materialize(data_lake, [human_labels])
-    assert rows(data_lake, "select query_id, doc_id, label from human_labels order by 1") == \
-        [("3", "18174210", 2), ("5", "12580014", 0)]  # the median grades
+    assert rows(data_lake, "select query_id, doc_id, label from human_labels order by 1, 2") == sorted(
+        [("3", "18174210", 2), ("5", "12580014", 0),  # the median grades
+         *((q, d, grade) for (q, d), grade in CONSENSUS.items()), ("5", "1606628", 0)])
     materialize(data_lake, [bridge_qrels])
     qrels = {(q, d): relevance for q, d, relevance in rows(
         data_lake, "select query_id, doc_id, relevance from bridge_qrels")}

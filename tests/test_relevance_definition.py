@@ -18,6 +18,7 @@ import polars as pl
 import pytest
 
 from bridge_assets import store
+from bridge_assets.audit import audit_pair, format_story
 from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.assets import human_labels
 from bridge_assets.ingest import assets as ingest_assets
@@ -34,6 +35,7 @@ from bridge_assets.paths import PROJECT_ROOT, read_sql
 from bridge_assets.qrels.assets import bridge_qrels
 from bridge_assets.qrels.merge import qrels_counts
 from bridge_assets.qrels.trust import Proportion, class_trust, debate_trust, trusted_by_rule
+from bridge_assets.reports.build import build_report
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.summary import run_summary
 from fixtures.human_app import login, make_client, post_answer, served_pair
@@ -233,6 +235,8 @@ def vote_all(lake, decide) -> int:
         while 'id="vote-form"' in (page := client.get("/annotate").text):
             query_id, doc_id, check = served_pair(lake, page)
             assert not check
+            # people judge by the same definition as the models
+            assert f'<p id="definition">{USEFUL_DEFINITION}</p>' in page and 'id="answers"' not in page
             if served == 0:
                 first_kinds.append(rows(lake, f"select kind from review_sample where query_id = '{query_id}' "
                                               f"and doc_id = '{doc_id}'"))
@@ -294,6 +298,12 @@ def test_without_answers_model_labels_stay_provisional_until_people_measure_them
     hole = sorted(audit.select("query_id", "doc_id").rows())[0]
     assert vote_all(data_lake, lambda q, d: truth.get((q, d), int((q, d) == hole))) == 3
     run_assets(data_lake, [human_labels, bridge_qrels])
+    with annotations() as con:
+        admin = add_annotator(con, "boss", admin=True)
+    client = make_client(data_lake)
+    login(client, admin)
+    overview = client.get("/admin").text
+    assert "<td>3 / 3</td><td>8 / 8</td>" in overview  # audit and calibration: decided / drawn
 
     qrels = frame(data_lake, "select * from bridge_qrels")
     yes = calibration.filter(pl.col("stratum") == "consensus_yes").height
@@ -315,8 +325,20 @@ def test_without_answers_model_labels_stay_provisional_until_people_measure_them
     z = 1.959963984540054
     centre, half = (1 + z * z / 2) / (3 + z * z), z / (3 + z * z) * (1 * 2 / 3 + z * z / 4) ** 0.5
     n = drops.height
-    assert (f"audit sample 3, 3 labelled by people, 1 of them holes: about {n / 3:.1f} holes among "
-            f"the drops [95% CI {(centre - half) * n:.1f}, {(centre + half) * n:.1f}]") in summary
+    estimate = (f"audit sample 3, 3 labelled by people, 1 of them holes: about {n / 3:.1f} holes among "
+                f"the drops [95% CI {(centre - half) * n:.1f}, {(centre + half) * n:.1f}]")
+    assert estimate in summary
+
+    # the report and bridge audit tell the same
+    with store.connect_read_only(data_lake / "bridge.duckdb") as con:
+        report = build_report(con, DATASET, tmp_path / "report", relevance=get_dataset(DATASET).relevance)
+        story = audit_pair(con, DATASET, *hole)
+    markdown = report.markdown.read_text()
+    assert "What the models' labels count for" in markdown and estimate in markdown
+    assert story["relevance"] == {"kind": "useful", "definition": USEFUL_DEFINITION, "from": "the default"}
+    assert story["human"]["review_sample"] == {"kind": "audit", "stratum": "filter_drop"}
+    text = format_story(story)
+    assert "in the audit of the filter's drops" in text and "relevant means        useful (the default)" in text
 
 
 def bridge_trust(lake) -> tuple[bool, bool]:

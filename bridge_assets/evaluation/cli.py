@@ -147,7 +147,8 @@ def label_eval_command(
         typer.echo(summary_json(result))
         return
     typer.echo(f"{source}  ({len(result.items)} scored of {len(items)}, labeler {spec.method}, "
-               f"models {', '.join(result.models)}, config hash {result.config_hash})")
+               f"models {', '.join(result.models)}, relevance {spec.definition or 'default'}, "
+               f"config hash {result.config_hash})")
     typer.echo(format_table([result.summary()]))
     if result.stability:
         typer.echo(format_stability(result))

@@ -69,6 +69,9 @@ class HumanLabels:
     data_version: str
     # quadratic-weighted Cohen's kappa of every two annotators over their common pairs
     annotator_kappas: tuple[PairKappa, ...] = ()
+    # of the pairs for people, those the review sample drew (labeling/review.py): all, decided
+    audit: tuple[int, int] = (0, 0)
+    calibration: tuple[int, int] = (0, 0)
 
     @property
     def weighted_kappa(self) -> float | None:
@@ -151,7 +154,13 @@ def compute_human_labels(con: duckdb.DuckDBPyConnection, dataset: str) -> HumanL
         kappa_pairs=kappa_pairs,
         data_version=digest.hexdigest()[:32],
         annotator_kappas=tuple(weighted_kappas(by_annotator)),
+        audit=_drawn(tallies, "audit"), calibration=_drawn(tallies, "calibration"),
     )
+
+
+def _drawn(tallies: pl.DataFrame, kind: str) -> tuple[int, int]:
+    drawn = tallies.filter(pl.col("review") == kind)
+    return drawn.height, drawn.filter(pl.col("decided")).height
 
 
 def datasets_with_escalations(con: duckdb.DuckDBPyConnection) -> list[str]:

@@ -25,14 +25,18 @@ from bridge_assets.analysis.retrieval import measure_label, measures_at
 from bridge_assets.analysis.significance import TESTS, concordance_summary
 from bridge_assets.ingest.registry import validate_dataset_name
 from bridge_assets.qrels.known_holes import KnownHoles, score_known_holes
+from bridge_assets.labeling.relevance import RelevanceSettings
 from bridge_assets.qrels.merge import corrections, qrels_counts
+from bridge_assets.qrels.trust import debate_trust, dropped_holes, trusted_by_rule
 from bridge_assets.reports import plots
 from bridge_assets.store import table_exists
 
 TEMPLATES = Path(__file__).parent / "templates"
 REPORT_TABLES = ("bridge_qrels", "candidate_pool", "retrieval_metrics", "ranking_shift", "significance",
                  "pool_saturation", "partial_annotation_study", "rag_alignment", "pending_impact",
-                 "pool_coverage", "student_annotator", "student_scores")
+                 "pool_coverage", "student_annotator", "student_scores",
+                 # what the models' labels count for here (the trust section)
+                 "debate_labels", "human_labels", "filtered_pool", "review_sample")
 
 
 @dataclass
@@ -90,8 +94,9 @@ def qrels_section(qrels: pl.DataFrame | None, dataset: str) -> Section:
     section = Section("qrels", "Labels", "Every pair the pipeline judged, with the source of its "
                       "judgment (precedence original > human > debate > pending > filter; sources "
                       "imported with bridge qrels import rank where they were placed). Only "
-                      "people's votes, debate consensus that passed its checks and imported sources "
-                      "marked verified count as found holes. Only a correction source may change an "
+                      "people's votes, debate consensus that passed its checks where it is trusted "
+                      "on this dataset, and imported sources marked verified count as found holes; "
+                      "the filter's drops are relevance 0 but unverified. Only a correction source may change an "
                       "original judgment, and every change is listed. Pending pairs (escalated, "
                       "awaiting people) are not labels: the metrics below give a range over them, and "
                       "what a model guessed for them is listed apart as unverified, like the labels "
@@ -106,8 +111,10 @@ def qrels_section(qrels: pl.DataFrame | None, dataset: str) -> Section:
     section.tables.append(table("Judgments by source", pl.concat([counts, total])))
     figures = qrels_counts(qrels)
     rows = [("holes found (verified)", figures["holes_found"]),
-            ("pending pairs (awaiting people)", figures["awaiting_people"])]
-    for source, name in (("adjudicator", "LLM adjudicator"), ("vote", "agents' vote beyond the human budget")):
+            ("pending pairs (awaiting people)", figures["awaiting_people"]),
+            ("filter drops (unverified \"no\", audited by a sample)", figures["unverified_filter_drops"])]
+    for source, name in (("adjudicator", "LLM adjudicator"), ("vote", "agents' vote beyond the human budget"),
+                         ("provisional", "debate's consensus, provisional until measured here")):
         relevant, irrelevant = figures[f"unverified_{source}_relevant"], figures[f"unverified_{source}_irrelevant"]
         if relevant or irrelevant:
             rows.append((f"unverified guesses by the {name}: relevant / not", f"{relevant} / {irrelevant}"))
@@ -141,6 +148,37 @@ def qrels_section(qrels: pl.DataFrame | None, dataset: str) -> Section:
     if figures["awaiting_people"]:
         section.notes.append(f"{figures['awaiting_people']} pair(s) await people: bridge annotate "
                              f"add-annotator NAME, then bridge annotate serve --dataset {dataset}.")
+    return section
+
+
+def trust_section(con: duckdb.DuckDBPyConnection, dataset: str,
+                  relevance: RelevanceSettings | None) -> Section | None:
+    """What relevant means here, what the models' labels count for, measured on this dataset
+    (bridge_assets.qrels.trust), and the holes the filter's drops are estimated to hide."""
+    if relevance is None:
+        return None
+    definition = relevance.definition or ("default: answer_support where a query has short answers, "
+                                          "narrative where it has a TREC topic, useful otherwise")
+    section = Section("trust", "What the models' labels count for",
+                      f"Relevance definition: {definition}. A model's labels are findings on a "
+                      "dataset only where people's labels on that dataset show them right: the "
+                      "debate's consensus of one class counts when it is trusted by rule (short "
+                      "answers with the answer check, measured on the hard gold set) and not shown "
+                      "wrong here, or when the calibration sample people labelled shows its "
+                      f"precision's 95% interval at or above {relevance.min_precision:g}; otherwise "
+                      "it is provisional (pending: bounded in the metrics, never a found hole). "
+                      "The filter's drops are a model's unverified \"no\": people label a seeded "
+                      "random sample of them (the audit), from which the holes they hide are "
+                      "estimated.")
+    if not table_exists(con, "debate_labels"):
+        section.missing.append("debate_labels")
+        return section
+    trust = debate_trust(con, dataset, by_rule=trusted_by_rule(con, dataset), bar=relevance.min_precision)
+    section.tables.append(table("Debate consensus", pl.DataFrame(
+        [("yes" if c.label else "no", c.precision.describe(), "yes" if c.trusted else "no (provisional)",
+          c.reason) for c in (trust.yes, trust.no)],
+        schema=["consensus", "people agreed (95% CI)", "counted as labels", "why"], orient="row")))
+    section.notes.append(dropped_holes(con, dataset).describe() + ".")
     return section
 
 
@@ -633,9 +671,11 @@ def _environment() -> jinja2.Environment:
 
 
 def build_report(con: duckdb.DuckDBPyConnection, dataset: str, out: Path, *, k: int = 10,
-                 known_holes: KnownHoles | None = None, known_holes_source: str | None = None) -> ReportFiles:
+                 known_holes: KnownHoles | None = None, known_holes_source: str | None = None,
+                 relevance: RelevanceSettings | None = None) -> ReportFiles:
     """Write report.html, report.md and the figures of `dataset` into `out`; `known_holes`: the
-    dataset's answer key of verified holes, when it has one."""
+    dataset's answer key of verified holes, when it has one; `relevance`: its `relevance:`
+    entry (the trust section)."""
     validate_dataset_name(dataset)  # callers name `out` after it; the Markdown shows it unescaped
     out.mkdir(parents=True, exist_ok=True)
     for old in out.glob("*.png"):  # a figure whose table is gone must not linger
@@ -643,6 +683,7 @@ def build_report(con: duckdb.DuckDBPyConnection, dataset: str, out: Path, *, k: 
     tables = {name: _rows(con, name, dataset) for name in REPORT_TABLES if name != "candidate_pool"}
     sections = tuple(section for section in (
         qrels_section(tables["bridge_qrels"], dataset),
+        trust_section(con, dataset, relevance),
         known_holes_section(con, dataset, known_holes, known_holes_source),
         holes_section(tables["retrieval_metrics"], k, out),
         shift_section(tables["ranking_shift"], k, out),
