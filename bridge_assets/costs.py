@@ -141,7 +141,7 @@ def _estimate(estimate: RunEstimate, con: duckdb.DuckDBPyConnection, overrides: 
     filtering = settings("filtered_pool")
     estimate.pool, pairs = _pool(con, dataset, systems, settings("candidate_pool"), filtering)
     stages, kept, unsure = estimate_filter(pairs, filtering.models or llm.profiles_for("filter"), replay,
-                                           max_tokens=filtering.max_tokens)
+                                           max_tokens=filtering.max_tokens, keep_p_yes=filtering.keep_p_yes)
     labeler = pipeline_labeler(settings("debate_labels"), llm.profiles_for, get_dataset(dataset).label_scale)
     stages += labeler.estimate(pipeline_items(kept), unsure, replay)
     answers, judgments = settings("rag_answers"), settings("rag_judgments")

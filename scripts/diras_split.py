@@ -9,6 +9,8 @@ README) and writes, deterministically (standard library only):
   `random.Random(0)` samples 100 teacher-Yes pairs, then (same generator) 100 teacher-No pairs,
   each from the class's pairs in id order; all of a class if it has fewer. Lines are ordered by
   id (dataset, then the id's number).
+- `resources/goldsets/diras_silver/calibration.jsonl`: the same draw (50 per class) from the
+  calibration questions: what thresholds are chosen on, never the test questions.
 
     python scripts/diras_split.py           # (re)write both files
     python scripts/diras_split.py --check   # exit 1 if either file on disk differs
@@ -28,6 +30,8 @@ ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "resources" / "data" / "diras_general_qa" / "train.jsonl.gz"
 SPLIT = ROOT / "resources" / "data" / "diras_general_qa" / "split.json"
 GOLDSET = ROOT / "resources" / "goldsets" / "diras_silver" / "goldset.jsonl"
+CALIBRATION = GOLDSET.with_name("calibration.jsonl")
+CALIBRATION_PER_CLASS = 50
 
 SPLITS = (("test", 50), ("calibration", 50), ("train", None))  # None: the rest
 SEED = 0
@@ -74,14 +78,15 @@ def split_document(pairs: list[dict], splits: dict[str, list[str]]) -> dict:
     return {"rule": RULE, "counts": counts, "questions": splits}
 
 
-def silver_goldset(pairs: list[dict], test_questions: list[str]) -> list[dict]:
+def silver_goldset(pairs: list[dict], test_questions: list[str], per_class: int | None = None) -> list[dict]:
+    per_class = PER_CLASS if per_class is None else per_class
     test = set(test_questions)
     pool = sorted((p for p in pairs if p["query"] in test), key=lambda p: id_order(p["id"]))
     rng = random.Random(SEED)
     chosen = []
     for label in (1, 0):
         of_class = [p for p in pool if p["teacher_label"] == label]
-        chosen += of_class if len(of_class) <= PER_CLASS else rng.sample(of_class, PER_CLASS)
+        chosen += of_class if len(of_class) <= per_class else rng.sample(of_class, per_class)
     return [{"id": p["id"], "query": p["query"], "answers": [], "chunk": p["chunk"],
              "label": p["teacher_label"], "domain": p["dataset"],
              "note": f"teacher confidence {p['teacher_confidence']}"}
@@ -93,9 +98,11 @@ def render(data: Path = DATA) -> dict[Path, str]:
     pairs = read_pairs(data)
     splits = split_questions(pairs)
     gold = silver_goldset(pairs, splits["test"])
+    calibration = silver_goldset(pairs, splits["calibration"], CALIBRATION_PER_CLASS)
     return {
         SPLIT: json.dumps(split_document(pairs, splits), ensure_ascii=False, indent=2) + "\n",
         GOLDSET: "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in gold),
+        CALIBRATION: "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in calibration),
     }
 
 

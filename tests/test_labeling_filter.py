@@ -14,6 +14,7 @@ from bridge_assets.labeling.filter import filter_request, filtered_pool, run_fil
 from bridge_assets.labeling.pairs import Pair
 from bridge_assets.labeling.prompts import PROMPTS_DIR, PromptError, Prompts
 from bridge_assets.llm.types import LLMResult
+from fixtures.oracle_model import score_logprobs
 
 
 def pair(name: str, answers=("an answer",)) -> Pair:
@@ -43,6 +44,33 @@ def voting(votes: dict[str, dict[str, object]]):
         return results
 
     return generate, calls
+
+
+def scoring(p_yes: dict[str, float | None]):
+    """A scripted scorer: P(yes) per query (None: a reply without a yes/no token)."""
+    def generate(profile, requests):
+        results = []
+        for request in requests:
+            query = request.messages[1][1].split("\n", 1)[0].removeprefix("Query: ")
+            p = p_yes[query]
+            logprobs = score_logprobs(p) if p is not None else []
+            word = "yes" if p is not None and p >= 0.5 else "no"
+            results.append(LLMResult(key=f"{profile}/{query}", text=json.dumps({"response": word}),
+                                     parsed={"response": word}, logprobs=logprobs))
+        return results
+    return generate
+
+
+def test_under_a_definition_a_pair_is_dropped_only_when_its_p_yes_is_low():
+    pairs = [pair(name, ()) for name in ("low", "edge", "high", "broken")]
+    generate = scoring({"query low": 0.1, "query edge": 0.25, "query high": 0.9, "query broken": None})
+    strict = {v.query_id: v.is_supported for v in run_filter(pairs, ["m"], generate, keep_p_yes=0.3)}
+    assert strict == {"q-low": False, "q-edge": False, "q-high": True, "q-broken": None}
+    lenient = {v.query_id: (v.is_supported, round(v.p_yes, 2) if v.p_yes else None)
+               for v in run_filter(pairs, ["m"], generate, keep_p_yes=0.2)}
+    assert lenient == {"q-low": (False, 0.1), "q-edge": (True, 0.25), "q-high": (True, 0.9), "q-broken": (None, None)}
+    pool = filtered_pool(votes_frame(run_filter(pairs, ["m"], generate), "demo"))
+    assert kept(pool) == {"q-low": False, "q-edge": False, "q-high": True, "q-broken": True}  # a failed score keeps it
 
 
 def kept(pool) -> dict[str, bool]:
@@ -92,11 +120,13 @@ def test_prompts_carry_the_guidelines_answers_and_chunk():
     system, user = (text for _, text in filter_request(pair("p", ("lambda", "def")), Prompts()).messages)
     assert '"is_supported"' in system
     assert "- lambda\n- def" in user and "chunk p" in user
-    # without answers the default definition is `useful`, asked leniently; answer_support asks
-    # for a complete answer, as every such pair was asked before definitions existed
-    system_useful, useful = (text for _, text in filter_request(pair("p", ()), Prompts()).messages)
-    assert "directly answers the question or a part of it" in useful
-    assert "could be relevant" in system_useful and "none are given" not in useful
+    # without answers the default definition is `useful`: the filter asks the scorer's question
+    # (P(yes) from log-probabilities); answer_support asks for a complete answer, as every such
+    # pair was asked before definitions existed
+    scorer = filter_request(pair("p", ()), Prompts())
+    assert scorer.top_logprobs and scorer.purpose == "filter"
+    assert "directly answers the question or a part of it" in scorer.messages[1][1]
+    assert '{"response": "yes"}' in scorer.messages[0][1] and "none are given" not in scorer.messages[1][1]
     strict = replace(pair("p", ()), definition="answer_support")
     assert "none are given" in filter_request(strict, Prompts()).messages[1][1]
     agents = debate_agents(["m"])

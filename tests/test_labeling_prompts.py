@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from bridge_assets.evaluation.goldsets import GoldTriplet
-from bridge_assets.evaluation.pointwise import score_request
+from bridge_assets.labeling.pointwise import score_request
 from bridge_assets.labeling.adjudicator import adjudicate, adjudicator_schema
 from bridge_assets.labeling.debate import (DEBATE_TEMPLATES, DebateOutcome, PairLabel, Turn,
                                            debate_agents, turn_request, turn_schema)
@@ -88,7 +88,7 @@ def renders(pairs: dict[str, Pair]) -> dict[str, list[list[str]]]:
         out[f"adjudicator/{name}"] = _adjudicator_messages(pair, prompts).messages
         triplet = GoldTriplet(pair.query_id, pair.query, pair.answers, pair.chunk, 1)
         out[f"diras_score/{name}/definition=False"] = score_request(
-            triplet.item(pair.definition), prompts).messages
+            triplet.item(pair.definition).pair, prompts).messages
     return {key: [list(message) for message in messages] for key, messages in out.items()}
 
 

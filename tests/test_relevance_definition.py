@@ -9,6 +9,7 @@ hide. The models answer from a script behind the real LLM client (tests/fixtures
 from __future__ import annotations
 
 import json
+import math
 import shutil
 import zlib
 from dataclasses import replace
@@ -173,8 +174,9 @@ def checksum(text: str) -> int:
 
 
 class Script:
-    """The filter drops a chunk whose checksum is divisible by 3; both agents say yes when it is
-    even (a consensus in round 1). Every prompt is kept."""
+    """The filter (the scorer's question under a definition) gives P(yes) 0.1 to a chunk whose
+    checksum is divisible by 3, else 0.9; both agents say yes when it is even (a consensus in
+    round 1). Every prompt is kept."""
 
     def __init__(self):
         self.users: list[str] = []
@@ -183,8 +185,15 @@ class Script:
         system, user = (m["content"] for m in body["messages"])
         self.users.append(user)
         chunk = checksum(section(user, "<<<", ">>>"))
-        if '"is_supported"' in system:
-            return 200, completion(json.dumps({"is_supported": chunk % 3 != 0})), 0
+        schema = (body.get("response_format") or {}).get("json_schema", {}).get("schema") or \
+            (body.get("response_format") or {}).get("schema") or {}
+        if set(schema.get("properties", {})) == {"response"}:  # the scorer's question
+            p_yes = 0.1 if chunk % 3 == 0 else 0.9
+            word = "yes" if p_yes > 0.5 else "no"
+            top = [{"token": "yes", "logprob": math.log(p_yes)}, {"token": "no", "logprob": math.log(1 - p_yes)}]
+            return 200, completion(json.dumps({"response": word}),
+                                   logprobs=[{"token": word, "logprob": math.log(max(p_yes, 1 - p_yes)),
+                                              "top_logprobs": top}]), 0
         return 200, completion(json.dumps({"reference": [], "reason": "scripted",
                                            "response": "yes" if chunk % 2 == 0 else "no"})), 0
 

@@ -19,7 +19,7 @@ import numpy as np
 from pydantic import Field
 
 from bridge_assets.evaluation.metrics import calibration_metrics, escalation_count
-from bridge_assets.evaluation.pointwise import SCORE_TEMPLATE, score_triplets
+from bridge_assets.labeling.pointwise import SCORE_TEMPLATE, score_triplets
 from bridge_assets.labeling.calls import Generate
 from bridge_assets.labeling.debate import PairLabel
 from bridge_assets.labeling.labeler import (Labeler, LabelerError, LabelerRun, LabelerSettings, LabelItem,

@@ -24,7 +24,7 @@ from bridge_assets.labeling import pooling
 from bridge_assets.labeling.calls import MeteredGenerate
 from bridge_assets.labeling.debate import DebateOutcome, labels_frame, turns_frame
 from bridge_assets.labeling.filter import filtered_pool as summarize_votes
-from bridge_assets.labeling.filter import run_filter, votes_frame
+from bridge_assets.labeling.filter import KEEP_P_YES, run_filter, votes_frame
 from bridge_assets.labeling.labeler import (DEFAULT_LABELER, LabelerSettings, labeler_settings,
                                             pipeline_items, pipeline_labeler, pipeline_pairs)
 from bridge_assets.labeling.pairs import load_pairs
@@ -56,6 +56,9 @@ class FilterConfig(dg.Config):
     models: list[str] = Field(default_factory=list, description="Filter model profiles (paper: 3); "
                               "empty: the LLM resource's `filter` role (models.yaml defaults).")
     max_tokens: int = Field(32, ge=8)
+    keep_p_yes: float = Field(KEEP_P_YES, ge=0.0, le=1.0, description="Under a relevance definition "
+                              "(useful or your own), binary scale: keep a pair unless the scorer's "
+                              "P(yes) is under this (docs/labeler-eval.md).")
     label_judged_pairs: bool = Field(False, description="Also filter (and so debate) pairs the "
                                      "original qrels already judge.")
 
@@ -145,7 +148,8 @@ def filter_pool(context: dg.AssetExecutionContext, config: FilterConfig, store: 
     models = config.models or llm.profiles_for("filter")
     generate = MeteredGenerate(llm.generate_fn(context.run_id, context.log.info))
     with automation.llm_cap(context, llm.db_path) as capped:
-        votes = votes_frame(run_filter(pairs, models, generate, max_tokens=config.max_tokens), dataset)
+        votes = votes_frame(run_filter(pairs, models, generate, max_tokens=config.max_tokens,
+                                       keep_p_yes=config.keep_p_yes), dataset)
     pool = summarize_votes(votes)
     store.write_partitions({"filter_votes": votes, "filtered_pool": pool}, dataset=dataset)
     kept = int(pool["kept"].sum()) if pool.height else 0

@@ -1,9 +1,14 @@
 """The LLM filter: each filter model says whether a chunk supports any of the query's answers
 (without answers, whether it gives what a TREC topic's description and narrative ask for; on
 the graded scale, whether it has anything to do with the query: a dropped pair is grade 0).
+Under a definition (`useful`, or the dataset's or query's own text) on the binary scale it asks
+the pointwise scorer's question instead and keeps the pair unless P(yes) is under `keep_p_yes`:
+the 1.5B's yes/no there dropped most relevant pairs of the silver set, a low threshold on its
+P(yes) keeps them (docs/labeler-eval.md, "Relevance definitions").
 
 A pair is dropped only when every model says false (sql/filtered_pool.sql); a failed vote is
-recorded with its error and keeps the pair, so an outage never silently removes candidates.
+recorded with its error and keeps the pair, so an outage never silently removes candidates. A
+drop is a model's unverified "no": bridge_qrels stores it unverified, and people audit a sample.
 """
 
 from __future__ import annotations
@@ -19,12 +24,16 @@ from bridge_assets.labeling.calls import Generate, generate_grouped, parse_reply
 from bridge_assets.labeling.labeler import (Labeler, LabelerError, LabelerRun, LabelerSettings, LabelItem,
                                             ProfilesFor, outcome_label)
 from bridge_assets.labeling.pairs import Pair
+from bridge_assets.labeling.pointwise import read_score, score_request
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.llm.replay import NOT_ANSWERED, LedgerReplay, StageCalls
 from bridge_assets.llm.types import LLMRequest
 from bridge_assets.paths import read_sql
 
 FILTER_TEMPLATE = "filter"
+# Under a definition: keep a pair unless the scorer's P(yes) is under this (chosen on the silver
+# set's calibration questions to keep its relevant pairs: docs/labeler-eval.md).
+KEEP_P_YES = 0.3
 FILTER_SCHEMA = {
     "type": "object",
     "properties": {"is_supported": {"type": "boolean"}},
@@ -47,20 +56,29 @@ class FilterVote:
     is_supported: bool | None  # None: the call failed (see error)
     call_key: str
     error: str | None
+    p_yes: float | None = None  # the scorer's P(yes), where the filter asked it (a definition)
 
 
 VOTE_SCHEMA = {"query_id": pl.Utf8, "doc_id": pl.Utf8, "pair_key": pl.Utf8, "model": pl.Utf8,
-               "is_supported": pl.Boolean, "call_key": pl.Utf8, "error": pl.Utf8}
+               "is_supported": pl.Boolean, "call_key": pl.Utf8, "error": pl.Utf8, "p_yes": pl.Float64}
+
+
+def scored(pair: Pair) -> bool:
+    """Whether the filter asks the scorer's question about `pair` (a definition, binary scale)."""
+    return pair.scale == "binary" and pair.relevance.kind in ("useful", "custom")
 
 
 def filter_request(pair: Pair, prompts: Prompts, max_tokens: int = 32) -> LLMRequest:
+    if scored(pair):
+        return score_request(pair, prompts, purpose="filter")
     return LLMRequest(
         messages=prompts.messages(FILTER_TEMPLATE, **pair.prompt_context()),
         json_schema=FILTER_SCHEMA, max_tokens=max_tokens, temperature=0.0, purpose="filter")
 
 
 def run_filter(pairs: Sequence[Pair], models: Sequence[str], generate: Generate,
-               prompts: Prompts | None = None, max_tokens: int = 32) -> list[FilterVote]:
+               prompts: Prompts | None = None, max_tokens: int = 32,
+               keep_p_yes: float = KEEP_P_YES) -> list[FilterVote]:
     """Every model votes on every pair: one batched generate call per model. Votes come back
     model by model, pairs in order."""
     if not models:
@@ -72,6 +90,12 @@ def run_filter(pairs: Sequence[Pair], models: Sequence[str], generate: Generate,
                                generate)
     votes = []
     for (model, pair), result in zip(slots, results, strict=True):
+        if scored(pair):
+            score = read_score(result)
+            keep = None if score.p_yes is None else score.p_yes >= keep_p_yes
+            votes.append(FilterVote(pair.query_id, pair.doc_id, pair.key, model, keep, result.key,
+                                    score.error, score.p_yes))
+            continue
         reply, error = parse_reply(result, FilterReply)
         votes.append(FilterVote(pair.query_id, pair.doc_id, pair.key, model,
                                 reply.is_supported if reply else None, result.key, error))
@@ -92,12 +116,13 @@ def filtered_pool(votes: pl.DataFrame) -> pl.DataFrame:
 
 
 def estimate_filter(pairs: Sequence[Pair], models: Sequence[str], replay: LedgerReplay,
-                    max_tokens: int = 32) -> tuple[list[StageCalls], list[Pair], set[tuple[str, str]]]:
+                    max_tokens: int = 32, keep_p_yes: float = KEEP_P_YES
+                    ) -> tuple[list[StageCalls], list[Pair], set[tuple[str, str]]]:
     """Every vote's call, replayed from the ledger (`bridge run --dry-run`). Returns the
     stages, the pairs the filter may keep (a vote not answered yet keeps its pair, as a failed
     one does) and those of them it may still drop (no answered vote keeps them)."""
     stages = {model: replay.stage("filter", model, "filter") for model in models}
-    votes = run_filter(pairs, models, replay, max_tokens=max_tokens)
+    votes = run_filter(pairs, models, replay, max_tokens=max_tokens, keep_p_yes=keep_p_yes)
     for vote in votes:
         stages[vote.model].add(vote.call_key, replay.requests[vote.call_key], vote.error != NOT_ANSWERED)
     answered = [vote for vote in votes if vote.error != NOT_ANSWERED]
@@ -110,6 +135,8 @@ def estimate_filter(pairs: Sequence[Pair], models: Sequence[str], replay: Ledger
 
 class FilterSettings(LabelerSettings):
     max_tokens: int = Field(32, ge=8)
+    keep_p_yes: float = Field(KEEP_P_YES, ge=0.0, le=1.0, description="Under a definition: keep a "
+                              "pair unless the scorer's P(yes) is under this.")
 
 
 class FilterLabeler(Labeler):
@@ -117,7 +144,7 @@ class FilterLabeler(Labeler):
 
     Settings = FilterSettings
     role = "filter"
-    templates = (FILTER_TEMPLATE,)
+    templates = (FILTER_TEMPLATE, "diras_score")
     settings: FilterSettings
 
     def __init__(self, settings: FilterSettings, profiles_for: ProfilesFor):
@@ -129,7 +156,10 @@ class FilterLabeler(Labeler):
               prompts: Prompts | None = None) -> LabelerRun:
         pairs = [item.pair for item in items]
         votes = run_filter(pairs, [self.model], generate, prompts=prompts,
-                           max_tokens=self.settings.max_tokens)
-        labels = [outcome_label(pair, None if vote.is_supported is None else int(vote.is_supported))
+                           max_tokens=self.settings.max_tokens, keep_p_yes=self.settings.keep_p_yes)
+        labels = [outcome_label(pair, None if vote.is_supported is None else int(vote.is_supported),
+                                p_yes=vote.p_yes)
                   for pair, vote in zip(pairs, votes, strict=True)]
-        return LabelerRun(labels, details=[vote.error for vote in votes], models=[self.model])
+        scores = [vote.p_yes for vote in votes]
+        return LabelerRun(labels, details=[vote.error for vote in votes], models=[self.model],
+                          scores=scores if any(s is not None for s in scores) else None)

@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import Field
 
 from bridge_assets.evaluation.metrics import calibration_metrics
-from bridge_assets.evaluation.pointwise import SCORE_TEMPLATE, score_triplets
+from bridge_assets.labeling.pointwise import SCORE_TEMPLATE, score_triplets
 from bridge_assets.labeling.calls import Generate
 from bridge_assets.labeling.labeler import (Labeler, LabelerError, LabelerRun, LabelerSettings, LabelItem,
                                             ProfilesFor, outcome_label)

@@ -1,5 +1,6 @@
-"""The pointwise relevance scorer shared by the DIRAS-style and LARA methods: one short call
-per triplet, whose yes/no guess is read together with its token log-probabilities.
+"""The pointwise relevance scorer shared by the DIRAS-style and LARA methods and by the filter
+under a relevance definition: one short call per pair, whose yes/no guess is read together with
+its token log-probabilities.
 
 The score is P(yes) normalised over the yes-like and no-like alternatives at the answer token
 (bridge_assets.llm.scores). A call that fails, or whose reply carries no yes/no token with
@@ -15,9 +16,10 @@ from pydantic import BaseModel, ConfigDict
 
 from bridge_assets.labeling.calls import Generate, YesNo, parse_reply
 from bridge_assets.labeling.labeler import LabelItem
+from bridge_assets.labeling.pairs import Pair
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.llm.scores import yes_probability
-from bridge_assets.llm.types import LLMRequest
+from bridge_assets.llm.types import LLMRequest, LLMResult
 
 SCORE_TEMPLATE = "diras_score"
 SCORE_SCHEMA = {
@@ -43,24 +45,28 @@ class PointwiseScore:
     error: str | None
 
 
-def score_request(triplet: LabelItem, prompts: Prompts, *, temperature: float = 0.0) -> LLMRequest:
-    """The scorer's call on one triplet, under its pair's relevance definition."""
-    messages = prompts.messages(SCORE_TEMPLATE, **triplet.pair.prompt_context())
+def score_request(pair: Pair, prompts: Prompts, *, temperature: float = 0.0,
+                  purpose: str = "relevance_score") -> LLMRequest:
+    """The scorer's call on one pair, under its relevance definition (`purpose` is recorded in
+    the ledger, not part of the call's key: the filter and DIRAS share their calls)."""
+    messages = prompts.messages(SCORE_TEMPLATE, **pair.prompt_context())
     return LLMRequest(messages=messages, json_schema=SCORE_SCHEMA, max_tokens=SCORE_MAX_TOKENS,
-                      temperature=temperature, top_logprobs=TOP_LOGPROBS, purpose="relevance_score")
+                      temperature=temperature, top_logprobs=TOP_LOGPROBS, purpose=purpose)
+
+
+def read_score(result: LLMResult) -> PointwiseScore:
+    """The guess and P(yes) of one scorer reply; an error where it has no usable yes/no token."""
+    reply, error = parse_reply(result, ScoreReply)
+    p_yes = yes_probability(result.logprobs) if reply else None
+    if reply and p_yes is None:
+        error = "the reply's log-probabilities hold no yes/no token"
+    return PointwiseScore(int(reply.response == "yes") if reply and p_yes is not None else None,
+                          p_yes, result.key, error)
 
 
 def score_triplets(triplets: Sequence[LabelItem], model: str, generate: Generate, *,
                    prompts: Prompts | None = None, temperature: float = 0.0) -> list[PointwiseScore]:
     """One batched call to `model`; a score per triplet, in order."""
     prompts = prompts or Prompts()
-    requests = [score_request(t, prompts, temperature=temperature) for t in triplets]
-    scores = []
-    for result in generate(model, requests) if requests else []:
-        reply, error = parse_reply(result, ScoreReply)
-        p_yes = yes_probability(result.logprobs) if reply else None
-        if reply and p_yes is None:
-            error = "the reply's log-probabilities hold no yes/no token"
-        scores.append(PointwiseScore(int(reply.response == "yes") if reply and p_yes is not None else None,
-                                     p_yes, result.key, error))
-    return scores
+    requests = [score_request(t.pair, prompts, temperature=temperature) for t in triplets]
+    return [read_score(result) for result in (generate(model, requests) if requests else [])]
