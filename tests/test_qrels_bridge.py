@@ -48,7 +48,7 @@ def test_sources_follow_the_documented_precedence_and_pending_pairs_are_not_labe
     assert [r for r in result.qrels.iter_rows(named=True) if r["unverified_label"] is not None] == [rows[("q2", "d10")]]
     # people beat the adjudicator's guess (q1/d11) and decide escalations (q4/d8)
     assert rows[("q1", "d11")]["unverified_label"] is None and rows[("q4", "d8")]["source"] == "human"
-    assert rows[("q3", "d12")]["call_keys"] == ["filter-q3-d12"]
+    assert rows[("q3", "d12")]["call_keys"] == ["filter-q3-d12"] and not rows[("q3", "d12")]["verified"]
     assert result.pending.select("query_id", "doc_id").rows() == [("q2", "d10")]
     counts = result.counts()
     assert (counts["pairs"], counts["relevant"], counts["holes_found"], counts["pending"]) == (13, 7, 3, 1)

@@ -188,7 +188,8 @@ def test_student_assets_train_once_and_score_the_whole_pool(labeled_lake, tmp_pa
     materialize_qrels(labeled_lake)
     resources = {"store": DuckDBStore(data_lake=str(labeled_lake))}
     config = dg.RunConfig(ops={"student_annotator": student_assets.StudentConfig(
-        epochs=1, max_length=48, batch_size=8, calibration_share=0.25)})
+        # two contrast queries since the filter's drops are no training labels: one is held out
+        epochs=1, max_length=48, batch_size=8, calibration_share=0.5)})
     assets = [student_assets.student_annotator, student_assets.student_scores]
 
     def materialize():
@@ -348,6 +349,11 @@ def test_prefilter_threshold_table_by_hand():
 
 
 def test_prefilter_lake_study_scores_the_filtered_pairs_out_of_fold(labeled_lake):
+    # people audited one of the filter's drops (q3/d12: not relevant): a verified negative of q3,
+    # so each fold of queries holds both classes (an unaudited drop teaches nothing)
+    with store.connect(labeled_lake / "bridge.duckdb") as con:
+        con.execute("insert into human_labels (dataset, query_id, doc_id, label, votes, votes_relevant, agreement) "
+                    f"values ('{DATASET}', 'q3', 'd12', 0, 3, 0, 1.0)")
     materialize_qrels(labeled_lake)
     settings = StudentLabelerSettings(labeler="student", epochs=1, max_length=48, batch_size=8)
     tables = ("bridge_qrels", "filtered_pool", "filter_votes", "queries", "corpus")
@@ -500,7 +506,7 @@ def test_students_without_a_teacher_keep_the_keys_they_had_before_distillation_a
 def test_a_student_distils_its_teacher_s_p_yes_of_its_training_folds_only(monkeypatch):
     """Each fold's student learns from the teacher's P(yes) of the other folds' pairs (never of
     a pair it scores); a pair the teacher failed keeps its gold label alone."""
-    from bridge_assets.evaluation.pointwise import PointwiseScore
+    from bridge_assets.labeling.pointwise import PointwiseScore
     from bridge_assets.student import labeler as student_labeler
 
     examples = _examples()
@@ -510,7 +516,7 @@ def test_a_student_distils_its_teacher_s_p_yes_of_its_training_folds_only(monkey
     asked = []
 
     def scripted_teacher(triplets, model, generate, **kwargs):  # stands in for the LLM's P(yes)
-        asked.append((model, len(triplets), kwargs["definitions"]))
+        asked.append((model, len(triplets)))
         return [PointwiseScore(None if teacher[t.id] is None else 1, teacher[t.id], f"k{t.id}", None)
                 for t in triplets]
 
@@ -526,7 +532,7 @@ def test_a_student_distils_its_teacher_s_p_yes_of_its_training_folds_only(monkey
     labeler = build_labeler({"labeler": "student", "epochs": 1, "max_length": 48, "batch_size": 8,
                              "teacher_weight": 0.5, "models": ["qwen-1.5b"]}, profiles_for=lambda role: [])
     run = labeler.label(items, generate=None)
-    assert asked == [("qwen-1.5b", len(items), True)]
+    assert asked == [("qwen-1.5b", len(items))]
     assert run.models == ["qwen-1.5b"] and run.extra["teacher_scored"] == len(items) - 1
     folds = query_folds(items, 2, seed=0)
     by_text = {(item.query, item.chunk): (n, item) for n, item in enumerate(items)}

@@ -26,7 +26,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import duckdb
-from scipy.stats import binomtest
 
 from bridge_assets.labeling.review import AUDIT
 from bridge_assets.store import table_exists
@@ -49,6 +48,8 @@ class Proportion:
     def interval(self) -> tuple[float, float] | None:
         if not self.n:
             return None
+        from scipy.stats import binomtest  # scipy loads in the steps that use it, not with the definitions
+
         ci = binomtest(self.k, self.n).proportion_ci(confidence_level=CONFIDENCE, method="wilson")
         return float(ci.low), float(ci.high)
 
