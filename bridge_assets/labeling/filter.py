@@ -33,7 +33,7 @@ from bridge_assets.paths import read_sql
 FILTER_TEMPLATE = "filter"
 # Under a definition: keep a pair unless the scorer's P(yes) is under this (chosen on the silver
 # set's calibration questions to keep its relevant pairs: docs/labeler-eval.md).
-KEEP_P_YES = 0.3
+KEEP_P_YES = 0.2
 FILTER_SCHEMA = {
     "type": "object",
     "properties": {"is_supported": {"type": "boolean"}},
