@@ -265,8 +265,13 @@ def test_without_answers_model_labels_stay_provisional_until_people_measure_them
     script = Script()
     with ScriptedServer(script) as server:
         llm = ScriptedLLM(data_lake=str(data_lake), url=server.url, debate="agent", adjudicator="adj")
-        run_assets(data_lake, [labeling_assets.candidate_pool, labeling_assets.filter_pool,
-                               labeling_assets.debate], llm)
+        labeled = run_assets(data_lake, [labeling_assets.candidate_pool, labeling_assets.filter_pool,
+                                         labeling_assets.debate], llm)
+    for node, asset in (("filter_pool", "filtered_pool"), ("debate", "review_sample")):
+        event = next(e for e in labeled.asset_materializations_for_node(node)
+                     if e.asset_key.to_user_string() == asset)
+        assert event.metadata["relevance_definition"].value.startswith("default (answer_support with short")
+        assert event.metadata["relevance_settings"].value["calibration_pairs"] == 8
     # every prompt judged by the default definition of a dataset without answers: `useful`
     assert script.users and all(f"What counts as relevant: {USEFUL_DEFINITION}" in u for u in script.users)
     assert not any("Reference answers" in u for u in script.users)

@@ -29,11 +29,10 @@ from bridge_assets.labeling.labeler import (DEFAULT_LABELER, LabelerSettings, la
                                             pipeline_items, pipeline_labeler, pipeline_pairs)
 from bridge_assets.labeling.pairs import load_pairs
 from bridge_assets.labeling.prompts import Prompts
-from bridge_assets.labeling.review import AUDIT, CALIBRATION, review_sample
+from bridge_assets.labeling.review import AUDIT, CALIBRATION, pair_trusted_by_rule, review_sample
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.resources import DuckDBStore
-from bridge_assets.qrels.trust import pair_trusted_by_rule
 from bridge_assets.store import table_exists
 
 GROUP = "labeling"

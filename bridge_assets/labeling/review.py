@@ -28,6 +28,14 @@ AUDIT, CALIBRATION = "audit", "calibration"
 DEFAULT_CALIBRATION_PAIRS = 20
 
 
+def pair_trusted_by_rule(kind: str, answer_present: bool | None) -> bool:
+    """Whether the rule trusts the debate's consensus on one pair without a measurement on its
+    dataset (bridge_assets.qrels.trust): judged by `answer_support`, and the debate's
+    answer-presence check applied to it (its answers are short spans and the check is on:
+    `answer_present` is not None), as on the hard gold set."""
+    return kind == "answer_support" and answer_present is not None
+
+
 def draw(seed: int, query_id: str, doc_id: str) -> float:
     """The pair's uniform draw in [0, 1) under `seed`."""
     digest = hashlib.sha256(f"{seed}\0{query_id}\0{doc_id}".encode()).digest()

@@ -170,9 +170,3 @@ def trusted_by_rule(con: duckdb.DuckDBPyConnection, dataset: str) -> bool:
                         "where dataset = ? and outcome = 'consensus'", [dataset]).fetchone()[0]
     return bool(value) if value is not None else False
 
-
-def pair_trusted_by_rule(kind: str, answer_present: bool | None) -> bool:
-    """The rule's side of one debated pair: judged by `answer_support`, and the debate's
-    answer-presence check applied to it (its answers are short spans and the check is on:
-    `answer_present` is not None)."""
-    return kind == "answer_support" and answer_present is not None
