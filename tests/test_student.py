@@ -29,7 +29,7 @@ from bridge_assets.student.model import (CALIBRATION, ONE_CLASS_QUERY, SAMPLED_O
 from bridge_assets.student.prefilter import lake_study, threshold_table
 from bridge_assets.student.threshold import held_out_pairs, reliability, threshold_retrieval
 from bridge_assets.summary import run_summary
-from fixtures.labeled_lake import DATASET, EXPECTED_LABELS, materialize_qrels, read
+from fixtures.labeled_lake import DATASET, VERIFIED_LABELS, materialize_qrels, read
 
 TINY = StudentSettings(epochs=1, max_length=48, batch_size=8, calibration_share=0.34)
 
@@ -66,7 +66,7 @@ def test_training_set_holds_verified_labels_only(labeled_lake):
         data = training_set(con, DATASET)
     got = {(q, d): (label, source) for q, d, label, source in data.labels.iter_rows()}
     assert ("q2", "d10") not in got
-    assert got == {pair: (int(relevance > 0), source) for pair, (relevance, source) in EXPECTED_LABELS.items()}
+    assert got == {pair: (int(relevance > 0), source) for pair, (relevance, source) in VERIFIED_LABELS.items()}
     assert [(p.query_id, p.doc_id) for p in data.pairs] == list(got)
     assert {e.target for e in data.examples()} == {0.0, 1.0}
     assert {e.teacher for e in data.examples()} == {None}  # no teacher read: nothing distilled
@@ -201,13 +201,13 @@ def test_student_assets_train_once_and_score_the_whole_pool(labeled_lake, tmp_pa
     assert first["trained_now"].value is True and second["trained_now"].value is False
     assert first["student_key"] == second["student_key"]
     row = read(labeled_lake, "select * from student_annotator").to_dicts()
-    assert len(row) == 1 and row[0]["labels"] == len(EXPECTED_LABELS)
+    assert len(row) == 1 and row[0]["labels"] == len(VERIFIED_LABELS)
     assert row[0]["weights_hash"] == first["weights_hash"].value
     audit = read(labeled_lake, "select query_id, doc_id, split from student_training_set")
     assert ("q2", "d10") not in set(zip(audit["query_id"], audit["doc_id"], strict=True))
     # a query labelled one way only teaches no contrast: its labels are recorded, left out
-    classes = {q: {int(relevance > 0) for (qq, _), (relevance, _) in EXPECTED_LABELS.items() if qq == q}
-               for q, _ in EXPECTED_LABELS}
+    classes = {q: {int(relevance > 0) for (qq, _), (relevance, _) in VERIFIED_LABELS.items() if qq == q}
+               for q, _ in VERIFIED_LABELS}
     one_class = {q for q, seen in classes.items() if len(seen) == 1}
     assert one_class and set(audit.filter(pl.col("split") == "one-class query")["query_id"]) == one_class
     assert set(audit.filter(pl.col("query_id").is_in(list(one_class)).not_())["split"]) == {"train", "calibration"}
@@ -224,8 +224,8 @@ def test_student_assets_train_once_and_score_the_whole_pool(labeled_lake, tmp_pa
                               tmp_path)
     assert [t.title for t in section.tables] == ["The student", "Threshold retrieval against top-k (held-out queries)"]
     assert section.tables[1].rows[0][0] == "P >= 0.1" and f"the {len(held)} queries it held out" in section.intro
-    left = len(EXPECTED_LABELS) - row[0]["trained_on"] - row[0]["calibrated_on"]
-    assert f"{left} of its {len(EXPECTED_LABELS)} verified labels were left out" in " ".join(section.notes)
+    left = len(VERIFIED_LABELS) - row[0]["trained_on"] - row[0]["calibrated_on"]
+    assert f"{left} of its {len(VERIFIED_LABELS)} verified labels were left out" in " ".join(section.notes)
     chance = tables["student_annotator"].with_columns(held_out_auroc=pl.lit(0.5))
     notes = " ".join(student_section(chance, None, None, tmp_path).notes)
     assert "held-out AUROC is 0.50: it orders those pairs no better than chance" in notes
@@ -237,7 +237,7 @@ def test_student_assets_train_once_and_score_the_whole_pool(labeled_lake, tmp_pa
         summary = run_summary(con, DATASET, time.time())
     left_out = audit.filter(pl.col("split") == "one-class query").height
     assert (f"student annotator {first['student_key'].value}: trained on {row[0]['trained_on']} and "
-            f"calibrated on {row[0]['calibrated_on']} of {len(EXPECTED_LABELS)} verified labels "
+            f"calibrated on {row[0]['calibrated_on']} of {len(VERIFIED_LABELS)} verified labels "
             f"({row[0]['relevant']} relevant; left out: {left_out} of queries labelled one way only)") in summary
     assert row[0]["held_out_auroc"] is not None and f"held-out AUROC {row[0]['held_out_auroc']:.2f}" in summary
     assert f"scores {pool.height} pool pairs" in summary
@@ -251,7 +251,7 @@ def test_student_assets_train_once_and_score_the_whole_pool(labeled_lake, tmp_pa
     assert unlearned["student"]["learned_from_pair"] is None  # the pending pair: scored, never learned
     text = format_story(learned)
     assert f"student {first['student_key'].value} (weights {first['weights_hash'].value}), trained on " \
-           f"{row[0]['trained_on']} and calibrated on {row[0]['calibrated_on']} of {len(EXPECTED_LABELS)} " \
+           f"{row[0]['trained_on']} and calibrated on {row[0]['calibrated_on']} of {len(VERIFIED_LABELS)} " \
            "verified labels" in text
 
     # distilling (a Materialize with teacher_weight): another student, whose training set and
@@ -289,13 +289,13 @@ def test_a_sampled_student_says_what_it_left_out(labeled_lake):
     assert row["calibrated_on"] == splits.filter(pl.col("split") == "calibration").height <= 4
     left_out = splits.filter(pl.col("split") == "sampled out")
     one_class = splits.filter(pl.col("split") == "one-class query")
-    assert left_out.height == len(EXPECTED_LABELS) - row["trained_on"] - row["calibrated_on"] - one_class.height > 0
+    assert left_out.height == len(VERIFIED_LABELS) - row["trained_on"] - row["calibrated_on"] - one_class.height > 0
     with store.connect(labeled_lake / "bridge.duckdb") as con:
         summary = run_summary(con, DATASET, time.time())
         sampled_out = audit_pair(con, DATASET, left_out["query_id"][0], left_out["doc_id"][0])
         one_way = audit_pair(con, DATASET, one_class["query_id"][0], one_class["doc_id"][0])
     assert (f"trained on {row['trained_on']} and calibrated on {row['calibrated_on']} of "
-            f"{len(EXPECTED_LABELS)} verified labels ({row['relevant']} relevant; left out: "
+            f"{len(VERIFIED_LABELS)} verified labels ({row['relevant']} relevant; left out: "
             f"{one_class.height} of queries labelled one way only, {left_out.height} past max_labels)") in summary
     assert "was left out by the max_labels sample" in format_story(sampled_out)
     assert "its query's verified labels being all of one class" in format_story(one_way)

@@ -65,6 +65,13 @@ def test_the_silver_gold_set_holds_test_questions_with_the_teachers_labels():
                                               key=lambda i: (i.rpartition("-")[0], int(i.rpartition("-")[2])))
 
 
+def test_thresholds_are_chosen_on_calibration_questions_only():
+    calibration_questions = set(split()["questions"]["calibration"])
+    triplets = read_goldset(SILVER.with_name("calibration.jsonl"))
+    assert len(triplets) == 100 and Counter(t.label for t in triplets) == {1: 50, 0: 50}
+    assert all(t.query in calibration_questions and t.label == teacher()[t.id]["teacher_label"] for t in triplets)
+
+
 def test_the_scifact_claims_gold_set_pairs_each_claim_with_its_gold_abstract_and_one_negative():
     triplets = read_goldset(SCIFACT)
     assert len(triplets) == 40
@@ -96,7 +103,7 @@ def test_the_scifact_claims_set_is_what_its_build_writes():
     assert result.returncode == 0, result.stderr
 
 
-@pytest.mark.parametrize("stale", ["split.json", "goldset.jsonl"])
+@pytest.mark.parametrize("stale", ["split.json", "goldset.jsonl", "calibration.jsonl"])
 def test_the_check_fails_when_a_file_differs(tmp_path, stale, monkeypatch):
     """--check compares bytes: a file that differs (here one line changed) fails it."""
     sys.path.insert(0, str(PROJECT_ROOT / "scripts"))
@@ -104,7 +111,7 @@ def test_the_check_fails_when_a_file_differs(tmp_path, stale, monkeypatch):
         import diras_split
     finally:
         sys.path.pop(0)
-    names = {diras_split.SPLIT: "SPLIT", diras_split.GOLDSET: "GOLDSET"}
+    names = {diras_split.SPLIT: "SPLIT", diras_split.GOLDSET: "GOLDSET", diras_split.CALIBRATION: "CALIBRATION"}
     for path, text in diras_split.render().items():
         copy = tmp_path / path.name
         copy.write_text(text.replace("\n", "\n ", 1) if path.name == stale else text, encoding="utf-8")
