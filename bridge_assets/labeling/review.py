@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections.abc import Collection
 
 import polars as pl
 
@@ -79,7 +80,7 @@ def calibration_sample(by_stratum: dict[str, list[tuple[str, str]]], size: int,
 
 def review_sample(filtered_pool: pl.DataFrame, debate_labels: pl.DataFrame,
                   settings: RelevanceSettings, *, trusted_by_rule: bool,
-                  previous: set[tuple[str, str, str]] = frozenset()) -> pl.DataFrame:  # type: ignore[assignment]
+                  previous: Collection[tuple[str, str, str]] = ()) -> pl.DataFrame:
     """The `review_sample` rows of one dataset: `filtered_pool` (query_id, doc_id, kept),
     `debate_labels` (query_id, doc_id, outcome, label); `trusted_by_rule`: whether the debate's
     consensus counts without a measurement on the dataset (qrels.trust), which sets the default
@@ -88,6 +89,7 @@ def review_sample(filtered_pool: pl.DataFrame, debate_labels: pl.DataFrame,
     drops = [(q, d) for q, d, kept in filtered_pool.select("query_id", "doc_id", "kept").iter_rows()
              if not kept]
     audited = set(audit_sample(drops, settings.audit_share, settings.audit_min_pairs, settings.seed))
+    previous = set(previous)
     audited |= {(q, d) for q, d, kind in previous if kind == AUDIT} & set(drops)
     rows = [(q, d, AUDIT, "filter_drop") for q, d in sorted(audited)]
     size = settings.calibration_pairs

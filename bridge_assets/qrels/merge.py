@@ -133,7 +133,6 @@ def qrels_counts(qrels: pl.DataFrame) -> dict[str, int]:
     counts["awaiting_people"] = int(qrels.filter((pl.col("source") == "pending")
                                                  & ~pl.col("unverified_source").is_in(["vote", "provisional"])
                                                  .fill_null(False)).height)
-    counts["unverified_filter_drops"] = counts["pairs_filter"]
     for source in UNVERIFIED_SOURCES:
         guesses = qrels.filter(pl.col("unverified_source") == source)
         counts[f"unverified_{source}_relevant"] = int((guesses["unverified_label"] == 1).sum())

@@ -112,7 +112,7 @@ def qrels_section(qrels: pl.DataFrame | None, dataset: str) -> Section:
     figures = qrels_counts(qrels)
     rows = [("holes found (verified)", figures["holes_found"]),
             ("pending pairs (awaiting people)", figures["awaiting_people"]),
-            ("filter drops (unverified \"no\", audited by a sample)", figures["unverified_filter_drops"])]
+            ("filter drops (unverified \"no\", audited by a sample)", figures["pairs_filter"])]
     for source, name in (("adjudicator", "LLM adjudicator"), ("vote", "agents' vote beyond the human budget"),
                          ("provisional", "debate's consensus, provisional until measured here")):
         relevant, irrelevant = figures[f"unverified_{source}_relevant"], figures[f"unverified_{source}_irrelevant"]
