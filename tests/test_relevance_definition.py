@@ -23,7 +23,7 @@ from bridge_assets.audit import audit_pair, format_story
 from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.assets import human_labels
 from bridge_assets.ingest import assets as ingest_assets
-from bridge_assets.ingest.registry import get_dataset
+from bridge_assets.ingest.registry import DatasetSpec, get_dataset
 from bridge_assets.labeling import assets as labeling_assets
 from bridge_assets.labeling.debate import debate_agents, turn_request
 from bridge_assets.labeling.filter import filter_request
@@ -60,6 +60,14 @@ def test_a_query_is_judged_by_its_own_definition_else_its_dataset_s_else_the_def
     assert resolve_relevance("A passage naming a singer.", answers=()).kind == "custom"
     with pytest.raises(ValueError, match="preset"):
         resolve_relevance("  ", answers=())
+
+
+def test_a_dataset_entry_states_its_definition_or_fails_naming_the_field():
+    spec = DatasetSpec(name="mine", kind="beir", path="p", relevance={"definition": "  Names  count. "})
+    assert spec.relevance.definition == "Names count." and spec.relevance.min_precision == 0.7
+    for bad in ({"definition": "  "}, {"definiton": "useful"}, {"min_precision": 0}):
+        with pytest.raises(ValueError, match="relevance"):
+            DatasetSpec(name="mine", kind="beir", path="p", relevance=bad)
 
 
 def _prompts(pair: Pair) -> dict[str, str]:
