@@ -230,8 +230,12 @@ def _external_change(key: dg.AssetKey, partition_key, metadata: dict[str, Any],
             return "imported judgments changed (bridge qrels import / remove)"
         from bridge_assets.ingest.registry import get_dataset
 
-        if metadata.get("min_precision") != get_dataset(partition_key).relevance.min_precision:
+        relevance = get_dataset(partition_key).relevance
+        if metadata.get("min_precision") != relevance.min_precision:
             return "the dataset's relevance.min_precision changed"
+        # (absent before the setting existed: off, as its default)
+        if metadata.get("drops_in_bounds", False) != relevance.drops_in_bounds:
+            return "the dataset's relevance.drops_in_bounds changed"
     return None
 
 

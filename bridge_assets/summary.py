@@ -84,7 +84,7 @@ def _trust(con: duckdb.DuckDBPyConnection, spec: DatasetSpec) -> list[str]:
     lines = [f"debate consensus \"{'yes' if c.label else 'no'}\": "
              + ("counted as labels" if c.trusted else "provisional, not counted")
              + f" ({c.reason}); people agreed {c.precision.describe()}" for c in (trust.yes, trust.no)]
-    return [*lines, dropped_holes(con, spec.name).describe()]
+    return [*lines, dropped_holes(con, spec.name).describe(spec.relevance.drops_in_bounds)]
 
 
 def _escalations(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:

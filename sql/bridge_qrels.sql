@@ -24,7 +24,12 @@
 --                  reached the debate: relevance 0, but unverified. A model's "no" is a guess
 --                  like its "yes": never a found non-hole, never a training label; a seeded
 --                  sample of the drops goes to people (the audit), whose votes then win as
---                  'human', and the summary estimates how many holes the drops hide.
+--                  'human', and the summary estimates how many holes the drops hide. Where
+--                  the dataset asks for it (relevance.drops_in_bounds), the upper bound counts
+--                  that many of the drops as relevant: estimated_hole marks the
+--                  $drops_at_upper drops the filter found most likely relevant (its P(yes),
+--                  highest first, then the pair key), $drops_at_upper being the high end of
+--                  the estimate's 95% interval over the drops people have not labelled.
 --  imported        `bridge qrels import` sources (imported_qrels), each at the precedence
 --                  qrels_sources gives it: above 10 for an ordinary source (it never overrides
 --                  the gold), below 10 for a correction source (corrects_original), which
@@ -110,7 +115,7 @@ filtered_out as (
            any_value(v.pair_key) as pair_key, null::varchar as config_hash,
            coalesce(list(v.call_key order by v.model) filter (where v.call_key is not null),
                     []::varchar[]) as call_keys,
-           []::bigint[] as vote_ids
+           []::bigint[] as vote_ids, max(v.p_yes) as p_yes
     from filtered_pool p
     left join filter_votes v
            on v.dataset = p.dataset and v.query_id = p.query_id and v.doc_id = p.doc_id
@@ -141,11 +146,19 @@ judgments as (
 winners as (
     select * from judgments
     qualify row_number() over (partition by query_id, doc_id order by precedence, source) = 1
+),
+estimated_holes as (
+    select query_id, doc_id
+    from winners
+    where source = 'filter'
+    qualify row_number() over (order by p_yes desc nulls last, pair_key, query_id, doc_id)
+            <= $drops_at_upper
 )
 select $dataset as dataset, w.query_id, w.doc_id, w.relevance, w.source, w.unverified_label,
        w.unverified_source, w.pair_key, w.config_hash, w.call_keys, w.vote_ids,
        o.relevance as original_relevance, w.verified, w.precedence::double as precedence,
-       w.import_file, w.import_line
+       w.import_file, w.import_line, e.query_id is not null as estimated_hole
 from winners w
 left join original o using (query_id, doc_id)
+left join estimated_holes e using (query_id, doc_id)
 order by w.query_id, w.doc_id

@@ -11,7 +11,9 @@ Pending pairs (escalated, awaiting people) are not labels, so the refined qrels 
 bounds: every pending pair irrelevant (`refined`, what the verified labels alone give) and
 every pending pair relevant at the scale's top grade (`refined_upper`: 1, or 3 on a graded
 dataset, so that it bounds nDCG's gains and every relevance level). A finding that holds at
-both ends does not depend on how people will decide.
+both ends does not depend on how people will decide. Where the dataset asks for it
+(`relevance.drops_in_bounds`), the upper bound also counts as relevant the filter's drops the
+audit estimates to be holes (bridge_qrels.estimated_hole).
 
 Scope "pooled" keeps the queries of the candidate pool: when the pool was built on a sample of
 queries (candidate_pool's query_limit), only those got new labels, and comparing original and
@@ -94,10 +96,15 @@ def analysis_views(con: duckdb.DuckDBPyConnection, dataset: str, scope: Scope = 
                                        where {in_scope}""",
     }
     if refined:
+        # a table written before estimated_hole existed: no drop counted at the upper bound
+        estimated = "coalesce(estimated_hole, false)" if "estimated_hole" in {
+            c for (c,) in con.execute("select column_name from information_schema.columns "
+                                      "where table_name = 'bridge_qrels'").fetchall()} else "false"
         for name, upper in REFINED_BOUNDS.items():
+            relevance = f"case when {estimated} then {top_grade} else coalesce(relevance, {top_grade}) end" \
+                if upper else "coalesce(relevance, 0)"
             tables[f"analysis_{name}_qrels"] = f"""
-                select dataset, query_id, doc_id,
-                       coalesce(relevance, {top_grade if upper else 0})::integer as relevance
+                select dataset, query_id, doc_id, ({relevance})::integer as relevance
                 from bridge_qrels where {in_scope}"""
     try:
         for name, select in tables.items():

@@ -52,6 +52,10 @@ class RelevanceSettings(BaseModel):
     # The bar: a model's labels of one class become findings only while the 95% interval of
     # their measured precision lies above it (see qrels.trust for the rule).
     min_precision: float = Field(0.7, gt=0.0, le=1.0)
+    # The metrics' upper bound counts as relevant the drops the audit estimates to be holes (the
+    # high end of its 95% interval; bridge_assets.qrels.trust). Off until measured: the
+    # estimate rests on a small sample, and the plain bounds already hold the verified labels.
+    drops_in_bounds: bool = False
     seed: int = 0
 
     @field_validator("definition")

@@ -21,7 +21,8 @@ from bridge_assets.trec_io import write_trec_qrels
 PENDING_SHOWN = 20
 # The pipeline tables bridge_qrels reads: its deps. It also reads what `bridge qrels import`
 # stored (IMPORT_TABLES, not assets) and the ids of the counted votes (the votes store).
-READS = ("original_qrels", "human_labels", "debate_labels", "debate_turns", "filtered_pool", "filter_votes")
+READS = ("original_qrels", "human_labels", "debate_labels", "debate_turns", "filtered_pool", "filter_votes",
+         "review_sample")
 
 
 def qrels_inputs(store: DuckDBStore, dataset: str):
@@ -35,6 +36,12 @@ def qrels_version(qrels: pl.DataFrame) -> str:
     digest = hashlib.sha256()
     for row in qrels.sort("query_id", "doc_id").select("query_id", "doc_id", "relevance", "source").iter_rows():
         digest.update(repr(row).encode())
+    # the drops the upper bound counts (relevance.drops_in_bounds): only where there are some,
+    # so that the versions stored before the column existed stay
+    if "estimated_hole" in qrels.columns:
+        for row in qrels.filter(pl.col("estimated_hole").fill_null(False)).sort("query_id", "doc_id") \
+                .select("query_id", "doc_id").iter_rows():
+            digest.update(repr(("estimated_hole", *row)).encode())
     return digest.hexdigest()[:16]
 
 
@@ -100,6 +107,8 @@ def _metadata(result: BridgeQrels, trec_path) -> dict:
         metadata["debate_trust"] = dg.MetadataValue.md(trust_table(result.trust))
         metadata["debate_yes_counted"] = result.trust.yes.trusted
         metadata["debate_no_counted"] = result.trust.no.trusted
+    if result.dropped is not None:
+        metadata["dropped_holes"] = result.dropped.describe(bool(metadata["estimated_holes"]))
     return metadata
 
 
@@ -110,7 +119,9 @@ def _metadata(result: BridgeQrels, trec_path) -> dict:
     code_version="2",
     description="Refined qrels: the original gold plus every pair judged by humans, by DREAM "
                 "consensus that passed its checks (where trusted on the dataset: qrels/trust.py), "
-                "or dropped by the filter (relevance 0, unverified), and the escalated pairs "
+                "or dropped by the filter (relevance 0, unverified; where the dataset's "
+                "relevance.drops_in_bounds asks, the drops the audit estimates to be holes are "
+                "marked estimated_hole, relevant at the metrics' upper bound), and the escalated pairs "
                 "awaiting people and the provisional consensus labels as 'pending' (relevance "
                 "NULL: not a label; a model's guess on them is kept apart as unverified_label), "
                 "and the judgments "
@@ -122,9 +133,10 @@ def _metadata(result: BridgeQrels, trec_path) -> dict:
 )
 def bridge_qrels(context: dg.AssetExecutionContext, store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
-    bar = get_dataset(dataset).relevance.min_precision
+    relevance = get_dataset(dataset).relevance
+    bar = relevance.min_precision
     with qrels_inputs(store, dataset) as con:
-        result = build_bridge_qrels(con, dataset, bar)
+        result = build_bridge_qrels(con, dataset, bar, relevance.drops_in_bounds)
     with store.connect() as con:
         add_missing_columns(con)
     store.write_partitions({"bridge_qrels": result.qrels}, dataset=dataset)
@@ -145,7 +157,8 @@ def bridge_qrels(context: dg.AssetExecutionContext, store: DuckDBStore) -> dg.Ma
                             f"correction sources: {', '.join(sorted(set(result.corrections['source'])))}")
     return dg.MaterializeResult(metadata={**_metadata(result, trec_path),
                                           "imports_version": imports_version(store, dataset),
-                                          "min_precision": bar},
+                                          "min_precision": bar,
+                                          "drops_in_bounds": relevance.drops_in_bounds},
                                 data_version=dg.DataVersion(qrels_version(result.qrels)))
 
 

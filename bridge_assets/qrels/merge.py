@@ -20,7 +20,7 @@ import polars as pl
 from bridge_assets.errors import BridgeError
 from bridge_assets.paths import read_sql
 from bridge_assets.qrels.sources import IMPORT_TABLES, SOURCES, UNVERIFIED_GUESSERS, VERIFIED_BUILTINS, registered
-from bridge_assets.qrels.trust import DebateTrust, debate_trust, trusted_by_rule
+from bridge_assets.qrels.trust import DebateTrust, DroppedHoles, debate_trust, dropped_holes, trusted_by_rule
 from bridge_assets.store import table_exists
 
 # Built-in labels a person or a passed check stands behind (imported sources say so at import,
@@ -35,11 +35,12 @@ BRIDGE_QRELS_SCHEMA = {
     "pair_key": pl.Utf8, "config_hash": pl.Utf8, "call_keys": pl.List(pl.Utf8),
     "vote_ids": pl.List(pl.Int64), "original_relevance": pl.Int32, "verified": pl.Boolean,
     "precedence": pl.Float64, "import_file": pl.Utf8, "import_line": pl.Int32,
+    "estimated_hole": pl.Boolean,
 }
 # Columns added after the table's first release: a data lake written before gets them (NULL
 # on other datasets' rows until their bridge_qrels is built again).
 ADDED_COLUMNS = {"original_relevance": "integer", "verified": "boolean", "precedence": "double",
-                 "import_file": "varchar", "import_line": "integer"}
+                 "import_file": "varchar", "import_line": "integer", "estimated_hole": "boolean"}
 
 # The columns sql/bridge_qrels.sql reads from each optional input, for empty stand-ins.
 OPTIONAL_INPUTS = {
@@ -53,7 +54,7 @@ OPTIONAL_INPUTS = {
                     "agent varchar, call_key varchar",
     "filtered_pool": "dataset varchar, query_id varchar, doc_id varchar, kept boolean",
     "filter_votes": "dataset varchar, query_id varchar, doc_id varchar, pair_key varchar, "
-                    "model varchar, call_key varchar",
+                    "model varchar, call_key varchar, p_yes double",
 }
 
 
@@ -68,6 +69,7 @@ class BridgeQrels:
     missing_inputs: tuple[str, ...]  # labeling tables not materialized yet (read as empty)
     sources: pl.DataFrame | None = None  # the dataset's imported sources (qrels_sources rows)
     trust: DebateTrust | None = None     # which consensus classes counted as labels, and why
+    dropped: DroppedHoles | None = None  # the audit's estimate of the holes among the drops
 
     @property
     def pending(self) -> pl.DataFrame:
@@ -128,6 +130,9 @@ def qrels_counts(qrels: pl.DataFrame) -> dict[str, int]:
     else:  # rows written before imports existed: only people and passed checks were verified
         counts["holes_found"] = counts["relevant_human"] + counts["relevant_debate"]
     counts["pending"] = counts["pairs_pending"]
+    # drops the upper bound counts as relevant (relevance.drops_in_bounds)
+    counts["estimated_holes"] = int(qrels["estimated_hole"].fill_null(False).sum()) \
+        if "estimated_hole" in qrels.columns else 0
     # pending pairs people are asked to label (those voted beyond the human budget are not, nor
     # the provisional consensus labels outside the calibration sample)
     counts["awaiting_people"] = int(qrels.filter((pl.col("source") == "pending")
@@ -161,18 +166,25 @@ def add_missing_columns(con: duckdb.DuckDBPyConnection) -> None:
             con.execute(f"alter table bridge_qrels add column if not exists {name} {kind}")
 
 
-def build_bridge_qrels(con: duckdb.DuckDBPyConnection, dataset: str, min_precision: float = 0.7) -> BridgeQrels:
+def build_bridge_qrels(con: duckdb.DuckDBPyConnection, dataset: str, min_precision: float = 0.7,
+                       drops_in_bounds: bool = False) -> BridgeQrels:
     """The refined qrels of `dataset` from whatever labels the data lake holds; the debate's
     consensus classes count as labels where bridge_assets.qrels.trust trusts them at the bar
-    `min_precision` (the dataset's `relevance.min_precision`)."""
+    `min_precision` (the dataset's `relevance.min_precision`). `drops_in_bounds`: the filter's
+    drops the audit estimates to be holes are marked `estimated_hole`, which the metrics' upper
+    bound counts as relevant (sql/bridge_qrels.sql says which)."""
     if not table_exists(con, "original_qrels") or not con.execute(
             "select count(*) from original_qrels where dataset = ?", [dataset]).fetchone()[0]:
         raise MissingOriginalQrels(f"bridge_qrels for dataset '{dataset}': no original_qrels rows; "
                                    "materialize the dataset's ingest assets first")
     # no import is not a missing stage: those stand-ins are not reported
     with stand_ins(con, OPTIONAL_INPUTS) as missing, stand_ins(con, IMPORT_TABLES):
+        # filter votes written before the scorer's P(yes) was kept
+        con.execute("alter table filter_votes add column if not exists p_yes double")
         trust = debate_trust(con, dataset, by_rule=trusted_by_rule(con, dataset), bar=min_precision)
-        qrels = con.execute(read_sql("bridge_qrels"), {"dataset": dataset, "trust_yes": trust.yes.trusted,
-                                                       "trust_no": trust.no.trusted}).pl()
+        dropped = dropped_holes(con, dataset)
+        qrels = con.execute(read_sql("bridge_qrels"), {
+            "dataset": dataset, "trust_yes": trust.yes.trusted, "trust_no": trust.no.trusted,
+            "drops_at_upper": dropped.at_upper if drops_in_bounds else 0}).pl()
     return BridgeQrels(dataset, qrels.cast(BRIDGE_QRELS_SCHEMA).select(list(BRIDGE_QRELS_SCHEMA)), missing,
-                       registered(con, dataset), trust)
+                       registered(con, dataset), trust, dropped)

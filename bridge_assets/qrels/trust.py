@@ -18,11 +18,14 @@ unverified_label 'provisional'): shown, bounded in the metrics, never a found ho
 
 The audit: people's labels on a seeded random sample of the filter's drops estimate the share
 of the drops that are holes; scaled to the number of drops, that is the estimate of the holes
-the filter dropped, with the Wilson interval of the share scaled the same way.
+the filter dropped, with the Wilson interval of the share scaled the same way. Where a dataset
+asks for it (`relevance.drops_in_bounds`), the metrics' upper bound counts as relevant as many of
+the drops people have not labelled as the interval's high end allows (`DroppedHoles.at_upper`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import duckdb
@@ -128,15 +131,31 @@ class DroppedHoles:
         low, high = self.audited.interval  # type: ignore[misc]
         return self.audited.share * self.drops, low * self.drops, high * self.drops  # type: ignore[operator]
 
-    def describe(self) -> str:
+    @property
+    def at_upper(self) -> int:
+        """How many of the drops people have not labelled the upper bound counts as holes: the
+        high end of the share's interval times their number, rounded up (0 before any audit
+        label: the estimate does not exist yet)."""
+        if not self.audited.n:
+            return 0
+        high = self.audited.interval[1]  # type: ignore[index]
+        # the rounding guards against 0.3 * 10 = 3.0000000000000004 becoming 4
+        return math.ceil(round(high * (self.drops - self.audited.n), 9))
+
+    def describe(self, in_bounds: bool = False) -> str:
+        """One line; `in_bounds`: the dataset's upper bound counts the estimate (drops_in_bounds)."""
         if not self.drops:
             return "the filter dropped no pair"
         head = f"the filter dropped {self.drops} pairs (unverified); audit sample {self.sampled}"
         if self.estimate is None:
             return f"{head}, none labelled by people yet: holes among the drops not estimated"
         holes, low, high = self.estimate
-        return (f"{head}, {self.audited.n} labelled by people, {self.audited.k} of them holes: "
+        line = (f"{head}, {self.audited.n} labelled by people, {self.audited.k} of them holes: "
                 f"about {holes:.1f} holes among the drops [95% CI {low:.1f}, {high:.1f}]")
+        if in_bounds:
+            line += (f"; the metrics' upper bound counts {self.at_upper} of the "
+                     f"{self.drops - self.audited.n} unlabelled drops as holes")
+        return line
 
 
 def dropped_holes(con: duckdb.DuckDBPyConnection, dataset: str) -> DroppedHoles:

@@ -178,7 +178,7 @@ def trust_section(con: duckdb.DuckDBPyConnection, dataset: str,
         [("yes" if c.label else "no", c.precision.describe(), "yes" if c.trusted else "no (provisional)",
           c.reason) for c in (trust.yes, trust.no)],
         schema=["consensus", "people agreed (95% CI)", "counted as labels", "why"], orient="row")))
-    section.notes.append(dropped_holes(con, dataset).describe() + ".")
+    section.notes.append(dropped_holes(con, dataset).describe(relevance.drops_in_bounds) + ".")
     return section
 
 
