@@ -119,3 +119,33 @@ def test_the_check_fails_when_a_file_differs(tmp_path, stale, monkeypatch):
     monkeypatch.setattr(diras_split, "ROOT", tmp_path)
     monkeypatch.setattr(sys, "argv", ["diras_split.py", "--check"])
     assert diras_split.main() == 1
+
+
+def test_the_students_teacher_examples_keep_the_split_and_the_teachers_confidence():
+    from bridge_assets.student.model import CALIBRATION, TRAIN, Example, StudentSettings, assign_splits
+    from bridge_assets.student.teacher import question_id, teacher_examples
+
+    train, calibration, test = (teacher_examples(name) for name in ("train", "calibration", "test"))
+    assert [len(train), len(calibration), len(test)] == [split()["counts"][n]["pairs"]
+                                                         for n in ("train", "calibration", "test")]
+    # a question's pairs share its id, and no id is on two sides
+    ids = [{e.query_id for e in part} for part in (train, calibration, test)]
+    assert [len(i) for i in ids] == [399, 50, 50] and not (ids[0] & ids[1] or ids[0] & ids[2] or ids[1] & ids[2])
+    rows = list(teacher().values())
+    first = next(row for row in rows if row["query"] in split()["questions"]["train"])
+    example = train[0]
+    assert (example.query, example.chunk, example.target) == (first["query"], first["chunk"], first["teacher_label"])
+    assert example.query_id == question_id(first["query"]) and example.source == first["dataset"]
+    # P(yes) from GPT-4's stated confidence in its own answer
+    no = next(e for e in train if e.target == 0.0)
+    row = next(r for r in rows if r["chunk"] == no.chunk and r["query"] == no.query)
+    assert no.teacher == pytest.approx(1 - row["teacher_confidence"])
+    assert all(e.teacher >= 0.5 for e in train if e.target == 1.0)
+
+    # the student calibrates on the calibration questions given, never on a training one
+    parts = assign_splits(train + calibration, StudentSettings(max_labels=10_000),
+                          calibration_queries=ids[1])
+    held = {e.query_id for e, part in zip(train + calibration, parts) if part == CALIBRATION}
+    trained = {e.query_id for e, part in zip(train + calibration, parts) if part == TRAIN}
+    assert held and held <= ids[1] and trained <= ids[0] and not held & trained
+    assert isinstance(example, Example)

@@ -26,7 +26,7 @@ import logging
 import math
 import random
 import sys
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -172,15 +172,17 @@ def _sample(indices: list[int], size: int, rng: random.Random) -> list[int]:
     return indices if len(indices) <= size else sorted(rng.sample(indices, size))
 
 
-def assign_splits(examples: Sequence[Example], settings: StudentSettings) -> list[str]:
+def assign_splits(examples: Sequence[Example], settings: StudentSettings,
+                  calibration_queries: Collection[str] | None = None) -> list[str]:
     """Each example's part: TRAIN, CALIBRATION, or left out (ONE_CLASS_QUERY, SAMPLED_OUT).
     Only contrast queries count; of them `calibration_share` is held out whole (only hard
-    labels calibrate), then at most `settings.max_labels` labels of each part are kept, a
+    labels calibrate), or the `calibration_queries` given (a fixed split, as the teacher data's),
+    then at most `settings.max_labels` labels of each part are kept, a
     seeded sample. The training sample takes at most half of it from each class, so a scarce
     class is kept whole and not drowned; the calibration sample is uniform, so Platt fits the
     held-out labels' own proportion."""
     contrast = contrast_queries(examples)
-    held = held_out_queries(examples, settings)
+    held = held_out_queries(examples, settings) if calibration_queries is None else set(calibration_queries)
     rng = random.Random(settings.seed)
     parts = [ONE_CLASS_QUERY if e.query_id not in contrast else SAMPLED_OUT for e in examples]
     by_class: dict[bool, list[int]] = {True: [], False: []}
@@ -416,8 +418,9 @@ def untrainable(examples: Sequence[Example], settings: StudentSettings) -> str |
 
 
 def train_student(examples: Sequence[Example], settings: StudentSettings,
-                  location: str | None = None) -> Student:
-    """Train on `examples` (held-out queries apart), then calibrate on the held-out ones.
+                  location: str | None = None, calibration_queries: Collection[str] | None = None) -> Student:
+    """Train on `examples` (held-out queries apart), then calibrate on the held-out ones
+    (`calibration_queries` where the split is fixed, else `calibration_share` of them drawn).
     Hard labels (0/1) of held-out queries fit the calibration; soft targets only train."""
     import time
 
@@ -426,7 +429,7 @@ def train_student(examples: Sequence[Example], settings: StudentSettings,
     if problem:
         raise StudentError(f"the student cannot be trained: {problem}")
     hard = [e for e in examples if e.target in (0.0, 1.0)]
-    parts = assign_splits(examples, settings)
+    parts = assign_splits(examples, settings, calibration_queries)
     train = [e for e, part in zip(examples, parts) if part == TRAIN]
     held = [e for e, part in zip(examples, parts) if part == CALIBRATION]
     encoder = train_encoder(train, settings, location or base_model_location(settings.base_model))
