@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import resource
 import time
 from pathlib import Path
@@ -96,6 +97,7 @@ def main() -> None:
     parser.add_argument("--gold", action="append", default=[], help="FILE[=ITEMS]")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 
     report: dict = {}
     started = time.perf_counter()

@@ -316,6 +316,9 @@ def _train_steps(network, tokenizer, optimizer, examples: Sequence[Example], set
     loss_fn = torch.nn.BCEWithLogitsLoss()
     order = list(range(len(examples)))
     shuffle = random.Random(settings.seed)
+    steps = settings.epochs * math.ceil(len(order) / settings.batch_size)
+    every = max(1, steps // 10)  # progress: about ten lines a training
+    step, losses = 0, []
     network.train()
     for _ in range(settings.epochs):
         shuffle.shuffle(order)
@@ -331,6 +334,12 @@ def _train_steps(network, tokenizer, optimizer, examples: Sequence[Example], set
             loss = loss_fn(logits, torch.tensor(targets, dtype=torch.float32))
             loss.backward()
             optimizer.step()
+            step += 1
+            losses.append(float(loss))
+            if step % every == 0 or step == steps:
+                logging.getLogger(__name__).info("student training: step %d of %d, mean loss %.4f",
+                                                 step, steps, sum(losses) / len(losses))
+                losses.clear()
 
 
 def encoder_probabilities(model, pairs: Sequence[tuple[str, str]], batch_size: int = 64,
