@@ -335,7 +335,7 @@ def _train_steps(network, tokenizer, optimizer, examples: Sequence[Example], set
             loss.backward()
             optimizer.step()
             step += 1
-            losses.append(float(loss))
+            losses.append(loss.item())
             if step % every == 0 or step == steps:
                 logging.getLogger(__name__).info("student training: step %d of %d, mean loss %.4f",
                                                  step, steps, sum(losses) / len(losses))
