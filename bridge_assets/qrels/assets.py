@@ -107,8 +107,6 @@ def _metadata(result: BridgeQrels, trec_path) -> dict:
         metadata["debate_trust"] = dg.MetadataValue.md(trust_table(result.trust))
         metadata["debate_yes_counted"] = result.trust.yes.trusted
         metadata["debate_no_counted"] = result.trust.no.trusted
-    if result.dropped is not None:
-        metadata["dropped_holes"] = result.dropped.describe(bool(metadata["estimated_holes"]))
     return metadata
 
 
@@ -158,7 +156,8 @@ def bridge_qrels(context: dg.AssetExecutionContext, store: DuckDBStore) -> dg.Ma
     return dg.MaterializeResult(metadata={**_metadata(result, trec_path),
                                           "imports_version": imports_version(store, dataset),
                                           "min_precision": bar,
-                                          "drops_in_bounds": relevance.drops_in_bounds},
+                                          "drops_in_bounds": relevance.drops_in_bounds,
+                                          "dropped_holes": result.dropped.describe(relevance.drops_in_bounds)},
                                 data_version=dg.DataVersion(qrels_version(result.qrels)))
 
 
