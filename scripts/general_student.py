@@ -22,6 +22,8 @@ scoring, and the process's peak memory.
 
 --gold FILE[=ITEMS]: a gold set, and optionally the items file of a reference labeler on it.
 --load FOLDER: score a student saved before instead of training one.
+--items DIR: write each gold set's per-pair student P, `<gold set folder>[-<file>].student.items.jsonl`
+(the `bridge label-eval --items` shape: id, gold, score), for scripts/combiner_study.py.
 """
 
 from __future__ import annotations
@@ -109,6 +111,7 @@ def main() -> None:
     parser.add_argument("--max-labels", type=int, default=5000)
     parser.add_argument("--gold", action="append", default=[], help="FILE[=ITEMS]")
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--items", type=Path, help="Write per-pair scores of each gold set here.")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
 
@@ -160,6 +163,14 @@ def main() -> None:
         gold = [int(t.label > 0) for t in triplets]
         student_scores = student.score([(t.query, t.chunk) for t in triplets])
         entry = {"student": figures(gold, student_scores, threshold)}
+        if args.items:
+            args.items.mkdir(parents=True, exist_ok=True)
+            rows = [{"method": "student", "id": t.id, "gold": g, "score": s}
+                    for t, g, s in zip(triplets, gold, student_scores)]
+            stem = Path(gold_path).stem
+            name = Path(gold_path).parent.name + ("" if stem == "goldset" else f"-{stem}")
+            (args.items / f"{name}.student.items.jsonl").write_text(
+                "".join(json.dumps(row) + "\n" for row in rows), encoding="utf-8")
         print(f"{gold_path}:")
         print(line("student", entry["student"]))
         if items:
