@@ -257,6 +257,7 @@ def run_child(fraction: float, lake: Path, port: int, out: Path, skip: set[str])
     from bridge_assets.resources import DuckDBStore
 
     resources = {"store": DuckDBStore(data_lake=str(lake)), "llm": LLMResource(data_lake=str(lake))}
+    location = resources["store"].lake  # every store call is handed the run's lake
     results: list[dict] = []
 
     def stage(name: str, fn) -> None:
@@ -277,9 +278,9 @@ def run_child(fraction: float, lake: Path, port: int, out: Path, skip: set[str])
               + (f"  {detail}" if detail else ""), flush=True)
 
     def ledger_rows() -> int:
-        if not store.exists():
+        if not store.exists(location):
             return 0
-        with store.connect() as con:
+        with store.connect(location) as con:
             return con.execute("select count(*) from llm_calls").fetchone()[0] \
                 if store.table_exists(con, "llm_calls") else 0
 
@@ -299,26 +300,26 @@ def run_child(fraction: float, lake: Path, port: int, out: Path, skip: set[str])
     def write():
         corpus, queries, qrels, runs = tables.pop("all")
         store.write_partitions({"corpus": corpus, "queries": queries, "original_qrels": qrels},
-                               {"dataset": DATASET})
+                               {"dataset": DATASET}, location)
         for system, run in runs.items():
-            store.write_partitions({"retrieval_run": run}, {"dataset": DATASET, "retriever": system})
+            store.write_partitions({"retrieval_run": run}, {"dataset": DATASET, "retriever": system}, location)
 
     def pool():
         materialize([labeling.candidate_pool], {"candidate_pool": {"config": {"depth": DEPTH}}})
-        with store.connect() as con:
+        with store.connect(location) as con:
             return {"candidates": con.execute("select count(*) from candidate_pool").fetchone()[0]}
 
     def filter_():
         materialize([labeling.filter_pool])
-        with store.connect() as con:
+        with store.connect(location) as con:
             return {"kept": con.execute("select count(*) from filtered_pool where kept").fetchone()[0]}
 
     def debate():
         materialize([labeling.debate])
-        with store.connect() as con:
+        with store.connect(location) as con:
             return dict(con.execute("select outcome, count(*) from debate_labels group by all").fetchall())
 
-    print(f"fraction {fraction}: {store.describe()}", flush=True)
+    print(f"fraction {fraction}: {store.describe(location)}", flush=True)
     stage("generate", generate)
     stage("write", write)
     stage("pool", pool)
