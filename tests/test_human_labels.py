@@ -14,12 +14,13 @@ import pytest
 from statsmodels.stats.inter_rater import fleiss_kappa as statsmodels_fleiss_kappa
 from typer.testing import CliRunner
 
-from bridge_assets import store
+from bridge_assets import snapshots, store
 from bridge_assets.human import cli
 from bridge_assets.human.agreement import category_counts, fleiss_kappa
-from bridge_assets.human.assets import human_labels, human_labels_sensor
+from bridge_assets.human.assets import READS, human_labels, human_labels_sensor
 from bridge_assets.human.items import highlight
 from bridge_assets.human.labels import compute_human_labels
+from bridge_assets.human.votes_store import VotesStore
 from bridge_assets.resources import DuckDBStore
 from fixtures.paths import annotations, votes_db
 from fixtures.escalated_set import DATASET, ESCALATED, vote
@@ -145,7 +146,7 @@ def test_asset_refuses_open_pairs_unless_partial_is_asked_and_then_says_how_many
             [("q1", "d5", 1, 3)]
 
 
-def test_sensor_requests_a_run_whenever_the_votes_differ_from_human_labels(escalated_lake, tmp_path):
+def test_sensor_requests_a_run_whenever_the_votes_differ_from_human_labels_and_only_then(escalated_lake, tmp_path):
     lake_store = DuckDBStore(data_lake=str(escalated_lake))
     with dg.instance_for_test(temp_dir=str(tmp_path)) as instance:
         def tick():
@@ -164,10 +165,24 @@ def test_sensor_requests_a_run_whenever_the_votes_differ_from_human_labels(escal
                                 resources={"store": lake_store})
         assert result.success  # partial by default: the open pair stays pending
         event = result.asset_materializations_for_node("human_labels")[0]
-        assert event.tags["dagster/data_version"] == request.run_key.rsplit(":", 1)[1]
+        assert event.metadata["votes_version"].value == request.run_key.rsplit(":", 1)[1]
         assert event.metadata["open_pairs"].value == 1
         skipped = tick()  # human_labels holds these votes: nothing to run
         assert isinstance(skipped, dg.SkipReason) and "every dataset" in skipped.skip_message
+
+        # a run changed the escalated set (the consensus pair now escalated), no vote arrived: the
+        # sensor stays quiet (that run rebuilds human_labels itself), though the table's inputs moved
+        def now():
+            with snapshots.inputs(lake_store, DATASET, READS, votes=VotesStore(store=lake_store)) as con:
+                return compute_human_labels(con, DATASET)
+
+        before = now()
+        with store.connect(escalated_lake / "bridge.duckdb") as con:
+            con.execute("update debate_labels set outcome = 'escalated', label = null where pair_key = 'consensus'")
+        after = now()
+        assert after.escalated_pairs == before.escalated_pairs + 1
+        assert after.data_version != before.data_version and after.votes_version == before.votes_version
+        assert isinstance(tick(), dg.SkipReason)
 
         with annotations() as con:
             vote(con, ESCALATED[3], "dan", 0)  # one more vote: a new state, a new run key

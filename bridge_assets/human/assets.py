@@ -38,7 +38,7 @@ def _metadata(result: HumanLabels) -> dict:
         "excluded_votes": result.excluded_votes,
         "required_votes": REQUIRED_VOTES,
         "fleiss_kappa_pairs": result.kappa_pairs,
-        "votes_version": result.data_version,
+        "votes_version": result.votes_version,
     }
     for key, value in (("fleiss_kappa", result.kappa),
                        ("fleiss_kappa_with_history", result.kappa_with_history),
@@ -86,9 +86,11 @@ def human_labels(context: dg.AssetExecutionContext, config: HumanLabelsConfig,
 
 
 def votes_version(store: DuckDBStore, dataset: str) -> str:
-    """The data version human_labels would have now: a hash of the dataset's counted votes."""
+    """A hash of the dataset's counted votes (accepted, on pairs for people) as they are now. Not
+    the escalated set: a run that changes it rebuilds human_labels itself, so the sensor and
+    `bridge run` see a change of the votes only when a vote changed."""
     with snapshots.inputs(store, dataset, READS, votes=VotesStore(store=store)) as con:
-        return compute_human_labels(con, dataset).data_version
+        return compute_human_labels(con, dataset).votes_version
 
 
 human_labels_job = dg.define_asset_job(

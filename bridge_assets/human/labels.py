@@ -66,7 +66,8 @@ class HumanLabels:
     kappa_with_history: float | None
     kappa_without_history: float | None
     kappa_pairs: int
-    data_version: str
+    data_version: str               # the escalated pairs and their counted votes: the table's inputs
+    votes_version: str              # the counted votes alone: what the votes sensor watches
     # quadratic-weighted Cohen's kappa of every two annotators over their common pairs
     annotator_kappas: tuple[PairKappa, ...] = ()
     # of the pairs for people, those the review sample drew (labeling/review.py): all, decided
@@ -137,11 +138,12 @@ def compute_human_labels(con: duckdb.DuckDBPyConnection, dataset: str) -> HumanL
             "query_id", "doc_id", "annotator_id", "label").iter_rows():
         by_annotator.setdefault(annotator_id, {})[(query_id, doc_id)] = label
 
-    digest = hashlib.sha256()
+    digest, votes_digest = hashlib.sha256(), hashlib.sha256()
     for row in tallies.select("query_id", "doc_id").iter_rows():
         digest.update(repr(("pair", *row)).encode())
     for row in accepted.select("vote_id", "query_id", "doc_id", "annotator_id", "label").iter_rows():
         digest.update(repr(("vote", *row)).encode())
+        votes_digest.update(repr(("vote", *row)).encode())
 
     return HumanLabels(
         dataset=dataset,
@@ -153,6 +155,7 @@ def compute_human_labels(con: duckdb.DuckDBPyConnection, dataset: str) -> HumanL
         kappa=kappa, kappa_with_history=kappa_with, kappa_without_history=kappa_without,
         kappa_pairs=kappa_pairs,
         data_version=digest.hexdigest()[:32],
+        votes_version=votes_digest.hexdigest()[:32],
         annotator_kappas=tuple(weighted_kappas(by_annotator)),
         audit=_drawn(tallies, "audit"), calibration=_drawn(tallies, "calibration"),
     )
