@@ -142,8 +142,9 @@ def compute_human_labels(con: duckdb.DuckDBPyConnection, dataset: str) -> HumanL
     for row in tallies.select("query_id", "doc_id").iter_rows():
         digest.update(repr(("pair", *row)).encode())
     for row in accepted.select("vote_id", "query_id", "doc_id", "annotator_id", "label").iter_rows():
-        digest.update(repr(("vote", *row)).encode())
-        votes_digest.update(repr(("vote", *row)).encode())
+        vote = repr(("vote", *row)).encode()
+        digest.update(vote)
+        votes_digest.update(vote)
 
     return HumanLabels(
         dataset=dataset,
