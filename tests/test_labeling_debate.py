@@ -22,6 +22,7 @@ from bridge_assets.labeling.debate import (AgentConfig, DebateChecks, debate_age
 from bridge_assets.labeling.judge import run_judge
 from bridge_assets.labeling.pairs import Pair, pair_key
 from bridge_assets.labeling.prompts import PROMPTS_DIR, Prompts
+from bridge_assets.llm.budget import DEFERRED
 from bridge_assets.llm.types import LLMResult
 
 AGENT = re.compile(r"You are agent (\w+)")
@@ -290,6 +291,18 @@ def test_metered_generate_counts_calls_cache_hits_and_tokens():
     stats = metered.stats
     assert (stats.requests, stats.calls, stats.cache_hits, stats.failures) == (4, 2, 1, 1)
     assert (stats.tokens_in, stats.tokens_out) == (10, 5)
+
+
+def test_metered_generate_counts_deferred_results_as_neither_calls_nor_failures():
+    # past an automation run's cap the client returns results it never sent
+    def generate(profile, requests):
+        return [LLMResult(key=f"k{i}", error=DEFERRED) for i in range(len(requests))]
+
+    metered = MeteredGenerate(generate)
+    metered("m", [object()] * 3)
+    stats = metered.stats
+    assert (stats.requests, stats.calls, stats.failures) == (3, 0, 0)
+    assert stats.as_metadata()["call_failures"] == 0 and stats.by_profile == {"m": 0}
 
 
 def test_replies_are_bounded_and_their_token_budget_holds_them():

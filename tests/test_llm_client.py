@@ -408,6 +408,9 @@ def test_a_call_cap_defers_the_calls_past_it_unsent_and_unrecorded(data_lake):
         assert [r.ok for r in results] == [True, True, True, False, False]
         assert [r.error for r in results[3:]] == [budget.DEFERRED] * 2
         assert cap.spent_calls == 2 and cap.deferred_calls == 2
+        # reported as deferred, not as failed calls
+        assert client.stats.failures == 0 and client.stats.deferred == 2
+        assert client.stats.as_metadata()["deferred"] == 2
         # deferred calls are not in the ledger: the next (explicit) run asks them
         assert read_calls().height == 3
         again = client.generate(requests, context="explicit-run")

@@ -19,6 +19,7 @@ import time
 import zlib
 from pathlib import Path
 
+import dagster as dg
 import pytest
 import yaml
 from typer.testing import CliRunner
@@ -273,6 +274,16 @@ def test_an_automation_run_makes_at_most_its_cap_and_bridge_run_labels_what_it_d
         instance=instance, asset_selection=steps[0].keys, partition_key="demo",
         tags={automation.AUTOMATION_TAG: "true"}, raise_on_error=True)
     assert server.hits - before == cap
+    # the filter's metadata counts what it deferred as deferred, not as calls or failures
+    def metadata(asset: str) -> dict:
+        [record] = instance.fetch_materializations(dg.AssetRecordsFilter(
+            asset_key=dg.AssetKey(asset), asset_partitions=["demo"]), limit=1).records
+        return {k: v.value for k, v in record.asset_materialization.metadata.items()}
+
+    filtered, answered = metadata("filtered_pool"), metadata("rag_answers")
+    assert filtered["deferred_calls"] > 0 and filtered["call_failures"] == 0
+    assert filtered["calls"] <= cap
+    assert answered["deferred_calls"] > 0 and answered["failed"] == 0 and answered["call_failures"] == 0
     is_deferred = "error = '" + llm_budget.DEFERRED.replace("'", "''") + "'"
     deferred = ledger(lake, f"select query_id || ' ' || doc_id, error from filter_votes where {is_deferred}")
     assert deferred

@@ -37,6 +37,7 @@ from bridge_assets.analysis.significance import DEFAULT_MEASURES as SIGNIFICANCE
 from bridge_assets.analysis.views import ScopeInfo
 from bridge_assets.ingest.registry import GRADES, get_dataset
 from bridge_assets.labeling.calls import MeteredGenerate
+from bridge_assets.llm.budget import DEFERRED
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.resources import DuckDBStore
@@ -363,7 +364,9 @@ def rag_answers(context: dg.AssetExecutionContext, config: RagAnswersConfig, sto
     return run.finish(store, answers, {
         **_scope_metadata(info), "model": model, "answered_queries": answers["query_id"].n_unique(),
         "no_information": int(answers["no_information"].sum() or 0),
-        "failed": int(answers["error"].is_not_null().sum()), **generate.stats.as_metadata(), **capped})
+        # a call deferred by the automation cap was never sent: not a failure (the cap reports it)
+        "failed": int((answers["error"].is_not_null() & (answers["error"] != DEFERRED)).sum()),
+        **generate.stats.as_metadata(), **capped})
 
 
 class RagJudgmentsConfig(dg.Config):

@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, BeforeValidator, ValidationError
 
+from bridge_assets.llm.budget import DEFERRED
 from bridge_assets.llm.types import LLMRequest, LLMResult
 
 # A model's yes/no and grade as the reply models read them: case and spaces aside, a grade
@@ -39,7 +40,7 @@ class CallStats:
     requests: int = 0        # results received (cached or not)
     calls: int = 0           # distinct requests the model answered now (not from the cache)
     cache_hits: int = 0
-    failures: int = 0        # results with an error
+    failures: int = 0        # results with an error (deferred ones aside: they were never sent)
     tokens_in: int = 0       # of the calls made now (cached calls cost nothing)
     tokens_out: int = 0
     batches: int = 0         # generate() invocations
@@ -73,6 +74,8 @@ class MeteredGenerate:
         self.stats.requests += len(results)
         made_now: dict[str, LLMResult] = {}  # identical requests in a batch are one call
         for result in results:
+            if result.error == DEFERRED:  # past an automation run's cap: not a call, not a failure
+                continue
             if result.cached:
                 self.stats.cache_hits += 1
             else:

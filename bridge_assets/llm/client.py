@@ -38,7 +38,8 @@ class ClientStats:
     requests: int = 0       # results asked for (duplicates within a batch included)
     cache_hits: int = 0     # answered from the ledger
     calls: int = 0          # model calls made (parse retries included)
-    failures: int = 0       # results returned with `error` set
+    failures: int = 0       # results returned with `error` set (deferred ones aside)
+    deferred: int = 0       # results not asked: past an automation run's call cap (budget.DEFERRED)
     tokens_in: int = 0
     tokens_out: int = 0
     model_seconds: float = 0.0  # sum of model call latencies
@@ -148,7 +149,8 @@ class LLMClient:
                    for k in keys]
         self.stats.requests += len(requests)
         self.stats.cache_hits += sum(1 for k in keys if k in answered)
-        self.stats.failures += sum(1 for r in results if not r.ok)
+        self.stats.failures += sum(1 for r in results if not r.ok and r.error != budget.DEFERRED)
+        self.stats.deferred += sum(1 for r in results if r.error == budget.DEFERRED)
         self.stats.wall_seconds += time.perf_counter() - started
         return results
 
