@@ -16,11 +16,10 @@ from fastapi.testclient import TestClient
 
 from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.app import AppSettings, annotation_app
-from fixtures.escalated_set import write_escalated_set
+from fixtures.escalated_set import write_escalated_set, write_impact
 from bridge_assets.human.security import SESSION_COOKIE
 from fixtures.human_app import login, served
 from fixtures.paths import annotations, votes_db
-from test_annotate_plan import write_impact
 
 CHROMIUM = Path(os.environ.get("BRIDGE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -73,29 +73,11 @@ def test_the_summary_and_the_report_state_the_stopping_point(labeled_lake, tmp_p
     assert "Stopping point:" in files.markdown.read_text()
 
 
-def write_impact(lake) -> None:
-    """A pending_impact for the escalated set: q4/d8 decides most, q3/d7 some, the rest nothing."""
-    import polars as pl
-
-    from bridge_assets import store
-    from bridge_assets.analysis.impact import SCHEMA
-
-    rows = [("q4", "d8", 0.9, 1, "decides bm25 vs dense on nDCG@10: rank 2 in both (90% of the swing)"),
-            ("q3", "d7", 0.5, 2, "decides bm25 vs splade on nDCG@10: rank 1 in bm25, not in splade's top 10"),
-            ("q1", "d5", 0.0, 3, "changes no conclusion"), ("q2", "d6", 0.0, 4, "changes no conclusion")]
-    frame = pl.DataFrame([{"dataset": "demo", "query_id": q, "doc_id": d, "measure": "ndcg_cut_10",
-                           "impact": impact, "decides": int(impact > 0), "pairs_in_doubt": 2,
-                           "system_pairs": [{"system_a": "bm25", "system_b": "dense", "rank_a": 2, "rank_b": 2,
-                                             "share": impact}] if impact else [],
-                           "impact_rank": rank, "reason": reason} for q, d, impact, rank, reason in rows],
-                         schema=SCHEMA)
-    store.write_partitions({"pending_impact": frame}, {"dataset": "demo"}, lake / "bridge.duckdb")
-
-
 def test_the_app_serves_by_impact_times_votes_and_counts_down_to_the_stopping_point(escalated_lake):
     import re
 
     from bridge_assets.human.annotators import add_annotator
+    from fixtures.escalated_set import write_impact
     from fixtures.human_app import answer, login, make_client, served_pair
     from fixtures.paths import annotations
 

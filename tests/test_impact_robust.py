@@ -11,7 +11,7 @@ import itertools
 import pytest
 
 from bridge_assets.analysis.impact import compute_pending_impact, stopping_point
-from test_pending_impact import DATASET, HAND_MADE, MEASURE, lake, random_case
+from fixtures.impact_case import DATASET, HAND_MADE, MEASURE, lake, random_case
 
 
 def robust(con) -> bool:

@@ -12,61 +12,7 @@ import polars as pl
 import pytest
 
 from bridge_assets.analysis.impact import UnsupportedMeasure, compute_pending_impact, explain, stopping_point
-from bridge_assets.analysis.retrieval import compute_dataset_metrics
-
-DATASET = "toy"
-MEASURE = "ndcg_cut_10"
-
-# Three systems on two queries. q2's gold is d1, q1's d2; two pending pairs: (q2, d9), ranked
-# first by B only, and (q1, d8), ranked third by C only. At the lower bound A (1.0) > B (0.82)
-# > C (0); at the upper bound B (0.81) > A (0.61) > C (0.15): A vs B is in doubt, and only d9
-# can decide it; C is last at both bounds, so d8 changes no conclusion. (The plain order, by
-# query, would serve d8 first.)
-HAND_MADE = {
-    "runs": {"A": {"q2": ["d1", "d2", "d3"], "q1": ["d2", "d5", "d6"]},
-             "B": {"q2": ["d9", "d1", "d3"], "q1": ["d2", "d5", "d6"]},
-             "C": {"q2": ["d4", "d5", "d6"], "q1": ["d5", "d6", "d8"]}},
-    "original": {("q2", "d1"): 1, ("q1", "d2"): 1},
-    "pending": [("q2", "d9"), ("q1", "d8")],
-}
-
-
-def lake(runs: dict, original: dict, pending: list, labels: dict | None = None,
-         evaluation_only: tuple[str, ...] = ()) -> duckdb.DuckDBPyConnection:
-    """An in-memory lake with the tables pending_impact reads (retrieval_metrics computed by the
-    pipeline's own function); `labels`: pending pairs given a label (then no longer pending);
-    `evaluation_only`: systems whose runs are in student_rerank_run, not retrieval_run."""
-    labels = labels or {}
-    con = duckdb.connect()
-    queries = sorted({q for ranking in runs.values() for q in ranking})
-    con.execute("create table queries as select 'toy' as dataset, unnest(?) as query_id, "
-                "'text' as text, ['a'] as answers", [queries])
-    run_rows = [("toy", system, q, d, rank, 100.0 - rank)
-                for system, ranking in runs.items() for q, docs in ranking.items() for rank, d in enumerate(docs, 1)]
-    con.execute("create table retrieval_run (dataset varchar, retriever varchar, query_id varchar, "
-                "doc_id varchar, rank integer, score double)")
-    con.execute("create table student_rerank_run as select * from retrieval_run")
-    for table, pooled in (("retrieval_run", False), ("student_rerank_run", True)):
-        rows = [row for row in run_rows if (row[1] in evaluation_only) == pooled]
-        if rows:  # one statement per table (a row each took 2 ms; brute force builds hundreds of lakes)
-            con.execute(f"insert into {table} select unnest(?, recursive := true)",
-                        [[dict(zip(("dataset", "retriever", "query_id", "doc_id", "rank", "score"), row, strict=True))
-                          for row in rows]])
-    con.execute("create table original_qrels (dataset varchar, query_id varchar, doc_id varchar, relevance integer)")
-    con.execute("create table bridge_qrels (dataset varchar, query_id varchar, doc_id varchar, "
-                "relevance integer, source varchar)")
-    qrels = [("toy", q, d, r, "original") for (q, d), r in original.items()]
-    qrels += [("toy", q, d, labels.get((q, d)), "pending" if labels.get((q, d)) is None else "human")
-              for q, d in pending]
-    names = ("dataset", "query_id", "doc_id", "relevance", "source")
-    con.execute("insert into bridge_qrels select unnest(?, recursive := true)",
-                [[dict(zip(names, row, strict=True)) for row in qrels]])
-    con.execute("insert into original_qrels select dataset, query_id, doc_id, relevance from bridge_qrels "
-                "where source = 'original'")
-    metrics, _ = compute_dataset_metrics(con, DATASET, scope="all")
-    con.register("metrics_frame", metrics)
-    con.execute("create table retrieval_metrics as select * from metrics_frame")
-    return con
+from fixtures.impact_case import DATASET, HAND_MADE, MEASURE, lake, random_case
 
 
 def ranking_at_bounds(con: duckdb.DuckDBPyConnection) -> tuple[list, list]:
@@ -126,16 +72,6 @@ def test_the_stopping_point_equals_brute_force_on_the_hand_made_case():
     frame = compute_pending_impact(lake(**HAND_MADE), DATASET)
     order = list(zip(frame["query_id"], frame["doc_id"], strict=True))
     assert stopping_point(frame) == brute_force_stopping_point(HAND_MADE, order) == 1
-
-
-def random_case(seed: int) -> dict:
-    rng = random.Random(seed)
-    docs = [f"d{i}" for i in range(8)]
-    queries = ["q1", "q2", "q3"]
-    runs = {s: {q: rng.sample(docs, 4) for q in queries} for s in ("A", "B", "C")}
-    original = {(q, rng.choice(docs)): 1 for q in queries}
-    pooled = sorted({(q, d) for ranking in runs.values() for q, ds in ranking.items() for d in ds} - set(original))
-    return {"runs": runs, "original": original, "pending": rng.sample(pooled, 4)}
 
 
 @pytest.mark.parametrize("seed", range(8))

@@ -16,7 +16,7 @@ import pytest
 from bridge_assets.analysis.impact import (SIGNIFICANCE_WEIGHT, compute_pending_impact, stopping_point,
                                            stopping_point_with_significance)
 from bridge_assets.analysis.significance import compute_significance
-from test_pending_impact import DATASET, HAND_MADE, MEASURE, lake, random_case
+from fixtures.impact_case import DATASET, HAND_MADE, MEASURE, lake, random_case
 
 # Two systems on six queries, each query's gold g<i>. A ranks it first everywhere; B ranks it
 # lower (rank i + 1 on q<i>, behind unjudged chunks), so A is ahead on every query and the
