@@ -155,6 +155,12 @@ class Settings:
         value = self.raw("BRIDGE_MODELS_DIR")
         return Path(value).expanduser().resolve() if value else None
 
+    @staticmethod
+    def hf_offline() -> bool:
+        """HF_HUB_OFFLINE, the Hugging Face libraries' own switch (not a BRIDGE_ setting), read
+        as they read it: only the local cache serves weights and datasets."""
+        return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
 
 env = Settings()
 

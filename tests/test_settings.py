@@ -47,6 +47,15 @@ def test_an_undeclared_variable_cannot_be_asked_for():
         raise AssertionError("an undeclared variable was read")
 
 
+def test_hf_hub_offline_is_read_one_way_as_the_hugging_face_libraries_read_it(monkeypatch):
+    for value, offline in (("1", True), ("true", True), ("ON", True), ("0", False), ("", False)):
+        monkeypatch.setenv("HF_HUB_OFFLINE", value)
+        assert settings.env.hf_offline() is offline
+    readers = {str(path.relative_to(PROJECT_ROOT)) for path in (PROJECT_ROOT / "bridge_assets").rglob("*.py")
+               if re.search(r"(environ\.get|getenv)\(\s*[\"']HF_HUB_OFFLINE", path.read_text())}
+    assert readers == {"bridge_assets/settings.py"}
+
+
 def test_the_location_is_built_once_and_every_store_call_of_a_run_uses_it(data_lake, monkeypatch):
     built: list[LakeLocation] = []
     seen: list[object] = []

@@ -20,6 +20,7 @@ from urllib.parse import urlparse
 
 from bridge_assets.ingest.errors import DatasetError, SourceUnreachable
 from bridge_assets.ingest.registry import DatasetSpec
+from bridge_assets.settings import env
 
 CONNECT_TIMEOUT_S = 5.0
 HF_ENDPOINT = os.environ.get("HF_ENDPOINT", "https://huggingface.co")
@@ -100,7 +101,7 @@ def fetch_beir_url(spec: DatasetSpec) -> Path:
 def fetch_huggingface(spec: DatasetSpec) -> Path:
     """A Hugging Face dataset in the BEIR layout (`corpus`/`queries` configs plus a qrels split)
     or the BRIDGE release layout (queries with a `doc_id` list and `answers`)."""
-    if os.environ.get("HF_HUB_OFFLINE") != "1":  # offline mode: only the local cache serves it
+    if not env.hf_offline():  # offline mode: only the local cache serves it
         ensure_reachable(HF_ENDPOINT, spec.name)
     try:
         import datasets as hf_datasets

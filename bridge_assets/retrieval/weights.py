@@ -19,6 +19,7 @@ from pathlib import Path
 
 from bridge_assets.retrieval.errors import ModelUnavailableError
 from bridge_assets.retrieval.registry import ModelSource, ModelSpec, RetrieverRegistry, model_identity
+from bridge_assets.settings import env
 
 
 @dataclass(frozen=True)
@@ -33,10 +34,6 @@ class ResolvedModel:
         found, never `location` (where this machine keeps them: a key with it changes when the
         environment moves and stays when the weights at a path change)."""
         return {"model": model_identity(spec), "backend": self.backend, "source": self.source}
-
-
-def hf_offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
 
 
 def _package_dir(source: ModelSource) -> tuple[Path | None, str]:
@@ -139,7 +136,7 @@ def _huggingface(source: ModelSource) -> tuple[str | None, str]:
     try:
         return snapshot_download(source.hf, local_files_only=True), ""
     except LocalEntryNotFoundError:
-        if hf_offline():
+        if env.hf_offline():
             return None, f"Hugging Face {source.hf} is not in the local cache and HF_HUB_OFFLINE=1"
         return source.hf, ""  # network allowed: the Hub serves it on load
 
