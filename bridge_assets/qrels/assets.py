@@ -103,10 +103,9 @@ def _metadata(result: BridgeQrels, trec_path) -> dict:
         metadata["imported_sources"] = dg.MetadataValue.md(_sources_table(result.sources))
     if result.corrections.height:  # never a silent overwrite of the gold
         metadata["corrections_of_original"] = dg.MetadataValue.md(_corrections_table(result.corrections))
-    if result.trust is not None:
-        metadata["debate_trust"] = dg.MetadataValue.md(trust_table(result.trust))
-        metadata["debate_yes_counted"] = result.trust.yes.trusted
-        metadata["debate_no_counted"] = result.trust.no.trusted
+    metadata["debate_trust"] = dg.MetadataValue.md(trust_table(result.trust))
+    metadata["debate_yes_counted"] = result.trust.yes.trusted
+    metadata["debate_no_counted"] = result.trust.no.trusted
     return metadata
 
 

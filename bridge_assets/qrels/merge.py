@@ -67,9 +67,9 @@ class BridgeQrels:
     dataset: str
     qrels: pl.DataFrame          # rows of the bridge_qrels table (pending pairs included)
     missing_inputs: tuple[str, ...]  # labeling tables not materialized yet (read as empty)
-    sources: pl.DataFrame | None = None  # the dataset's imported sources (qrels_sources rows)
-    trust: DebateTrust | None = None     # which consensus classes counted as labels, and why
-    dropped: DroppedHoles | None = None  # the audit's estimate of the holes among the drops
+    sources: pl.DataFrame        # the dataset's imported sources (qrels_sources rows)
+    trust: DebateTrust           # which consensus classes counted as labels, and why
+    dropped: DroppedHoles        # the audit's estimate of the holes among the drops
 
     @property
     def pending(self) -> pl.DataFrame:
