@@ -26,13 +26,9 @@ from pathlib import Path
 
 from bridge_assets.evaluation.goldsets import read_goldset
 from bridge_assets.evaluation.metrics import auroc, auroc_intervals, brier_score, expected_calibration_error
+from bridge_assets.evaluation.runner import item_scores
 from bridge_assets.labeling.evidence import answer_in_chunk
 from bridge_assets.student.combiner import cross_fitted, fit_combiner
-
-
-def read_scores(path: Path) -> dict[str, float]:
-    rows = (json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
-    return {str(row["id"]): float(row["score"]) for row in rows if row.get("score") is not None}
 
 
 def row(name: str, gold: list[int], score: list[float], reference: list[float], probability: bool) -> dict:
@@ -65,7 +61,7 @@ def main() -> None:
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
 
-    scores = {name: read_scores(Path(path)) for name, _, path in (s.partition("=") for s in args.signal)}
+    scores = {name: item_scores(Path(path)) for name, _, path in (s.partition("=") for s in args.signal)}
     names = list(scores) + (["answer_check"] if args.answer_check else [])
 
     def pairs(path: Path) -> tuple[list, list[int], list[dict]]:

@@ -28,16 +28,13 @@ from pathlib import Path
 
 from bridge_assets.evaluation.goldsets import read_goldset
 from bridge_assets.evaluation.metrics import auroc, auroc_intervals
+from bridge_assets.evaluation.runner import read_items
 from bridge_assets.student.escalation import EscalationRow, escalation_study
 from bridge_assets.student.labeler import query_folds
 
 CONFIDENCES = (0.6, 0.7, 0.8, 0.9, 0.95)
 UP_TO = (0.15, 0.2)
 REFERENCE = "P(yes) of --lara"  # the scores LARA calibrates, the baseline of both tables
-
-
-def read_items(path: Path) -> dict[str, dict]:
-    return {row["id"]: row for row in map(json.loads, path.read_text(encoding="utf-8").splitlines()) if row}
 
 
 def write_test_half(gold: Path, out: Path, *, folds: int = 2, seed: int = 0, fold: int = 1) -> int:

@@ -40,6 +40,7 @@ import numpy as np
 from bridge_assets.evaluation.goldsets import read_goldset
 from bridge_assets.evaluation.metrics import (auroc, auroc_intervals, balanced_accuracies, brier_score,
                                               expected_calibration_error)
+from bridge_assets.evaluation.runner import item_scores
 from bridge_assets.student.model import Student, StudentSettings, train_student, weights_hash
 from bridge_assets.student.teacher import question_id, split_questions, teacher_examples
 
@@ -86,16 +87,6 @@ def line(name: str, result: dict) -> str:
     cells = [f"{k} {v[0]:.3f} [{v[1]:.3f}, {v[2]:.3f}]" for k, v in result.items() if isinstance(v, tuple)]
     cells[1] += f" (P >= {result['threshold']:.3f})"
     return f"  {name} (n {result['n']}, {result['relevant']} relevant): " + "; ".join(cells)
-
-
-def read_reference(path: Path) -> dict[str, float]:
-    """id -> the reference labeler's score, from a `bridge label-eval --items` file."""
-    scores = {}
-    for text in path.read_text().splitlines():
-        item = json.loads(text)
-        if item.get("score") is not None:
-            scores[str(item["id"])] = float(item["score"])
-    return scores
 
 
 def main() -> None:
@@ -174,7 +165,7 @@ def main() -> None:
         print(f"{gold_path}:")
         print(line("student", entry["student"]))
         if items:
-            reference = read_reference(Path(items))
+            reference = item_scores(Path(items))
             kept = [i for i, t in enumerate(triplets) if str(t.id) in reference]
             g = [gold[i] for i in kept]
             s = [student_scores[i] for i in kept]

@@ -230,6 +230,18 @@ def write_items(result: MethodResult, path: Path) -> None:
                             for item in result.items), encoding="utf-8")
 
 
+def read_items(path: Path) -> dict[str, dict]:
+    """A `write_items` file (or one of the same shape): triplet id -> its row."""
+    rows = (json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+    return {str(row["id"]): row for row in rows}
+
+
+def item_scores(path: Path) -> dict[str, float]:
+    """Triplet id -> the labeler's score (P(relevant) or P(yes)), from an items file; triplets
+    without a score are left out."""
+    return {i: float(row["score"]) for i, row in read_items(path).items() if row.get("score") is not None}
+
+
 def format_table(rows: Sequence[dict[str, Any]]) -> str:
     """A plain-text table of result summaries (the gold set's Table 1)."""
     columns = [("method", 26, "s"), ("n", 4, "d"), ("R_irr", 7, "%"), ("R_rel", 7, "%"),
