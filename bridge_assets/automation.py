@@ -21,13 +21,14 @@ Materialize) are not capped.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Iterator
 from typing import Any
 
 import dagster as dg
 
 from bridge_assets.llm import budget as llm_budget
-from bridge_assets.llm import ledger
+from bridge_assets.llm import coordination
 from bridge_assets.run_settings import dataset_of
 from bridge_assets.settings import env
 
@@ -62,9 +63,10 @@ def is_automation_run(context: dg.AssetExecutionContext) -> bool:
 
 @contextlib.contextmanager
 def llm_cap(context: dg.AssetExecutionContext, ledger_path) -> Iterator[dict[str, Any]]:
-    """Inside an automation run, cap the LLM calls of the block at what is left of the
-    dataset's `llm_calls_per_run` (the run's calls so far are counted in the ledger, so the cap
-    holds across the run's step processes). Yields the metadata to report (filled on exit)."""
+    """Inside an automation run, cap the LLM calls of the block at the dataset's
+    `llm_calls_per_run` for the whole run: each chunk's calls are reserved against the run's
+    count in the lake's coordination file before they are sent, so parallel step processes
+    never pass the cap together. Yields the metadata to report (filled on exit)."""
     metadata: dict[str, Any] = {}
     if not is_automation_run(context):
         yield metadata
@@ -72,11 +74,12 @@ def llm_cap(context: dg.AssetExecutionContext, ledger_path) -> Iterator[dict[str
     from bridge_assets.ingest.registry import get_dataset
 
     cap = get_dataset(dataset_of(context.partition_key)).automation.llm_calls_per_run
-    left = max(0, cap - ledger.calls_made(context.run_id, ledger_path))
-    limit = llm_budget.Budget(calls=left)
+    shared = coordination.for_store(ledger_path)
+    limit = llm_budget.Budget(calls=cap, reserve_calls=functools.partial(shared.reserve_calls, context.run_id, cap))
     with llm_budget.enforce(limit):
         yield metadata
-    metadata.update({"automation_llm_calls_per_run": cap, "automation_calls_left": left,
+    metadata.update({"automation_llm_calls_per_run": cap,
+                     "automation_calls_reserved": shared.calls_reserved(context.run_id),
                      "deferred_calls": limit.deferred_calls})
     if limit.deferred_calls:
         context.log.warning(f"{limit.deferred_calls} LLM call(s) deferred by the automation cap "

@@ -63,6 +63,8 @@ VARIABLES: tuple[Setting, ...] = (
             "the annotation app's session secret"),
     Setting("BRIDGE_ANNOTATOR_RATE", "none",
             "what an hour of people's annotation time costs: 30 (USD) or 30 EUR (the dry run's human cost)"),
+    Setting("BRIDGE_LEASE_SECONDS", "60",
+            "how long a dead process's lease on an LLM call outlives it (others then send the call)"),
     Setting("BRIDGE_TEST_PAUSE_IN_WRITE", "none",
             "tests only: seconds a partition write sleeps before its commit (to kill it there)"),
 )
@@ -143,6 +145,14 @@ class Settings:
             return default
         if not value.isdigit() or int(value) < 1:
             raise ValueError(f"BRIDGE_SENSOR_INTERVAL_S={value!r}: expected a whole number of seconds >= 1")
+        return int(value)
+
+    def lease_seconds(self) -> int:
+        value = self.text("BRIDGE_LEASE_SECONDS")
+        if not value:
+            return int(BY_NAME["BRIDGE_LEASE_SECONDS"].default)
+        if not value.isdigit() or int(value) < 1:
+            raise ValueError(f"BRIDGE_LEASE_SECONDS={value!r}: expected a whole number of seconds >= 1")
         return int(value)
 
     def index_dir(self, lake_folder: Path) -> Path:

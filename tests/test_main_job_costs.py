@@ -283,6 +283,8 @@ def test_an_automation_run_makes_at_most_its_cap_and_bridge_run_labels_what_it_d
     filtered, answered = metadata("filtered_pool"), metadata("rag_answers")
     assert filtered["deferred_calls"] > 0 and filtered["call_failures"] == 0
     assert filtered["calls"] <= cap
+    # the run's calls, reserved against its cap by whichever step sent them (llm.coordination)
+    assert filtered["automation_calls_reserved"] == answered["automation_calls_reserved"] == cap
     assert answered["deferred_calls"] > 0 and answered["failed"] == 0 and answered["call_failures"] == 0
     is_deferred = "error = '" + llm_budget.DEFERRED.replace("'", "''") + "'"
     deferred = ledger(lake, f"select query_id || ' ' || doc_id, error from filter_votes where {is_deferred}")

@@ -79,7 +79,7 @@ def test_the_location_is_built_once_and_every_store_call_of_a_run_uses_it(data_l
         store.write_partitions({"t": pl.DataFrame({"dataset": ["a"], "value": [1]})}, dataset="a")
         assert store.read("select value from t")["value"].to_list() == [1]
         store.snapshot("a", ("t",), votes=votes).close()
-        assert ledger.calls_made(context.run_id, llm.db_path) == 0
+        assert ledger.lookup([context.run_id], llm.db_path) == {}
         votes.prepare()
         with votes.connect() as con:  # the votes store, the pipeline's tables readable
             assert con.execute("select count(*) from t").fetchone()[0] == 1

@@ -12,8 +12,9 @@ weights, a hosted model's is not at hand), a reply at its max_tokens (an upper b
 spend counts the tokens the backend reports.
 
 Automation runs (bridge_assets.automation) get a cap on the number of calls instead, which
-*defers* rather than stops: the calls past it are not sent and come back as failed results
-with error DEFERRED (never recorded in the ledger, so an explicit run asks them later); the
+*defers* rather than stops: each chunk's calls are reserved against the run's cap before they
+are sent, atomically across the run's step processes (`reserve_calls`), and the calls past it
+are not sent and come back as failed results with error DEFERRED (never recorded in the ledger, so an explicit run asks them later); the
 pairs they touch stay pending, and the rest of the run goes on.
 """
 
@@ -22,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 import threading
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from bridge_assets.errors import BridgeError
@@ -51,6 +52,9 @@ class Budget:
     tokens: int | None = None
     usd: float | None = None
     calls: int | None = None  # calls sent at most; those past it are deferred, not an error
+    # Reserves calls of the cap where several processes share it (an automation run's steps:
+    # llm.coordination): wanted -> granted, atomically. None: this process counts alone.
+    reserve_calls: Callable[[int], int] | None = None
     spent_tokens: int = 0
     spent_usd: float = 0.0
     spent_calls: int = 0
@@ -63,7 +67,8 @@ class Budget:
         money limit, at their estimated most."""
         if self.calls is not None:
             with self._lock:
-                admitted = max(0, min(len(requests), self.calls - self.spent_calls))
+                admitted = (self.reserve_calls(len(requests)) if self.reserve_calls is not None
+                            else max(0, min(len(requests), self.calls - self.spent_calls)))
                 self.spent_calls += admitted
                 self.deferred_calls += len(requests) - admitted
             requests = requests[:admitted]

@@ -8,8 +8,9 @@
 rest to the backend in chunks (64 requests by default), re-asks the replies that fail strict
 parsing (up to the profile's `parse_retries`), and appends each chunk's calls to the ledger
 in one short transaction (in the background, while the next chunk is asked), so a killed run
-repeats none of the calls already recorded. A
-call that still fails comes back with `error` set: callers must treat it as failed, never as
+repeats none of the calls already recorded. Each key is sent by one process at a time: a chunk's
+keys are leased before it is sent (llm.coordination), and a key another process is sending is
+waited for and read from the ledger, not sent again. A call that still fails comes back with `error` set: callers must treat it as failed, never as
 a label. Under an active budget (llm.budget) a chunk that would pass it is not sent:
 `BudgetExceeded` is raised instead, with the earlier chunks already recorded; the calls past
 an automation run's call cap come back unsent, with error `budget.DEFERRED`.
@@ -24,7 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from bridge_assets import store
-from bridge_assets.llm import budget, ledger
+from bridge_assets.llm import budget, coordination, ledger
 from bridge_assets.llm.backends import Backend, make_backend, model_id
 from bridge_assets.llm.parsing import check_schema, parse_reply
 from bridge_assets.llm.profiles import ModelProfile, get_profile
@@ -40,6 +41,7 @@ class ClientStats:
     calls: int = 0          # model calls made (parse retries included)
     failures: int = 0       # results returned with `error` set (deferred ones aside)
     deferred: int = 0       # results not asked: past an automation run's call cap (budget.DEFERRED)
+    waited: int = 0         # answered by another process that was sending the same call (its reply read)
     tokens_in: int = 0
     tokens_out: int = 0
     model_seconds: float = 0.0  # sum of model call latencies
@@ -99,6 +101,15 @@ class LLMClient:
             if request.json_schema is not None:
                 check_schema(request.json_schema)
         keys = [self.key(r) for r in requests]
+        # One process sends a key at a time: a chunk's keys are leased just before it is sent
+        # (llm.coordination); keys another process is sending are waited for once this
+        # process's own chunks are answered, then read from the ledger (or sent here, when
+        # their sender died or got no reply).
+        with coordination.Leases(coordination.for_store(self.db_path)) as leases:
+            return self._generate(requests, keys, leases, context, started)
+
+    def _generate(self, requests: Sequence[LLMRequest], keys: list[str], leases: coordination.Leases,
+                  context: str | None, started: float) -> list[LLMResult]:
         answered = ledger.lookup(keys, self.db_path)
         pending: dict[str, LLMRequest] = {}
         for key, request in zip(keys, requests):
@@ -106,7 +117,6 @@ class LLMClient:
                 pending.setdefault(key, request)  # identical requests in a batch: one call
         fresh: dict[str, tuple[LLMResult, int]] = {}
         deferred: dict[str, LLMResult] = {}  # never recorded: a later run asks them
-        todo = list(pending.items())
         # Recorded as the chunks return, in the background while the next chunk is asked: one
         # append in flight at most; the chunks that return meanwhile wait and go together in the
         # next append (at most QUEUED_CHUNKS of them, then the client waits). A slow model gets
@@ -116,39 +126,60 @@ class LLMClient:
         writing: Future | None = None
         queued: list[ledger.CallRecord] = []
 
+        def record(records: list[ledger.CallRecord]) -> None:
+            ledger.append(records, profile=self.profile.name, backend=self.profile.backend,
+                          model=self.model_id, context=context, path=self.db_path)
+            leases.release(r.result.key for r in records)  # committed: waiters read the replies
+
         def flush(wait: bool) -> None:
             nonlocal writing, queued
             if writing is not None and (wait or writing.done() or len(queued) >= QUEUED_CHUNKS * self.chunk_size):
                 writing.result()
                 writing = None
             if writing is None and queued:
-                writing = self._writer().submit(
-                    ledger.append, queued, profile=self.profile.name, backend=self.profile.backend,
-                    model=self.model_id, context=context, path=self.db_path)
+                writing = self._writer().submit(record, queued)
                 queued = []
 
-        try:
-            for start in range(0, len(todo), self.chunk_size):
-                chunk = dict(todo[start:start + self.chunk_size])
-                admitted = budget.admit(self.profile, list(chunk.values()))
-                for key in list(chunk)[admitted:]:  # past an automation run's call cap: not sent
-                    deferred[key] = LLMResult(key=key, error=budget.DEFERRED)
-                    del chunk[key]
-                if not chunk:
-                    continue
-                answers = self._call(chunk)
-                queued.extend(ledger.CallRecord(chunk[k], result, attempts)
-                              for k, (result, attempts) in answers.items())
-                flush(wait=False)
-                budget.charge(self.profile, (result for result, _ in answers.values()))
-                fresh.update(answers)
-        finally:  # everything answered is recorded before generate() returns or raises
-            flush(wait=True)
-            flush(wait=True)
+        todo = list(pending.items())
+        while todo:
+            elsewhere: dict[str, LLMRequest] = {}
+            try:
+                for start in range(0, len(todo), self.chunk_size):
+                    chunk = dict(todo[start:start + self.chunk_size])
+                    mine, others, recheck = leases.claim(list(chunk))
+                    elsewhere.update((k, chunk.pop(k)) for k in others)
+                    if recheck:  # others released leases since the ledger was read: read it again
+                        meanwhile = ledger.lookup(mine, self.db_path)
+                        answered.update(meanwhile)
+                        leases.release(meanwhile)
+                        mine = [k for k in mine if k not in meanwhile]
+                        for key in meanwhile:
+                            del chunk[key]
+                    admitted = budget.admit(self.profile, list(chunk.values()))
+                    for key in mine[admitted:]:  # past an automation run's call cap: not sent
+                        deferred[key] = LLMResult(key=key, error=budget.DEFERRED)
+                        del chunk[key]
+                    leases.release(mine[admitted:])
+                    if not chunk:
+                        continue
+                    answers = self._call(chunk)
+                    queued.extend(ledger.CallRecord(chunk[k], result, attempts)
+                                  for k, (result, attempts) in answers.items())
+                    flush(wait=False)
+                    budget.charge(self.profile, (result for result, _ in answers.values()))
+                    fresh.update(answers)
+            finally:  # everything answered is recorded before generate() waits, returns or raises
+                flush(wait=True)
+                flush(wait=True)
+            leases.wait(list(elsewhere))
+            replies = ledger.lookup(list(elsewhere), self.db_path)
+            answered.update(replies)
+            self.stats.waited += len(replies)
+            todo = [(k, r) for k, r in elsewhere.items() if k not in replies]
         results = [answered[k] if k in answered else deferred[k] if k in deferred else fresh[k][0]
                    for k in keys]
         self.stats.requests += len(requests)
-        self.stats.cache_hits += sum(1 for k in keys if k in answered)
+        self.stats.cache_hits += sum(1 for k in keys if k in answered)  # waited-for replies included
         self.stats.failures += sum(1 for r in results if not r.ok and r.error != budget.DEFERRED)
         self.stats.deferred += sum(1 for r in results if r.error == budget.DEFERRED)
         self.stats.wall_seconds += time.perf_counter() - started

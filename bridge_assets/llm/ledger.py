@@ -192,14 +192,6 @@ def _flush_now_and_then(rows: int, path: store.Where | None) -> None:
         logger.warning("the LLM ledger's inlined rows were not flushed to Parquet this time: %s", exc)
 
 
-def calls_made(context: str, path: store.Where | None = None) -> int:
-    """How many calls were recorded under `context` (a Dagster run id), in any process."""
-    with store.connect(path) as con:
-        if not store.table_exists(con, TABLE):
-            return 0
-        return con.execute(f"select count(*) from {TABLE} where context = ?", [context]).fetchone()[0]
-
-
 def read_calls(path: store.Where | None = None) -> pl.DataFrame:
     """The whole ledger (empty frame when no call was ever made)."""
     with store.connect(path) as con:
