@@ -78,8 +78,7 @@ test: setup browser
 
 # The Dagster UI on http://127.0.0.1:3000, over the same instance `bridge` uses.
 ui: setup
-	mkdir -p data_lake/dagster_home
-	test -f data_lake/dagster_home/dagster.yaml || printf 'telemetry:\n  enabled: false\n' > data_lake/dagster_home/dagster.yaml
+	$(BIN)/python -c 'from bridge_assets.orchestration import ensure_instance_config as e; e("data_lake/dagster_home")'
 	DAGSTER_HOME=$(CURDIR)/data_lake/dagster_home $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 # Deletes what the pipeline rebuilds, in either storage (the DuckLake's SQLite catalog and

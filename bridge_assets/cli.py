@@ -128,7 +128,8 @@ def _materialize(assets: list[str], dataset: str | None, overrides: dict[str, di
 
     try:
         outcome = orchestration.materialize(assets, dataset, asset_config=overrides or {},
-                                            stale_only=stale_only, on_step=progress, on_plan=planned)
+                                            stale_only=stale_only, on_step=progress, on_plan=planned,
+                                            on_wait=lambda line: typer.secho(line, fg="yellow", err=True))
     except store.StoreMismatch as exc:
         _fail(str(exc))
     except BudgetExceeded as exc:

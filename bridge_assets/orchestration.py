@@ -13,11 +13,14 @@ judgments)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
@@ -26,6 +29,9 @@ from bridge_assets import run_settings
 from bridge_assets.llm.budget import BudgetExceeded
 from bridge_assets.resources import DuckDBStore
 
+# Dagster's tags naming a run's partition: a dataset's, or the dataset dimension of a
+# retriever x dataset partition.
+DATASET_TAGS = ("dagster/partition", "dagster/partition/dataset")
 LOG_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 # Failures the command line reports itself in one message (a budget stop is an expected end,
 # not a crash): its console log leaves out their failure events, Dagster's stack traces included.
@@ -51,13 +57,42 @@ def console_logger(init_context: dg.InitLoggerContext) -> logging.Logger:
     return logger
 
 
+# What BRIDGE needs of the Dagster instance (`make ui`'s and the command line's): runs that
+# compute the same dataset's partitions queue behind one another (the daemon's run queue, one
+# run per value of Dagster's partition tags); a run whose worker process died is marked
+# FAILURE by the daemon's run monitoring within RUN_MONITORING_SECONDS; no telemetry.
+RUN_MONITORING_SECONDS = 30
+INSTANCE_CONFIG: dict[str, Any] = {
+    "telemetry": {"enabled": False},
+    "run_launcher": {"module": "bridge_assets.run_launcher", "class": "BridgeRunLauncher"},
+    "run_monitoring": {"enabled": True, "poll_interval_seconds": RUN_MONITORING_SECONDS,
+                       "max_resume_run_attempts": 0},
+    "run_coordinator": {
+        "module": "dagster.core.run_coordinator", "class": "QueuedRunCoordinator",
+        "config": {"tag_concurrency_limits": [
+            {"key": tag, "value": {"applyLimitPerUniqueValue": True}, "limit": 1} for tag in DATASET_TAGS]},
+    },
+}
+
+
+def ensure_instance_config(home: str | os.PathLike) -> Path:
+    """Write `home`/dagster.yaml with INSTANCE_CONFIG, or add the sections of it that an
+    existing file lacks (a section the user wrote is theirs: it is kept as it is)."""
+    import yaml
+
+    config = Path(home) / "dagster.yaml"
+    config.parent.mkdir(parents=True, exist_ok=True)
+    current = (yaml.safe_load(config.read_text()) or {}) if config.exists() else {}
+    missing = {name: section for name, section in INSTANCE_CONFIG.items() if name not in current}
+    if missing or not config.exists():
+        config.write_text(yaml.safe_dump({**current, **missing}, sort_keys=False))
+    return config
+
+
 def instance() -> dg.DagsterInstance:
     if "DAGSTER_HOME" not in os.environ:
         home = DuckDBStore().lake.dagster_home
-        home.mkdir(parents=True, exist_ok=True)
-        config = home / "dagster.yaml"
-        if not config.exists():
-            config.write_text("telemetry:\n  enabled: false\n")
+        ensure_instance_config(home)
         os.environ["DAGSTER_HOME"] = str(home)
     return dg.DagsterInstance.get()
 
@@ -266,19 +301,90 @@ def out_of_date(defs: dg.Definitions, inst: dg.DagsterInstance, key: dg.AssetKey
     return _external_change(key, partition_key, metadata, store or DuckDBStore())
 
 
+# --- one run per dataset at a time ---------------------------------------------------------------
+
+# Run statuses of a run that is computing (a queued run waits for the coordinator: see
+# instance_config's per-dataset limits).
+ACTIVE_RUNS = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.CANCELING]
+WAIT_POLL_SECONDS = 1.0
+
+
+def dataset_lock_file(lake_folder, dataset: str):
+    return lake_folder / "locks" / f"dataset-{dataset}.lock"
+
+
+@contextlib.contextmanager
+def dataset_turn(lake_folder, datasets: list[str], say: Callable[[str], None]):
+    """Hold the turn of each dataset in `datasets` for the block: a second command on one of
+    them waits here, says so, and then plans (it finds what the first built up to date). A file
+    lock, so a killed command's turn ends with it."""
+    from filelock import FileLock, Timeout
+
+    locks = []
+    try:
+        for dataset in sorted(set(datasets)):  # one order: two commands never hold each other's
+            path = dataset_lock_file(lake_folder, dataset)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock = FileLock(path)
+            try:
+                lock.acquire(timeout=0)
+            except Timeout:
+                say(f"another bridge command is running on dataset {dataset}: waiting for it to finish")
+                lock.acquire()
+            locks.append(lock)
+        yield
+    finally:
+        for lock in reversed(locks):
+            lock.release()
+
+
+def wait_for_other_runs(inst: dg.DagsterInstance, datasets: list[str], say: Callable[[str], None]) -> None:
+    """Return once no run of the instance (the daemon's automation or sensor runs, the UI's
+    launches, another command's) is computing a partition of `datasets`. A run whose worker
+    process is gone (killed) is marked FAILURE here, as the daemon's run monitoring would."""
+    from bridge_assets.run_launcher import worker_died
+
+    told: set[str] = set()
+    while True:
+        active = []
+        for run in inst.get_runs(dg.RunsFilter(statuses=ACTIVE_RUNS)):
+            if not any(run.tags.get(tag, "") in datasets for tag in DATASET_TAGS):
+                continue
+            pid = worker_died(inst, run)
+            if pid is not None:
+                inst.report_run_failed(run, f"its worker process (pid {pid}) is gone")
+                say(f"run {run.run_id[:8]} was marked failed: its worker process (pid {pid}) is gone")
+                continue
+            active.append(run)
+        if not active:
+            return
+        for run in active:
+            if run.run_id not in told:
+                told.add(run.run_id)
+                origin = "automation" if run.tags.get("dagster/from_automation_condition") else \
+                    run.tags.get("dagster/sensor_name") or "a launch"
+                say(f"waiting for run {run.run_id[:8]} ({origin}) on dataset "
+                    f"{next(run.tags[t] for t in DATASET_TAGS if run.tags.get(t) in datasets)} to finish")
+        time.sleep(WAIT_POLL_SECONDS)
+
+
 def execute(defs: dg.Definitions, steps: list[Step], inst: dg.DagsterInstance,
             asset_config: dict[str, dict[str, Any]] | None = None,
             on_step: Callable[[Step, str | None], None] | None = None,
-            stale_only: bool = False) -> list[dg.ExecuteInProcessResult]:
+            stale_only: bool = False,
+            before_run: Callable[[], None] | None = None) -> list[dg.ExecuteInProcessResult]:
     """Run the steps in process. With `stale_only`, each step's assets are checked just before
     it runs (what ran before may have changed their inputs) and only those out of date run,
-    with what follows them in the step and the members of a multi-asset that cannot be subset."""
+    with what follows them in the step and the members of a multi-asset that cannot be subset.
+    `before_run` is called before each step's check (to wait for other runs)."""
     job = defs.resolve_implicit_global_asset_job_def().with_logger_defs({"console": console_logger})
     graph = defs.resolve_asset_graph()
     results = []
     for step in steps:
         for partition_key in step.partition_keys:
             keys = step.keys
+            if before_run:
+                before_run()
             if stale_only:
                 keys = [k for k in step.keys if out_of_date(defs, inst, k, partition_key, asset_config)]
                 if not keys:
@@ -326,30 +432,40 @@ def materialize(assets: Iterable[str], dataset: str | None, *,
                 partition_key: dg.MultiPartitionKey | None = None,
                 with_missing_upstream: bool = True, stale_only: bool = False,
                 on_step: Callable[[Step, str | None], None] | None = None,
-                on_plan: Callable[[int], None] | None = None) -> Materialized:
+                on_plan: Callable[[int], None] | None = None,
+                on_wait: Callable[[str], None] = logging.getLogger(__name__).warning) -> Materialized:
     """Materialize `assets` (all when empty) for `dataset` (all when None) on the instance:
     the retriever partitions synced with the registry first (what its sensor does under the
     daemon), missing upstream partitions added, `asset_config` as the explicit run config
     (each asset's settings are resolved in the run: its defaults < the dataset's `pipeline:`
     entry < this). `partition_key`: only that retrieval_run partition. Raises the asset's own
-    error (not Dagster's wrapper) when one fails; ValueError for unknown assets or datasets."""
+    error (not Dagster's wrapper) when one fails; ValueError for unknown assets or datasets.
+
+    One command per dataset at a time (`dataset_turn`), and none beside the instance's other
+    runs of the dataset (the daemon's): each step first waits for them (`on_wait` says so), so
+    the doors take turns and the later one finds what the earlier built up to date."""
     from bridge_assets import store as lake_store
     from bridge_assets.definitions import defs
     from bridge_assets.retrieval.sensors import sync_partitions
 
+    from bridge_assets.ingest.registry import load_registry
+
     resource = DuckDBStore()
     lake_store.check(resource.lake)
     inst = instance()
-    sync = sync_partitions(inst, resource)
-    steps = plan(defs, list(assets), dataset, inst, with_missing_upstream=with_missing_upstream)
-    if partition_key is not None:
-        steps = [Step(step.keys, [partition_key]) if step.partition_keys and
-                 isinstance(step.partition_keys[0], dg.MultiPartitionKey) else step for step in steps]
-    planned = sum(len(step.partition_keys) for step in steps)
-    if on_plan:
-        on_plan(planned)
-    try:
-        results = execute(defs, steps, inst, asset_config, on_step=on_step, stale_only=stale_only)
-    except Exception as exc:  # Dagster wraps the asset's own error
-        raise root_cause(exc) from None
+    datasets = [dataset] if dataset is not None else list(load_registry())
+    with dataset_turn(resource.lake.folder, datasets, on_wait):
+        sync = sync_partitions(inst, resource)
+        steps = plan(defs, list(assets), dataset, inst, with_missing_upstream=with_missing_upstream)
+        if partition_key is not None:
+            steps = [Step(step.keys, [partition_key]) if step.partition_keys and
+                     isinstance(step.partition_keys[0], dg.MultiPartitionKey) else step for step in steps]
+        planned = sum(len(step.partition_keys) for step in steps)
+        if on_plan:
+            on_plan(planned)
+        try:
+            results = execute(defs, steps, inst, asset_config, on_step=on_step, stale_only=stale_only,
+                              before_run=lambda: wait_for_other_runs(inst, datasets, on_wait))
+        except Exception as exc:  # Dagster wraps the asset's own error
+            raise root_cause(exc) from None
     return Materialized(results, planned, sync.add, sync.delete)

@@ -1,0 +1,109 @@
+"""Runs of one dataset take turns (issue 59): the instance queues the daemon's runs per
+dataset, a bridge command waits for another bridge command on the same dataset and for the
+instance's runs of it, and says so. Real processes and a real Dagster instance."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue
+import signal
+import threading
+import time
+
+import dagster as dg
+import yaml
+
+from bridge_assets import orchestration
+from fixtures import concurrent_calls
+
+SPAWN = multiprocessing.get_context("spawn")
+
+
+def test_the_instance_queues_runs_of_one_dataset_behind_one_another(tmp_path):
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("telemetry:\n  enabled: true\nretention: {}\n")  # the user's own
+    orchestration.ensure_instance_config(home)
+    written = yaml.safe_load((home / "dagster.yaml").read_text())
+    assert written["telemetry"] == {"enabled": True} and written["retention"] == {}  # kept as written
+    with dg.DagsterInstance.from_config(str(home)) as inst:  # as `make ui` and `bridge` load it
+        coordinator = inst.run_coordinator
+        assert type(coordinator).__name__ == "QueuedRunCoordinator"
+        limits = coordinator.get_run_queue_config().tag_concurrency_limits
+        assert {(limit["key"], limit["limit"]) for limit in limits} == {
+            ("dagster/partition", 1), ("dagster/partition/dataset", 1)}
+        assert all(limit["value"] == {"applyLimitPerUniqueValue": True} for limit in limits)
+
+
+def test_a_second_command_on_a_dataset_waits_for_the_first_and_goes_on_when_it_dies(tmp_path):
+    ready, said = SPAWN.Event(), SPAWN.Queue()
+    first = SPAWN.Process(target=concurrent_calls.take_turn, args=(str(tmp_path), "demo", ready, said))
+    first.start()
+    assert ready.wait(60)
+    told: list[str] = []
+    got_turn = threading.Event()
+
+    def second() -> None:
+        with orchestration.dataset_turn(tmp_path, ["demo"], told.append):
+            got_turn.set()
+
+    waiter = threading.Thread(target=second)
+    waiter.start()
+    time.sleep(1.0)
+    assert not got_turn.is_set()   # the first holds the dataset's turn
+    assert told == ["another bridge command is running on dataset demo: waiting for it to finish"]
+    with orchestration.dataset_turn(tmp_path, ["scifact"], told.append):
+        pass                       # another dataset's turn is free
+    os.kill(first.pid, signal.SIGKILL)  # its turn ends with it
+    first.join()
+    waiter.join(timeout=30)
+    assert got_turn.is_set() and len(told) == 1
+
+
+def test_a_command_waits_for_the_instances_run_of_its_dataset(tmp_path):
+    with dg.instance_for_test(temp_dir=str(tmp_path)) as inst:
+        other = inst.create_run_for_job(
+            dg.GraphDefinition(name="g").to_job(), run_id="a1b2c3d4-0000-4000-8000-000000000000",
+            tags={"dagster/partition": "demo", "dagster/from_automation_condition": "true"},
+            status=dg.DagsterRunStatus.STARTED)
+        inst.create_run_for_job(dg.GraphDefinition(name="h").to_job(), tags={"dagster/partition": "scifact"},
+                                status=dg.DagsterRunStatus.STARTED)  # another dataset's: not waited for
+        told: queue.Queue = queue.Queue()
+        done = threading.Event()
+        waiter = threading.Thread(target=lambda: (orchestration.wait_for_other_runs(inst, ["demo"], told.put),
+                                                  done.set()))
+        waiter.start()
+        assert told.get(timeout=30) == "waiting for run a1b2c3d4 (automation) on dataset demo to finish"
+        time.sleep(0.5)
+        assert not done.is_set()
+        inst.report_run_failed(other)   # it ended (a killed worker marked FAILURE by the monitor)
+        waiter.join(timeout=30)
+        assert done.is_set() and told.empty()
+
+
+def test_a_run_whose_worker_was_killed_is_failed_not_waited_for(tmp_path):
+    from dagster._core.events import EngineEventData
+
+    from bridge_assets.run_launcher import BridgeRunLauncher, WorkerStatus
+
+    with dg.instance_for_test(temp_dir=str(tmp_path)) as inst:
+        worker = SPAWN.Process(target=time.sleep, args=(600,))
+        worker.start()
+        run = inst.create_run_for_job(dg.GraphDefinition(name="g").to_job(), tags={"dagster/partition": "demo"},
+                                      status=dg.DagsterRunStatus.STARTED)
+        # what a run worker reports first (dagster's `api execute_run`, or the in-process executor)
+        inst.report_engine_event(f"Started process for run (pid: {worker.pid}).", run,
+                                 EngineEventData.in_process(worker.pid))
+        launcher = BridgeRunLauncher()
+        launcher.register_instance(inst)
+        assert launcher.supports_check_run_worker_health
+        assert launcher.check_run_worker_health(run).status == WorkerStatus.RUNNING
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.join()
+        health = launcher.check_run_worker_health(run)   # what run monitoring polls
+        assert health.status == WorkerStatus.FAILED and str(worker.pid) in health.msg
+        told: list[str] = []
+        orchestration.wait_for_other_runs(inst, ["demo"], told.append)  # returns: nothing alive
+        assert inst.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.FAILURE
+        assert told == [f"run {run.run_id[:8]} was marked failed: its worker process (pid {worker.pid}) is gone"]
