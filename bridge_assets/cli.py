@@ -74,6 +74,8 @@ app.add_typer(datasets_app, name="datasets")
 
 # `bridge run` stopped by its --budget / --budget-usd: not an error, the next run resumes
 BUDGET_EXIT = 3
+# `bridge run` finished without a system whose input failed validation (its run file): it says which
+SYSTEM_FAILED_EXIT = 4
 
 
 @datasets_app.command("list")
@@ -219,6 +221,11 @@ def run(
         typer.echo(run_summary(con, dataset, started, spec, report=lake.reports(dataset) / "report.html"))
     if limit is not None:
         typer.echo(f"LLM budget: {limit.status()}.")
+    for system in outcome.failed_systems:
+        typer.secho(f"system {system.retriever} failed on {system.dataset} and was left out: {system.error}",
+                    fg="red", err=True)
+    if outcome.failed_systems:
+        raise typer.Exit(SYSTEM_FAILED_EXIT)
 
 
 if __name__ == "__main__":

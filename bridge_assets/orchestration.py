@@ -19,13 +19,14 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import dagster as dg
 
 from bridge_assets import run_settings
+from bridge_assets.errors import DatasetError
 from bridge_assets.llm.budget import BudgetExceeded
 from bridge_assets.resources import DuckDBStore
 
@@ -34,8 +35,9 @@ from bridge_assets.resources import DuckDBStore
 DATASET_TAGS = ("dagster/partition", "dagster/partition/dataset")
 LOG_CONFIG = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}
 # Failures the command line reports itself in one message (a budget stop is an expected end,
-# not a crash): its console log leaves out their failure events, Dagster's stack traces included.
-REPORTED_BY_CLI = frozenset({BudgetExceeded.__name__})
+# not a crash; bad input names its file, line and field): its console log leaves out their
+# failure events, Dagster's stack traces included.
+REPORTED_BY_CLI = frozenset({BudgetExceeded.__name__, DatasetError.__name__})
 
 
 class _ReportedByCli(logging.Filter):
@@ -95,6 +97,15 @@ def instance() -> dg.DagsterInstance:
         ensure_instance_config(home)
         os.environ["DAGSTER_HOME"] = str(home)
     return dg.DagsterInstance.get()
+
+
+@dataclass(frozen=True)
+class FailedSystem:
+    """A system whose input failed validation: the run went on without it."""
+
+    retriever: str
+    dataset: str
+    error: str   # names the file, line and field
 
 
 @dataclass
@@ -372,11 +383,15 @@ def execute(defs: dg.Definitions, steps: list[Step], inst: dg.DagsterInstance,
             asset_config: dict[str, dict[str, Any]] | None = None,
             on_step: Callable[[Step, str | None], None] | None = None,
             stale_only: bool = False,
-            before_run: Callable[[], None] | None = None) -> list[dg.ExecuteInProcessResult]:
+            before_run: Callable[[], None] | None = None,
+            failed: list[FailedSystem] | None = None) -> list[dg.ExecuteInProcessResult]:
     """Run the steps in process. With `stale_only`, each step's assets are checked just before
     it runs (what ran before may have changed their inputs) and only those out of date run,
     with what follows them in the step and the members of a multi-asset that cannot be subset.
-    `before_run` is called before each step's check (to wait for other runs)."""
+    `before_run` is called before each step's check (to wait for other runs). With `failed`,
+    a retriever x dataset partition whose input fails validation (a malformed run file: a
+    DatasetError naming its file, line and field) is put there and the rest goes on without
+    it; any other failure is raised."""
     job = defs.resolve_implicit_global_asset_job_def().with_logger_defs({"console": console_logger})
     graph = defs.resolve_asset_graph()
     results = []
@@ -394,10 +409,19 @@ def execute(defs: dg.Definitions, steps: list[Step], inst: dg.DagsterInstance,
                                   .resolve(graph)) & set(step.keys), key=lambda k: k.to_user_string())
             if on_step:
                 on_step(Step(keys, [partition_key]), partition_key)
-            result = job.execute_in_process(instance=inst, asset_selection=keys,
-                                            partition_key=partition_key,
-                                            run_config=run_config(defs, keys, asset_config or {}),
-                                            raise_on_error=True)
+            try:
+                result = job.execute_in_process(instance=inst, asset_selection=keys,
+                                                partition_key=partition_key,
+                                                run_config=run_config(defs, keys, asset_config or {}),
+                                                raise_on_error=True)
+            except Exception as exc:
+                cause = root_cause(exc)
+                if failed is None or not isinstance(cause, DatasetError) or \
+                        not isinstance(partition_key, dg.MultiPartitionKey):
+                    raise
+                failed.append(FailedSystem(partition_key.keys_by_dimension["retriever"],
+                                           partition_key.keys_by_dimension["dataset"], str(cause)))
+                continue
             results.append(result)
     return results
 
@@ -408,6 +432,7 @@ class Materialized:
     planned: int  # partition steps planned
     added_retrievers: list[str]
     retired_retrievers: list[str]
+    failed_systems: list[FailedSystem] = field(default_factory=list)
 
     def metadata(self, asset: str) -> dict[str, Any]:
         """The last materialization metadata of `asset` in these runs."""
@@ -464,8 +489,10 @@ def materialize(assets: Iterable[str], dataset: str | None, *,
         if on_plan:
             on_plan(planned)
         try:
+            failed: list[FailedSystem] = []
             results = execute(defs, steps, inst, asset_config, on_step=on_step, stale_only=stale_only,
-                              before_run=lambda: wait_for_other_runs(inst, datasets, on_wait))
+                              before_run=lambda: wait_for_other_runs(inst, datasets, on_wait),
+                              failed=failed if partition_key is None else None)
         except Exception as exc:  # Dagster wraps the asset's own error
             raise root_cause(exc) from None
-    return Materialized(results, planned, sync.add, sync.delete)
+    return Materialized(results, planned, sync.add, sync.delete, failed)

@@ -343,3 +343,36 @@ def test_prices_are_optional_and_checked(tmp_path, monkeypatch):
         "    prices: {input_per_million: -1, output_per_million: 0.60}\n")
     with pytest.raises(ModelConfigError, match=r"(?s)models.yaml, line 2: .*'hosted'.*input_per_million"):
         load_models_config()
+
+
+def test_a_malformed_run_file_fails_only_its_system_and_bridge_run_finishes_the_rest(scripted_demo, tmp_path):
+    """Issue 59: a run file that fails validation, registered as a system, fails that system's
+    retrieval_run; `bridge run` completes the dataset without it, names the file, line and
+    field, and exits 4; fixing the file brings the system back in."""
+    lake, _server = scripted_demo
+    registry = Path(os.environ["BRIDGE_REGISTRY_DIR"]) / "retrievers.yaml"
+    entries = yaml.safe_load(registry.read_text())
+    run_file = tmp_path / "external.demo.trec"
+    entries["systems"]["external"] = {"kind": "run_file", "path": str(tmp_path / "external.{dataset}.trec"),
+                                      "profiles": ["costs"]}
+    registry.write_text(yaml.safe_dump(entries))
+    queries = [json.loads(line)["_id"] for line in (RESOURCES_DIR / "data" / "demo" / "queries.jsonl").open()][:2]
+    docs = [json.loads(line)["_id"] for line in (RESOURCES_DIR / "data" / "demo" / "corpus.jsonl").open()][:3]
+    lines = [f"{q} Q0 {d} {rank} {10 - rank} ext" for q in queries for rank, d in enumerate(docs, start=1)]
+    lines[5] = lines[5].replace(" 7 ext", " notascore ext")
+    run_file.write_text("\n".join(lines) + "\n")
+
+    broken = bridge("run", "-d", "demo")
+    assert broken.exit_code == 4, broken.output
+    assert re.search(r'system external failed on demo and was left out: .*external\.demo\.trec, line 6, '
+                     r'field "score": score "notascore" is not a number', broken.output)
+    assert "holes found" in broken.output  # the summary of the rest
+    pooled = set(ledger(lake, "select distinct unnest(systems), 1 from candidate_pool"))
+    assert pooled and "external" not in pooled and "bm25" in pooled
+    assert ledger(lake, "select count(*), 1 from bridge_qrels where dataset = 'demo'")  # the benchmark went on
+
+    lines[5] = lines[5].replace(" notascore ext", " 7 ext")
+    run_file.write_text("\n".join(lines) + "\n")
+    fixed = bridge("run", "-d", "demo")
+    assert fixed.exit_code == 0, fixed.output
+    assert "external" in set(ledger(lake, "select distinct unnest(systems), 1 from candidate_pool"))
