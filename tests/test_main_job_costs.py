@@ -15,6 +15,8 @@ import json
 import math
 import os
 import re
+import subprocess
+import sys
 import time
 import zlib
 from pathlib import Path
@@ -376,3 +378,20 @@ def test_a_malformed_run_file_fails_only_its_system_and_bridge_run_finishes_the_
     fixed = bridge("run", "-d", "demo")
     assert fixed.exit_code == 0, fixed.output
     assert "external" in set(ledger(lake, "select distinct unnest(systems), 1 from candidate_pool"))
+
+
+def test_two_bridge_runs_on_one_dataset_take_turns_and_the_second_finds_it_up_to_date(scripted_demo):
+    """Issue 59: two `bridge run --dataset demo` started together: one computes, the other
+    says it waits, then finds every asset up to date; each call was sent once."""
+    lake, server = scripted_demo
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
+    runs = [subprocess.Popen([sys.executable, "-m", "bridge_assets.cli", "run", "-d", "demo"],
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+            for _ in range(2)]
+    outputs = [run.communicate(timeout=600)[0] for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], outputs
+    waited = [out for out in outputs if "another bridge command is running on dataset demo" in out]
+    assert len(waited) == 1, outputs
+    assert "nothing changed: every asset of demo is up to date" in waited[0]
+    keys = ledger(lake, "select key, count(*) from llm_calls group by 1")
+    assert keys and set(keys.values()) == {1} and server.hits == len(keys)
