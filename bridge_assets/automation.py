@@ -36,7 +36,16 @@ SENSOR_NAME = "bridge_automation_sensor"
 # Dagster's own tag on the runs its automation sensors launch.
 AUTOMATION_TAG = "dagster/from_automation_condition"
 
-CONDITION = dg.AutomationCondition.eager()
+# Dagster's eager condition, except that a retrieval_run partition whose latest run failed (a
+# malformed run file) does not hold its dataset back: the pool and all after it go on without
+# that system (as `bridge run` does) instead of waiting for it forever. A partition never run
+# yet still holds them back, as under plain eager.
+_MISSING = dg.AutomationCondition.missing() & ~dg.AutomationCondition.will_be_requested()
+_RUNS = dg.AssetSelection.assets("retrieval_run")
+CONDITION = dg.AutomationCondition.eager().replace("any_deps_missing", (
+    dg.AutomationCondition.any_deps_match(_MISSING).ignore(_RUNS)
+    | dg.AutomationCondition.any_deps_match(_MISSING & ~dg.AutomationCondition.execution_failed()).allow(_RUNS)
+).with_label("any_deps_missing"))
 
 
 def automated(selection: dg.AssetSelection) -> dg.AssetSelection:

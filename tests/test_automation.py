@@ -103,3 +103,34 @@ def test_the_sensors_look_every_minute_and_automation_every_30_s_unless_the_sett
     assert default.pop(automation.SENSOR_NAME) == 30
     assert default and set(default.values()) == {60}, default
     assert set(sensor_intervals({"BRIDGE_SENSOR_INTERVAL_S": "7"}).values()) == {7}
+
+
+def test_a_system_whose_run_failed_does_not_hold_its_dataset_back_and_one_never_run_does(tmp_path):
+    """Issue 59: a malformed run file fails its retrieval_run partition; automation still
+    refreshes the dataset when another system's run changes (without the failed one), while a
+    system whose run has not happened yet still holds it back (its run is coming)."""
+    graph = defs.resolve_asset_graph()
+    partitions_def = graph.get(dg.AssetKey("retrieval_run")).partitions_def
+    broken = dg.MultiPartitionKey({"dataset": "demo", "retriever": "broken"})
+
+    @dg.asset(name="retrieval_run", partitions_def=partitions_def)
+    def failing_run() -> None:  # what a malformed run file does to its system's partition
+        raise ValueError("external.demo.trec, line 6, field \"score\": not a number")
+
+    with dg.instance_for_test(temp_dir=str(tmp_path)) as instance:
+        instance.add_dynamic_partitions("retriever", [*RETRIEVERS, "broken"])
+        for key in main_selection.resolve(graph):
+            for partition in partitions(key, "demo"):
+                materialized(instance, key, partition)
+        first = dg.evaluate_automation_conditions(defs=defs, instance=instance)
+        minilm = dg.MultiPartitionKey({"dataset": "demo", "retriever": "minilm"})
+        materialized(instance, dg.AssetKey("retrieval_run"), minilm)
+        waiting = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=first.cursor)
+        assert waiting.total_requested == 0  # broken's run has not happened: it holds the demo back
+
+        failed = dg.materialize([failing_run], instance=instance, partition_key=broken, raise_on_error=False)
+        assert not failed.success
+        materialized(instance, dg.AssetKey("retrieval_run"), minilm)
+        going_on = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=waiting.cursor)
+        expected = {(key.to_user_string(), "demo") for key in automated_selection.resolve(graph)}
+        assert requested(going_on) == expected
