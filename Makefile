@@ -87,4 +87,4 @@ ui: setup
 # (A Postgres catalog or object-store data path is not touched: drop those where they live.)
 clean:
 	if [ -x $(BIN)/bridge ] && [ -f data_lake/bridge.duckdb ]; then BRIDGE_STORAGE=duckdb BRIDGE_DATA_LAKE=$(CURDIR)/data_lake $(BIN)/bridge annotate migrate; fi
-	rm -rf data_lake/bridge.duckdb data_lake/bridge.duckdb.wal data_lake/ducklake.sqlite data_lake/ducklake.sqlite-wal data_lake/ducklake.sqlite-shm data_lake/ducklake data_lake/dagster_home data_lake/reports
+	rm -rf data_lake/bridge.duckdb data_lake/bridge.duckdb.wal data_lake/ducklake.sqlite data_lake/ducklake.sqlite-wal data_lake/ducklake.sqlite-shm data_lake/ducklake data_lake/dagster_home data_lake/reports data_lake/coordination.sqlite* data_lake/locks
