@@ -74,6 +74,7 @@ run: setup
 # rewrites every test module, so compiling once saves each later process that work.
 test: export PYTHONDONTWRITEBYTECODE =
 test: setup browser
+	$(BIN)/ruff check bridge_assets tests scripts
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The Dagster UI on http://127.0.0.1:3000, over the same instance `bridge` uses.

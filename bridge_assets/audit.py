@@ -30,8 +30,8 @@ from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.labeling.relevance import resolve_relevance
 from bridge_assets.llm.parsing import canonical_json
 from bridge_assets.snapshots import snapshot_of
-from bridge_assets.student.model import ONE_CLASS_QUERY, SAMPLED_OUT, TRAIN
 from bridge_assets.store import table_exists
+from bridge_assets.student.model import ONE_CLASS_QUERY, SAMPLED_OUT, TRAIN
 
 # Assets whose latest materialization of the dataset's partition the story names.
 DATASET_ASSETS = ("corpus", "queries", "original_qrels", "candidate_pool", "filter_votes",

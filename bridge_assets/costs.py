@@ -49,8 +49,7 @@ from bridge_assets.llm.replay import LedgerReplay, StageCalls
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.orchestration import asset_settings
 from bridge_assets.resources import DuckDBStore
-from bridge_assets.retrieval.estimate import (current_runs, estimate_retrieval_calls, llm_system_lines,
-                                              with_upstream)
+from bridge_assets.retrieval.estimate import current_runs, estimate_retrieval_calls, llm_system_lines, with_upstream
 from bridge_assets.retrieval.registry import load_registry
 
 if TYPE_CHECKING:

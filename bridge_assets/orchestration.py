@@ -471,9 +471,8 @@ def materialize(assets: Iterable[str], dataset: str | None, *,
     the doors take turns and the later one finds what the earlier built up to date."""
     from bridge_assets import store as lake_store
     from bridge_assets.definitions import defs
-    from bridge_assets.retrieval.sensors import sync_partitions
-
     from bridge_assets.ingest.registry import load_registry
+    from bridge_assets.retrieval.sensors import sync_partitions
 
     resource = DuckDBStore()
     lake_store.check(resource.lake)

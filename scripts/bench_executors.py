@@ -346,7 +346,7 @@ def main() -> int:
     equal, notes = compare(results)
     tables = results[0]["tables"] if results else {}
     if equal:
-        print(f"tables equal across executors (row counts): "
+        print("tables equal across executors (row counts): "
               + ", ".join(f"{t}={v[0]}" for t, v in tables.items()))
     else:
         print("tables NOT equal across executors")

@@ -31,8 +31,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from bridge_assets.student.model import (Example, Student, StudentSettings, assign_splits,
-                                         scoring_precision, train_student, weights_hash)
+from bridge_assets.student.model import (
+    Example,
+    Student,
+    StudentSettings,
+    assign_splits,
+    scoring_precision,
+    train_student,
+    weights_hash,
+)
 
 
 def lake_dataset(lake: str | None, dataset: str, settings: StudentSettings) -> None:

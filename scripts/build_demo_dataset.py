@@ -20,12 +20,11 @@ checking that every id exists and every answer occurs in its passages.
 from __future__ import annotations
 
 import json
+import pydoc_data.topics
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-
-import pydoc_data.topics
 
 PYTHON_VERSION = (3, 11, 7)  # the passages, ids and judgements below match this release
 OUT_DIR = Path(__file__).resolve().parent.parent / "resources" / "data" / "demo"

@@ -37,7 +37,6 @@ from itertools import combinations
 from pathlib import Path
 
 import duckdb
-import polars as pl
 
 PROJECT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(PROJECT))
@@ -59,10 +58,9 @@ def build_lake(dataset: str, retrievers: list[str], depth: int, query_limit: int
     from bridge_assets import store
     from bridge_assets.definitions import defs
     from bridge_assets.ingest import assets as ingest_assets
+    from bridge_assets.llm.resource import LLMResource
     from bridge_assets.resources import DuckDBStore
     from bridge_assets.retrieval import assets as retrieval_assets
-
-    from bridge_assets.llm.resource import LLMResource
 
     where = DuckDBStore(data_lake=str(lake))
     resources = {"store": where, "llm": LLMResource(store=where)}  # no LLM retriever is run

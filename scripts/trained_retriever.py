@@ -23,10 +23,18 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the shipped weights only, never 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bridge_assets import settings, store  # noqa: E402
-from bridge_assets.student.retriever import (Curriculum, TrainSettings, base_location,  # noqa: E402
-                                             format_differences, format_table, load_lake_data,
-                                             pool_pairs, run_comparison, sample_queries,
-                                             utility_positives)
+from bridge_assets.student.retriever import (  # noqa: E402
+    Curriculum,
+    TrainSettings,
+    base_location,
+    format_differences,
+    format_table,
+    load_lake_data,
+    pool_pairs,
+    run_comparison,
+    sample_queries,
+    utility_positives,
+)
 
 
 def lake_snapshot(con, location) -> int | str:

@@ -15,8 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.paths import annotations
-
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")

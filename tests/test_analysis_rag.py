@@ -14,8 +14,13 @@ from scipy import stats
 
 from bridge_assets import store
 from bridge_assets.analysis import assets as analysis_assets
-from bridge_assets.analysis.rag import (alignment_statistics, generate_answers, judge_answers, rag_contexts,
-                                        says_no_information)
+from bridge_assets.analysis.rag import (
+    alignment_statistics,
+    generate_answers,
+    judge_answers,
+    rag_contexts,
+    says_no_information,
+)
 from bridge_assets.llm.types import LLMResult
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.resources import DuckDBStore

@@ -19,8 +19,14 @@ import pytest
 from scipy import stats
 
 from bridge_assets.analysis import assets as analysis_assets
-from bridge_assets.analysis.significance import (SIGNIFICANCE_SCHEMA, compute_significance, holm, paired_tests,
-                                                 paired_tests_many, randomization_tests)
+from bridge_assets.analysis.significance import (
+    SIGNIFICANCE_SCHEMA,
+    compute_significance,
+    holm,
+    paired_tests,
+    paired_tests_many,
+    randomization_tests,
+)
 from bridge_assets.analysis.views import MissingInput
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.reports.build import significance_section

@@ -16,8 +16,8 @@ from fastapi.testclient import TestClient
 
 from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.app import AppSettings, annotation_app
-from fixtures.escalated_set import write_escalated_set, write_impact
 from bridge_assets.human.security import SESSION_COOKIE
+from fixtures.escalated_set import write_escalated_set, write_impact
 from fixtures.human_app import login, served
 from fixtures.paths import annotations, votes_db
 

@@ -27,8 +27,8 @@ from bridge_assets import ducklake, store
 from bridge_assets.executors import dask_cluster_config, executor_from_env
 from bridge_assets.ingest.assets import ingest_dataset
 from bridge_assets.resources import DuckDBStore
-from fixtures.paths import PROJECT_ROOT
 from fixtures.killed_runs import complete, dagster_home, kill_in_the_write
+from fixtures.paths import PROJECT_ROOT
 
 TESTS = Path(__file__).resolve().parent
 INGEST_TABLES = ("corpus", "queries", "original_qrels")

@@ -93,9 +93,8 @@ def test_every_bridge_command_goes_through_the_handler():
 ])
 def test_bridge_eval_stops_through_the_handler(args, message, tmp_path):
     """`bridge eval` (metrics/cli.py) catches nothing itself any more."""
-    from fixtures.paths import shared_data
-
     from bridge_assets.cli import app
+    from fixtures.paths import shared_data
 
     folder = shared_data("trec_eval_tests")
     result = CliRunner().invoke(app, ["eval", "--qrels", str(folder / "qrels.test"),

@@ -8,9 +8,14 @@ import json
 import pytest
 
 from bridge_assets.evaluation.lara import lara
-from bridge_assets.student.escalation import (contradiction, decided_bacc, difference_interval,
-                                              escalate_contradicted, escalate_most_contradicted,
-                                              escalation_study)
+from bridge_assets.student.escalation import (
+    contradiction,
+    decided_bacc,
+    difference_interval,
+    escalate_contradicted,
+    escalate_most_contradicted,
+    escalation_study,
+)
 
 GOLD = [1, 1, 1, 1, 1, 0, 0, 0, 0, 0] * 3
 # the labeler: right but for one "yes" on an irrelevant pair and one "no" on a relevant one

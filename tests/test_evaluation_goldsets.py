@@ -10,8 +10,7 @@ from collections import Counter
 
 import pytest
 
-from bridge_assets.evaluation.goldsets import (GoldSetError, GoldTriplet, load_registry, read_goldset,
-                                               stratified_head)
+from bridge_assets.evaluation.goldsets import GoldSetError, GoldTriplet, load_registry, read_goldset, stratified_head
 from fixtures.paths import PROJECT_ROOT, shared_data
 
 SHIPPED = PROJECT_ROOT / "resources" / "goldsets" / "nq_scifact_mini" / "goldset.jsonl"

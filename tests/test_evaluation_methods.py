@@ -12,9 +12,15 @@ import json
 import pytest
 
 from bridge_assets.evaluation.goldsets import GoldTriplet, MethodSpec
-from bridge_assets.evaluation.runner import (CostMeter, format_stability, format_table, result_frames,
-                                             run_method, summary_json)
-from bridge_assets.evaluation.utility import group_by_query, useful_from_reply, RankingReply
+from bridge_assets.evaluation.runner import (
+    CostMeter,
+    format_stability,
+    format_table,
+    result_frames,
+    run_method,
+    summary_json,
+)
+from bridge_assets.evaluation.utility import RankingReply, group_by_query, useful_from_reply
 from bridge_assets.llm.types import LLMResult
 from fixtures.oracle_model import OracleModel
 

@@ -7,12 +7,25 @@ import math
 import pytest
 
 from bridge_assets.evaluation.lara import IDENTITY, fit_calibrator, lara, logit
-from bridge_assets.evaluation.metrics import (NO_LABEL, agreement, auroc, auroc_intervals, aurocs,
-                                              bacc_difference_interval, bacc_interval, balanced_accuracies,
-                                              balanced_accuracy, brier_score, calibration_metrics, class_recalls,
-                                              escalate_least_confident, escalation_count,
-                                              expected_calibration_error, labeler_metrics,
-                                              reliability_bins)
+from bridge_assets.evaluation.metrics import (
+    NO_LABEL,
+    agreement,
+    auroc,
+    auroc_intervals,
+    aurocs,
+    bacc_difference_interval,
+    bacc_interval,
+    balanced_accuracies,
+    balanced_accuracy,
+    brier_score,
+    calibration_metrics,
+    class_recalls,
+    escalate_least_confident,
+    escalation_count,
+    expected_calibration_error,
+    labeler_metrics,
+    reliability_bins,
+)
 
 
 def sigmoid(z: float) -> float:

@@ -15,10 +15,19 @@ from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.app import AppSettings, admin, annotation, annotation_app, import_export
 from bridge_assets.human.labels import compute_human_labels
 from bridge_assets.human.security import SESSION_COOKIE
-from fixtures.paths import annotations, votes_db
 from fixtures.escalated_set import CORPUS, DATASET, ESCALATED, QUERIES, reason
-from fixtures.human_app import (answer, assignment_of, csrf_of, expected_of, login, make_client, post_answer,
-                                served_pair, votes)
+from fixtures.human_app import (
+    answer,
+    assignment_of,
+    csrf_of,
+    expected_of,
+    login,
+    make_client,
+    post_answer,
+    served_pair,
+    votes,
+)
+from fixtures.paths import annotations, votes_db
 
 
 @pytest.fixture

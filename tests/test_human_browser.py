@@ -24,9 +24,9 @@ from bridge_assets.human.app import AppSettings, annotation_app
 from bridge_assets.human.assets import human_labels
 from bridge_assets.human.labels import compute_human_labels
 from bridge_assets.resources import DuckDBStore
-from fixtures.paths import annotations, votes_db
 from fixtures.escalated_set import DATASET, QUERIES, write_escalated_set
 from fixtures.human_app import served
+from fixtures.paths import annotations, votes_db
 
 # Debian's chromium (`make browser` installs it); BRIDGE_CHROMIUM points at another build.
 CHROMIUM = Path(os.environ.get("BRIDGE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium")

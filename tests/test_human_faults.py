@@ -22,8 +22,8 @@ from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.app import AppSettings, annotation_app
 from bridge_assets.human.security import SESSION_COOKIE
 from bridge_assets.human.transfer import ImportFailed, import_votes
-from fixtures.paths import annotations, votes_db
 from fixtures.human_app import SECRET, answer, csrf_of, login, make_client, served_pair, votes
+from fixtures.paths import annotations, votes_db
 
 
 @pytest.fixture

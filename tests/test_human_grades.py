@@ -19,9 +19,9 @@ from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.labels import compute_human_labels
 from bridge_assets.human.tables import SCHEMA, ensure_schema
 from bridge_assets.human.transfer import ImportFailed, import_votes
-from fixtures.paths import annotations
 from fixtures.escalated_set import DATASET, ESCALATED, vote
 from fixtures.human_app import expected_of, login, make_client, post_answer, served_pair, votes
+from fixtures.paths import annotations
 
 DESCRIPTION = "Find what len() gives back for a sized container."
 NARRATIVE = "Relevant passages state the returned value; passages on other builtins are not relevant."

@@ -22,9 +22,8 @@ from bridge_assets.human.items import highlight
 from bridge_assets.human.labels import compute_human_labels
 from bridge_assets.human.votes_store import VotesStore
 from bridge_assets.resources import DuckDBStore
-from fixtures.paths import annotations, votes_db
 from fixtures.escalated_set import DATASET, ESCALATED, vote
-
+from fixtures.paths import annotations, votes_db
 
 # --- Fleiss' kappa --------------------------------------------------------------------------
 

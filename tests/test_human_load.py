@@ -20,9 +20,9 @@ import pytest
 from bridge_assets import store
 from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.app import AppSettings, annotation_app
-from fixtures.paths import PROJECT_ROOT, annotations, votes_db
 from fixtures.escalated_pairs import write_escalated_pairs
 from fixtures.human_app import served
+from fixtures.paths import PROJECT_ROOT, annotations, votes_db
 
 DATASET = "load"
 # Another process rewriting one pipeline partition (a 20k-row retrieval run) again and again,

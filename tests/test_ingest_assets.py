@@ -14,8 +14,8 @@ from bridge_assets import store
 from bridge_assets.ingest import assets as ingest_assets
 from bridge_assets.ingest import checks as ingest_checks
 from bridge_assets.resources import DuckDBStore
-from fixtures.paths import PROJECT_ROOT, shared_data
 from fixtures.datasets import write_beir
+from fixtures.paths import PROJECT_ROOT, shared_data
 
 CHECKS = [ingest_checks.ingest_tables_are_valid]  # corpus_is_valid, queries_are_valid, original_qrels_are_valid
 

@@ -9,11 +9,17 @@ import time
 import pytest
 
 from bridge_assets.ingest.errors import DatasetError, SourceUnreachable
-from bridge_assets.ingest.loaders import (load_beir_folder, load_bridge_release, load_dataset,
-                                          load_nq_open, load_trec, read_trec_topics)
+from bridge_assets.ingest.loaders import (
+    load_beir_folder,
+    load_bridge_release,
+    load_dataset,
+    load_nq_open,
+    load_trec,
+    read_trec_topics,
+)
 from bridge_assets.ingest.registry import DatasetSpec, get_dataset, load_registry
-from fixtures.paths import shared_data
 from fixtures.datasets import READERS, valid_line2, write_beir, write_kind
+from fixtures.paths import shared_data
 
 
 def test_demo_dataset_ships_with_answers_and_one_judgment_per_query():

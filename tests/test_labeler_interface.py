@@ -15,8 +15,15 @@ from bridge_assets import store
 from bridge_assets.cli import app
 from bridge_assets.ingest import assets as ingest_assets
 from bridge_assets.labeling import assets as labeling_assets
-from bridge_assets.labeling.labeler import (LabelerError, LabelerRun, LabelerSettings, Labeler, build_labeler,
-                                            outcome_label, pipeline_labeler)
+from bridge_assets.labeling.labeler import (
+    Labeler,
+    LabelerError,
+    LabelerRun,
+    LabelerSettings,
+    build_labeler,
+    outcome_label,
+    pipeline_labeler,
+)
 from bridge_assets.llm.profiles import role_profiles
 from bridge_assets.resources import DuckDBStore
 from fixtures.labeling import write_run

@@ -14,12 +14,28 @@ import math
 
 import pytest
 
-from bridge_assets.labeling.debate import (DEBATE_TEMPLATES, FLAG_ANSWER, FLAG_CONFIDENCE, FLAG_DISAGREEMENT,
-                                           FLAG_EVIDENCE, DebateChecks, PairLabel, apply_budget,
-                                           bounded_text, debate_agents, fewshot_examples, labels_frame,
-                                           run_debate)
-from bridge_assets.labeling.evidence import (answer_in_chunk, answers_are_short, evidence_status,
-                                             normalize_answer, quote_in_chunk)
+from bridge_assets.labeling.debate import (
+    DEBATE_TEMPLATES,
+    FLAG_ANSWER,
+    FLAG_CONFIDENCE,
+    FLAG_DISAGREEMENT,
+    FLAG_EVIDENCE,
+    DebateChecks,
+    PairLabel,
+    apply_budget,
+    bounded_text,
+    debate_agents,
+    fewshot_examples,
+    labels_frame,
+    run_debate,
+)
+from bridge_assets.labeling.evidence import (
+    answer_in_chunk,
+    answers_are_short,
+    evidence_status,
+    normalize_answer,
+    quote_in_chunk,
+)
 from bridge_assets.labeling.pairs import Pair
 from bridge_assets.labeling.prompts import Prompts, worked_examples
 from bridge_assets.llm.scores import field_yes_probability

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import json
 import shutil
+from dataclasses import replace
 
 import pytest
 

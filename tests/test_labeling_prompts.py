@@ -15,13 +15,20 @@ from pathlib import Path
 import pytest
 
 from bridge_assets.evaluation.goldsets import GoldTriplet
-from bridge_assets.labeling.pointwise import score_request
 from bridge_assets.labeling.adjudicator import adjudicate, adjudicator_schema
-from bridge_assets.labeling.debate import (DEBATE_TEMPLATES, DebateOutcome, PairLabel, Turn,
-                                           debate_agents, turn_request, turn_schema)
+from bridge_assets.labeling.debate import (
+    DEBATE_TEMPLATES,
+    DebateOutcome,
+    PairLabel,
+    Turn,
+    debate_agents,
+    turn_request,
+    turn_schema,
+)
 from bridge_assets.labeling.filter import filter_request
 from bridge_assets.labeling.judge import judge_agent
 from bridge_assets.labeling.pairs import Pair
+from bridge_assets.labeling.pointwise import score_request
 from bridge_assets.labeling.prompts import Prompts, worked_examples
 from bridge_assets.llm.types import LLMResult
 

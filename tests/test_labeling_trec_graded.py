@@ -27,9 +27,9 @@ from bridge_assets.ingest import assets as ingest_assets
 from bridge_assets.labeling import assets as labeling_assets
 from bridge_assets.qrels.assets import bridge_qrels
 from bridge_assets.resources import DuckDBStore
-from fixtures.paths import annotations, shared_data
 from fixtures.human_app import login, make_client, post_answer, served_pair
 from fixtures.labeling import write_run
+from fixtures.paths import annotations, shared_data
 from fixtures.scripted_llm import ScriptedLLM, ScriptedServer, completion
 
 # The registry folder's entry replaces the shipped `demo`, so the assets' `demo` partition is

@@ -69,9 +69,9 @@ def test_in_process_llama_cpp_json_schema_and_p_yes(small_model):
 def test_greedy_log_probs_equal_llama_cpps_own_without_logits_all(small_model):
     """The fast path (last position's logits only) gives llama.cpp's own tokens and top-k
     log-probabilities (which need logits_all there)."""
-    from bridge_assets.llm.backends import LlamaCppBackend, _greedy_with_logprobs, chat_messages
-
     from llama_cpp import Llama
+
+    from bridge_assets.llm.backends import LlamaCppBackend, _greedy_with_logprobs, chat_messages
 
     profile = get_profile("qwen-0.5b")
     backend = LlamaCppBackend(profile)

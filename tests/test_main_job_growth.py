@@ -7,7 +7,6 @@ real-model run is tests/test_automation_daemon.py's `bridge run`."""
 
 from __future__ import annotations
 
-
 import dagster as dg
 import pytest
 import yaml

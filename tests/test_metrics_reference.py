@@ -16,8 +16,7 @@ import polars as pl
 import pytest
 import pytrec_eval
 
-from bridge_assets.metrics import (MeasureError, compute_measures, compute_retrieval_metrics,
-                                   resolve_measures)
+from bridge_assets.metrics import MeasureError, compute_measures, compute_retrieval_metrics, resolve_measures
 
 CUTOFFS = "1,3,5,10,20,100"
 PYTREC_MEASURES = {f"P.{CUTOFFS}", f"recall.{CUTOFFS}", f"ndcg_cut.{CUTOFFS}", f"map_cut.{CUTOFFS}",

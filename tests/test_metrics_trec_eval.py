@@ -11,8 +11,14 @@ from typer.testing import CliRunner
 
 from bridge_assets.cli_errors import BridgeTyper
 from bridge_assets.ingest.errors import DatasetError
-from bridge_assets.metrics import (FAMILIES, MeasureError, evaluate_trec_files, read_trec_run,
-                                   resolve_measures, trec_eval_lines)
+from bridge_assets.metrics import (
+    FAMILIES,
+    MeasureError,
+    evaluate_trec_files,
+    read_trec_run,
+    resolve_measures,
+    trec_eval_lines,
+)
 from bridge_assets.metrics.cli import eval_command
 from bridge_assets.metrics.measures import _split_spec
 from fixtures.paths import shared_data

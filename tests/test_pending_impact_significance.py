@@ -13,8 +13,12 @@ import duckdb
 import polars as pl
 import pytest
 
-from bridge_assets.analysis.impact import (SIGNIFICANCE_WEIGHT, compute_pending_impact, stopping_point,
-                                           stopping_point_with_significance)
+from bridge_assets.analysis.impact import (
+    SIGNIFICANCE_WEIGHT,
+    compute_pending_impact,
+    stopping_point,
+    stopping_point_with_significance,
+)
 from bridge_assets.analysis.significance import compute_significance
 from fixtures.impact_case import DATASET, HAND_MADE, MEASURE, lake, random_case
 

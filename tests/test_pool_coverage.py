@@ -19,8 +19,15 @@ import pytest
 
 from bridge_assets import store
 from bridge_assets.analysis import assets as analysis_assets
-from bridge_assets.analysis.coverage import (COVERAGE_SCHEMA, EXTRAPOLATE_TO, MIN_SYSTEMS, coverage_rows,
-                                             expected_curve, extrapolate, michaelis_menten)
+from bridge_assets.analysis.coverage import (
+    COVERAGE_SCHEMA,
+    EXTRAPOLATE_TO,
+    MIN_SYSTEMS,
+    coverage_rows,
+    expected_curve,
+    extrapolate,
+    michaelis_menten,
+)
 from bridge_assets.analysis.saturation import holes_found_curve, system_orders
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.reports.build import coverage_section

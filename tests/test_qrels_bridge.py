@@ -18,11 +18,21 @@ from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.qrels.cli import app as qrels_app
 from bridge_assets.qrels.merge import build_bridge_qrels
 from bridge_assets.resources import DuckDBStore
+from fixtures.labeled_lake import (
+    CORPUS,
+    DATASET,
+    EXPECTED,
+    EXPECTED_LABELS,
+    ORIGINAL,
+    QUERIES,
+    materialize_qrels,
+    pair_key,
+    read,
+    write_labeled_lake,
+)
+
 # labeled_lake: test_lineage.py still imports the fixture from here
 from fixtures.paths import annotations
-from fixtures.labeled_lake import (CORPUS, DATASET, EXPECTED, EXPECTED_LABELS, ORIGINAL, QUERIES, materialize_qrels,
-                                   pair_key, read, write_labeled_lake)
-
 
 # --- the merge -------------------------------------------------------------------------------------
 

@@ -15,8 +15,7 @@ from bridge_assets.llm.resource import LLMResource
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.paths import RESOURCES_DIR
 from bridge_assets.resources import DuckDBStore
-from bridge_assets.retrieval.assets import (retrieval_rebenchmark_schedule, retrieval_run,
-                                            retrieval_run_is_valid)
+from bridge_assets.retrieval.assets import retrieval_rebenchmark_schedule, retrieval_run, retrieval_run_is_valid
 from bridge_assets.retrieval.registry import append_system, load_registry
 from bridge_assets.retrieval.runs import export_trec_run, read_trec
 from bridge_assets.retrieval.sensors import plan_sync, retriever_registry_sensor, sync_partitions

@@ -23,9 +23,22 @@ from bridge_assets.resources import DuckDBStore
 from bridge_assets.student import assets as student_assets
 from bridge_assets.student.annotator import ensure_student, training_set
 from bridge_assets.student.labeler import StudentLabelerSettings, query_folds
-from bridge_assets.student.model import (CALIBRATION, ONE_CLASS_QUERY, SAMPLED_OUT, TRAIN, Example, Student,
-                                         StudentError, StudentSettings, assign_splits, calibrate,
-                                         split_by_query, train_student, untrainable, weights_hash)
+from bridge_assets.student.model import (
+    CALIBRATION,
+    ONE_CLASS_QUERY,
+    SAMPLED_OUT,
+    TRAIN,
+    Example,
+    Student,
+    StudentError,
+    StudentSettings,
+    assign_splits,
+    calibrate,
+    split_by_query,
+    train_student,
+    untrainable,
+    weights_hash,
+)
 from bridge_assets.student.prefilter import lake_study, threshold_table
 from bridge_assets.student.threshold import held_out_pairs, reliability, threshold_retrieval
 from bridge_assets.summary import run_summary
@@ -155,8 +168,9 @@ def test_a_student_needs_labels_of_both_classes():
 
 
 def test_student_is_stored_once_per_training_set(tmp_path):
-    from bridge_assets.student.annotator import TrainingSet
     import polars as pl
+
+    from bridge_assets.student.annotator import TrainingSet
 
     examples = _examples()
     data = TrainingSet(pl.DataFrame({"query_id": [e.query_id for e in examples],

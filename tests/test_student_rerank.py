@@ -20,9 +20,9 @@ from bridge_assets.llm.replay import LedgerReplay
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.paths import RESOURCES_DIR
 from bridge_assets.resources import DuckDBStore
+from bridge_assets.retrieval import cache
 from bridge_assets.retrieval.errors import RegistryError, RetrievalError
 from bridge_assets.retrieval.registry import load_registry
-from bridge_assets.retrieval import cache
 from bridge_assets.retrieval.systems import RunContext, inputs_fingerprint, retrieve
 from bridge_assets.student import assets as student_assets
 from bridge_assets.student.annotator import TrainingSet, student_key
@@ -377,8 +377,13 @@ def test_training_a_retriever_closes_a_resident_local_llm(monkeypatch):
     has just selected the useful candidates in the same step; beside the training that run
     peaked at 5.1 GiB."""
     from bridge_assets.llm import backends
-    from bridge_assets.student.retriever import (TrainingQuery, TrainSettings, base_location,
-                                                 load_encoder, train_retriever)
+    from bridge_assets.student.retriever import (
+        TrainingQuery,
+        TrainSettings,
+        base_location,
+        load_encoder,
+        train_retriever,
+    )
 
     class Resident:  # stands in for a loaded llama_cpp.Llama
         closed = False

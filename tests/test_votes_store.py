@@ -19,16 +19,16 @@ import pytest
 from typer.testing import CliRunner
 
 from bridge_assets import ducklake, store
-from bridge_assets.human.app import annotation as app_module
 from bridge_assets.human import cli, votes_store
 from bridge_assets.human.annotators import add_annotator
+from bridge_assets.human.app import annotation as app_module
 from bridge_assets.human.assets import human_labels
 from bridge_assets.human.tables import ensure_schema
 from bridge_assets.human.votes import insert_vote
 from bridge_assets.resources import DuckDBStore
-from fixtures.paths import PROJECT_ROOT, annotations, votes_db
 from fixtures.escalated_set import DATASET, ESCALATED, write_escalated_set
 from fixtures.human_app import assignment_of, csrf_of, login, make_client
+from fixtures.paths import PROJECT_ROOT, annotations, votes_db
 
 HUMAN_TABLES = {"annotators", "annotation_assignments", "human_votes"}
 # Holds a DuckDB file's write lock from another process until a line arrives on its stdin.

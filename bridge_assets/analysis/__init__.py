@@ -4,8 +4,13 @@ D-MERIT partial-annotation study and RAG alignment. Plain functions here; Dagste
 
 from bridge_assets.analysis.coverage import compute_pool_coverage
 from bridge_assets.analysis.partial import compute_partial_annotation_study
-from bridge_assets.analysis.rag import (alignment_statistics, compute_rag_alignment, generate_answers,
-                                        judge_answers, rag_contexts)
+from bridge_assets.analysis.rag import (
+                                        alignment_statistics,
+                                        compute_rag_alignment,
+                                        generate_answers,
+                                        judge_answers,
+                                        rag_contexts,
+)
 from bridge_assets.analysis.retrieval import compute_dataset_metrics, measure_label
 from bridge_assets.analysis.saturation import compute_pool_saturation
 from bridge_assets.analysis.shift import compute_ranking_shift, kendall_tau_a, kendall_tau_b

@@ -10,8 +10,12 @@ from pydantic import Field
 
 from bridge_assets import snapshots
 from bridge_assets.analysis.assets import READS, AnalysisRun, analysis_asset
-from bridge_assets.analysis.impact import (HEADLINE, compute_pending_impact, stopping_point,
-                                           stopping_point_with_significance)
+from bridge_assets.analysis.impact import (
+    HEADLINE,
+    compute_pending_impact,
+    stopping_point,
+    stopping_point_with_significance,
+)
 from bridge_assets.ingest.registry import GRADES, get_dataset
 from bridge_assets.resources import DuckDBStore
 

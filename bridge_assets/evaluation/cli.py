@@ -96,8 +96,15 @@ def label_eval_command(
     escalation ratio, cost and the labeler's config hash (the key the pipeline stores its labels
     under)."""
     from bridge_assets.evaluation.goldsets import MethodSpec, read_goldset, stratified_head
-    from bridge_assets.evaluation.runner import (format_persistence_tables, format_reliability, format_stability,
-                                                 format_table, run_method, summary_json, write_items)
+    from bridge_assets.evaluation.runner import (
+        format_persistence_tables,
+        format_reliability,
+        format_stability,
+        format_table,
+        run_method,
+        summary_json,
+        write_items,
+    )
     from bridge_assets.llm import LLMClient, get_profile
     from bridge_assets.llm.profiles import role_profiles
 

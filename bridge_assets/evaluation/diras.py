@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from bridge_assets.evaluation.metrics import calibration_metrics
-from bridge_assets.labeling.pointwise import SCORE_TEMPLATE, score_triplets
 from bridge_assets.labeling.calls import Generate
 from bridge_assets.labeling.labeler import Labeler, LabelerRun, LabelerSettings, LabelItem, outcome_label
+from bridge_assets.labeling.pointwise import SCORE_TEMPLATE, score_triplets
 from bridge_assets.labeling.prompts import Prompts
 
 

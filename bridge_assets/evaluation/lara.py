@@ -19,11 +19,10 @@ import numpy as np
 from pydantic import Field
 
 from bridge_assets.evaluation.metrics import calibration_metrics, escalation_count
-from bridge_assets.labeling.pointwise import SCORE_TEMPLATE, score_triplets
 from bridge_assets.labeling.calls import Generate
 from bridge_assets.labeling.debate import PairLabel
-from bridge_assets.labeling.labeler import (Labeler, LabelerError, LabelerRun, LabelerSettings, LabelItem,
-                                            outcome_label)
+from bridge_assets.labeling.labeler import Labeler, LabelerError, LabelerRun, LabelerSettings, LabelItem, outcome_label
+from bridge_assets.labeling.pointwise import SCORE_TEMPLATE, score_triplets
 from bridge_assets.labeling.prompts import Prompts
 
 CLIP = 1e-6

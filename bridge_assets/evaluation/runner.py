@@ -31,7 +31,6 @@ from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.llm.types import LLMRequest, LLMResult
 
 
-
 @dataclass
 class Cost:
     calls: int = 0          # distinct model calls the method needs (cached or made now)

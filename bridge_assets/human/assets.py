@@ -7,8 +7,7 @@ import dagster as dg
 from pydantic import Field
 
 from bridge_assets import run_settings, snapshots
-from bridge_assets.human.labels import (REQUIRED_VOTES, HumanLabels, compute_human_labels,
-                                        datasets_with_escalations)
+from bridge_assets.human.labels import REQUIRED_VOTES, HumanLabels, compute_human_labels, datasets_with_escalations
 from bridge_assets.human.votes_store import VotesStore
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.resources import DuckDBStore

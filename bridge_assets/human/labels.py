@@ -16,11 +16,10 @@ import polars as pl
 
 from bridge_assets.errors import BridgeError
 from bridge_assets.human.agreement import PairKappa, category_counts, fleiss_kappa, weighted_kappas
-from bridge_assets.ingest.registry import GRADES
 from bridge_assets.human.tables import REQUIRED_VOTES  # noqa: F401 (named here too)
+from bridge_assets.ingest.registry import GRADES
 from bridge_assets.paths import read_sql
 from bridge_assets.store import table_exists
-
 
 HUMAN_LABELS_SCHEMA = {
     "dataset": pl.String, "query_id": pl.String, "doc_id": pl.String, "review": pl.String,

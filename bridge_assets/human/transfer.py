@@ -25,8 +25,16 @@ from typing import Annotated, Any, Literal
 
 import duckdb
 import polars as pl
-from pydantic import (AfterValidator, AliasChoices, BaseModel, BeforeValidator, ConfigDict, Field,
-                      ValidationError, model_validator)
+from pydantic import (
+    AfterValidator,
+    AliasChoices,
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 from bridge_assets.errors import BridgeError
 from bridge_assets.human import annotators

@@ -26,7 +26,6 @@ from bridge_assets.human.tables import ensure_schema, utc_now
 from bridge_assets.ingest.registry import GRADES
 from bridge_assets.store import transaction
 
-
 # The longest a judgment counts (served -> answered); longer is idle time.
 IDLE_CAP_SECONDS = 300.0
 

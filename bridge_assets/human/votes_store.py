@@ -21,6 +21,7 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+
 import duckdb
 
 from bridge_assets import ducklake, store

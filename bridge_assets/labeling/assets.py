@@ -23,10 +23,16 @@ from bridge_assets.ingest.registry import get_dataset
 from bridge_assets.labeling import pooling
 from bridge_assets.labeling.calls import MeteredGenerate
 from bridge_assets.labeling.debate import DebateOutcome, labels_frame, turns_frame
-from bridge_assets.labeling.filter import filtered_pool as summarize_votes
 from bridge_assets.labeling.filter import KEEP_P_YES, run_filter, votes_frame
-from bridge_assets.labeling.labeler import (DEFAULT_LABELER, LabelerSettings, labeler_settings,
-                                            pipeline_items, pipeline_labeler, pipeline_pairs)
+from bridge_assets.labeling.filter import filtered_pool as summarize_votes
+from bridge_assets.labeling.labeler import (
+    DEFAULT_LABELER,
+    LabelerSettings,
+    labeler_settings,
+    pipeline_items,
+    pipeline_labeler,
+    pipeline_pairs,
+)
 from bridge_assets.labeling.pairs import load_pairs
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.labeling.review import AUDIT, CALIBRATION, pair_trusted_by_rule, review_sample

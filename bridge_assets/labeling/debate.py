@@ -55,8 +55,7 @@ from pydantic import BaseModel, ConfigDict
 
 from bridge_assets.ingest.registry import GRADES, LabelScale
 from bridge_assets.labeling.calls import Generate, Grade, YesNo, generate_grouped, parse_reply
-from bridge_assets.labeling.evidence import (DEFAULT_MIN_RATIO, answer_in_chunk, answers_are_short,
-                                             evidence_status)
+from bridge_assets.labeling.evidence import DEFAULT_MIN_RATIO, answer_in_chunk, answers_are_short, evidence_status
 from bridge_assets.labeling.pairs import Pair
 from bridge_assets.labeling.prompts import Prompts, worked_examples
 from bridge_assets.llm.budget import DEFERRED

@@ -11,11 +11,28 @@ from pydantic import Field
 from bridge_assets.ingest.registry import LabelScale
 from bridge_assets.labeling.adjudicator import ADJUDICATOR_TEMPLATE, adjudicate, adjudicator_schema
 from bridge_assets.labeling.calls import Generate
-from bridge_assets.labeling.debate import (DEBATE_TEMPLATES, AgentConfig, DebateChecks, DebateOutcome,
-                                           Turn, debate_agents, debate_config_hash, escalation_count,
-                                           fewshot_examples, run_debate, turn_max_tokens)
-from bridge_assets.labeling.labeler import (Labeler, LabelerError, LabelerRun, LabelerSettings, LabelItem,
-                                            ModelId, profile_model_id)
+from bridge_assets.labeling.debate import (
+    DEBATE_TEMPLATES,
+    AgentConfig,
+    DebateChecks,
+    DebateOutcome,
+    Turn,
+    debate_agents,
+    debate_config_hash,
+    escalation_count,
+    fewshot_examples,
+    run_debate,
+    turn_max_tokens,
+)
+from bridge_assets.labeling.labeler import (
+    Labeler,
+    LabelerError,
+    LabelerRun,
+    LabelerSettings,
+    LabelItem,
+    ModelId,
+    profile_model_id,
+)
 from bridge_assets.labeling.persistence import debate_persistence
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.llm.budget import prompt_tokens

@@ -21,8 +21,15 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict, Field, StrictBool
 
 from bridge_assets.labeling.calls import Generate, generate_grouped, parse_reply
-from bridge_assets.labeling.labeler import (Labeler, LabelerError, LabelerRun, LabelerSettings, LabelItem,
-                                            ProfilesFor, outcome_label)
+from bridge_assets.labeling.labeler import (
+    Labeler,
+    LabelerError,
+    LabelerRun,
+    LabelerSettings,
+    LabelItem,
+    ProfilesFor,
+    outcome_label,
+)
 from bridge_assets.labeling.pairs import Pair
 from bridge_assets.labeling.pointwise import read_score, score_request
 from bridge_assets.labeling.prompts import Prompts

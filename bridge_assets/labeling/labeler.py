@@ -20,12 +20,11 @@ import hashlib
 import importlib
 import json
 from abc import ABC, abstractmethod
-
-import duckdb
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import duckdb
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bridge_assets.errors import BridgeError

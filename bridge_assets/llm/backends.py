@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import atexit
-import json
 import itertools
+import json
 import os
 import threading
 import time

@@ -17,8 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bridge_assets.errors import BridgeError
-from bridge_assets.llm.profiles import (HuggingFaceSource, LocalSource, ModelProfile,
-                                        PyPIPartsSource, Weights, WeightSource)
+from bridge_assets.llm.profiles import (
+    HuggingFaceSource,
+    LocalSource,
+    ModelProfile,
+    PyPIPartsSource,
+    Weights,
+    WeightSource,
+)
 from bridge_assets.paths import PROJECT_ROOT
 from bridge_assets.settings import env
 

@@ -8,8 +8,8 @@ import polars as pl
 
 from bridge_assets import snapshots
 from bridge_assets.human.votes_store import VotesStore
-from bridge_assets.partitions import dataset_partitions
 from bridge_assets.ingest.registry import get_dataset
+from bridge_assets.partitions import dataset_partitions
 from bridge_assets.qrels.merge import BridgeQrels, add_missing_columns, build_bridge_qrels, stand_ins
 from bridge_assets.qrels.sources import IMPORT_TABLES, SOURCES, precedence_order
 from bridge_assets.qrels.trust import DebateTrust

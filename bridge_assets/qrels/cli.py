@@ -29,9 +29,8 @@ def qrels() -> None:
 
 
 def _require_lake() -> None:
-    from bridge_assets.resources import DuckDBStore
-
     from bridge_assets import store
+    from bridge_assets.resources import DuckDBStore
 
     if not store.exists(path := DuckDBStore().path):
         _fail(f"no data lake at {store.describe(path)}")

@@ -29,8 +29,7 @@ from bridge_assets.errors import BridgeError
 from bridge_assets.ingest.errors import DatasetError
 from bridge_assets.ingest.loaders import read_beir_qrels, read_jsonl
 from bridge_assets.ingest.registry import validate_dataset_name
-from bridge_assets.qrels.sources import (SourceError, ensure_tables, place, precedences, registered,
-                                         validate_source_name)
+from bridge_assets.qrels.sources import SourceError, ensure_tables, place, precedences, registered, validate_source_name
 from bridge_assets.store import table_exists, transaction
 from bridge_assets.trec_io import read_trec_qrels
 

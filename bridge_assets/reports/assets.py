@@ -7,8 +7,8 @@ from pydantic import Field
 from bridge_assets import run_settings, snapshots
 from bridge_assets.ingest.errors import DatasetError
 from bridge_assets.ingest.registry import DatasetSpec, get_dataset
-from bridge_assets.qrels.known_holes import read_known_holes
 from bridge_assets.partitions import dataset_partitions
+from bridge_assets.qrels.known_holes import read_known_holes
 from bridge_assets.reports.build import REPORT_TABLES, build_report
 from bridge_assets.resources import DuckDBStore
 

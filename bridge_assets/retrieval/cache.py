@@ -26,7 +26,6 @@ from filelock import FileLock
 
 from bridge_assets.settings import env
 
-
 log = logging.getLogger(__name__)
 
 META_FILE = "meta.json"

@@ -24,9 +24,16 @@ import polars as pl
 from bridge_assets.labeling.pairs import Pair, load_pairs
 from bridge_assets.paths import read_sql
 from bridge_assets.retrieval.cache import ensure_built, read_meta
-from bridge_assets.student.model import (Example, Student, StudentSettings, assign_splits,
-                                         held_out_queries, resolve_base_model, train_student,
-                                         weights_hash)
+from bridge_assets.student.model import (
+    Example,
+    Student,
+    StudentSettings,
+    assign_splits,
+    held_out_queries,
+    resolve_base_model,
+    train_student,
+    weights_hash,
+)
 
 SCORE_BATCH = 64
 

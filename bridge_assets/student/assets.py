@@ -25,8 +25,14 @@ from bridge_assets.llm.resource import LLMResource
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.settings import env
-from bridge_assets.student.annotator import (calibration_queries, ensure_student, score_pairs, splits,
-                                             student_folder, training_set)
+from bridge_assets.student.annotator import (
+    calibration_queries,
+    ensure_student,
+    score_pairs,
+    splits,
+    student_folder,
+    training_set,
+)
 from bridge_assets.student.model import StudentSettings, untrainable
 
 GROUP = "student"

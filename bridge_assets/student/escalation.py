@@ -26,9 +26,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from bridge_assets.evaluation.lara import lara
-from bridge_assets.evaluation.metrics import (BOOTSTRAP_RESAMPLES, CONFIDENCE_LEVEL, NO_LABEL,
-                                              balanced_accuracies, balanced_accuracy, bacc_interval,
-                                              escalation_count)
+from bridge_assets.evaluation.metrics import (
+    BOOTSTRAP_RESAMPLES,
+    CONFIDENCE_LEVEL,
+    NO_LABEL,
+    bacc_interval,
+    balanced_accuracies,
+    balanced_accuracy,
+    escalation_count,
+)
 
 
 @dataclass(frozen=True)

@@ -22,10 +22,17 @@ from typing import Any
 from pydantic import Field
 
 from bridge_assets.evaluation.metrics import calibration_metrics
-from bridge_assets.labeling.pointwise import SCORE_TEMPLATE, score_triplets
 from bridge_assets.labeling.calls import Generate
-from bridge_assets.labeling.labeler import (Labeler, LabelerError, LabelerRun, LabelerSettings, LabelItem,
-                                            ProfilesFor, outcome_label)
+from bridge_assets.labeling.labeler import (
+    Labeler,
+    LabelerError,
+    LabelerRun,
+    LabelerSettings,
+    LabelItem,
+    ProfilesFor,
+    outcome_label,
+)
+from bridge_assets.labeling.pointwise import SCORE_TEMPLATE, score_triplets
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.student.model import Example, StudentSettings, train_student
 

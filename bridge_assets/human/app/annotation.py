@@ -9,8 +9,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from bridge_assets.human.app.auth import CurrentViewer, Viewer, checked_form, current_viewer
-from bridge_assets.human.app.responses import (BadRequest, busy_headers, redirect, render,
-                                               session_of, validated)
+from bridge_assets.human.app.responses import BadRequest, busy_headers, redirect, render, session_of, validated
 from bridge_assets.human.app.state import AppState, State
 from bridge_assets.human.items import ItemNotFound, ItemView, load_item
 from bridge_assets.human.queue import Progress, close_assignment, progress, serve

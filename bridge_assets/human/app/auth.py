@@ -10,8 +10,15 @@ from starlette.datastructures import FormData
 
 from bridge_assets.human import annotators
 from bridge_assets.human.annotators import Annotator
-from bridge_assets.human.app.responses import (Forbidden, LoginRequired, new_session_for, redirect,
-                                               render, session_of, validated)
+from bridge_assets.human.app.responses import (
+    Forbidden,
+    LoginRequired,
+    new_session_for,
+    redirect,
+    render,
+    session_of,
+    validated,
+)
 from bridge_assets.human.app.state import State
 from bridge_assets.human.security import Session, csrf_matches, fingerprint, logged_in_session
 
