@@ -92,11 +92,19 @@ def ensure_instance_config(home: str | os.PathLike) -> Path:
 
 
 def instance() -> dg.DagsterInstance:
+    """The Dagster instance in $DAGSTER_HOME (set to the lake's dagster_home, with its config
+    written, when unset). Opened under a file lock: two commands starting on a new home would
+    otherwise both create its SQLite storages' tables, and one would fail."""
+    from filelock import FileLock
+
     if "DAGSTER_HOME" not in os.environ:
         home = DuckDBStore().lake.dagster_home
         ensure_instance_config(home)
         os.environ["DAGSTER_HOME"] = str(home)
-    return dg.DagsterInstance.get()
+    home = Path(os.environ["DAGSTER_HOME"])
+    home.mkdir(parents=True, exist_ok=True)
+    with FileLock(home / ".instance.lock"):
+        return dg.DagsterInstance.get()
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ import duckdb
 import pytest
 import yaml
 
-from bridge_assets import store
+from bridge_assets import orchestration, store
 from bridge_assets.definitions import defs
 from bridge_assets.human.tables import ensure_schema
 from bridge_assets.human.votes import insert_vote
@@ -70,8 +70,7 @@ def tiny(tmp_path, data_lake):
                                                for name in ("bm25", "bm25_rm3")})
     (tmp_path / "retrievers.yaml").write_text(yaml.safe_dump(retrievers))
     home = tmp_path / "dagster_home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
+    orchestration.ensure_instance_config(home)  # as `make ui` writes it: the run queue per dataset, run monitoring
     env = {**os.environ, "BRIDGE_REGISTRY_DIR": str(registry), "DAGSTER_HOME": str(home),
            "BRIDGE_RETRIEVERS": str(tmp_path / "retrievers.yaml"), "BRIDGE_EXECUTOR": "in_process",
            "BRIDGE_DATA_LAKE": str(data_lake),
