@@ -8,13 +8,17 @@ import multiprocessing
 import os
 import queue
 import signal
+import subprocess
+import sys
 import threading
 import time
 
 import dagster as dg
+import pytest
 import yaml
 
 from bridge_assets import orchestration
+from bridge_assets.paths import PROJECT_ROOT
 from fixtures import concurrent_calls
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -107,3 +111,39 @@ def test_a_run_whose_worker_was_killed_is_failed_not_waited_for(tmp_path):
         orchestration.wait_for_other_runs(inst, ["demo"], told.append)  # returns: nothing alive
         assert inst.get_run_by_id(run.run_id).status == dg.DagsterRunStatus.FAILURE
         assert told == [f"run {run.run_id[:8]} was marked failed: its worker process (pid {worker.pid}) is gone"]
+
+
+@pytest.mark.slow
+def test_the_daemon_marks_a_killed_command_line_run_failed_within_a_minute(tmp_path):
+    """A real daemon on the generated instance config: a `bridge materialize` killed -9 while its
+    run writes (paused before the commit by the test hook) is FAILURE within the monitoring
+    poll (30 s), not STARTED forever (~45 s here)."""
+    lake = tmp_path / "lake"
+    env = {**os.environ, "BRIDGE_DATA_LAKE": str(lake), "BRIDGE_TEST_PAUSE_IN_WRITE": "120"}
+    env.pop("DAGSTER_HOME", None)
+    subprocess.run([sys.executable, "-c", "from bridge_assets import orchestration; orchestration.instance()"],
+                   cwd=PROJECT_ROOT, env=env, check=True)  # the lake's home, its config written
+    env["DAGSTER_HOME"] = str(lake / "dagster_home")
+    daemon = subprocess.Popen([sys.executable, "-m", "dagster._daemon", "run", "-w", "workspace.yaml"],
+                              cwd=PROJECT_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        command = subprocess.Popen([sys.executable, "-m", "bridge_assets.cli", "materialize", "-d", "demo", "corpus"],
+                                   cwd=PROJECT_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with dg.DagsterInstance.from_config(env["DAGSTER_HOME"]) as inst:
+            deadline = time.monotonic() + 120
+            while not (started := inst.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.STARTED]))):
+                assert time.monotonic() < deadline and command.poll() is None
+                time.sleep(0.5)
+            time.sleep(3)
+            command.kill()
+            command.wait()
+            killed = time.monotonic()
+            while inst.get_run_by_id(started[0].run_id).status == dg.DagsterRunStatus.STARTED:
+                assert time.monotonic() - killed < 90, "still STARTED"
+                time.sleep(1)
+            assert inst.get_run_by_id(started[0].run_id).status == dg.DagsterRunStatus.FAILURE
+            assert time.monotonic() - killed < orchestration.RUN_MONITORING_SECONDS + 30
+    finally:
+        os.killpg(daemon.pid, signal.SIGTERM)
+        daemon.wait(timeout=60)
