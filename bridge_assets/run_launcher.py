@@ -10,11 +10,11 @@ the instance config: orchestration.INSTANCE_CONFIG) polls to mark such runs FAIL
 
 from __future__ import annotations
 
-import os
-
 import dagster as dg
 from dagster._core.launcher import DefaultRunLauncher
 from dagster._core.launcher.base import CheckRunHealthResult, WorkerStatus
+
+from bridge_assets import processes
 
 
 def worker_pid(inst: dg.DagsterInstance, run_id: str) -> int | None:
@@ -28,21 +28,11 @@ def worker_pid(inst: dg.DagsterInstance, run_id: str) -> int | None:
     return None
 
 
-def worker_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
-
-
 def worker_died(inst: dg.DagsterInstance, run: dg.DagsterRun) -> int | None:
     """The pid of the run's worker when that process is gone; None while it lives or has not
     started yet."""
     pid = worker_pid(inst, run.run_id)
-    return pid if pid is not None and not worker_alive(pid) else None
+    return pid if pid is not None and not processes.alive(pid) else None
 
 
 class BridgeRunLauncher(DefaultRunLauncher):

@@ -17,6 +17,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from bridge_assets import processes
 from bridge_assets.retrieval.errors import ModelUnavailableError
 from bridge_assets.retrieval.registry import ModelSource, ModelSpec, RetrieverRegistry, model_identity
 from bridge_assets.settings import env
@@ -106,18 +107,8 @@ def _remove_abandoned(unpacked: Path) -> None:
     each holds up to the joined archive, hundreds of MB); another live process's is left alone."""
     for partial in unpacked.parent.glob(f"{unpacked.name}.*.partial"):
         owner = partial.name.split(".")[1]
-        if owner.isdigit() and not _process_alive(int(owner)):
+        if owner.isdigit() and not processes.alive(int(owner)):
             shutil.rmtree(partial, ignore_errors=True)
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
 
 
 def _local_path(source: ModelSource) -> tuple[Path | None, str]:
