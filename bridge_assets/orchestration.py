@@ -387,6 +387,52 @@ def wait_for_other_runs(inst: dg.DagsterInstance, datasets: list[str], say: Call
         time.sleep(WAIT_POLL_SECONDS)
 
 
+@dataclass(frozen=True)
+class PartitionState:
+    """Where one partition of an asset stands on the instance."""
+
+    status: str          # "stored", "failed", "running" or "never run"
+    rows: int | None = None  # the stored materialization's row count
+    error: str = ""      # the failed run's error (a DatasetError names the file, line and field)
+
+
+def _failure_message(inst: dg.DagsterInstance, run_id: str) -> str:
+    """The asset's own error in the run's step failure (inside the errors Dagster wraps it in)."""
+    for record in inst.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
+        error = record.dagster_event.step_failure_data.error
+        while error.cause is not None:
+            error = error.cause
+        return error.message.strip().removeprefix(f"{error.cls_name}: ").strip()
+    return ""
+
+
+def partition_states(asset: str, keys: list[dg.MultiPartitionKey]) -> dict[str, PartitionState]:
+    """The state of each of `keys` (partitions of `asset`) on the instance the UI uses, however
+    they were run (a command, the daemon, the UI): a failed one carries its run's error."""
+    from bridge_assets.definitions import defs
+
+    inst = instance()
+    asset_key = dg.AssetKey(asset)
+    partitions_def = defs.resolve_assets_def(asset_key).partitions_def
+    known = set(partitions_def.get_partition_keys(dynamic_partitions_store=inst))
+    statuses = inst.get_status_by_partition(asset_key, [k for k in keys if k in known], partitions_def) or {}
+    states = {}
+    for key in keys:
+        status = statuses.get(key)
+        if status == dg.AssetPartitionStatus.FAILED:
+            runs = inst.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.FAILURE], tags={
+                f"dagster/partition/{dim}": value for dim, value in key.keys_by_dimension.items()}), limit=1)
+            states[key] = PartitionState("failed", error=_failure_message(inst, runs[0].run_id) if runs else "")
+        elif status == dg.AssetPartitionStatus.IN_PROGRESS:
+            states[key] = PartitionState("running")
+        elif status == dg.AssetPartitionStatus.MATERIALIZED:
+            metadata = _latest_metadata(inst, asset_key, key) or {}
+            states[key] = PartitionState("stored", rows=metadata.get("dagster/row_count"))
+        else:
+            states[key] = PartitionState("never run")
+    return states
+
+
 def execute(defs: dg.Definitions, steps: list[Step], inst: dg.DagsterInstance,
             asset_config: dict[str, dict[str, Any]] | None = None,
             on_step: Callable[[Step, str | None], None] | None = None,

@@ -372,12 +372,16 @@ def test_a_malformed_run_file_fails_only_its_system_and_bridge_run_finishes_the_
     pooled = set(ledger(lake, "select distinct unnest(systems), 1 from candidate_pool"))
     assert pooled and "external" not in pooled and "bm25" in pooled
     assert ledger(lake, "select count(*), 1 from bridge_qrels where dataset = 'demo'")  # the benchmark went on
+    listed = bridge("runs", "list", "-d", "demo")
+    assert re.search(r"demo +external +failed", listed.output), listed.output
+    assert 'external.demo.trec, line 6, field "score"' in listed.output
 
     lines[5] = lines[5].replace(" notascore ext", " 7 ext")
     run_file.write_text("\n".join(lines) + "\n")
     fixed = bridge("run", "-d", "demo")
     assert fixed.exit_code == 0, fixed.output
     assert "external" in set(ledger(lake, "select distinct unnest(systems), 1 from candidate_pool"))
+    assert re.search(r"demo +external +stored +6 ", bridge("runs", "list").output)
 
 
 def test_two_bridge_runs_on_one_dataset_take_turns_and_the_second_finds_it_up_to_date(scripted_demo):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import os
+import re
 
 import dagster as dg
 import duckdb
@@ -237,6 +238,34 @@ def test_import_reports_unknown_ids_and_refuses_bad_input_before_writing(user_di
     assert again.exit_code == 2 and "exists (replace it with --replace)" in again.output
     assert (user_dir / "retrievers.yaml").read_text() == before
     assert sorted(p.name for p in (user_dir / "runs" / "demo").iterdir()) == ["mine.trec.gz"]
+
+
+def _listed(*args: str) -> str:
+    result = CliRunner().invoke(app, ["runs", "list", *args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_runs_list_marks_a_failed_system_with_its_file_line_and_field(user_dir, data_lake, tmp_path):
+    """Issue 59: a run file that fails validation marks its system failed in `bridge runs list`,
+    with the error naming the file, line and field; once fixed and run, it is stored again."""
+    assert "no run files" in _listed("-d", "demo")
+    good = "q01 Q0 pydoc-lambda-1 1 2.0 t\nq01 Q0 pydoc-types-21 2 1.0 t\n"
+    assert _import(_write(tmp_path / "ext.trec", good), "demo", "ext").exit_code == 0
+    path = user_dir / "runs" / "demo" / "ext.trec"
+    assert re.search(rf"demo +ext +stored +2  {re.escape(str(path))}", _listed())
+
+    _write(path, good.replace("1.0", "x"))
+    with pytest.raises(DatasetError):
+        materialize_run("demo", "ext")
+    listed = _listed("--dataset", "demo")
+    assert re.search(r"demo +ext +failed", listed)
+    assert f'{path}, line 2, field "score": score "x" is not a number' in listed
+    assert "`bridge run -d demo` brings the system back in" in listed
+
+    _write(path, good)
+    materialize_run("demo", "ext")
+    assert re.search(r"demo +ext +stored +2 ", _listed()) and "line 2" not in _listed()
 
 
 # ---- the run-files sensor -----------------------------------------------------------------

@@ -4,6 +4,7 @@
     bridge retrievers add NAME --kind dense --model all-minilm-l6-v2 --param index=hnsw --param m=16
     bridge retrievers export --dataset scifact --retriever bm25 [--out runs/scifact.bm25.trec]
     bridge runs import FILE --dataset scifact --name my_system [--k 100] [--replace]
+    bridge runs list [--dataset scifact]
 """
 
 from __future__ import annotations
@@ -155,6 +156,40 @@ def materialize_run(dataset: str, retriever: str) -> dict[str, Any]:
 
     key = dg.MultiPartitionKey({"dataset": dataset, "retriever": retriever})
     return orchestration.materialize(["retrieval_run"], dataset, partition_key=key).metadata("retrieval_run")
+
+
+@runs_app.command("list")
+def list_runs(
+    dataset: str = typer.Option(None, "--dataset", "-d", help="Only this dataset (default: every one)."),
+) -> None:
+    """Every run file a run_file system reads, per dataset, and its run: stored (with its rows),
+    failed (with the error naming the file, line and field: the rest of the dataset ran without
+    it), running, or never run."""
+    import dagster as dg
+
+    from bridge_assets import orchestration
+    from bridge_assets.ingest.registry import get_dataset
+    from bridge_assets.ingest.registry import load_registry as load_datasets
+    from bridge_assets.retrieval.registry import load_registry
+
+    registry = load_registry()
+    datasets = [get_dataset(dataset).name] if dataset else list(load_datasets())
+    files = {dg.MultiPartitionKey({"dataset": d, "retriever": name}): registry.run_file(name, d)
+             for name, spec in registry.systems.items() if spec.kind == "run_file" for d in datasets
+             if registry.run_file(name, d).exists()}
+    if not files:
+        typer.echo("no run files: drop one in <runs folder>/<dataset>/<name>.trec or use `bridge runs import`")
+        return
+    states = orchestration.partition_states("retrieval_run", list(files))
+    typer.echo(f"{'dataset':<14}{'system':<22}{'run':<11}{'rows':>8}  file")
+    for key, path in files.items():
+        state = states[key]
+        rows = "" if state.rows is None else str(state.rows)
+        typer.echo(f"{key.keys_by_dimension['dataset']:<14}{key.keys_by_dimension['retriever']:<22}"
+                   f"{state.status:<11}{rows:>8}  {path}")
+        if state.error:
+            typer.secho(f"  {state.error}\n  (fix the file, then `bridge run -d {key.keys_by_dimension['dataset']}`"
+                        f" brings the system back in)", fg="red")
 
 
 @runs_app.command("import")
