@@ -54,16 +54,17 @@ def test_the_stopping_point_is_zero_exactly_when_every_rank_change_is_robust(see
 
 
 def test_against_brute_force_on_random_lakes():
-    """A measurement, not an identity: the stopping point (the pending pairs with an impact) is a
-    reading of the bounds now, while brute force knows every answer the first pairs may get. On
-    these ten lakes it equals brute force on 7, exceeds it on 2 (a pair with an impact that a
-    worse-case answer of earlier pairs makes unneeded) and falls short on 1 (labels that move the
-    bounds put a system with no doubt now into doubt); on 20 seeds: 14 equal, 4 above, 2 below."""
+    """The stopping point is a reading of the bounds now, while brute force knows every answer
+    the first pairs may get, so the two may differ both ways (docs/annotation.md quotes the
+    tally this prints: `pytest tests/test_impact_robust.py -s`). What must hold on every lake:
+    both are 0 on the same lakes (nothing left to decide), and neither exceeds the pending pairs."""
     tally = {"equal": 0, "above": 0, "below": 0}
     for seed in range(10):
         case = random_case(seed)
         frame = compute_pending_impact(lake(**case), DATASET)
         found = stopping_point(frame)
         exact = brute_force(case, list(zip(frame["query_id"], frame["doc_id"], strict=True)))
+        assert (found == 0) == (exact == 0), (seed, found, exact)
+        assert 0 <= found <= frame.height and exact <= frame.height
         tally["equal" if found == exact else "above" if found > exact else "below"] += 1
-    assert tally == {"equal": 7, "above": 2, "below": 1}
+    print(f"stopping point against brute force on 10 random lakes: {tally}")

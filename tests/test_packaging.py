@@ -1,5 +1,4 @@
-"""pyproject.toml declares what bridge_assets imports, and nothing it never uses; requirements.txt
-installs nothing the code never imports (issue 15, item 6)."""
+"""pyproject.toml declares what bridge_assets imports, and nothing it never uses (issue 15, item 6)."""
 
 from __future__ import annotations
 
@@ -54,11 +53,3 @@ def test_pyproject_declares_every_import_and_nothing_unused():
     assert not missing, f"imported but not in pyproject.toml: {missing}"
     unused = declared() - set(imported) - set(RUNTIME_ONLY)
     assert not unused, f"declared in pyproject.toml but never imported: {sorted(unused)}"
-
-
-def test_the_dagster_integrations_nothing_imports_are_gone():
-    gone = {"dagster-duckdb", "dagster-duckdb-polars", "dagster-polars"}
-    assert not gone & declared() and not gone & set(imported_distributions())
-    requirements = {Requirement(line).name for line in (PROJECT_ROOT / "requirements.txt").read_text().splitlines()
-                    if line.strip() and not line.startswith("#")}
-    assert not gone & requirements
