@@ -75,6 +75,7 @@ run: setup
 test: export PYTHONDONTWRITEBYTECODE =
 test: setup browser
 	$(BIN)/ruff check bridge_assets tests scripts
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The Dagster UI on http://127.0.0.1:3000, over the same instance `bridge` uses.

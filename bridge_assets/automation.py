@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 
@@ -31,6 +31,9 @@ from bridge_assets.llm import budget as llm_budget
 from bridge_assets.llm import coordination
 from bridge_assets.run_settings import dataset_of
 from bridge_assets.settings import env
+
+if TYPE_CHECKING:
+    from bridge_assets.store import Where
 
 SENSOR_NAME = "bridge_automation_sensor"
 # Dagster's own tag on the runs its automation sensors launch.
@@ -71,7 +74,7 @@ def is_automation_run(context: dg.AssetExecutionContext) -> bool:
 
 
 @contextlib.contextmanager
-def llm_cap(context: dg.AssetExecutionContext, ledger_path) -> Iterator[dict[str, Any]]:
+def llm_cap(context: dg.AssetExecutionContext, ledger_path: Where | None) -> Iterator[dict[str, Any]]:
     """Inside an automation run, cap the LLM calls of the block at the dataset's
     `llm_calls_per_run` for the whole run: each chunk's calls are reserved against the run's
     count in the lake's coordination file before they are sent, so parallel step processes

@@ -197,7 +197,8 @@ def repoint(config: DuckLakeConfig, data_path: str | None = None) -> tuple[str, 
     """Make a local SQLite catalog name `data_path` (default: the config's) as its data path;
     (old, new) when it named another, None when nothing changed. The data files' own paths are
     relative to the data path, so they follow."""
-    if config.kind != "sqlite":
+    catalog_file = config.catalog_file  # a SQLite catalog's is never None
+    if config.kind != "sqlite" or catalog_file is None:
         raise LakeError(f"only a local SQLite catalog can be re-pointed here; {config.catalog} is "
                         "changed where it lives (its ducklake_metadata table, key data_path)")
     new = data_path or config.data_path
@@ -208,7 +209,7 @@ def repoint(config: DuckLakeConfig, data_path: str | None = None) -> tuple[str, 
     old = stored_data_path(config)
     if old is None or old == new:
         return None
-    with contextlib.closing(sqlite3.connect(config.catalog_file, timeout=60)) as con:
+    with contextlib.closing(sqlite3.connect(catalog_file, timeout=60)) as con:
         con.execute("update ducklake_metadata set value = ? where key = 'data_path'", [new])
         con.commit()
     return old, new
@@ -355,7 +356,9 @@ def last_committed_snapshot(con: duckdb.DuckDBPyConnection) -> int | None:
 
 
 def current_snapshot(con: duckdb.DuckDBPyConnection) -> int:
-    return int(con.execute(f"FROM ducklake_current_snapshot('{ALIAS}')").fetchone()[0])
+    row = con.execute(f"FROM ducklake_current_snapshot('{ALIAS}')").fetchone()
+    assert row is not None  # the table function's one row
+    return int(row[0])
 
 
 def snapshots(con: duckdb.DuckDBPyConnection) -> list[dict[str, Any]]:

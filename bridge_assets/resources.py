@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -43,7 +44,7 @@ class DuckDBStore(dg.ConfigurableResource):
     def votes_path(self) -> Path:
         return self.lake.votes_db
 
-    def connect(self):
+    def connect(self) -> AbstractContextManager[duckdb.DuckDBPyConnection]:
         return store.connect(self.lake)
 
     def write_partitions(self, tables: dict[str, pl.DataFrame], **keys: Any) -> int | None:

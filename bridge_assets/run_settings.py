@@ -19,7 +19,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, TypeVar, cast
 
 import dagster as dg
 from pydantic import ValidationError
@@ -70,7 +70,7 @@ def input_files(dataset: str, assets: Iterable[str]) -> list[Path]:
     from bridge_assets.llm.profiles import MODELS_FILE, MODELS_PATH
 
     assets = set(assets)
-    files: list[Path] = []
+    files: list[Path | None] = []
     if assets & LLM_ASSETS:
         files += [MODELS_PATH, registries.user_file(MODELS_FILE), *sorted(PROMPTS_DIR.glob("*"))]
     if "report" in assets:
@@ -183,7 +183,8 @@ def _validated(config_cls: type[C], dataset: str, assets: Iterable[str], entry: 
 def explicit_config(context: dg.AssetExecutionContext) -> dict[str, Any]:
     """The op's config exactly as the run's launcher gave it (Dagster fills the defaults in
     `config`, so only the run's own record tells an explicit value from a default)."""
-    ops = (context.run.run_config or {}).get("ops") or {}
+    # the run config's `ops` section, a mapping (Dagster types a run config's values as object)
+    ops = cast(Mapping[str, Any], (context.run.run_config or {}).get("ops") or {})
     return dict((ops.get(context.op_execution_context.op.name) or {}).get("config") or {})
 
 

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     import duckdb
 
     from bridge_assets.resources import DuckDBStore, VotesSource
+    from bridge_assets.store import Where
 
 METADATA_KEY = "lake_snapshot"
 NOT_AVAILABLE = "n/a"
@@ -123,7 +124,7 @@ class AsOfError(BridgeError, ValueError):
     """An `--as-of` that names no snapshot of this lake."""
 
 
-def resolve_as_of(value: str, path=None) -> int:
+def resolve_as_of(value: str, path: Where | None = None) -> int:
     """A DuckLake snapshot from `--as-of`: a snapshot id of this lake, else a Dagster run id (or a
     unique prefix of one): the last snapshot that run committed. A run id's first characters
     can all be digits (97828695-...), so digits that name no snapshot are tried as a run id

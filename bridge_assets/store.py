@@ -72,8 +72,9 @@ def resolve(where: Where | None) -> tuple[Path, ducklake.DuckLakeConfig | None]:
     return path, settings.lake_location(path.parent).ducklake
 
 
-def lake_config(where: Where) -> ducklake.DuckLakeConfig | None:
-    """The DuckLake that `where` stands for, or None when it is a plain DuckDB file."""
+def lake_config(where: Where | None) -> ducklake.DuckLakeConfig | None:
+    """The DuckLake that `where` stands for (None: the environment's lake), or None when it is a
+    plain DuckDB file."""
     return resolve(where)[1]
 
 
@@ -220,10 +221,18 @@ def _sql_string(path: Path) -> str:
     return str(path).replace("'", "''")
 
 
+def one_row(con: duckdb.DuckDBPyConnection, sql: str, parameters: object = None) -> tuple[Any, ...]:
+    """The row of a query that always returns one (an aggregate without GROUP BY, a DELETE's
+    count, a setting)."""
+    row = con.execute(sql, parameters).fetchone()
+    if row is None:
+        raise RuntimeError(f"no row from a query that always returns one: {sql}")
+    return row
+
+
 def table_exists(con: duckdb.DuckDBPyConnection, table: str) -> bool:
-    return bool(con.execute(
-        "select count(*) from information_schema.tables where table_name = ?", [table]
-    ).fetchone()[0])
+    return bool(one_row(con, "select count(*) from information_schema.tables where table_name = ?",
+                        [table])[0])
 
 
 def replace_partition(con: duckdb.DuckDBPyConnection, table: str, frame: pl.DataFrame,

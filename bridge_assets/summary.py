@@ -21,7 +21,7 @@ from bridge_assets.ingest.registry import DatasetSpec
 from bridge_assets.labeling.debate import FLAG_DEFERRED
 from bridge_assets.qrels.known_holes import read_known_holes, score_known_holes
 from bridge_assets.qrels.trust import debate_trust, dropped_holes, trusted_by_rule
-from bridge_assets.store import table_exists
+from bridge_assets.store import one_row, table_exists
 from bridge_assets.student.model import ONE_CLASS_QUERY, SAMPLED_OUT
 
 
@@ -161,8 +161,8 @@ def _stopping_point(con: duckdb.DuckDBPyConnection, dataset: str) -> list[str]:
     significance call that differs between the bounds is settled too."""
     if not table_exists(con, "pending_impact"):
         return []
-    significance = bool(con.execute("select count(*) from information_schema.columns where table_name = "
-                                    "'pending_impact' and column_name = 'significance_in_doubt'").fetchone()[0])
+    significance = bool(one_row(con, "select count(*) from information_schema.columns where table_name = "
+                                "'pending_impact' and column_name = 'significance_in_doubt'")[0])
     flips = "coalesce(flips, 0)" if significance else "0"
     rows = _rows(con, "pending_impact", f"""
         select coalesce(max(impact_rank) filter (where decides > 0), 0), count(*), max(pairs_in_doubt),

@@ -60,5 +60,6 @@ def compute_dataset_metrics(con: duckdb.DuckDBPyConnection, dataset: str, *, k: 
                                                k=k, original_qrels="analysis_original_qrels",
                                                relevance_level=relevance_level)
             frames.append(values.with_columns(pl.lit(version).alias("qrels_version")))
-    frame = pl.concat(frames).select(list(METRICS_SCHEMA)).cast(METRICS_SCHEMA)
+    # polars' cast() types: see qrels/merge.py
+    frame = pl.concat(frames).select(list(METRICS_SCHEMA)).cast(METRICS_SCHEMA)  # type: ignore[arg-type]
     return frame, info

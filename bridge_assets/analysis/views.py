@@ -31,7 +31,7 @@ from typing import Literal
 import duckdb
 
 from bridge_assets.errors import BridgeError
-from bridge_assets.store import dataset_snapshot, table_exists
+from bridge_assets.store import dataset_snapshot, one_row, table_exists
 
 Scope = Literal["pooled", "all"]
 # The runs of the evaluation-only systems (the student stage's student_rerank_run): evaluated
@@ -55,8 +55,8 @@ class ScopeInfo:
 
 def require_rows(con: duckdb.DuckDBPyConnection, table: str, dataset: str, asset: str) -> None:
     """Fail naming `table` when it has no rows for `dataset`."""
-    if not table_exists(con, table) or not con.execute(
-            f'select count(*) from "{table}" where dataset = ?', [dataset]).fetchone()[0]:
+    if not table_exists(con, table) or not one_row(
+            con, f'select count(*) from "{table}" where dataset = ?', [dataset])[0]:
         raise MissingInput(f"{asset} for dataset '{dataset}': no {table} rows; materialize "
                            f"{table} for '{dataset}' first")
 
@@ -81,8 +81,8 @@ def analysis_views(con: duckdb.DuckDBPyConnection, dataset: str, scope: Scope = 
     require_rows(con, "original_qrels", dataset, asset)
     if refined:
         require_rows(con, "bridge_qrels", dataset, asset)
-    pooled = scope == "pooled" and table_exists(con, "candidate_pool") and con.execute(
-        "select count(*) from candidate_pool where dataset = ?", [dataset]).fetchone()[0] > 0
+    pooled = scope == "pooled" and table_exists(con, "candidate_pool") and one_row(
+        con, "select count(*) from candidate_pool where dataset = ?", [dataset])[0] > 0
     source = "candidate_pool" if pooled else "queries"
     if not pooled and not table_exists(con, "queries"):
         source = "retrieval_run"
@@ -110,7 +110,7 @@ def analysis_views(con: duckdb.DuckDBPyConnection, dataset: str, scope: Scope = 
         for name, select in tables.items():
             con.execute(f"create or replace temp table {name} as {select}",
                         {"dataset": dataset} if "$dataset" in select else {})
-        queries = con.execute("select count(*) from analysis_scope").fetchone()[0]
+        queries = one_row(con, "select count(*) from analysis_scope")[0]
         retrievers = tuple(r[0] for r in con.execute(
             "select distinct retriever from analysis_run order by 1").fetchall())
         yield ScopeInfo(scope, "pooled" if pooled else "all", queries, retrievers)

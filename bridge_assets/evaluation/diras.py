@@ -27,8 +27,8 @@ class DirasLabeler(Labeler):
         scores = score_triplets(items, self.model, generate, prompts=prompts,
                                 temperature=self.settings.temperature)
         p_yes = [s.p_yes for s in scores]
-        gold = [item.gold for item in items]
-        calibration = calibration_metrics(gold, p_yes) if all(g is not None for g in gold) else {}
+        gold = [item.gold for item in items if item.gold is not None]
+        calibration = calibration_metrics(gold, p_yes) if len(gold) == len(items) else {}
         return LabelerRun([outcome_label(item.pair, s.guess, p_yes=s.p_yes)
                            for item, s in zip(items, scores, strict=True)],
                           scores=p_yes, details=[s.error for s in scores], extra=calibration,

@@ -8,12 +8,14 @@ import itertools
 import math
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from bridge_assets.ingest.registry import GRADES
 
 LABELS = (0, 1)
+Item = TypeVar("Item", bound=Hashable)  # what an annotator votes on (a pair)
 
 
 def category_counts(votes_per_subject: Iterable[Sequence[int]],
@@ -61,7 +63,7 @@ class PairKappa:
     kappa: float
 
 
-def weighted_kappas(votes: Mapping[str, Mapping[Hashable, int]],
+def weighted_kappas(votes: Mapping[str, Mapping[Item, int]],
                     categories: Sequence[int] = GRADES) -> list[PairKappa]:
     """Every two annotators of `votes` (annotator -> item -> vote) who voted on at least two
     common items, with scikit-learn's quadratic-weighted kappa over the scale `categories`.

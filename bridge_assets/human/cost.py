@@ -17,7 +17,7 @@ import duckdb
 
 from bridge_assets.human.labels import tallies_sql
 from bridge_assets.human.tables import REQUIRED_VOTES
-from bridge_assets.store import table_exists
+from bridge_assets.store import one_row, table_exists
 
 
 @dataclass(frozen=True)
@@ -80,17 +80,17 @@ class PeopleCost:
 def people_cost(con: duckdb.DuckDBPyConnection, dataset: str, rate: Rate | None = None) -> PeopleCost:
     """`dataset`'s people cost from `con`, which holds human_votes (the votes store, or a
     snapshot with its votes copied) and, once the debate ran, debate_labels."""
-    votes, timed, seconds, median = con.execute("""
+    votes, timed, seconds, median = one_row(con, """
         select count(*), count(seconds), coalesce(sum(seconds), 0), median(seconds)
-        from human_votes where dataset = ?""", [dataset]).fetchone()
+        from human_votes where dataset = ?""", [dataset])
     labelled = open_pairs = needed = 0
     if table_exists(con, "debate_labels"):
-        labelled, open_pairs, needed = con.execute(f"""
+        labelled, open_pairs, needed = one_row(con, f"""
             with tallies as ({tallies_sql(con)})
             select count(*) filter (where decided), count(*) filter (where not decided),
                    coalesce(sum(greatest($required - votes, 1)) filter (where not decided), 0)
             from tallies""", {"dataset": dataset, "required_votes": REQUIRED_VOTES,
-                              "required": REQUIRED_VOTES}).fetchone()
+                              "required": REQUIRED_VOTES})
     return PeopleCost(dataset, votes, timed, float(seconds), median, labelled, open_pairs, int(needed), rate)
 
 

@@ -142,7 +142,7 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
 _CLAUSE_END = re.compile(r"(?<=[.!?;:,])\s+")
 MAX_OWN_QUOTE = 300  # characters of a sentence an attention check's agent quotes
 # Reasons for an attention check's debate: plausible, and no hint of the expected answer.
-NEUTRAL_REASONS = {
+NEUTRAL_REASONS: dict[str | None, tuple[str, ...]] = {  # a leaning (None: none) -> reasons
     "yes": ("The quoted sentence addresses what the query asks.",
             "This passage bears on the question and points to an answer.",
             "The quoted text speaks to the query's topic directly."),

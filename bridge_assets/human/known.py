@@ -20,13 +20,17 @@ the key instead. `known_accuracy` scores every vote whose answer is known, per s
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import duckdb
 import polars as pl
 
 from bridge_assets.errors import BridgeError
 from bridge_assets.human.tables import ensure_schema, utc_now
-from bridge_assets.store import table_exists
+from bridge_assets.store import one_row, table_exists
+
+if TYPE_CHECKING:
+    from bridge_assets.qrels.known_holes import KnownHoles
 
 ATTENTION = "attention checks"
 
@@ -45,8 +49,8 @@ def _replace(con: duckdb.DuckDBPyConnection, source: str, frame: pl.DataFrame) -
     con.register("_known", frame.to_arrow())
     try:
         con.execute("delete from known_answers where source = ?", [source])
-        clash = con.execute("select count(*) from _known k join known_answers a using (dataset, query_id, doc_id)"
-                            ).fetchone()[0]
+        clash = one_row(con, "select count(*) from _known k join known_answers a using (dataset, query_id, doc_id)"
+                        )[0]
         if clash:
             raise KnownAnswersError(f"{clash} pair(s) of {source} are already loaded from another source")
         con.execute("insert into known_answers by name select *, $now as loaded_at from _known",
@@ -56,7 +60,8 @@ def _replace(con: duckdb.DuckDBPyConnection, source: str, frame: pl.DataFrame) -
     return frame.height
 
 
-def load_holes(con: duckdb.DuckDBPyConnection, dataset: str, key, irrelevant: int | None = None) -> tuple[int, int]:
+def load_holes(con: duckdb.DuckDBPyConnection, dataset: str, key: KnownHoles,
+               irrelevant: int | None = None) -> tuple[int, int]:
     """`dataset`'s known holes (a qrels.known_holes.KnownHoles) as known answers: its holes that
     the corpus holds, expected relevant, and `irrelevant` (None: as many as the holes) of the
     candidate pool's unjudged pairs that the key says are no hole, expected irrelevant, in a

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import duckdb
 import polars as pl
@@ -21,11 +22,14 @@ from bridge_assets.ingest.registry import GRADES
 from bridge_assets.paths import read_sql
 from bridge_assets.store import table_exists
 
-HUMAN_LABELS_SCHEMA = {
+if TYPE_CHECKING:
+    from polars._typing import PolarsDataType
+
+HUMAN_LABELS_SCHEMA: dict[str, PolarsDataType] = {
     "dataset": pl.String, "query_id": pl.String, "doc_id": pl.String, "review": pl.String,
     "label": pl.Int32, "votes": pl.Int32, "votes_relevant": pl.Int32, "agreement": pl.Float64,
 }
-TALLY_SCHEMA = {**HUMAN_LABELS_SCHEMA, "decided": pl.Boolean}
+TALLY_SCHEMA: dict[str, PolarsDataType] = {**HUMAN_LABELS_SCHEMA, "decided": pl.Boolean}
 # Stands in for the review sample where the lake has none yet (an older lake, or before the debate).
 _NO_REVIEW_SAMPLE = ("(select null::varchar as dataset, null::varchar as query_id, "
                      "null::varchar as doc_id, null::varchar as kind where false)")
@@ -96,7 +100,9 @@ def pair_tallies(con: duckdb.DuckDBPyConnection, dataset: str | None = None) -> 
         return pl.DataFrame(schema=TALLY_SCHEMA)
     frame = con.execute(tallies_sql(con),
                         {"dataset": dataset, "required_votes": REQUIRED_VOTES}).pl()
-    return frame.cast(TALLY_SCHEMA) if frame.height else pl.DataFrame(schema=TALLY_SCHEMA)
+    if not frame.height:
+        return pl.DataFrame(schema=TALLY_SCHEMA)
+    return frame.cast(TALLY_SCHEMA)  # type: ignore[arg-type]  # polars' cast() types: see qrels/merge.py
 
 
 def _votes_on_escalated_pairs(con: duckdb.DuckDBPyConnection, dataset: str) -> pl.DataFrame:

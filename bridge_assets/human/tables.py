@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 
 import duckdb
 
-from bridge_assets.store import transaction
+from bridge_assets.store import one_row, transaction
 
 # Votes each escalated pair needs (the paper: three crowd annotators per pair).
 REQUIRED_VOTES = 3
@@ -112,7 +112,7 @@ _BINARY_VOTES = """
 
 def ensure_schema(con: duckdb.DuckDBPyConnection) -> None:
     con.execute(SCHEMA)
-    if con.execute(_BINARY_VOTES).fetchone()[0]:
+    if one_row(con, _BINARY_VOTES)[0]:
         _allow_grades(con)
 
 

@@ -297,7 +297,8 @@ def _pair_errors(con: duckdb.DuckDBPyConnection, records: list[tuple[str, VoteRe
                  source: str) -> list[str]:
     """Votes must be on an escalated pair (attention checks: on a known query and chunk), once
     per annotator and pair, and not repeat a vote already stored."""
-    errors, seen = [], {}
+    errors: list[str] = []
+    seen: dict[tuple[str, str, str, str, bool], str] = {}  # annotator and pair -> where first
     for where, r in records:
         key = (r.dataset, r.query_id, r.doc_id, r.annotator_id, r.is_attention_check)
         if key in seen:

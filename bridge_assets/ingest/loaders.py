@@ -129,7 +129,8 @@ class _UniqueIds:
     """Remembers ids with the line that declared them, to report duplicates precisely."""
 
     def __init__(self, path: Path, field: str):
-        self.path, self.field, self.seen = path, field, {}
+        self.path, self.field = path, field
+        self.seen: dict[str, int] = {}  # id -> the line that declared it
 
     def add(self, key: str, line: int) -> None:
         if key in self.seen:
@@ -308,7 +309,8 @@ def _no_topic_fields_between(content: str, start: int, stop: int, path: Path) ->
 def _read_top_blocks(content: str, path: Path, query_field: QueryField) -> pl.DataFrame:
     # Scanned from one <top> to the next rather than with a lazy `<top>(.*?)</top>`, which would
     # merge a topic missing its </top> into the next one and rescan the rest once per <top>.
-    rows, ids = [], _UniqueIds(path, "num")
+    rows: list[dict[str, Any]] = []
+    ids = _UniqueIds(path, "num")
     tags = list(re.finditer("<top>", content))
     _no_topic_fields_between(content, 0, tags[0].start(), path)
     line, counted = 1, 0

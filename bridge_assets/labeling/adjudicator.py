@@ -84,6 +84,7 @@ def adjudicate(outcome: DebateOutcome, pairs: Sequence[Pair], model: str, genera
 def _decision(result: LLMResult, pair: Pair) -> dict:
     """The adjudicator_* fields of a pair from its call: the label (the grade, on the graded
     scale), the call key and the error when the reply was unusable."""
+    label: int | None
     if pair.scale == "graded":
         graded, error = parse_reply(result, GradedAdjudicatorReply)
         label = graded.grade if graded else None

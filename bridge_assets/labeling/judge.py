@@ -54,6 +54,6 @@ class JudgeLabeler(Labeler):
                             examples=fewshot_examples(s.fewshot), prompts=prompts)
         labels = [replace(label, outcome="vote") if label.outcome == "consensus" else label
                   for label in outcome.labels]
-        details = [f"{label.outcome}@{label.rounds_used}" for label in labels]
+        details: list[str | None] = [f"{label.outcome}@{label.rounds_used}" for label in labels]
         return LabelerRun(labels, outcome.turns, details=details,
                           extra={"flags": outcome.flag_counts()}, models=list(self.models))

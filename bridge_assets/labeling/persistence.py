@@ -99,7 +99,7 @@ def round_answer(turns: Sequence[Turn]) -> str | None:
     if not turns or any(t.response is None for t in turns):
         return None
     answers = {t.response for t in turns}
-    return answers.pop() if len(answers) == 1 else SPLIT  # type: ignore[return-value]
+    return answers.pop() if len(answers) == 1 else SPLIT
 
 
 def debate_persistence(turns: Sequence[Turn], rounds: int,
@@ -109,7 +109,7 @@ def debate_persistence(turns: Sequence[Turn], rounds: int,
     whether the ledger answered it."""
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
-    grades = {t.response for t in turns} - {None, "yes", "no"}
+    grades = {t.response for t in turns if t.response is not None} - {"yes", "no"}
     if grades:
         raise ValueError(f"persistence counts yes/no answers; these turns answer {sorted(grades)} "
                          "(a graded debate)")

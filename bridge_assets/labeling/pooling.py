@@ -7,7 +7,7 @@ import polars as pl
 
 from bridge_assets.errors import BridgeError
 from bridge_assets.paths import read_sql
-from bridge_assets.store import table_exists
+from bridge_assets.store import one_row, table_exists
 
 
 class NoRunsError(BridgeError, LookupError):
@@ -24,8 +24,8 @@ def candidate_pool(con: duckdb.DuckDBPyConnection, dataset: str, depth: int = 10
         if not table_exists(con, table):
             raise NoRunsError(f"table {table} does not exist yet: materialize it for dataset "
                               f"'{dataset}' before candidate_pool")
-    systems = con.execute("select count(distinct retriever) from retrieval_run where dataset = ?",
-                          [dataset]).fetchone()[0]
+    systems = one_row(con, "select count(distinct retriever) from retrieval_run where dataset = ?",
+                      [dataset])[0]
     if not systems:
         raise NoRunsError(f"no retrieval_run rows for dataset '{dataset}': materialize at least "
                           "one retriever's run first")

@@ -82,13 +82,15 @@ class Prompts:
         digest = hashlib.sha256()
         seen: set[str] = set()
         pending = [f"{name}.j2"]
+        loader = self._environment.loader
+        assert loader is not None  # _environment's FileSystemLoader
         while pending:
             filename = pending.pop()
             if filename in seen:
                 continue
             seen.add(filename)
             try:
-                source, _, _ = self._environment.loader.get_source(self._environment, filename)
+                source, _, _ = loader.get_source(self._environment, filename)
             except jinja2.TemplateNotFound:
                 raise PromptError(f"prompt template '{filename}' not found in {self.directory}") from None
             digest.update(filename.encode() + b"\0" + source.encode() + b"\0")

@@ -126,5 +126,5 @@ def resolve_relevance(setting: str | None, *, answers: tuple[str, ...] | list[st
     if chosen == "useful":
         return Relevance("useful", USEFUL_DEFINITION)
     if chosen in PRESETS:
-        return Relevance(chosen)  # type: ignore[arg-type]
+        return Relevance(chosen)
     return Relevance("custom", chosen)

@@ -14,8 +14,8 @@ import json
 import os
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import httpx
 from tenacity import AsyncRetrying, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
@@ -24,6 +24,12 @@ from bridge_assets.errors import BridgeError
 from bridge_assets.llm.ledger import call_key
 from bridge_assets.llm.profiles import ModelProfile
 from bridge_assets.llm.types import LLMRequest, LLMResult, TokenLogprob
+
+if TYPE_CHECKING:  # imported where used: llama.cpp, numpy and aiohttp load slowly
+    import aiohttp
+    import numpy as np
+    from llama_cpp import Llama
+    from llama_cpp.llama_types import CreateChatCompletionResponse
 
 
 class BackendUnavailable(BridgeError, RuntimeError):
@@ -48,7 +54,7 @@ def chat_messages(request: LLMRequest) -> list[dict[str, str]]:
     return [{"role": role, "content": content} for role, content in request.messages]
 
 
-def openai_logprobs(content: list[dict[str, Any]] | None) -> list[TokenLogprob] | None:
+def openai_logprobs(content: Sequence[Mapping[str, Any]] | None) -> list[TokenLogprob] | None:
     """OpenAI's `choices[0].logprobs.content` (llama.cpp uses the same shape) as TokenLogprobs."""
     if content is None:
         return None
@@ -59,17 +65,17 @@ def openai_logprobs(content: list[dict[str, Any]] | None) -> list[TokenLogprob] 
 
 # --- in-process llama.cpp -------------------------------------------------------------------
 
-_LLAMA_MODELS: dict[tuple[str, int, int, bool], Any] = {}
+_LLAMA_MODELS: dict[tuple[str, int, int, bool], Llama] = {}
 _LLAMA_LOCK = threading.Lock()
 
 
 def _close_llama_models() -> None:
     for model in _LLAMA_MODELS.values():
         _CHAT_FORMATTERS.pop(id(model), None)
-        if getattr(model, "_bridge_state_cache", None) is not None:
-            model._bridge_state_cache.clear()  # its KV states go with it
-        if getattr(model, "_bridge_lanes", None) is not None:
-            model._bridge_lanes.close()  # its lanes' context goes with it
+        if (states := getattr(model, "_bridge_state_cache", None)) is not None:
+            states.clear()  # its KV states go with it
+        if (lanes := getattr(model, "_bridge_lanes", None)) is not None:
+            lanes.close()  # its lanes' context goes with it
         model.close()
     _LLAMA_MODELS.clear()
 
@@ -84,7 +90,7 @@ def release_local_models() -> None:
         _close_llama_models()
 
 
-def _llama(path: str, n_ctx: int, threads: int, logits_all: bool):
+def _llama(path: str, n_ctx: int, threads: int, logits_all: bool) -> Llama:
     """The loaded model of (file, context, logits mode), loaded on first use. Call with
     _LLAMA_LOCK held, and keep holding it while the model runs.
 
@@ -117,7 +123,7 @@ class _PrefillMeter:
     reused (the prefix shared with the previous prompt, or a restored state). Wraps the
     instance's `eval` for the duration of the `with`; call with _LLAMA_LOCK held."""
 
-    def __init__(self, model):
+    def __init__(self, model: Llama):
         self.model = model
         self.computed: int | None = None
         self.reused: int | None = None
@@ -125,19 +131,19 @@ class _PrefillMeter:
     def __enter__(self) -> _PrefillMeter:
         model, original = self.model, type(self.model).eval
 
-        def eval_(tokens):
+        def eval_(tokens: Sequence[int]) -> None:
             if self.computed is None:
                 self.reused, self.computed = int(model.n_tokens), len(tokens)
             return original(model, tokens)
 
-        model.eval = eval_  # the instance's attribute shadows the class's method
+        setattr(model, "eval", eval_)  # the instance's attribute shadows the class's method
         return self
 
     def __exit__(self, *exc: object) -> None:
         del self.model.eval
 
 
-def _common_prefix(a, b) -> int:
+def _common_prefix(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) -> int:
     """The length of the longest common prefix of two token sequences (numpy arrays or lists)."""
     import numpy as np
 
@@ -197,7 +203,7 @@ class KVStateCache:
             self.size -= len(self._states.pop(oldest))
             self.evicted += 1
 
-    def longest(self, tokens) -> tuple[tuple[int, ...] | None, int]:
+    def longest(self, tokens: Sequence[int]) -> tuple[tuple[int, ...] | None, int]:
         """The kept state sharing the longest prefix with `tokens`, and that length."""
         best, length = None, 0
         for key in self._states:
@@ -206,7 +212,7 @@ class KVStateCache:
                 best, length = key, shared
         return best, length
 
-    def restore(self, model, tokens: Sequence[int]) -> int:
+    def restore(self, model: Llama, tokens: Sequence[int]) -> int:
         """Load into `model` the kept state that shares more of `tokens` than its live KV
         does; returns the tokens that state shares (0: nothing restored)."""
         import ctypes
@@ -230,7 +236,7 @@ class KVStateCache:
         self.restored += 1
         return shared
 
-    def save(self, model) -> None:
+    def save(self, model: Llama) -> None:
         """Keep the model's live state (the tokens it holds: the last prompt and its reply)."""
         import ctypes
 
@@ -254,14 +260,15 @@ class KVStateCache:
         self._evict()
 
 
-def _state_cache(model, model_id: str, capacity_bytes: int) -> KVStateCache | None:
+def _state_cache(model: Llama, model_id: str, capacity_bytes: int) -> KVStateCache | None:
     """The model's KV state cache (created on first use), or None when it is off (capacity 0)
     or the model keeps per-position logits."""
     if capacity_bytes <= 0 or model._logits_all:
         return None
-    cache = getattr(model, "_bridge_state_cache", None)
-    if cache is None:
-        cache = model._bridge_state_cache = KVStateCache(capacity_bytes, model_id)
+    cache: KVStateCache | None = getattr(model, "_bridge_state_cache", None)
+    if cache is None:  # kept on the Llama object: freed with it
+        cache = KVStateCache(capacity_bytes, model_id)
+        setattr(model, "_bridge_state_cache", cache)
     cache.bind(model_id, capacity_bytes)
     return cache
 
@@ -269,7 +276,7 @@ def _state_cache(model, model_id: str, capacity_bytes: int) -> KVStateCache | No
 _CHAT_FORMATTERS: dict[int, Any] = {}  # id(Llama) -> its compiled chat template
 
 
-def _prompt_tokens(model, request: LLMRequest) -> list[int]:
+def _prompt_tokens(model: Llama, request: LLMRequest) -> list[int]:
     """The tokens `create_chat_completion` would feed: the GGUF's own chat template."""
     if id(model) not in _CHAT_FORMATTERS:
         from llama_cpp.llama_chat_format import Jinja2ChatFormatter
@@ -309,7 +316,7 @@ class _Grammar:
     """A JSON schema's grammar as a llama.cpp sampler, applied by hand in the greedy loop: the
     model's raw distribution gives the log-probabilities, the grammar only picks the token."""
 
-    def __init__(self, model, schema: dict[str, Any]):
+    def __init__(self, model: Llama, schema: dict[str, Any]):
         import ctypes
 
         import llama_cpp
@@ -324,13 +331,14 @@ class _Grammar:
         self._one = (llama_cpp.llama_token_data * 1)()
         self._one_array = llama_cpp.llama_token_data_array(data=self._one, size=1, selected=-1, sorted=False)
 
-    def choose(self, logits) -> int:
+    def choose(self, logits: np.ndarray) -> int:
         """The most likely token the grammar allows (the greedy token is tried alone first, as
         llama.cpp's own sampler does, because checking the whole vocabulary is slow)."""
         import numpy as np
 
         token = int(logits.argmax())
-        self._one[0].id, self._one[0].logit, self._one[0].p = token, float(logits[token]), 0.0
+        # llama-cpp-python declares the field `id` as ctypes.c_int32; ctypes reads and writes an int
+        self._one[0].id, self._one[0].logit, self._one[0].p = token, float(logits[token]), 0.0  # type: ignore[assignment]
         self._one_array.size, self._one_array.selected = 1, -1
         self._llama_cpp.llama_sampler_apply(self._sampler, self._ctypes.byref(self._one_array))
         if np.isfinite(self._one[0].logit):
@@ -349,7 +357,7 @@ class _Grammar:
         self._llama_cpp.llama_sampler_free(self._sampler)
 
 
-def _greedy_step(model, vocab, logits, grammar: _Grammar | None,
+def _greedy_step(model: Llama, vocab: Any, logits: np.ndarray, grammar: _Grammar | None,
                  top_logprobs: int | None) -> tuple[int | None, TokenLogprob | None]:
     """One greedy token from the last position's logits: argmax, or under a JSON schema the most
     likely token its grammar allows (the grammar then accepts it), and, when asked, its top-k
@@ -389,7 +397,7 @@ def _context_error(tokens: int, max_tokens: int, window: int) -> str | None:
     return None
 
 
-def _greedy_with_logprobs(model, request: LLMRequest) -> tuple[str, list[TokenLogprob], int, int]:
+def _greedy_with_logprobs(model: Llama, request: LLMRequest) -> tuple[str, list[TokenLogprob], int, int]:
     """Greedy decoding that reads the log-probabilities from the last position's logits only.
 
     Same tokens as llama.cpp's greedy sampler (argmax; under the request's JSON schema, the most
@@ -449,7 +457,7 @@ class _LaneCall:
     latest logits and its seconds (its prefill's, plus its share of each step it took part in)."""
 
     def __init__(self, request: LLMRequest, tokens_in: int, reused: int, grammar: _Grammar | None,
-                 logits, seconds: float) -> None:
+                 logits: np.ndarray, seconds: float) -> None:
         self.request, self.tokens_in, self.reused, self.grammar = request, tokens_in, reused, grammar
         self.computed = tokens_in - reused
         self.generated: list[int] = []
@@ -474,7 +482,7 @@ class DecodeLanes:
     (1.5B, 4 lanes of 4,096 tokens: about 450 MiB). The KV state cache is not used here.
     Call with _LLAMA_LOCK held."""
 
-    def __init__(self, model, width: int, per_lane: int, threads: int):
+    def __init__(self, model: Llama, width: int, per_lane: int, threads: int):
         import llama_cpp
         from llama_cpp import _internals
 
@@ -492,7 +500,7 @@ class DecodeLanes:
         self.context.close()
         self.batch.close()
 
-    def _logits(self, row: int):
+    def _logits(self, row: int) -> np.ndarray:
         import numpy as np
 
         return np.ctypeslib.as_array(self.context.get_logits_ith(row),
@@ -523,15 +531,18 @@ class DecodeLanes:
 
         def finish(k: int) -> None:
             lane = self.lanes[k]
-            call = calls.pop(lane.call)
+            i = lane.call
+            assert i is not None  # finish and choose see a lane holding a call
+            call = calls.pop(i)
             if call.grammar:
                 call.grammar.close()
-            out[lane.call] = (call, None)
+            out[i] = (call, None)
             lane.call = lane.next = None
 
         def choose(k: int) -> None:
             """Lane k's next token from its call's latest logits, or the call's end."""
             lane = self.lanes[k]
+            assert lane.call is not None
             call = calls[lane.call]
             token, entry = _greedy_step(self.model, self.vocab, call.logits, call.grammar,
                                         call.request.top_logprobs)
@@ -584,6 +595,7 @@ class DecodeLanes:
                         self.context.kv_cache_seq_rm(k, len(lane.held), -1)
                         continue
                     lane.held.append(lane.next)
+                    assert lane.call is not None  # a lane with a next token holds a call
                     call = calls[lane.call]
                     call.logits, call.seconds = self._logits(k), call.seconds + share
                     lane.next = None
@@ -597,13 +609,14 @@ class DecodeLanes:
                     lane.call = lane.next = None
 
 
-def _decode_lanes(model, width: int, per_lane: int, threads: int) -> DecodeLanes:
+def _decode_lanes(model: Llama, width: int, per_lane: int, threads: int) -> DecodeLanes:
     """The model's DecodeLanes of this shape, made on first use and freed with the model."""
-    lanes = getattr(model, "_bridge_lanes", None)
+    lanes: DecodeLanes | None = getattr(model, "_bridge_lanes", None)
     if lanes is None or (lanes.width, lanes.per_lane) != (width, per_lane):
         if lanes is not None:
             lanes.close()
-        lanes = model._bridge_lanes = DecodeLanes(model, width, per_lane, threads)
+        lanes = DecodeLanes(model, width, per_lane, threads)
+        setattr(model, "_bridge_lanes", lanes)  # kept on the Llama object: freed with it
     return lanes
 
 
@@ -628,7 +641,7 @@ class LlamaCppBackend:
         # the KV state cache's bound: the profile's engine_args.state_cache_bytes (0: off)
         self.state_cache_bytes = int(profile.engine_args.get("state_cache_bytes", STATE_CACHE_BYTES))
 
-    def _model(self, logits_all: bool):
+    def _model(self, logits_all: bool) -> Llama:
         """This profile's model; call with _LLAMA_LOCK held (another profile may close it)."""
         from bridge_assets.llm.weights import provision
 
@@ -638,7 +651,7 @@ class LlamaCppBackend:
     def _threads(self) -> int:
         return self.profile.threads or os.cpu_count() or 1
 
-    def _states(self, model, request: LLMRequest) -> KVStateCache | None:
+    def _states(self, model: Llama, request: LLMRequest) -> KVStateCache | None:
         """The model's KV state cache, with the state sharing the longest prefix with the
         request's prompt restored (when it shares more than the live one); None when off."""
         states = _state_cache(model, self.model_id, self.state_cache_bytes)
@@ -701,7 +714,8 @@ class LlamaCppBackend:
                 model = self._model(logits_all=request.top_logprobs is not None)
                 states = self._states(model, request)
                 with _PrefillMeter(model) as meter:
-                    reply = model.create_chat_completion(**kwargs)
+                    # not streamed (no `stream` in kwargs): one response, not an iterator of chunks
+                    reply = cast("CreateChatCompletionResponse", model.create_chat_completion(**kwargs))
                 if states is not None:
                     states.save(model)
         except ValueError as exc:  # e.g. the prompt does not fit the context window
@@ -709,9 +723,10 @@ class LlamaCppBackend:
                              latency_s=time.perf_counter() - started)
         choice = reply["choices"][0]
         usage = reply.get("usage") or {}
+        choice_logprobs = choice.get("logprobs")
         return LLMResult(
             key=key, text=choice["message"].get("content") or "",
-            logprobs=openai_logprobs((choice.get("logprobs") or {}).get("content"))
+            logprobs=openai_logprobs(choice_logprobs.get("content") if choice_logprobs else None)
             if request.top_logprobs is not None else None,
             tokens_in=usage.get("prompt_tokens", 0), tokens_out=usage.get("completion_tokens", 0),
             prompt_computed=meter.computed, prompt_reused=meter.reused,
@@ -822,7 +837,7 @@ class OpenAIHTTPBackend:
                                   limits=httpx.Limits(max_connections=profile.concurrency))
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
-        self._session = None  # aiohttp.ClientSession, created on the loop
+        self._session: aiohttp.ClientSession | None = None  # created on the loop
         self._loop_lock = threading.Lock()
 
     def _body(self, request: LLMRequest) -> dict[str, Any]:
@@ -860,6 +875,7 @@ class OpenAIHTTPBackend:
                                            wait=wait_exponential(multiplier=self.profile.backoff_s, max=30),
                                            retry=retry_if_exception(_transient), reraise=True):
             with attempt:
+                assert self._session is not None  # _agenerate made it
                 url = f"{self._urls[next(url_index) % len(self._urls)]}/chat/completions"
                 async with self._session.post(url, json=body) as response:
                     text = await response.text()
@@ -873,6 +889,7 @@ class OpenAIHTTPBackend:
         try:
             if error is not None:
                 raise error
+            assert payload is not None  # no error: the server's reply
             choice = payload["choices"][0]
             text = choice["message"]["content"]
             if text is None:
@@ -945,6 +962,7 @@ class OpenAIHTTPBackend:
                 asyncio.run_coroutine_threadsafe(self._session.close(), loop).result(timeout=30)
                 self._session = None
             loop.call_soon_threadsafe(loop.stop)
+            assert self._loop_thread is not None  # started with the loop
             self._loop_thread.join(timeout=30)
             loop.close()
         self._http.close()
@@ -968,15 +986,15 @@ class VLLMBackend:
         self.profile = profile
         self.model_id = model_id(profile)
         self._vllm = vllm
-        self._engine = None
+        self._engine: Any = None  # a vllm.LLM (vllm, an optional extra, is not installed here)
 
-    def _llm(self):
+    def _llm(self) -> Any:
         if self._engine is None:
             self._engine = self._vllm.LLM(model=self.profile.model, max_model_len=self.profile.context_size,
                                           seed=0, **self.profile.engine_args)
         return self._engine
 
-    def _sampling(self, request: LLMRequest):
+    def _sampling(self, request: LLMRequest) -> Any:
         from vllm import SamplingParams
 
         extra: dict[str, Any] = {}
@@ -992,7 +1010,7 @@ class VLLMBackend:
                               logprobs=request.top_logprobs, **extra)
 
     @staticmethod
-    def _logprobs(completion) -> list[TokenLogprob] | None:
+    def _logprobs(completion: Any) -> list[TokenLogprob] | None:
         if completion.logprobs is None:
             return None
         tokens = []
@@ -1004,13 +1022,13 @@ class VLLMBackend:
         return tokens
 
     @staticmethod
-    def _prefill(output) -> dict[str, int | None]:
+    def _prefill(output: Any) -> tuple[int | None, int | None]:
         """Prompt tokens computed and reused (vLLM's prefix cache), where this vLLM reports it."""
         cached = _count(getattr(output, "num_cached_tokens", None))
         prompt = len(output.prompt_token_ids or [])
         if cached is None or cached > prompt:
-            return {"prompt_computed": None, "prompt_reused": None}
-        return {"prompt_computed": prompt - cached, "prompt_reused": cached}
+            return None, None
+        return prompt - cached, cached
 
     def generate(self, requests: Sequence[LLMRequest]) -> list[LLMResult]:
         keys = [call_key(self.name, self.model_id, r) for r in requests]
@@ -1027,10 +1045,12 @@ class VLLMBackend:
         results = []
         for key, output in zip(keys, outputs):
             completion = output.outputs[0]
+            computed, reused = self._prefill(output)
             results.append(LLMResult(
                 key=key, text=completion.text, logprobs=self._logprobs(completion),
                 tokens_in=len(output.prompt_token_ids or []), tokens_out=len(completion.token_ids),
-                **self._prefill(output), decode_tokens=len(completion.token_ids), latency_s=share))
+                prompt_computed=computed, prompt_reused=reused, decode_tokens=len(completion.token_ids),
+                latency_s=share))
         return results
 
     def close(self) -> None:

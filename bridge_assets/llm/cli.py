@@ -17,7 +17,7 @@ def models_list() -> None:
     from bridge_assets.llm.profiles import load_models_config
 
     config = load_models_config()
-    roles = {}
+    roles: dict[str, list[str]] = {}  # profile -> the roles it serves
     for role in config.defaults:
         for name in config.role_profiles(role):
             roles.setdefault(name, []).append(role)

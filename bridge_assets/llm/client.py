@@ -58,6 +58,11 @@ class ClientStats:
 QUEUED_CHUNKS = 4
 
 
+def _sum_known(a: int | None, b: int | None) -> int | None:
+    """a + b, or None when either is unknown (a backend that does not report prefill)."""
+    return None if a is None or b is None else a + b
+
+
 class LLMClient:
     """Calls one models.yaml profile through its backend, with the DuckDB ledger as cache."""
 
@@ -206,8 +211,8 @@ class LLMClient:
                 spent[key] = (t_in + reply.tokens_in, t_out + reply.tokens_out, seconds + reply.latency_s)
                 now = (reply.prompt_computed, reply.prompt_reused, reply.decode_tokens)
                 before = prefill.get(key)
-                prefill[key] = now if before is None else tuple(
-                    None if a is None or b is None else a + b for a, b in zip(before, now))
+                prefill[key] = now if before is None else (
+                    _sum_known(before[0], now[0]), _sum_known(before[1], now[1]), _sum_known(before[2], now[2]))
                 result = reply
                 if reply.ok and request.json_schema is not None:
                     parsed, problem = parse_reply(reply.text, request.json_schema)

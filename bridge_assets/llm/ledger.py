@@ -155,7 +155,7 @@ def append(records: Sequence[CallRecord], *, profile: str, backend: str, model: 
                          "error": pl.Utf8, "tokens_in": pl.Int32, "tokens_out": pl.Int32,
                          "prompt_tokens_computed": pl.Int32, "prompt_tokens_reused": pl.Int32,
                          "decode_tokens": pl.Int32, "attempts": pl.Int32})
-    def insert(con) -> None:
+    def insert(con: duckdb.DuckDBPyConnection) -> None:
         migrate(con)
         con.register("_incoming_calls", frame.to_arrow())
         try:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, cast
 
 import duckdb
 import numpy as np
@@ -156,7 +156,9 @@ def resolve_measures(specs: Iterable[str], cutoffs: Sequence[int] | None = None)
                 continue
             if params is None:
                 params = list(cutoffs) if cutoffs and family.params == "cutoff" else list(family.defaults)
-            wanted.setdefault(family.name, set()).update(params)
+            chosen = wanted.setdefault(family.name, set())
+            assert chosen is not None, family.name  # only a family without parameters maps to None
+            chosen.update(params)
     names: list[str] = []
     family_of: dict[str, MeasureFamily] = {}
     param_of: dict[str, float] = {}
@@ -165,20 +167,20 @@ def resolve_measures(specs: Iterable[str], cutoffs: Sequence[int] | None = None)
     for family in FAMILIES.values():
         if family.name not in wanted:
             continue
-        params = wanted[family.name]
-        if params is None:
+        values = wanted[family.name]
+        if values is None:
             names.append(family.name)
             family_of[family.name] = family
             continue
-        for value in sorted(params):
+        for value in sorted(values):
             name = _param_name(family, value)
             names.append(name)
             family_of[name] = family
             param_of[name] = value
         if family.params == "cutoff":
-            needed_cutoffs.update(int(v) for v in params)
+            needed_cutoffs.update(int(v) for v in values)
         else:
-            needed_levels.update(params)
+            needed_levels.update(values)
     if not names:
         raise MeasureError("no measure requested")
     return MeasureSelection(tuple(names), family_of, tuple(sorted(needed_cutoffs)),
@@ -254,9 +256,11 @@ def _check_judgments(con: duckdb.DuckDBPyConnection, qrels: str, original_qrels:
     for view, relation in (("metrics_qrels", qrels), ("metrics_original_qrels", original_qrels)):
         if relation is None:
             continue
-        rows, hashes, no_value = con.execute(
+        counts = con.execute(
             f"select count(*), count(distinct hash({keys})), count(*) - count(relevance) from {view}"
         ).fetchone()
+        assert counts is not None  # an aggregate's one row
+        rows, hashes, no_value = counts
         duplicate = None if rows == hashes else con.execute(
             f"select {keys} from {view} group by all having count(*) > 1 limit 1").fetchone()
         if duplicate:
@@ -288,7 +292,9 @@ def _with_build_side_as_written(con: duckdb.DuckDBPyConnection, sql: str, *,
         join = sql.index("left join metrics_original_qrels")
         sql = sql[:join].replace("o.relevance as original_relevance",
                                  "null::integer as original_relevance")
-    previous = con.execute("select current_setting('disabled_optimizers')").fetchone()[0]
+    setting = con.execute("select current_setting('disabled_optimizers')").fetchone()
+    assert setting is not None  # a setting's one row
+    previous = setting[0]
     con.execute("set disabled_optimizers = 'build_side_probe_side"
                 + (f",{previous}'" if previous else "'"))
     try:
@@ -429,7 +435,8 @@ def _as_stored(rows: pa.Table) -> tuple[np.ndarray, np.ndarray, pl.DataFrame] | 
     starts, ranking = _number_rankings(new)
     # a ranking's rows are not together when its keys start two rankings: screened on a hash
     # of the keys, confirmed on the keys themselves
-    keys = pl.from_arrow(rows.select(KEYS).take(at[starts]))
+    # a pyarrow Table gives a DataFrame (pyarrow has no types, so mypy cannot pick the overload)
+    keys = cast(pl.DataFrame, pl.from_arrow(rows.select(KEYS).take(at[starts])))
     hashes = np.sort(keys.select(pl.struct(KEYS).hash()).to_series().to_numpy())
     if (hashes[1:] == hashes[:-1]).any() and keys.is_duplicated().any():
         return None
@@ -545,6 +552,7 @@ def _values(selection: MeasureSelection, relevance_level: int, num_ret: np.ndarr
         elif family in ("map", "gm_map"):  # gm_map: each query's average precision, summarised
             out[name] = _divide(per_ranking(rel_ranking, precision), R)
         elif family == "Rprec":  # relevant among the top R
+            assert R_rel is not None
             out[name] = _divide(per_ranking(rel_ranking, rel_rank <= R_rel), R)
         elif family == "bpref":
             # each relevant document: 1 - (judged non-relevant above it, at most R) / min(R, N)
@@ -553,6 +561,7 @@ def _values(selection: MeasureSelection, relevance_level: int, num_ret: np.ndarr
             rows_per_ranking = np.bincount(ranking, minlength=rankings)
             before = np.concatenate([[0], nonrel_so_far])[np.cumsum(rows_per_ranking) - rows_per_ranking]
             above = nonrel_so_far[relevant] - before[rel_ranking]
+            assert R_rel is not None
             term = 1.0 - np.minimum(above, R_rel) / np.maximum(np.minimum(N, R), 1)[rel_ranking]
             out[name] = _divide(per_ranking(rel_ranking, term), R)
         elif family == "recip_rank":
@@ -633,7 +642,7 @@ def _evaluate(con: duckdb.DuckDBPyConnection, selection: MeasureSelection, run: 
     # which rankings are evaluated: those of a query the qrels know (with -c also the judged
     # queries a retriever did not answer, as empty rankings)
     if found is None:  # each ranking's keys, from its first row
-        found = pl.from_arrow(rows.select(KEYS).take(at[starts]))
+        found = cast(pl.DataFrame, pl.from_arrow(rows.select(KEYS).take(at[starts])))  # see _as_stored
     judged = pl.DataFrame([pl.Series("dataset", queries.column("dataset"), pl.String),
                            pl.Series("query_id", queries.column("query_id"), pl.String)]) \
         .with_row_index("query")

@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import typer
 
@@ -102,7 +102,7 @@ def import_command(
     """Store the judgments of FILE as label source SOURCE of DATASET's refined qrels, ranked
     among the built-in sources, then rebuild bridge_qrels."""
     from bridge_assets import store
-    from bridge_assets.qrels.imports import import_qrels
+    from bridge_assets.qrels.imports import UnknownIds, import_qrels
 
     _require_lake()
     if unknown_ids not in ("skip", "error"):
@@ -110,7 +110,8 @@ def import_command(
     with store.connect() as con:
         report = import_qrels(con, dataset, file, source, fmt=fmt, precedence=precedence, before=before,
                               after=after, verified=verified, corrects_original=corrects_original,
-                              unknown_ids=unknown_ids, replace=replace)
+                              unknown_ids=cast(UnknownIds, unknown_ids),  # checked above
+                              replace=replace)
     kind = "correction source" if report.corrects_original else \
         ("verified source" if report.verified else "unverified source")
     typer.echo(f"{report.stored} of {report.lines} judgments from {report.file} -> '{source}' "

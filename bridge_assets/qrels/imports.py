@@ -30,7 +30,7 @@ from bridge_assets.ingest.errors import DatasetError
 from bridge_assets.ingest.loaders import read_beir_qrels, read_jsonl
 from bridge_assets.ingest.registry import validate_dataset_name
 from bridge_assets.qrels.sources import SourceError, ensure_tables, place, precedences, registered, validate_source_name
-from bridge_assets.store import table_exists, transaction
+from bridge_assets.store import one_row, table_exists, transaction
 from bridge_assets.trec_io import read_trec_qrels
 
 UnknownIds = Literal["skip", "error"]
@@ -78,7 +78,8 @@ class ImportReport:
 
 def read_bridge_release_qrels(path: Path) -> tuple[pl.DataFrame, list[int]]:
     """(query_id, doc_id, relevance 1) for each document listed in `doc_id` of each line."""
-    rows, lines, seen = [], [], {}
+    rows, lines = [], []
+    seen: dict[str, int] = {}  # query id -> the line it is on
     for number, record in read_jsonl(path):
         query_id = record.get("q_id")
         if not isinstance(query_id, (str, int)) or not str(query_id).strip():
@@ -115,8 +116,8 @@ def read_judgments(path: Path, fmt: ImportFormat) -> tuple[pl.DataFrame, Path]:
 
 def _require_ingested(con: duckdb.DuckDBPyConnection, dataset: str) -> None:
     for table in ("corpus", "queries", "original_qrels"):
-        if not table_exists(con, table) or not con.execute(
-                f"select count(*) from {table} where dataset = ?", [dataset]).fetchone()[0]:
+        if not table_exists(con, table) or not one_row(
+                con, f"select count(*) from {table} where dataset = ?", [dataset])[0]:
             raise QrelsImportError(f"no {table} rows for dataset '{dataset}': materialize the "
                                    f"dataset's ingest assets first (bridge materialize -d {dataset} corpus)")
 
@@ -213,8 +214,8 @@ def remove_source(con: duckdb.DuckDBPyConnection, dataset: str, source: str) -> 
     if source not in registered(con, dataset)["source"].to_list():
         raise QrelsImportError(f"dataset '{dataset}' has no imported source '{source}'")
     with transaction(con):
-        removed = con.execute("delete from imported_qrels where dataset = ? and source = ?",
-                              [dataset, source]).fetchone()[0]
+        removed = one_row(con, "delete from imported_qrels where dataset = ? and source = ?",
+                          [dataset, source])[0]
         con.execute("delete from qrels_sources where dataset = ? and source = ?", [dataset, source])
     return removed
 

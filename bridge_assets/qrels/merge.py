@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import duckdb
 import polars as pl
@@ -21,7 +22,10 @@ from bridge_assets.errors import BridgeError
 from bridge_assets.paths import read_sql
 from bridge_assets.qrels.sources import IMPORT_TABLES, SOURCES, UNVERIFIED_GUESSERS, VERIFIED_BUILTINS, registered
 from bridge_assets.qrels.trust import DebateTrust, DroppedHoles, debate_trust, dropped_holes, trusted_by_rule
-from bridge_assets.store import table_exists
+from bridge_assets.store import one_row, table_exists
+
+if TYPE_CHECKING:
+    from polars._typing import PolarsDataType
 
 # Built-in labels a person or a passed check stands behind (imported sources say so at import,
 # in bridge_qrels.verified): a verified relevant label outside the original qrels is a found
@@ -29,7 +33,7 @@ from bridge_assets.store import table_exists
 VERIFIED_SOURCES = VERIFIED_BUILTINS
 UNVERIFIED_SOURCES = UNVERIFIED_GUESSERS
 
-BRIDGE_QRELS_SCHEMA = {
+BRIDGE_QRELS_SCHEMA: dict[str, PolarsDataType] = {
     "dataset": pl.Utf8, "query_id": pl.Utf8, "doc_id": pl.Utf8, "relevance": pl.Int32,
     "source": pl.Utf8, "unverified_label": pl.Int32, "unverified_source": pl.Utf8,
     "pair_key": pl.Utf8, "config_hash": pl.Utf8, "call_keys": pl.List(pl.Utf8),
@@ -173,8 +177,8 @@ def build_bridge_qrels(con: duckdb.DuckDBPyConnection, dataset: str, min_precisi
     `min_precision` (the dataset's `relevance.min_precision`). `drops_in_bounds`: the filter's
     drops the audit estimates to be holes are marked `estimated_hole`, which the metrics' upper
     bound counts as relevant (sql/bridge_qrels.sql says which)."""
-    if not table_exists(con, "original_qrels") or not con.execute(
-            "select count(*) from original_qrels where dataset = ?", [dataset]).fetchone()[0]:
+    if not table_exists(con, "original_qrels") or not one_row(
+            con, "select count(*) from original_qrels where dataset = ?", [dataset])[0]:
         raise MissingOriginalQrels(f"bridge_qrels for dataset '{dataset}': no original_qrels rows; "
                                    "materialize the dataset's ingest assets first")
     # no import is not a missing stage: those stand-ins are not reported
@@ -186,5 +190,8 @@ def build_bridge_qrels(con: duckdb.DuckDBPyConnection, dataset: str, min_precisi
         qrels = con.execute(read_sql("bridge_qrels"), {
             "dataset": dataset, "trust_yes": trust.yes.trusted, "trust_no": trust.no.trusted,
             "drops_at_upper": dropped.at_upper if drops_in_bounds else 0}).pl()
-    return BridgeQrels(dataset, qrels.cast(BRIDGE_QRELS_SCHEMA).select(list(BRIDGE_QRELS_SCHEMA)), missing,
+    # polars types cast()'s mapping with an invariant key (column name | selector | dtype), which
+    # refuses a dict[str, dtype] (its own SchemaDict); the call is as documented
+    qrels = qrels.cast(BRIDGE_QRELS_SCHEMA)  # type: ignore[arg-type]
+    return BridgeQrels(dataset, qrels.select(list(BRIDGE_QRELS_SCHEMA)), missing,
                        registered(con, dataset), trust, dropped)

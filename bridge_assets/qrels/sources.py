@@ -102,6 +102,7 @@ def place(ranks: dict[str, float], *, precedence: float | None = None, before: s
     elif after is not None:
         below = [p for p in ranks.values() if p > ranks[after]]
         precedence = (ranks[after] + min(below)) / 2 if below else ranks[after] + 10
+    assert precedence is not None  # given, or placed by before / after (one of them is set)
     tied = [name for name, p in ranks.items() if p == precedence]
     if tied:
         raise SourceError(f"precedence {precedence:g} is taken by {tied[0]!r}: each source needs its own")

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import duckdb
 
 from bridge_assets.labeling.review import AUDIT
-from bridge_assets.store import table_exists
+from bridge_assets.store import one_row, table_exists
 
 CONFIDENCE = 0.95
 
@@ -101,12 +101,12 @@ def measured_precision(con: duckdb.DuckDBPyConnection, dataset: str, label: int)
     and human_labels)."""
     if not (table_exists(con, "debate_labels") and table_exists(con, "human_labels")):
         return Proportion(0, 0)
-    k, n = con.execute("""
+    k, n = one_row(con, """
         select count(*) filter (where (h.label > 0) = (d.label > 0)), count(*)
         from debate_labels d
         join human_labels h using (dataset, query_id, doc_id)
         where d.dataset = ? and d.outcome = 'consensus' and (d.label > 0) = ? and h.label is not null""",
-        [dataset, label > 0]).fetchone()
+        [dataset, label > 0])
     return Proportion(int(k), int(n))
 
 
@@ -162,17 +162,16 @@ def dropped_holes(con: duckdb.DuckDBPyConnection, dataset: str) -> DroppedHoles:
     """`con`: filtered_pool, review_sample and human_labels of `dataset`."""
     if not table_exists(con, "filtered_pool"):
         return DroppedHoles(0, Proportion(0, 0), 0)
-    drops = con.execute("select count(*) from filtered_pool where dataset = ? and not kept",
-                        [dataset]).fetchone()[0]
+    drops = one_row(con, "select count(*) from filtered_pool where dataset = ? and not kept", [dataset])[0]
     if not table_exists(con, "review_sample"):
         return DroppedHoles(int(drops), Proportion(0, 0), 0)
     labelled = "human_labels" if table_exists(con, "human_labels") else \
         "(select null::varchar as dataset, null::varchar as query_id, null::varchar as doc_id, null::integer as label)"
-    sampled, k, n = con.execute(f"""
+    sampled, k, n = one_row(con, f"""
         select count(*), count(*) filter (where h.label > 0), count(h.label)
         from review_sample r
         left join {labelled} h using (dataset, query_id, doc_id)
-        where r.dataset = ? and r.kind = ?""", [dataset, AUDIT]).fetchone()
+        where r.dataset = ? and r.kind = ?""", [dataset, AUDIT])
     return DroppedHoles(int(drops), Proportion(int(k), int(n)), int(sampled))
 
 
@@ -185,7 +184,7 @@ def trusted_by_rule(con: duckdb.DuckDBPyConnection, dataset: str) -> bool:
                                          "where table_name = 'debate_labels'").fetchall()}
     if "trusted_by_rule" not in columns:
         return True
-    value = con.execute("select bool_and(coalesce(trusted_by_rule, false)) from debate_labels "
-                        "where dataset = ? and outcome = 'consensus'", [dataset]).fetchone()[0]
+    value = one_row(con, "select bool_and(coalesce(trusted_by_rule, false)) from debate_labels "
+                    "where dataset = ? and outcome = 'consensus'", [dataset])[0]
     return bool(value) if value is not None else False
 

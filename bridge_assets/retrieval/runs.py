@@ -7,6 +7,7 @@ Every system's scores pass through `top_k`, the one place ranks are assigned: so
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import polars as pl
@@ -69,7 +70,9 @@ def read_trec(path: Path) -> pl.DataFrame:
     """A TREC run file as a run frame, ranked by score as every system is (trec_eval's reading,
     bridge_assets.trec_io.read_trec_run; the file's rank column is not trusted)."""
     run = read_trec_run(path).frame
-    return top_k(run, run.group_by("query_id").len()["len"].max() or 1)
+    # the longest ranking (None: no rows); polars types a Series' max as any Python value
+    longest = cast(int | None, run.group_by("query_id").len()["len"].max())
+    return top_k(run, longest or 1)
 
 
 def export_trec_run(dataset: str, retriever: str, path: Path, db_path: Path | None = None) -> tuple[Path, int]:

@@ -91,7 +91,7 @@ def escalate_most_contradicted(labels: Sequence[int | None], signal: Sequence[fl
 def _decided(gold: Sequence[int], labels: Sequence[int | None]) -> tuple[list[int], list[int]]:
     """The gold and labels of the decided cases."""
     kept = [i for i, label in enumerate(labels) if label is not None]
-    return [gold[i] for i in kept], [labels[i] for i in kept]
+    return [gold[i] for i in kept], [label for label in labels if label is not None]
 
 
 def decided_bacc(gold: Sequence[int], labels: Sequence[int | None]) -> float | None:

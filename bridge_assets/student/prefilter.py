@@ -18,6 +18,7 @@ import duckdb
 from bridge_assets.labeling.labeler import LabelItem
 from bridge_assets.labeling.pairs import load_pairs
 from bridge_assets.qrels.known_holes import KnownHoles
+from bridge_assets.store import one_row
 from bridge_assets.student.annotator import training_set
 from bridge_assets.student.labeler import StudentLabelerSettings, cross_fitted_scores
 
@@ -80,5 +81,5 @@ def lake_study(con: duckdb.DuckDBPyConnection, dataset: str, holes: KnownHoles,
     to_score = [LabelItem(f"{p.query_id}|{p.doc_id}", p) for p in seen]
     scores, folds = cross_fitted_scores(known, to_score, settings, teacher)
     relevant = [p.doc_id in holes.holes.get(p.query_id, ()) for p in seen]
-    models = con.execute("select count(distinct model) from filter_votes where dataset = ?", [dataset]).fetchone()[0]
+    models = one_row(con, "select count(distinct model) from filter_votes where dataset = ?", [dataset])[0]
     return LakeStudy(threshold_table(scores, relevant, thresholds), int(models), folds)
