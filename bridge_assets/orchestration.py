@@ -14,7 +14,6 @@ judgments)."""
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import time
@@ -25,7 +24,7 @@ from typing import Any
 
 import dagster as dg
 
-from bridge_assets import run_settings
+from bridge_assets import staleness
 from bridge_assets.errors import DatasetError
 from bridge_assets.llm.budget import BudgetExceeded
 from bridge_assets.resources import DuckDBStore
@@ -199,40 +198,7 @@ def root_cause(exc: BaseException) -> BaseException:
     return exc
 
 
-# --- what is out of date ------------------------------------------------------------------------
-
-def _latest_metadata(inst: dg.DagsterInstance, key: dg.AssetKey, partition_key: str | None
-                     ) -> dict[str, Any] | None:
-    """The metadata of the partition's latest materialization; None when it has none."""
-    records = inst.fetch_materializations(
-        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[partition_key] if partition_key else None),
-        limit=1).records
-    if not records:
-        return None
-    materialization = records[0].asset_materialization
-    return {name: value.value for name, value in materialization.metadata.items()} if materialization else {}
-
-
-def _config_class(assets_def: dg.AssetsDefinition) -> type[dg.Config] | None:
-    compute = assets_def.op.compute_fn
-    decorated = getattr(compute, "has_config_arg", None) and compute.has_config_arg()
-    if not decorated:
-        return None
-    annotation = compute.get_config_arg().annotation
-    return annotation if isinstance(annotation, type) and issubclass(annotation, dg.Config) else None
-
-
-def _resolved(assets_def: dg.AssetsDefinition, dataset: str,
-              asset_config: dict[str, dict[str, Any]] | None) -> run_settings.Resolved | None:
-    """The settings the op writing `assets_def` resolves for `dataset` under the explicit
-    `asset_config` (asset name -> fields); None for an op without config."""
-    config_class = _config_class(assets_def)
-    if config_class is None:
-        return None
-    names = [k.to_user_string() for k in assets_def.keys]
-    explicit = {field: value for name in names for field, value in (asset_config or {}).get(name, {}).items()}
-    return run_settings.resolve(config_class, dataset, names, explicit)
-
+# --- what is out of date: bridge_assets.staleness ------------------------------------------
 
 def asset_settings(asset: str, dataset: str,
                    asset_config: dict[str, dict[str, Any]] | None = None) -> Any:
@@ -241,83 +207,34 @@ def asset_settings(asset: str, dataset: str,
     --dataset` see exactly the settings a run would."""
     from bridge_assets.definitions import defs
 
-    resolved = _resolved(defs.get_assets_def(asset), dataset, asset_config)
+    resolved = staleness.resolved_settings(defs.get_assets_def(asset), dataset, asset_config)
     if resolved is None:
         raise ValueError(f"asset '{asset}' has no settings")
     return resolved.config
 
 
-def _external_change(key: dg.AssetKey, partition_key, metadata: dict[str, Any],
-                     store: DuckDBStore) -> str | None:
-    """An input outside the lake's assets that changed since the materialization, or calls an
-    automation run deferred (an explicit run makes them)."""
-    name = key.to_user_string()
-    if name in ("corpus", "queries", "original_qrels"):
-        from bridge_assets.ingest.assets import source_version
-        from bridge_assets.ingest.registry import get_dataset
-
-        if metadata.get("source_version") != source_version(get_dataset(partition_key)):
-            return "the dataset's entry or files changed"
-    if metadata.get("deferred_calls"):
-        return f"{metadata['deferred_calls']} LLM calls were deferred by the automation cap"
-    if name == "retrieval_run":
-        from bridge_assets.retrieval.registry import load_registry
-
-        retriever = partition_key.keys_by_dimension["retriever"]
-        k = (metadata.get("details") or {}).get("k")  # a changed k is a settings change
-        if metadata.get("config_hash") != load_registry().config_hash(retriever, k):
-            return f"{retriever}'s registry entry changed"
-    if name == "student_rerank_run":
-        from bridge_assets.student.assets import evaluation_system_hashes
-
-        if metadata.get("systems") != json.dumps(evaluation_system_hashes(), sort_keys=True):
-            return "the registry's evaluation-only systems changed"
-    if name == "human_labels":
-        from bridge_assets.human.assets import votes_version
-
-        if metadata.get("votes_version") != votes_version(store, partition_key):
-            return "the votes changed"
-    if name == "bridge_qrels":
-        from bridge_assets.qrels.assets import imports_version
-
-        if metadata.get("imports_version") != imports_version(store, partition_key):
-            return "imported judgments changed (bridge qrels import / remove)"
-        from bridge_assets.ingest.registry import get_dataset
-
-        relevance = get_dataset(partition_key).relevance
-        if metadata.get("min_precision") != relevance.min_precision:
-            return "the dataset's relevance.min_precision changed"
-        # (absent before the setting existed: off, as its default)
-        if metadata.get("drops_in_bounds", False) != relevance.drops_in_bounds:
-            return "the dataset's relevance.drops_in_bounds changed"
-    return None
+def _partition_of(run: dg.DagsterRun) -> str | dg.MultiPartitionKey | None:
+    dimensions = {tag.removeprefix("dagster/partition/"): value for tag, value in run.tags.items()
+                  if tag.startswith("dagster/partition/")}
+    return dg.MultiPartitionKey(dimensions) if len(dimensions) > 1 else run.tags.get("dagster/partition")
 
 
-def out_of_date(defs: dg.Definitions, inst: dg.DagsterInstance, key: dg.AssetKey, partition_key,
-                asset_config: dict[str, dict[str, Any]] | None = None,
-                store: DuckDBStore | None = None) -> str | None:
-    """Why the asset's partition must be materialized, or None when it is current."""
-    # Dagster's own staleness, as the UI shows it (its resolver is not public API)
-    from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
-    from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
-    from dagster._time import get_current_datetime
+def left_to_do(inst: dg.DagsterInstance, run: dg.DagsterRun) -> list[str] | None:
+    """The assets of a queued `run` that are out of date now (another run may have computed the
+    rest while it waited for its dataset's turn); None when that cannot be told (a run of
+    several partitions, or of assets this code does not define)."""
+    from bridge_assets.definitions import defs
 
-    metadata = _latest_metadata(inst, key, partition_key)
-    if metadata is None:
-        return "missing"
+    partition_key = _partition_of(run)
+    if partition_key is None or run.tags.get("dagster/asset_partition_range_start"):
+        return None
+    keys = run.asset_selection or defs.resolve_job_def(run.job_name).asset_layer.selected_asset_keys
     graph = defs.resolve_asset_graph()
-    view = AssetGraphView(temporal_context=TemporalContext(effective_dt=get_current_datetime(),
-                                                           last_event_id=None),
-                          instance=inst, asset_graph=graph)
-    resolver = CachingStaleStatusResolver(inst, graph, loading_context=view)
-    if resolver.get_status(key, partition_key) == StaleStatus.STALE:
-        causes = resolver.get_stale_root_causes(key, partition_key)
-        return "stale: " + "; ".join(sorted({cause.reason for cause in causes})) if causes else "stale"
-    if partition_key is not None:
-        expected = _resolved(graph.get(key).assets_def, run_settings.dataset_of(partition_key), asset_config)
-        if expected is not None and metadata.get("settings_hash") != expected.hash:
-            return "its settings changed"
-    return _external_change(key, partition_key, metadata, store or DuckDBStore())
+    if not keys or not all(graph.has(key) for key in keys):
+        return None
+    config = staleness.explicit_config(run.run_config)
+    return [key.to_user_string() for key in keys
+            if staleness.out_of_date(graph, inst, key, partition_key, config) is not None]
 
 
 # --- one run per dataset at a time ---------------------------------------------------------------
@@ -357,16 +274,29 @@ def dataset_turn(lake_folder, datasets: list[str], say: Callable[[str], None]):
             lock.release()
 
 
-def wait_for_other_runs(inst: dg.DagsterInstance, datasets: list[str], say: Callable[[str], None]) -> None:
+QUEUE_HEARTBEAT_S = 60  # the daemon beats every 30 s
+
+
+def queue_running(inst: dg.DagsterInstance) -> bool:
+    """Whether a daemon is starting the instance's queued runs (its heartbeat is recent)."""
+    beat = inst.get_daemon_heartbeats().get("QUEUED_RUN_COORDINATOR")
+    return beat is not None and time.time() - beat.timestamp < QUEUE_HEARTBEAT_S
+
+
+def wait_for_other_runs(inst: dg.DagsterInstance, datasets: list[str], say: Callable[[str], None]) -> bool:
     """Return once no run of the instance (the daemon's automation or sensor runs, the UI's
     launches, another command's) is computing a partition of `datasets`. A run whose worker
-    process is gone (killed) is marked FAILURE here, as the daemon's run monitoring would."""
+    process is gone (killed) is marked FAILURE here, as the daemon's run monitoring would.
+    True when it waited."""
     from bridge_assets.run_launcher import worker_died
 
     told: set[str] = set()
     while True:
         active = []
-        for run in inst.get_runs(dg.RunsFilter(statuses=ACTIVE_RUNS)):
+        # queued runs too while the daemon runs its queue: the queue would start one beside this
+        # command's run, and it would compute again what this command is about to compute
+        statuses = ACTIVE_RUNS + ([dg.DagsterRunStatus.QUEUED] if queue_running(inst) else [])
+        for run in inst.get_runs(dg.RunsFilter(statuses=statuses)):
             if not any(run.tags.get(tag, "") in datasets for tag in DATASET_TAGS):
                 continue
             pid = worker_died(inst, run)
@@ -376,7 +306,7 @@ def wait_for_other_runs(inst: dg.DagsterInstance, datasets: list[str], say: Call
                 continue
             active.append(run)
         if not active:
-            return
+            return bool(told)
         for run in active:
             if run.run_id not in told:
                 told.add(run.run_id)
@@ -426,7 +356,7 @@ def partition_states(asset: str, keys: list[dg.MultiPartitionKey]) -> dict[str, 
         elif status == dg.AssetPartitionStatus.IN_PROGRESS:
             states[key] = PartitionState("running")
         elif status == dg.AssetPartitionStatus.MATERIALIZED:
-            metadata = _latest_metadata(inst, asset_key, key) or {}
+            metadata = staleness.latest_metadata(inst, asset_key, key) or {}
             states[key] = PartitionState("stored", rows=metadata.get("dagster/row_count"))
         else:
             states[key] = PartitionState("never run")
@@ -437,12 +367,13 @@ def execute(defs: dg.Definitions, steps: list[Step], inst: dg.DagsterInstance,
             asset_config: dict[str, dict[str, Any]] | None = None,
             on_step: Callable[[Step, str | None], None] | None = None,
             stale_only: bool = False,
-            before_run: Callable[[], None] | None = None,
+            before_run: Callable[[], bool] | None = None,
             failed: list[FailedSystem] | None = None) -> list[dg.ExecuteInProcessResult]:
     """Run the steps in process. With `stale_only`, each step's assets are checked just before
     it runs (what ran before may have changed their inputs) and only those out of date run,
     with what follows them in the step and the members of a multi-asset that cannot be subset.
-    `before_run` is called before each step's check (to wait for other runs). With `failed`,
+    `before_run` is called before each step's check (to wait for other runs; True when it
+    waited). With `failed`,
     a retriever x dataset partition whose input fails validation (a malformed run file: a
     DatasetError naming its file, line and field) is put there and the rest goes on without
     it; any other failure is raised."""
@@ -455,10 +386,16 @@ def execute(defs: dg.Definitions, steps: list[Step], inst: dg.DagsterInstance,
             if before_run:
                 before_run()
             if stale_only:
-                keys = [k for k in step.keys if out_of_date(defs, inst, k, partition_key, asset_config)]
+                while True:
+                    keys = [k for k in step.keys if staleness.out_of_date(graph, inst, k, partition_key, asset_config)]
+                    # a run that another door started while this checked (seconds) is waited
+                    # for, and then the check is made again
+                    if not (keys and before_run and before_run()):
+                        break
                 if not keys:
                     continue
-                # what follows them in this step runs too: it is judged before they ran
+                # what follows them in this step runs too: it is judged before they ran (each of
+                # them checks again as it is about to compute: staleness.reuse_when_current)
                 keys = sorted(set(dg.AssetSelection.assets(*keys).downstream().required_multi_asset_neighbors()
                                   .resolve(graph)) & set(step.keys), key=lambda k: k.to_user_string())
             if on_step:
@@ -467,6 +404,7 @@ def execute(defs: dg.Definitions, steps: list[Step], inst: dg.DagsterInstance,
                 result = job.execute_in_process(instance=inst, asset_selection=keys,
                                                 partition_key=partition_key,
                                                 run_config=run_config(defs, keys, asset_config or {}),
+                                                tags={staleness.ONLY_WHAT_CHANGED_TAG: "true"} if stale_only else None,
                                                 raise_on_error=True)
             except Exception as exc:
                 cause = root_cause(exc)

@@ -86,6 +86,65 @@ def test_a_command_waits_for_the_instances_run_of_its_dataset(tmp_path):
         assert done.is_set() and told.empty()
 
 
+def test_a_command_waits_for_a_queued_run_of_its_dataset_while_a_daemon_runs_the_queue(tmp_path):
+    from dagster._core.remote_origin import InProcessCodeLocationOrigin, RemoteJobOrigin, RemoteRepositoryOrigin
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+    from dagster._daemon.types import DaemonHeartbeat
+
+    with dg.instance_for_test(temp_dir=str(tmp_path)) as inst:
+        # a run the daemon queued: queued runs name where their code lives
+        origin = RemoteJobOrigin(RemoteRepositoryOrigin(InProcessCodeLocationOrigin(
+            LoadableTargetOrigin(module_name="bridge_assets.definitions")), "__repository__"), "g")
+        queued = inst.create_run_for_job(dg.GraphDefinition(name="g").to_job(), remote_job_origin=origin, tags={
+            "dagster/partition": "demo", "dagster/sensor_name": "human_labels_sensor"},
+            status=dg.DagsterRunStatus.QUEUED)
+        told: list[str] = []
+        orchestration.wait_for_other_runs(inst, ["demo"], told.append)  # no daemon: it would never start
+        assert told == []
+        inst.add_daemon_heartbeat(DaemonHeartbeat(time.time(), "QUEUED_RUN_COORDINATOR", "d", None))
+        heard: queue.Queue = queue.Queue()
+        done = threading.Event()
+        waiter = threading.Thread(target=lambda: (orchestration.wait_for_other_runs(inst, ["demo"], heard.put),
+                                                  done.set()))
+        waiter.start()
+        assert heard.get(timeout=30) == f"waiting for run {queued.run_id[:8]} (human_labels_sensor) on dataset demo to finish"
+        time.sleep(0.5)
+        assert not done.is_set()
+        inst.report_run_failed(queued)
+        waiter.join(timeout=30)
+        assert done.is_set()
+
+
+def test_a_queued_automatic_run_whose_assets_another_run_computed_ends_without_computing(data_lake, tmp_path,
+                                                                                          monkeypatch):
+    """While an automation run waits for its dataset's turn, another door computes its assets:
+    the launcher does not start it; it ends SUCCESS, saying why. One with work left starts."""
+    from dagster._core.launcher import LaunchRunContext
+
+    from bridge_assets.definitions import defs
+    from bridge_assets.run_launcher import BridgeRunLauncher
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    orchestration.materialize(["corpus"], "demo")
+    inst = orchestration.instance()
+    keys = {dg.AssetKey("corpus"), dg.AssetKey("queries"), dg.AssetKey("original_qrels")}  # one multi-asset
+    tags = {"dagster/partition": "demo", "dagster/from_automation_condition": "true"}
+    job = defs.resolve_implicit_global_asset_job_def()
+    waited = inst.create_run_for_job(job, tags=tags, asset_selection=frozenset(keys))
+    assert orchestration.left_to_do(inst, waited) == []
+    more = inst.create_run_for_job(job, tags=tags, asset_selection=frozenset(keys | {dg.AssetKey("candidate_pool")}))
+    assert orchestration.left_to_do(inst, more) == ["candidate_pool"]
+
+    launcher = BridgeRunLauncher()
+    launcher.register_instance(inst)
+    before = inst.fetch_materializations(dg.AssetKey("corpus"), limit=10).records
+    launcher.launch_run(LaunchRunContext(dagster_run=waited, workspace=None))
+    assert inst.get_run_by_id(waited.run_id).status == dg.DagsterRunStatus.SUCCESS
+    assert inst.fetch_materializations(dg.AssetKey("corpus"), limit=10).records == before
+    said = [e.message for e in inst.all_logs(waited.run_id, of_type=dg.DagsterEventType.ENGINE_EVENT)]
+    assert any("every asset of this run is up to date" in message for message in said)
+
+
 def test_a_run_whose_worker_was_killed_is_failed_not_waited_for(tmp_path):
     from dagster._core.events import EngineEventData
 

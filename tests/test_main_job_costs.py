@@ -12,13 +12,11 @@ pool, from a registry folder of the test's own."""
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import subprocess
 import sys
 import time
-import zlib
 from pathlib import Path
 
 import dagster as dg
@@ -38,84 +36,22 @@ from bridge_assets.llm.profiles import ModelConfigError, Prices, load_models_con
 from bridge_assets.llm.types import LLMRequest
 from bridge_assets.paths import RESOURCES_DIR
 from bridge_assets.summary import run_summary
-from fixtures.scripted_llm import ScriptedServer, completion, http_profile
-
-MODEL = "fake"
-PIPELINE = {
-    "candidate_pool": {"depth": 2, "query_limit": 3},
-    "filtered_pool": {"models": [MODEL]},
-    "debate_labels": {"models": [MODEL], "rounds": 3, "reason_words": 20, "adjudicate": True,
-                      "adjudicator_model": MODEL},
-    "rag_answers": {"model": MODEL, "systems": ["bm25"], "query_limit": 2},
-    "rag_judgments": {"model": MODEL},
-    "student_annotator": {"epochs": 1, "max_length": 64},  # what it learns: tests/test_student.py
-}
-
-
-def crc(text: str) -> int:
-    return zlib.crc32(text.encode())
-
-
-def script(index: int, body: dict):
-    """Deterministic replies by what is asked (the reply's JSON schema): the filter keeps every
-    pair; debate agent A says yes, agent B agrees in the round its chunk's checksum names (1,
-    2, 3, or never: escalated to the adjudicator); RAG answers by checksum; the re-ranker's
-    yes/no with log-probabilities. Usage is reported at 4 characters a token."""
-    schema = (body.get("response_format") or {}).get("schema") or {}
-    fields = schema.get("properties", {})
-    user = body["messages"][-1]["content"]
-    if not schema and body.get("top_logprobs"):  # the re-ranker's P(yes)
-        p_yes = crc(user) % 100 / 100 + 0.005
-        top = [{"token": "yes", "logprob": math.log(p_yes)}, {"token": "no", "logprob": math.log(1 - p_yes)}]
-        return 200, completion("yes", logprobs=[{**top[0], "top_logprobs": top}]), 0
-    if "is_supported" in fields:
-        reply = {"is_supported": True}
-    elif "correct" in fields:
-        reply = {"correct": True}
-    elif "reference" in fields:
-        agent = re.search(r"You are agent (\w)", user).group(1)
-        round_number = int(re.search(r"This is round (\d)", user).group(1))
-        agrees = agent == "A" or crc(user.split("<<<", 1)[1].split(">>>", 1)[0]) % 4 + 1 == round_number
-        reply = {"reference": [], "reason": f"{agent} in round {round_number}",
-                 "response": "yes" if agrees else "no"}
-    elif "reason" in fields:
-        reply = {"reason": "weighed both sides", "response": "yes"}
-    else:  # a RAG answer or a HyDE passage: plain text
-        reply = "no relevant information" if crc(user) % 2 else "an answer from the passages"
-    content = reply if isinstance(reply, str) else json.dumps(reply)
-    payload = completion(content)
-    prompt = sum(len(m["content"]) for m in body["messages"])
-    payload["usage"] = {"prompt_tokens": prompt // 4, "completion_tokens": len(content) // 4 + 1}
-    return 200, payload, 0
+from fixtures.scripted_demo import PIPELINE, script, write_registry
+from fixtures.scripted_llm import ScriptedServer, http_profile
 
 
 @pytest.fixture
 def scripted_demo(data_lake, tmp_path, monkeypatch):
     """A temp lake and Dagster home, a registry folder (the demo with a small pool, BM25 and
     HyDE, the fake model with prices) and the scripted server."""
-    folder = tmp_path / "registry"
-    folder.mkdir()
     home = tmp_path / "dagster_home"
     home.mkdir()
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     monkeypatch.setenv("DAGSTER_HOME", str(home))
-    monkeypatch.setenv("BRIDGE_REGISTRY_DIR", str(folder))
+    monkeypatch.setenv("BRIDGE_REGISTRY_DIR", str(tmp_path / "registry"))
     monkeypatch.delenv("BRIDGE_RETRIEVER_PROFILE", raising=False)
-    shipped = yaml.safe_load((RESOURCES_DIR / "datasets.yaml").read_text())["datasets"]["demo"]
-    demo_entry = {**shipped, "path": str(RESOURCES_DIR / "data" / "demo"), "pipeline": PIPELINE,
-                  "known_holes": str(RESOURCES_DIR / "data" / "demo" / "holes.jsonl")}
-    (folder / "datasets.yaml").write_text(yaml.safe_dump({"datasets": {"demo": demo_entry}}))
-    (folder / "retrievers.yaml").write_text(yaml.safe_dump({"profile": "costs", "systems": {
-        "bm25": {"kind": "bm25", "profiles": ["costs"], "parameters": {"k1": 0.9, "b": 0.4}},
-        "hyde": {"kind": "rewrite", "first_stage": "bm25", "llm": {"profile": MODEL},
-                 "profiles": ["costs"], "parameters": {"method": "hyde", "max_tokens": 64}},
-        "llm_rerank_bm25": {"kind": "rerank", "first_stage": "bm25", "llm": {"profile": MODEL},
-                            "profiles": ["costs"], "parameters": {"depth": 3}}}}))
     with ScriptedServer(script) as server:
-        (folder / "models.yaml").write_text(yaml.safe_dump({"profiles": {MODEL: {
-            "backend": "openai", "model": "fake-model", "base_urls": [server.url], "timeout_s": 10,
-            "retries": 0, "structured_output": "json_object_schema",
-            "prices": {"input_per_million": 0.15, "output_per_million": 0.6, "currency": "USD"}}}}))
+        write_registry(tmp_path / "registry", server.url)
         yield data_lake, server
 
 

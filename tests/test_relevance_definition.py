@@ -364,16 +364,16 @@ def test_without_answers_model_labels_stay_provisional_until_people_measure_them
 
     # the dataset asks the metrics' upper bound to count the estimate: bridge_qrels is out of
     # date, then marks the unlabelled drops the filter found most likely relevant
-    from bridge_assets.orchestration import _external_change
+    from bridge_assets.staleness import external_change
 
     recorded = labeled_metadata(run_assets(data_lake, [human_labels, bridge_qrels]))
     assert recorded["drops_in_bounds"] is False and "not estimated" not in recorded["dropped_holes"]
     key = dg.AssetKey("bridge_qrels")
     lake_store = DuckDBStore(data_lake=str(data_lake))
-    assert _external_change(key, DATASET, recorded, lake_store) is None
+    assert external_change(key, DATASET, recorded, lake_store) is None
     yaml_file = registry / "datasets.yaml"
     yaml_file.write_text(yaml_file.read_text().replace("audit_min_pairs: 3}", "audit_min_pairs: 3, drops_in_bounds: true}"))
-    assert _external_change(key, DATASET, recorded, lake_store) == "the dataset's relevance.drops_in_bounds changed"
+    assert external_change(key, DATASET, recorded, lake_store) == "the dataset's relevance.drops_in_bounds changed"
     recorded = labeled_metadata(run_assets(data_lake, [human_labels, bridge_qrels]))
     marked = frame(data_lake, "select doc_id from bridge_qrels where estimated_hole")
     unlabelled = n - 3

@@ -267,6 +267,17 @@ def test_runs_list_marks_a_failed_system_with_its_file_line_and_field(user_dir, 
     materialize_run("demo", "ext")
     assert re.search(r"demo +ext +stored +2 ", _listed()) and "line 2" not in _listed()
 
+    # a file edited in place under the same entry: its run is out of date (`bridge run` runs it again)
+    from bridge_assets import orchestration
+    from bridge_assets.definitions import defs
+    from bridge_assets.staleness import out_of_date
+
+    key = dg.MultiPartitionKey({"dataset": "demo", "retriever": "ext"})
+    graph = defs.resolve_asset_graph()
+    assert out_of_date(graph, orchestration.instance(), dg.AssetKey("retrieval_run"), key) is None
+    _write(path, good.replace("1.0", "1.5"))
+    assert out_of_date(graph, orchestration.instance(), dg.AssetKey("retrieval_run"), key) == "ext's run file changed"
+
 
 # ---- the run-files sensor -----------------------------------------------------------------
 

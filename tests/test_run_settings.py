@@ -80,14 +80,14 @@ def test_the_llm_stages_settings_hash_follows_the_prompts_and_profiles(tmp_path,
 
 def test_the_demo_entry_resolves_for_every_asset_it_names():
     from bridge_assets.definitions import defs
-    from bridge_assets.orchestration import _config_class
+    from bridge_assets.staleness import config_class_of
 
     graph = defs.resolve_asset_graph()
     pipeline = run_settings.dataset_pipeline("demo")
     for name in pipeline:
         key = next(k for k in graph.get_all_asset_keys() if k.to_user_string() == name)
         assets_def = graph.get(key).assets_def
-        config_class = _config_class(assets_def)
+        config_class = config_class_of(assets_def)
         assert config_class is not None, name
         resolved = run_settings.resolve(config_class, "demo", [k.to_user_string() for k in assets_def.keys])
         assert set(pipeline[name]) <= {n for n, s in resolved.sources.items() if s == "dataset"}

@@ -318,16 +318,16 @@ def test_without_evaluation_systems_the_table_is_empty(labeled_lake, tmp_path, m
 
 
 def test_bridge_run_reruns_it_when_its_registry_entry_changes(tmp_path, monkeypatch):
-    from bridge_assets.orchestration import _external_change
+    from bridge_assets.staleness import external_change
 
     key = dg.AssetKey("student_rerank_run")
     monkeypatch.setenv("BRIDGE_RETRIEVERS", registry_file(tmp_path, {"bm25": BM25, "student_bm25": STUDENT_BM25}))
     recorded = {"systems": json.dumps(student_assets.evaluation_system_hashes(), sort_keys=True)}
-    assert _external_change(key, DATASET, recorded, None) is None
+    assert external_change(key, DATASET, recorded, None) is None
     deeper = {**STUDENT_BM25, "parameters": {"depth": 7, "folds": 2}}
     (tmp_path / "deeper").mkdir()
     monkeypatch.setenv("BRIDGE_RETRIEVERS", registry_file(tmp_path / "deeper", {"bm25": BM25, "student_bm25": deeper}))
-    assert _external_change(key, DATASET, recorded, None) == "the registry's evaluation-only systems changed"
+    assert external_change(key, DATASET, recorded, None) == "the registry's evaluation-only systems changed"
 
 
 def test_the_daemon_reruns_it_when_the_registry_s_evaluation_systems_change(tmp_path, monkeypatch):

@@ -41,6 +41,7 @@ from bridge_assets.llm.budget import DEFERRED
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.resources import DuckDBStore
+from bridge_assets.staleness import reuse_when_current
 
 GROUP = "analysis"
 # retrieval_run is partitioned by (dataset, retriever): a dataset's analysis reads every
@@ -76,8 +77,9 @@ def deps(asset: str) -> list:
 
 def analysis_asset(name: str, description: str) -> Callable:
     """The asset `name` of this group, one partition per dataset, its deps from READS."""
-    return dg.asset(name=name, partitions_def=dataset_partitions, group_name=GROUP, deps=deps(name),
-                    description=description)
+    asset = dg.asset(name=name, partitions_def=dataset_partitions, group_name=GROUP, deps=deps(name),
+                     description=description)
+    return lambda compute: asset(reuse_when_current(compute))
 
 
 @dataclass

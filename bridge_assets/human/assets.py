@@ -12,6 +12,7 @@ from bridge_assets.human.votes_store import VotesStore
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.settings import env
+from bridge_assets.staleness import reuse_when_current
 
 # The pipeline tables human_labels reads (its deps): which pairs went to people, escalated by
 # the debate or drawn into the review sample; the votes come from the votes store.
@@ -63,6 +64,7 @@ def _metadata(result: HumanLabels) -> dict:
                 "quadratic-weighted kappa and coverage. Its data version is a hash of the votes "
                 "it was built from.",
 )
+@reuse_when_current
 def human_labels(context: dg.AssetExecutionContext, config: HumanLabelsConfig,
                  store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key

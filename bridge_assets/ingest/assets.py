@@ -16,6 +16,7 @@ from bridge_assets.ingest.loaders import load_dataset
 from bridge_assets.ingest.registry import DatasetSpec, get_dataset
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.resources import DuckDBStore
+from bridge_assets.staleness import reuse_when_current
 
 INGEST_TABLES = ("corpus", "queries", "original_qrels")
 # What the ingest assets read from the lake, declared once like every stage's (their deps come
@@ -52,6 +53,7 @@ def source_version(spec: DatasetSpec) -> str:
     group_name="ingest",
     can_subset=False,
 )
+@reuse_when_current
 def ingest_dataset(context: dg.AssetExecutionContext, store: DuckDBStore):
     dataset = context.partition_key
     spec = get_dataset(dataset)

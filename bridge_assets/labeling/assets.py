@@ -39,6 +39,7 @@ from bridge_assets.labeling.review import AUDIT, CALIBRATION, pair_trusted_by_ru
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.resources import DuckDBStore
+from bridge_assets.staleness import reuse_when_current
 from bridge_assets.store import table_exists
 
 GROUP = "labeling"
@@ -107,6 +108,7 @@ def _seconds(started: float) -> float:
     deps=list(READS["candidate_pool"]),
     description="Union of every retrieval system's top-k per query: one row per (query, doc) "
                 "with the systems and ranks that surfaced it; pairs the original qrels judge are marked.")
+@reuse_when_current
 def candidate_pool(context: dg.AssetExecutionContext, config: CandidatePoolConfig,
                    store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
@@ -137,6 +139,7 @@ def candidate_pool(context: dg.AssetExecutionContext, config: CandidatePoolConfi
                      description="Every filter model's vote on every pair (NULL + error when the call failed)."),
     ],
     partitions_def=dataset_partitions, group_name=GROUP, can_subset=False)
+@reuse_when_current
 def filter_pool(context: dg.AssetExecutionContext, config: FilterConfig, store: DuckDBStore,
                 llm: LLMResource):
     dataset = context.partition_key
@@ -189,6 +192,7 @@ def _share(part: int, whole: int) -> float:
                                  "(labeling/review.py; the dataset's `relevance:` settings)."),
     ],
     partitions_def=dataset_partitions, group_name=GROUP, can_subset=False)
+@reuse_when_current
 def debate(context: dg.AssetExecutionContext, config: LabelingConfig, store: DuckDBStore,
            llm: LLMResource):
     dataset = context.partition_key

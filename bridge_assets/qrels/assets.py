@@ -15,6 +15,7 @@ from bridge_assets.qrels.sources import IMPORT_TABLES, SOURCES, precedence_order
 from bridge_assets.qrels.trust import DebateTrust
 from bridge_assets.quality import expectations, validate
 from bridge_assets.resources import DuckDBStore
+from bridge_assets.staleness import reuse_when_current
 from bridge_assets.store import table_exists
 from bridge_assets.trec_io import write_trec_qrels
 
@@ -128,6 +129,7 @@ def _metadata(result: BridgeQrels, trec_path) -> dict:
                 "sources where they were placed), its original relevance and provenance keys. The "
                 "labels are also written as TREC qrels under <data lake>/exports/<dataset>/.",
 )
+@reuse_when_current
 def bridge_qrels(context: dg.AssetExecutionContext, store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
     relevance = get_dataset(dataset).relevance

@@ -11,6 +11,7 @@ from bridge_assets.partitions import dataset_partitions
 from bridge_assets.qrels.known_holes import read_known_holes
 from bridge_assets.reports.build import REPORT_TABLES, build_report
 from bridge_assets.resources import DuckDBStore
+from bridge_assets.staleness import reuse_when_current
 
 
 def dataset_spec(dataset: str) -> DatasetSpec | None:
@@ -35,6 +36,7 @@ class ReportConfig(dg.Config):
                       "pool coverage, the student annotator (reliability, threshold retrieval), "
                       "partial annotation, RAG alignment. Sections whose tables are not "
                       "materialized say so.")
+@reuse_when_current
 def report(context: dg.AssetExecutionContext, config: ReportConfig, store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
     settings = run_settings.for_run(context, config)

@@ -22,6 +22,7 @@ from bridge_assets.retrieval.errors import RetrievalError
 from bridge_assets.retrieval.registry import load_registry
 from bridge_assets.retrieval.runs import rank_problems
 from bridge_assets.retrieval.systems import STORED_COLUMNS, run_retriever
+from bridge_assets.staleness import reuse_when_current
 from bridge_assets.store import table_exists
 
 RUN_COLUMNS = ["dataset", "retriever", "query_id", "doc_id", "rank", "score", "config_hash", "inputs_hash"]
@@ -51,6 +52,7 @@ def run_version(run: pl.DataFrame) -> str:
     description="Top-k documents per query of one retrieval system on one dataset "
                 "(systems: resources/retrievers.yaml), with each system's configuration hash.",
 )
+@reuse_when_current
 def retrieval_run(context: dg.AssetExecutionContext, config: RetrievalRunConfig, store: DuckDBStore,
                   llm: LLMResource) -> dg.MaterializeResult:
     keys = context.partition_key.keys_by_dimension

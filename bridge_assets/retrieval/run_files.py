@@ -97,7 +97,7 @@ class RunFileReport:
         return dict(self.__dict__)
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -117,7 +117,7 @@ def read_run_file(path: Path, dataset: str, query_ids: set[str], doc_ids: set[st
                                     known_doc=pl.col("doc_id").is_in(list(doc_ids)))
     bad_query = frame.filter(~pl.col("known_query"))
     bad_doc = frame.filter(pl.col("known_query") & ~pl.col("known_doc"))
-    report = RunFileReport(str(path), _sha256(path), trec.run_id, frame.height,
+    report = RunFileReport(str(path), file_sha256(path), trec.run_id, frame.height,
                            unknown_query_lines=bad_query.height, unknown_query_ids=bad_query["query_id"].n_unique(),
                            unknown_document_lines=bad_doc.height, unknown_document_ids=bad_doc["doc_id"].n_unique())
     problems = sorted(

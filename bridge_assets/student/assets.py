@@ -25,6 +25,7 @@ from bridge_assets.llm.resource import LLMResource
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.settings import env
+from bridge_assets.staleness import reuse_when_current
 from bridge_assets.student.annotator import (
     calibration_queries,
     ensure_student,
@@ -118,6 +119,7 @@ def training_frame(data, dataset: str, key: str | None, split: list[str] | None)
                 "Stored under <data lake>/students/<dataset>/<key>/; retrained only when the "
                 "labels or settings change.",
 )
+@reuse_when_current
 def student_annotator(context: dg.AssetExecutionContext, config: StudentConfig,
                       store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
@@ -173,6 +175,7 @@ def student_annotator(context: dg.AssetExecutionContext, config: StudentConfig,
     description="The student's calibrated P(relevant) of every candidate-pool pair (all of "
                 "them, debated or not), with the key of the student that scored it.",
 )
+@reuse_when_current
 def student_scores(context: dg.AssetExecutionContext, store: DuckDBStore) -> dg.MaterializeResult:
     from bridge_assets.student.model import Student
 
@@ -216,6 +219,7 @@ def evaluation_system_hashes(registry=None) -> dict[str, str]:
                 "retrieval_metrics evaluates them beside the pooled systems; candidate_pool never "
                 "reads them. Empty when the active profile declares none.",
 )
+@reuse_when_current
 def student_rerank_run(context: dg.AssetExecutionContext, config: StudentConfig,
                        store: DuckDBStore, llm: LLMResource) -> dg.MaterializeResult:
     from bridge_assets.retrieval.registry import load_registry
