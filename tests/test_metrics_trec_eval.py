@@ -20,7 +20,7 @@ from bridge_assets.metrics import (
     trec_eval_lines,
 )
 from bridge_assets.metrics.cli import eval_command
-from bridge_assets.metrics.measures import _split_spec
+from bridge_assets.metrics.measures import DEFINITIONS, _split_spec
 from fixtures.paths import shared_data
 
 # trec_eval's test commands (EXPECTED_COMMANDS.txt) whose files we have: expected output ->
@@ -196,3 +196,10 @@ def test_a_byte_that_is_not_utf8_is_named_on_its_own_line(tmp_path, lines, bad):
         write(path, b"".join(rows))
         with pytest.raises(DatasetError, match=rf"{name}, line {bad}: not UTF-8 text"):
             read_trec_run(path)
+
+
+def test_every_measure_family_has_one_definition():
+    """ir_measures' way: each family (trec_eval's and BRIDGE's own) is one registered function;
+    runid and num_q are summaries only."""
+    assert set(FAMILIES) - set(DEFINITIONS) == {"runid", "num_q"}
+    assert set(DEFINITIONS) <= set(FAMILIES)

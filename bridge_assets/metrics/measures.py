@@ -1,15 +1,18 @@
 """trec_eval's retrieval measures, computed set-based in DuckDB over every system at once.
 
-The measures themselves are sql/retrieval_metrics.sql; this module names them (trec_eval's
-names and cutoffs), maps the caller's tables onto the views that SQL reads, checks the input
-the way trec_eval does (no duplicate documents) and returns a long polars frame
-`(dataset, retriever, query_id | 'all', measure, value)`. Conventions: docs/metrics.md.
+sql/retrieval_metrics.sql reads the run's judged rows and the judged queries; this module
+names the measures (trec_eval's names and cutoffs), keeps one definition per measure family in
+DEFINITIONS (as ir_measures does: a new measure is a FAMILIES entry and a function registered
+with @defines), checks the input the way trec_eval does (no duplicate documents) and returns a
+long polars frame `(dataset, retriever, query_id | 'all', measure, value)`. Conventions:
+docs/metrics.md.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable, Iterator, Sequence
+import functools
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, cast
 
@@ -498,108 +501,247 @@ def _divide(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
     return out
 
 
-def _values(selection: MeasureSelection, relevance_level: int, num_ret: np.ndarray,
-            ranking: np.ndarray, rank: np.ndarray, relevance: np.ndarray,
-            original: np.ndarray | None, num_rel: np.ndarray, num_nonrel: np.ndarray,
-            ideal_dcg: np.ndarray, ideal_dcg_at: dict[int, np.ndarray]) -> dict[str, np.ndarray]:
-    """Every requested per-query value, one array per measure name, over the rankings.
+@dataclass
+class JudgedRows:
+    """The evaluated rankings, as every measure reads them.
 
     `num_ret` holds each ranking's length. The rows (`ranking`, `rank` 1-based, `relevance`,
     `original` relevance or UNJUDGED) are the retrieved documents that the qrels judge (every
     measure depends only on those), ranking by ranking, each in trec_eval's order; the others
-    count only in num_ret. Every value is a sum over a ranking's rows (bincount) or reads its
-    first relevant row."""
-    rankings = len(num_ret)
+    count only in num_ret. What several measures derive from them is computed once, when first
+    read. Every value is a sum over a ranking's rows (bincount) or reads its first relevant row."""
 
-    def per_ranking(rows_of: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
-        return np.bincount(rows_of, weights=weights, minlength=rankings).astype(np.float64)
+    relevance_level: int
+    num_ret: np.ndarray
+    ranking: np.ndarray
+    rank: np.ndarray
+    relevance: np.ndarray
+    original: np.ndarray | None
+    R: np.ndarray          # relevant documents per ranking's query (num_rel)
+    N: np.ndarray          # judged non-relevant documents per ranking's query
+    ideal_dcg: np.ndarray
+    ideal_dcg_at: dict[int, np.ndarray]
 
-    families = {f.name for f in selection.family_of.values()}
-    R, N = num_rel.astype(np.float64), num_nonrel.astype(np.float64)
-    relevant = relevance >= relevance_level
-    judged_nonrel = (relevance >= 0) & ~relevant
-    # the relevant rows: their ranking, rank, and place among the ranking's relevant documents
-    # (nth: the row's number counted from its ranking's first relevant row)
-    rel_ranking, rel_rank = ranking[relevant], rank[relevant]
-    first_rel = np.ones(len(rel_ranking), dtype=bool)
-    first_rel[1:] = rel_ranking[1:] != rel_ranking[:-1]
-    first_rows = np.flatnonzero(first_rel)
-    nth = np.arange(1, len(rel_ranking) + 1) \
-        - np.repeat(first_rows, np.diff(first_rows, append=len(rel_ranking)))
-    precision = nth / rel_rank  # the terms of average precision
-    first_rank = np.zeros(rankings)
-    first_rank[rel_ranking[first_rows]] = rel_rank[first_rows]
-    recip = np.zeros(rankings)
-    np.divide(1.0, first_rank, out=recip, where=first_rank > 0)
-    R_rel = R[rel_ranking] if families & {"Rprec", "bpref"} else None
-    if families & {"ndcg", "ndcg_cut"}:  # nDCG's gain is the relevance value, not binarised
-        gains = relevant if relevance_level == 1 else relevance > 0  # the same rows at level 1
-        gain_ranking, gain_rank = (rel_ranking, rel_rank) if relevance_level == 1 \
-            else (ranking[gains], rank[gains])
-        discounted = relevance[gains] / np.log2(np.arange(2.0, gain_rank.max(initial=0) + 2))[gain_rank - 1]
+    @property
+    def rankings(self) -> int:
+        return len(self.num_ret)
 
-    out: dict[str, np.ndarray] = {}
-    for name in selection.names:
-        family = selection.family_of[name].name
-        if family == "num_ret":
-            out[name] = num_ret.astype(np.float64)
-        elif family == "num_rel":
-            out[name] = R
-        elif family == "num_rel_ret":
-            out[name] = per_ranking(rel_ranking)
-        elif family == "num_nonrel_judged_ret":
-            out[name] = per_ranking(ranking[judged_nonrel])
-        elif family in ("map", "gm_map"):  # gm_map: each query's average precision, summarised
-            out[name] = _divide(per_ranking(rel_ranking, precision), R)
-        elif family == "Rprec":  # relevant among the top R
-            assert R_rel is not None
-            out[name] = _divide(per_ranking(rel_ranking, rel_rank <= R_rel), R)
-        elif family == "bpref":
-            # each relevant document: 1 - (judged non-relevant above it, at most R) / min(R, N)
-            # (a cumulative count over all rows, less its value where the ranking's rows begin)
-            nonrel_so_far = np.cumsum(judged_nonrel, dtype=np.int64)
-            rows_per_ranking = np.bincount(ranking, minlength=rankings)
-            before = np.concatenate([[0], nonrel_so_far])[np.cumsum(rows_per_ranking) - rows_per_ranking]
-            above = nonrel_so_far[relevant] - before[rel_ranking]
-            assert R_rel is not None
-            term = 1.0 - np.minimum(above, R_rel) / np.maximum(np.minimum(N, R), 1)[rel_ranking]
-            out[name] = _divide(per_ranking(rel_ranking, term), R)
-        elif family == "recip_rank":
-            out[name] = recip
-        elif family == "ndcg":
-            out[name] = _divide(per_ranking(gain_ranking, discounted), ideal_dcg)
-        elif family == "iprec_at_recall":
-            # the best precision at or after the c-th relevant document, c = round(level * R)
-            c = np.maximum(_round_half_away(selection.param_of[name] * R), 1)
-            eligible = np.where(nth >= c[rel_ranking], precision, 0.0)
-            best = np.zeros(rankings)
-            if len(eligible):
-                best[rel_ranking[first_rel]] = np.maximum.reduceat(eligible, np.flatnonzero(first_rel))
-            out[name] = best
-        elif selection.family_of[name].params == "cutoff":
-            k = int(selection.param_of[name])
-            if family == "P":
-                out[name] = per_ranking(rel_ranking, rel_rank <= k) / k
-            elif family == "recall":
-                out[name] = _divide(per_ranking(rel_ranking, rel_rank <= k), R)
-            elif family == "ndcg_cut":
-                out[name] = _divide(per_ranking(gain_ranking, np.where(gain_rank <= k, discounted, 0.0)),
-                                    ideal_dcg_at[k])
-            elif family == "map_cut":
-                out[name] = _divide(per_ranking(rel_ranking, np.where(rel_rank <= k, precision, 0.0)), R)
-            elif family == "success":
-                out[name] = ((first_rank > 0) & (first_rank <= k)).astype(np.float64)
-            elif family == "recip_rank_cut":
-                out[name] = np.where(first_rank <= k, recip, 0.0)
-            elif family in ("judged", "unj"):
-                judged_ret = per_ranking(ranking, (relevance >= 0) & (rank <= k))
-                # empty slots past the end of a short ranking count as judged (trec_eval's unj)
-                out[name] = judged_ret / k if family == "judged" \
-                    else (np.minimum(num_ret, k) - judged_ret) / k
-            elif family == "hole":  # relevant now, not judged in the original qrels
-                assert original is not None
-                out[name] = per_ranking(ranking, relevant & (original < 0) & (rank <= k)) / k
-    return out
+    def per_ranking(self, rows_of: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
+        return np.bincount(rows_of, weights=weights, minlength=self.rankings).astype(np.float64)
+
+    @functools.cached_property
+    def relevant(self) -> np.ndarray:
+        return self.relevance >= self.relevance_level
+
+    @functools.cached_property
+    def judged_nonrel(self) -> np.ndarray:
+        return (self.relevance >= 0) & ~self.relevant
+
+    @functools.cached_property
+    def rel_ranking(self) -> np.ndarray:
+        return self.ranking[self.relevant]
+
+    @functools.cached_property
+    def rel_rank(self) -> np.ndarray:
+        return self.rank[self.relevant]
+
+    @functools.cached_property
+    def first_rel(self) -> np.ndarray:
+        """Whether a relevant row is its ranking's first relevant row."""
+        first = np.ones(len(self.rel_ranking), dtype=bool)
+        first[1:] = self.rel_ranking[1:] != self.rel_ranking[:-1]
+        return first
+
+    @functools.cached_property
+    def nth(self) -> np.ndarray:
+        """Each relevant row's place among its ranking's relevant rows (1-based)."""
+        first_rows = np.flatnonzero(self.first_rel)
+        count = len(self.rel_ranking)
+        return np.arange(1, count + 1) - np.repeat(first_rows, np.diff(first_rows, append=count))
+
+    @functools.cached_property
+    def precision(self) -> np.ndarray:
+        """Precision at each relevant row: the terms of average precision."""
+        return self.nth / self.rel_rank
+
+    @functools.cached_property
+    def first_rank(self) -> np.ndarray:
+        """The rank of each ranking's first relevant document (0: none)."""
+        first_rows = np.flatnonzero(self.first_rel)
+        found = np.zeros(self.rankings)
+        found[self.rel_ranking[first_rows]] = self.rel_rank[first_rows]
+        return found
+
+    @functools.cached_property
+    def recip(self) -> np.ndarray:
+        out = np.zeros(self.rankings)
+        np.divide(1.0, self.first_rank, out=out, where=self.first_rank > 0)
+        return out
+
+    @functools.cached_property
+    def gains(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """nDCG's rows (ranking, rank, discounted gain): its gain is the relevance value, not
+        binarised, so at a relevance level above 1 the rows of relevance 1 count too."""
+        if self.relevance_level == 1:  # the same rows as the relevant ones
+            rows, ranking, rank = self.relevant, self.rel_ranking, self.rel_rank
+        else:
+            rows = self.relevance > 0
+            ranking, rank = self.ranking[rows], self.rank[rows]
+        discounted = self.relevance[rows] / np.log2(np.arange(2.0, rank.max(initial=0) + 2))[rank - 1]
+        return ranking, rank, discounted
+
+
+# One definition per measure family, as ir_measures keeps them: family name -> its per-ranking
+# values, given the rows and the family's parameter (a cutoff or a recall level; None without).
+# runid and num_q have no per-query value (_long_frame gives their summaries).
+Definition = Callable[[JudgedRows, float | None], np.ndarray]
+DEFINITIONS: dict[str, Definition] = {}
+
+
+def defines(*families: str) -> Callable[[Definition], Definition]:
+    def register(definition: Definition) -> Definition:
+        for family in families:
+            DEFINITIONS[family] = definition
+        return definition
+    return register
+
+
+def _cutoff(param: float | None) -> int:
+    assert param is not None, "a cutoff family is always given its cutoff"
+    return int(param)
+
+
+@defines("num_ret")
+def _num_ret(rows: JudgedRows, _: float | None) -> np.ndarray:
+    return rows.num_ret.astype(np.float64)
+
+
+@defines("num_rel")
+def _num_rel(rows: JudgedRows, _: float | None) -> np.ndarray:
+    return rows.R
+
+
+@defines("num_rel_ret")
+def _num_rel_ret(rows: JudgedRows, _: float | None) -> np.ndarray:
+    return rows.per_ranking(rows.rel_ranking)
+
+
+@defines("num_nonrel_judged_ret")
+def _num_nonrel_judged_ret(rows: JudgedRows, _: float | None) -> np.ndarray:
+    return rows.per_ranking(rows.ranking[rows.judged_nonrel])
+
+
+@defines("map", "gm_map")  # gm_map: each query's average precision, summarised geometrically
+def _average_precision(rows: JudgedRows, _: float | None) -> np.ndarray:
+    return _divide(rows.per_ranking(rows.rel_ranking, rows.precision), rows.R)
+
+
+@defines("Rprec")
+def _r_precision(rows: JudgedRows, _: float | None) -> np.ndarray:
+    """Relevant among the top R."""
+    return _divide(rows.per_ranking(rows.rel_ranking, rows.rel_rank <= rows.R[rows.rel_ranking]), rows.R)
+
+
+@defines("bpref")
+def _bpref(rows: JudgedRows, _: float | None) -> np.ndarray:
+    """Each relevant document: 1 - (judged non-relevant above it, at most R) / min(R, N) (a
+    cumulative count over all rows, less its value where the ranking's rows begin)."""
+    nonrel_so_far = np.cumsum(rows.judged_nonrel, dtype=np.int64)
+    rows_per_ranking = np.bincount(rows.ranking, minlength=rows.rankings)
+    before = np.concatenate([[0], nonrel_so_far])[np.cumsum(rows_per_ranking) - rows_per_ranking]
+    above = nonrel_so_far[rows.relevant] - before[rows.rel_ranking]
+    R_rel = rows.R[rows.rel_ranking]
+    term = 1.0 - np.minimum(above, R_rel) / np.maximum(np.minimum(rows.N, rows.R), 1)[rows.rel_ranking]
+    return _divide(rows.per_ranking(rows.rel_ranking, term), rows.R)
+
+
+@defines("recip_rank")
+def _recip_rank(rows: JudgedRows, _: float | None) -> np.ndarray:
+    return rows.recip
+
+
+@defines("ndcg")
+def _ndcg(rows: JudgedRows, _: float | None) -> np.ndarray:
+    ranking, _rank, discounted = rows.gains
+    return _divide(rows.per_ranking(ranking, discounted), rows.ideal_dcg)
+
+
+@defines("iprec_at_recall")
+def _iprec_at_recall(rows: JudgedRows, level: float | None) -> np.ndarray:
+    """The best precision at or after the c-th relevant document, c = round(level * R)."""
+    assert level is not None
+    c = np.maximum(_round_half_away(level * rows.R), 1)
+    eligible = np.where(rows.nth >= c[rows.rel_ranking], rows.precision, 0.0)
+    best = np.zeros(rows.rankings)
+    if len(eligible):
+        best[rows.rel_ranking[rows.first_rel]] = np.maximum.reduceat(eligible, np.flatnonzero(rows.first_rel))
+    return best
+
+
+@defines("P")
+def _precision_at(rows: JudgedRows, param: float | None) -> np.ndarray:
+    k = _cutoff(param)
+    return rows.per_ranking(rows.rel_ranking, rows.rel_rank <= k) / k
+
+
+@defines("recall")
+def _recall_at(rows: JudgedRows, param: float | None) -> np.ndarray:
+    return _divide(rows.per_ranking(rows.rel_ranking, rows.rel_rank <= _cutoff(param)), rows.R)
+
+
+@defines("ndcg_cut")
+def _ndcg_at(rows: JudgedRows, param: float | None) -> np.ndarray:
+    k = _cutoff(param)
+    ranking, rank, discounted = rows.gains
+    return _divide(rows.per_ranking(ranking, np.where(rank <= k, discounted, 0.0)), rows.ideal_dcg_at[k])
+
+
+@defines("map_cut")
+def _average_precision_at(rows: JudgedRows, param: float | None) -> np.ndarray:
+    k = _cutoff(param)
+    return _divide(rows.per_ranking(rows.rel_ranking, np.where(rows.rel_rank <= k, rows.precision, 0.0)), rows.R)
+
+
+@defines("success")
+def _success_at(rows: JudgedRows, param: float | None) -> np.ndarray:
+    return ((rows.first_rank > 0) & (rows.first_rank <= _cutoff(param))).astype(np.float64)
+
+
+@defines("recip_rank_cut")
+def _recip_rank_at(rows: JudgedRows, param: float | None) -> np.ndarray:
+    return np.where(rows.first_rank <= _cutoff(param), rows.recip, 0.0)
+
+
+def _judged_at(rows: JudgedRows, k: int) -> np.ndarray:
+    return rows.per_ranking(rows.ranking, (rows.relevance >= 0) & (rows.rank <= k))
+
+
+@defines("judged")
+def _judged_share_at(rows: JudgedRows, param: float | None) -> np.ndarray:
+    k = _cutoff(param)
+    return _judged_at(rows, k) / k
+
+
+@defines("unj")
+def _unjudged_share_at(rows: JudgedRows, param: float | None) -> np.ndarray:
+    """Empty slots past the end of a short ranking count as judged (trec_eval's unj)."""
+    k = _cutoff(param)
+    return (np.minimum(rows.num_ret, k) - _judged_at(rows, k)) / k
+
+
+@defines("hole")
+def _hole_at(rows: JudgedRows, param: float | None) -> np.ndarray:
+    """Relevant now, not judged in the original qrels."""
+    k = _cutoff(param)
+    assert rows.original is not None, "hole needs the original qrels"
+    return rows.per_ranking(rows.ranking, rows.relevant & (rows.original < 0) & (rows.rank <= k)) / k
+
+
+def _values(selection: MeasureSelection, rows: JudgedRows) -> dict[str, np.ndarray]:
+    """Every requested per-query value, one array per measure name, over the rankings."""
+    return {name: DEFINITIONS[family.name](rows, selection.param_of.get(name))
+            for name, family in ((name, selection.family_of[name]) for name in selection.names)
+            if family.name in DEFINITIONS}
 
 
 def _ideal_dcg(queries: pa.Table, cutoffs: Sequence[int]) -> tuple[np.ndarray, dict[int, np.ndarray]]:
@@ -667,12 +809,13 @@ def _evaluate(con: duckdb.DuckDBPyConnection, selection: MeasureSelection, run: 
     row_ranking = ranking[judged_rows]
     query = evaluated["query"].to_numpy().astype(np.int64)
     ideal_dcg, ideal_dcg_at = _ideal_dcg(queries, selection.cutoffs)
-    values = _values(
-        selection, relevance_level, num_ret, number[row_ranking], judged_rows - starts[row_ranking] + 1,
+    values = _values(selection, JudgedRows(
+        relevance_level, num_ret, number[row_ranking], judged_rows - starts[row_ranking] + 1,
         pc.fill_null(rows.column("relevance"), 0).to_numpy()[at[judged_rows]].astype(np.int64),
         _judgment(rows.column("original_relevance"), at[judged_rows]) if hole else None,
-        queries.column("num_rel").to_numpy()[query], queries.column("num_nonrel").to_numpy()[query],
-        ideal_dcg[query], {k: v[query] for k, v in ideal_dcg_at.items()})
+        queries.column("num_rel").to_numpy()[query].astype(np.float64),
+        queries.column("num_nonrel").to_numpy()[query].astype(np.float64),
+        ideal_dcg[query], {k: v[query] for k, v in ideal_dcg_at.items()}))
     return _long_frame(evaluated.select(KEYS), values, selection, per_query)
 
 
