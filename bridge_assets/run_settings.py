@@ -46,14 +46,26 @@ def dataset_of(partition_key: str | dg.MultiPartitionKey) -> str:
     return partition_key
 
 
-# Assets whose output also depends on files outside their settings: the LLM profiles and the
-# prompt templates (the calling stages), the dataset's known holes (the report).
-LLM_ASSETS = frozenset({"filtered_pool", "filter_votes", "debate_labels", "debate_turns",
-                        "rag_answers", "rag_judgments"})
-# Assets whose output depends on the dataset's `relevance:` entry (what relevant means, what
-# people review): the entry is part of their settings, shown and hashed with them.
-RELEVANCE_ASSETS = frozenset({"filtered_pool", "filter_votes", "debate_labels", "debate_turns",
-                              "review_sample"})
+# What an asset's output depends on beyond its settings, declared on the asset itself (a tag of
+# its spec, `READS_TAG: "llm_files.relevance"`): the LLM profiles and prompt templates (the
+# calling stages), the dataset's `relevance:` entry (what relevant means, what people review:
+# shown and hashed with the settings), the dataset's known holes (the report).
+READS_TAG = "bridge/reads"
+LLM_FILES, RELEVANCE, KNOWN_HOLES = "llm_files", "relevance", "known_holes"
+
+
+def reads_tags(*reads: str) -> dict[str, str]:
+    """The tags an asset spec declares its reads with."""
+    unknown = set(reads) - {LLM_FILES, RELEVANCE, KNOWN_HOLES}
+    if unknown:
+        raise ValueError(f"unknown reads {sorted(unknown)}")  # a programming error
+    return {READS_TAG: ".".join(sorted(reads))}  # (a tag value has no spaces)
+
+
+def declared_reads(assets_def: dg.AssetsDefinition) -> frozenset[str]:
+    """What the op writing `assets_def` declares it reads beyond its settings (all its specs)."""
+    return frozenset(read for spec in assets_def.specs
+                     for read in (spec.tags or {}).get(READS_TAG, "").split(".") if read)
 
 
 def dataset_relevance(dataset: str) -> dict[str, Any]:
@@ -63,17 +75,16 @@ def dataset_relevance(dataset: str) -> dict[str, Any]:
     return get_dataset(dataset).relevance.model_dump(mode="json")
 
 
-def input_files(dataset: str, assets: Iterable[str]) -> list[Path]:
+def input_files(dataset: str, reads: frozenset[str]) -> list[Path]:
     from bridge_assets import registries
     from bridge_assets.ingest.registry import get_dataset
     from bridge_assets.labeling.prompts import PROMPTS_DIR
     from bridge_assets.llm.profiles import MODELS_FILE, MODELS_PATH
 
-    assets = set(assets)
     files: list[Path | None] = []
-    if assets & LLM_ASSETS:
+    if LLM_FILES in reads:
         files += [MODELS_PATH, registries.user_file(MODELS_FILE), *sorted(PROMPTS_DIR.glob("*"))]
-    if "report" in assets:
+    if KNOWN_HOLES in reads:
         spec = get_dataset(dataset)
         if spec.known_holes:
             files.append(spec.resolve(spec.known_holes, "known_holes"))
@@ -132,13 +143,15 @@ class Resolved(Generic[C]):
 
 def resolve(config_cls: type[C], dataset: str, assets: Iterable[str],
             explicit: Mapping[str, Any] | None = None,
-            pipeline: Mapping[str, Mapping[str, Any]] | None = None) -> Resolved[C]:
+            pipeline: Mapping[str, Mapping[str, Any]] | None = None,
+            reads: frozenset[str] = frozenset()) -> Resolved[C]:
     """`config_cls` for the op writing `assets` on `dataset`: defaults < the dataset's entry
-    (a multi-asset's entries merged) < `explicit`. A field the class does not have, or a value
-    it refuses, is a DatasetError naming the dataset's entry."""
+    (a multi-asset's entries merged) < `explicit`; `reads`: what the op declares it reads beyond
+    them (declared_reads). A field the class does not have, or a value it refuses, is a
+    DatasetError naming the dataset's entry."""
     # the dataset's entries, from the registry unless given (then its relevance entry's defaults)
     relevance = None
-    if set(assets) & RELEVANCE_ASSETS:
+    if RELEVANCE in reads:
         relevance = dataset_relevance(dataset) if pipeline is None else \
             RelevanceSettings().model_dump(mode="json")
     pipeline = dataset_pipeline(dataset) if pipeline is None else pipeline
@@ -152,7 +165,7 @@ def resolve(config_cls: type[C], dataset: str, assets: Iterable[str],
     config = _validated(config_cls, dataset, assets, entry, explicit)
     sources = {name: RUN_CONFIG if name in explicit else DATASET if name in entry else DEFAULT
                for name in type(config).model_fields}
-    return Resolved(config, sources, files_digest(input_files(dataset, assets)), relevance)
+    return Resolved(config, sources, files_digest(input_files(dataset, reads)), relevance)
 
 
 def _validated(config_cls: type[C], dataset: str, assets: Iterable[str], entry: dict[str, Any],
@@ -191,4 +204,5 @@ def explicit_config(context: dg.AssetExecutionContext) -> dict[str, Any]:
 def for_run(context: dg.AssetExecutionContext, config: C) -> Resolved[C]:
     """The settings this run must use for the asset's partition (see the module docstring)."""
     assets = [key.to_user_string() for key in context.assets_def.keys]
-    return resolve(type(config), dataset_of(context.partition_key), assets, explicit_config(context))
+    return resolve(type(config), dataset_of(context.partition_key), assets, explicit_config(context),
+                   reads=declared_reads(context.assets_def))

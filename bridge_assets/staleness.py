@@ -63,7 +63,8 @@ def resolved_settings(assets_def: dg.AssetsDefinition, dataset: str,
         return None
     names = [k.to_user_string() for k in assets_def.keys]
     explicit = {field: value for name in names for field, value in (asset_config or {}).get(name, {}).items()}
-    return run_settings.resolve(config_class, dataset, names, explicit)
+    return run_settings.resolve(config_class, dataset, names, explicit,
+                                reads=run_settings.declared_reads(assets_def))
 
 
 def external_change(key: dg.AssetKey, partition_key: Any, metadata: dict[str, Any],

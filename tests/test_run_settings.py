@@ -65,7 +65,8 @@ def test_a_setting_the_asset_does_not_have_names_the_dataset_and_the_field():
 def test_the_llm_stages_settings_hash_follows_the_prompts_and_profiles(tmp_path, monkeypatch):
     import bridge_assets.labeling.prompts as prompts
 
-    before = run_settings.resolve(FilterConfig, "d", ["filtered_pool", "filter_votes"], {}, pipeline={})
+    llm = frozenset({run_settings.LLM_FILES})
+    before = run_settings.resolve(FilterConfig, "d", ["filtered_pool", "filter_votes"], {}, pipeline={}, reads=llm)
     pool = run_settings.resolve(CandidatePoolConfig, "d", ["candidate_pool"], {}, pipeline={})
     changed = tmp_path / "prompts"
     changed.mkdir()
@@ -73,7 +74,7 @@ def test_the_llm_stages_settings_hash_follows_the_prompts_and_profiles(tmp_path,
         (changed / path.name).write_bytes(path.read_bytes())
     (changed / "filter.j2").write_text((changed / "filter.j2").read_text() + "\n{# edited #}\n")
     monkeypatch.setattr(prompts, "PROMPTS_DIR", changed)
-    after = run_settings.resolve(FilterConfig, "d", ["filtered_pool", "filter_votes"], {}, pipeline={})
+    after = run_settings.resolve(FilterConfig, "d", ["filtered_pool", "filter_votes"], {}, pipeline={}, reads=llm)
     assert after.hash != before.hash
     assert run_settings.resolve(CandidatePoolConfig, "d", ["candidate_pool"], {}, pipeline={}).hash == pool.hash
 
@@ -89,7 +90,8 @@ def test_the_demo_entry_resolves_for_every_asset_it_names():
         assets_def = graph.get(key).assets_def
         config_class = config_class_of(assets_def)
         assert config_class is not None, name
-        resolved = run_settings.resolve(config_class, "demo", [k.to_user_string() for k in assets_def.keys])
+        resolved = run_settings.resolve(config_class, "demo", [k.to_user_string() for k in assets_def.keys],
+                                        reads=run_settings.declared_reads(assets_def))
         assert set(pipeline[name]) <= {n for n, s in resolved.sources.items() if s == "dataset"}
 
 
@@ -101,3 +103,18 @@ def test_the_automation_cap_is_a_dataset_setting_and_defaults_to_no_calls():
                        automation={"llm_calls_per_run": 50}).automation.llm_calls_per_run == 50
     with pytest.raises(ValueError):
         DatasetSpec(name="x", kind="beir", path="p", automation={"llm_calls": 50})
+
+
+def test_the_assets_declare_what_they_read_beyond_their_settings():
+    """The LLM stages declare the profiles and prompts and what relevant means; the report the
+    known holes; the rest nothing (issue 58: learned from the assets, not a list of names)."""
+    from bridge_assets.definitions import defs
+
+    graph = defs.resolve_asset_graph()
+    reads = {key.to_user_string(): run_settings.declared_reads(graph.get(key).assets_def)
+             for key in graph.get_all_asset_keys() if graph.get(key).is_materializable}
+    llm, relevance = run_settings.LLM_FILES, run_settings.RELEVANCE
+    assert {name: sorted(r) for name, r in reads.items() if r} == {
+        "filtered_pool": [llm, relevance], "filter_votes": [llm, relevance], "debate_labels": [llm, relevance],
+        "debate_turns": [llm, relevance], "review_sample": [llm, relevance],
+        "rag_answers": [llm], "rag_judgments": [llm], "report": [run_settings.KNOWN_HOLES]}

@@ -101,6 +101,9 @@ def _seconds(started: float) -> float:
     return round(time.monotonic() - started, 2)
 
 
+# the LLM stages' output depends on the profiles and prompts, and on what relevant means
+LLM_AND_RELEVANCE = run_settings.reads_tags(run_settings.LLM_FILES, run_settings.RELEVANCE)
+
 @dg.asset(
     partitions_def=dataset_partitions, group_name=GROUP,
     # retrieval_run is partitioned by (dataset, retriever); Dagster maps a dataset's pool to
@@ -132,10 +135,10 @@ def candidate_pool(context: dg.AssetExecutionContext, config: CandidatePoolConfi
 
 @dg.multi_asset(
     specs=[
-        dg.AssetSpec("filtered_pool", deps=READS["filter_pool"],
+        dg.AssetSpec("filtered_pool", deps=READS["filter_pool"], tags=LLM_AND_RELEVANCE,
                      description="Candidate pairs after the LLM filter: dropped only when every "
                                  "filter model says the chunk supports no answer."),
-        dg.AssetSpec("filter_votes", deps=READS["filter_pool"],
+        dg.AssetSpec("filter_votes", deps=READS["filter_pool"], tags=LLM_AND_RELEVANCE,
                      description="Every filter model's vote on every pair (NULL + error when the call failed)."),
     ],
     partitions_def=dataset_partitions, group_name=GROUP, can_subset=False)
@@ -179,13 +182,13 @@ def _share(part: int, whole: int) -> float:
 
 @dg.multi_asset(
     specs=[
-        dg.AssetSpec("debate_labels", deps=READS["debate"],
+        dg.AssetSpec("debate_labels", deps=READS["debate"], tags=LLM_AND_RELEVANCE,
                      description="DREAM outcome per kept pair: consensus label, or escalated / "
                                  "failed (to humans or the optional LLM adjudicator)."),
-        dg.AssetSpec("debate_turns", deps=READS["debate"],
+        dg.AssetSpec("debate_turns", deps=READS["debate"], tags=LLM_AND_RELEVANCE,
                      description="Every debate turn: round, agent, stance, model, quoted "
                                  "sentences, reason, answer, call key."),
-        dg.AssetSpec("review_sample", deps=READS["debate"],
+        dg.AssetSpec("review_sample", deps=READS["debate"], tags=run_settings.reads_tags(run_settings.RELEVANCE),
                      description="The model labels people check: a seeded random share of the "
                                  "filter's drops (audit) and, where the debate's labels are not "
                                  "trusted by rule, a calibration sample of its consensus labels "

@@ -28,6 +28,7 @@ class ReportConfig(dg.Config):
 
 # deps and reads: one tuple (REPORT_TABLES)
 @dg.asset(partitions_def=dataset_partitions, group_name="reports", deps=list(REPORT_TABLES),
+          tags=run_settings.reads_tags(run_settings.KNOWN_HOLES),  # the score against known holes
           description="One HTML page (and its Markdown twin) per dataset with tables and PNG "
                       "figures: labels (found holes, pending pairs, unverified guesses apart, the "
                       "score against known holes), holes per system, metrics before/after as "
