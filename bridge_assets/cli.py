@@ -12,6 +12,7 @@ from typer.core import TyperGroup
 
 from bridge_assets.cli_errors import BridgeTyper
 from bridge_assets.cli_errors import fail as _fail
+from bridge_assets.errors import BridgeError
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -112,7 +113,7 @@ def _materialize(assets: list[str], dataset: str | None, overrides: dict[str, di
                  stale_only: bool = False):
     """Run `assets` through orchestration.materialize with progress lines; `overrides` is the
     explicit run config (the dataset's `pipeline:` entry is applied inside the run)."""
-    from bridge_assets import orchestration, store
+    from bridge_assets import orchestration
     from bridge_assets.llm.budget import BudgetExceeded
 
     total, done = 0, 0
@@ -132,11 +133,11 @@ def _materialize(assets: list[str], dataset: str | None, overrides: dict[str, di
         outcome = orchestration.materialize(assets, dataset, asset_config=overrides or {},
                                             stale_only=stale_only, on_step=progress, on_plan=planned,
                                             on_wait=lambda line: typer.secho(line, fg="yellow", err=True))
-    except store.StoreMismatch as exc:
-        _fail(str(exc))
-    except BudgetExceeded as exc:
+    except BudgetExceeded as exc:  # a BridgeError with an exit code and a message of its own
         _budget_stop(exc)
-    except Exception as exc:  # an unknown asset or dataset, or the asset's own error: one line
+    except BridgeError:
+        raise  # an unknown asset or dataset, a lake in the other storage, ...: the one handler
+    except Exception as exc:  # an asset's own unexpected failure (a bug, a library): one line
         _fail(f"{type(exc).__name__}: {exc}")
     if outcome.added_retrievers or outcome.retired_retrievers:
         typer.secho(f"retrievers: added {outcome.added_retrievers or 'none'}, retired "
@@ -195,16 +196,10 @@ def run(
     limit = None if budget is None and budget_usd is None else llm_budget.Budget(budget, budget_usd)
     if dry_run:
         from bridge_assets.costs import estimate_run, render
-        from bridge_assets.errors import BridgeError
 
         # each stage resolves what its asset would: the dataset's `pipeline:` entry under the
-        # explicit settings
-        try:
-            estimate = estimate_run(dataset, overrides)
-        except BridgeError:
-            raise  # a bad entry: the plain `error:` of the one handler
-        except (ValueError, LookupError, RuntimeError) as exc:
-            _fail(f"{type(exc).__name__}: {exc}")
+        # explicit settings; a bad entry stops in the one handler (cli_errors) with `error: ...`
+        estimate = estimate_run(dataset, overrides)
         typer.echo(render(estimate, limit))
         return
     with llm_budget.enforce(limit):

@@ -25,3 +25,12 @@ class BridgeError(Exception):
 
 class DatasetError(BridgeError, ValueError):
     """Bad dataset input, e.g. `queries.jsonl, line 7, field "_id": duplicate id "q3"`."""
+
+
+class SettingsError(BridgeError, ValueError):
+    """A setting BRIDGE cannot use: a BRIDGE_* environment variable, or an asset's run settings,
+    e.g. `BRIDGE_STORAGE='s3': expected one of duckdb, ducklake`."""
+
+
+class AssetError(BridgeError, ValueError):
+    """An asset named on the command line that BRIDGE does not have, or that has no settings."""

@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import dagster as dg
 
+from bridge_assets.errors import SettingsError
 from bridge_assets.settings import env
 
 EXECUTOR_ENV = "BRIDGE_EXECUTOR"
@@ -59,7 +60,7 @@ def executor_from_env() -> dg.ExecutorDefinition:
     """The executor $BRIDGE_EXECUTOR names (see the module's docstring); multiprocess when unset."""
     kind = env.executor or DEFAULT_EXECUTOR
     if kind not in EXECUTORS:
-        raise ValueError(f"{EXECUTOR_ENV}={kind!r}: expected one of {', '.join(EXECUTORS)}")
+        raise SettingsError(f"{EXECUTOR_ENV}={kind!r}: expected one of {', '.join(EXECUTORS)}")
     if kind == "dask":
         from dagster_dask import dask_executor
 

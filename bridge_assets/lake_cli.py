@@ -60,6 +60,16 @@ class SqlRefused(BridgeError, ValueError):
     """A statement `bridge sql` does not run: not exactly one, or not a read."""
 
 
+class SqlFailed(BridgeError):
+    """DuckDB's error on the statement `bridge sql` ran (or on opening the lake for it): its
+    first line, e.g. a table or column that does not exist, or a write the read-only lake refuses."""
+
+    @classmethod
+    def of(cls, exc: duckdb.Error) -> SqlFailed:
+        first = str(exc).splitlines()[0]
+        return cls(f"bridge sql is read-only: {first}" if "read-only" in str(exc) else first)
+
+
 def read_only_statement(query: str) -> str:
     """`query` when it is exactly one read-only statement, judged by DuckDB's own parser
     (DESCRIBE, SHOW, SUMMARIZE and PRAGMA reads parse as SELECT); else SqlRefused naming the
@@ -87,7 +97,7 @@ def sql_command(
     line, then one tab-separated line per row (NULL empty; tab, newline, backslash as \\t \\n
     \\\\). Writes, ATTACH, COPY, SET, INSTALL/LOAD and several statements are refused, and the
     connection cannot reach files outside the lake."""
-    from bridge_assets import ducklake, store
+    from bridge_assets import store
 
     statement = read_only_statement(query)
     try:
@@ -107,9 +117,8 @@ def sql_command(
             while batch := cursor.fetchmany(10_000):
                 for line in list(format_rows(columns, batch))[1:]:
                     typer.echo(line)
-    except (duckdb.Error, store.StoreMismatch, ducklake.LakeError, FileNotFoundError) as exc:
-        fail(str(exc).splitlines()[0] if "read-only" not in str(exc) else
-             f"bridge sql is read-only: {str(exc).splitlines()[0]}")
+    except duckdb.Error as exc:  # StoreMismatch, LakeError and LakeMissing are BridgeErrors already
+        raise SqlFailed.of(exc) from None
 
 
 def _lake():
@@ -228,8 +237,8 @@ def migrate(source: Path, config, *, votes_db: Path | None = None, keep: bool = 
             present = [row[0] for row in con.execute(
                 "select table_name from duckdb_tables() where database_name = 'migration_target'").fetchall()]
             if present:
-                raise ValueError(f"the DuckLake ducklake:{config.catalog} already holds tables "
-                                 f"({', '.join(sorted(present))}): migrate into a new lake only")
+                raise ducklake.LakeError(f"the DuckLake ducklake:{config.catalog} already holds tables "
+                                         f"({', '.join(sorted(present))}): migrate into a new lake only")
             counts = {table: con.execute(f'select count(*) from "{table}"').fetchone()[0] for table in tables}
             con.execute("begin transaction")
             try:
@@ -249,7 +258,7 @@ def migrate(source: Path, config, *, votes_db: Path | None = None, keep: bool = 
             copied = {table: con.execute(f'select count(*) from migration_target.main."{table}"').fetchone()[0]
                       for table in tables}
             if copied != counts:
-                raise RuntimeError(f"row counts differ after the copy: {counts} in the file, {copied} in the lake")
+                raise ducklake.LakeError(f"row counts differ after the copy: {counts} in the file, {copied} in the lake")
             con.execute("CALL ducklake_flush_inlined_data('migration_target')")
         finally:
             con.execute(f'use "{source_name}"')
@@ -281,7 +290,7 @@ def migrate_command(
     started = time.monotonic()
     try:
         counts = migrate(source, config, votes_db=lake.votes_db, keep=keep)
-    except (ValueError, RuntimeError, duckdb.Error) as exc:
+    except duckdb.Error as exc:  # the lake file or the catalog cannot be read or written
         fail(str(exc))
     for table, rows in counts.items():
         typer.echo(f"{table}\t{rows} rows")

@@ -25,7 +25,7 @@ from typing import Any
 import dagster as dg
 
 from bridge_assets import staleness
-from bridge_assets.errors import DatasetError
+from bridge_assets.errors import AssetError, DatasetError
 from bridge_assets.llm.budget import BudgetExceeded
 from bridge_assets.resources import DuckDBStore
 
@@ -132,7 +132,7 @@ def _partition_keys(partitions_def, dataset: str | None, inst: dg.DagsterInstanc
     if isinstance(partitions_def, dg.MultiPartitionsDefinition):
         return [k for k in keys if k.keys_by_dimension.get("dataset") == dataset]
     if dataset not in keys:
-        raise ValueError(f"unknown dataset '{dataset}' (known: {', '.join(keys)})")
+        raise DatasetError(f"unknown dataset '{dataset}' (known: {', '.join(keys)})")
     return [dataset]
 
 
@@ -144,7 +144,7 @@ def plan(defs: dg.Definitions, names: Iterable[str], dataset: str | None,
     known = {key.to_user_string(): key for key in graph.get_all_asset_keys()}
     unknown = [n for n in names if n not in known]
     if unknown:
-        raise ValueError(f"unknown asset(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        raise AssetError(f"unknown asset(s) {', '.join(unknown)} (known: {', '.join(sorted(known))})")
     wanted = {known[n] for n in names} or set(known.values())
     # a multi-asset that cannot be subset (ingest writes three tables at once) runs whole
     wanted = set(dg.AssetSelection.assets(*wanted).required_multi_asset_neighbors().resolve(graph))
@@ -209,7 +209,7 @@ def asset_settings(asset: str, dataset: str,
 
     resolved = staleness.resolved_settings(defs.get_assets_def(asset), dataset, asset_config)
     if resolved is None:
-        raise ValueError(f"asset '{asset}' has no settings")
+        raise AssetError(f"asset '{asset}' has no settings")
     return resolved.config
 
 
@@ -456,7 +456,8 @@ def materialize(assets: Iterable[str], dataset: str | None, *,
     daemon), missing upstream partitions added, `asset_config` as the explicit run config
     (each asset's settings are resolved in the run: its defaults < the dataset's `pipeline:`
     entry < this). `partition_key`: only that retrieval_run partition. Raises the asset's own
-    error (not Dagster's wrapper) when one fails; ValueError for unknown assets or datasets.
+    error (not Dagster's wrapper) when one fails; AssetError or DatasetError (BridgeErrors) for unknown
+    assets or datasets.
 
     One command per dataset at a time (`dataset_turn`), and none beside the instance's other
     runs of the dataset (the daemon's): each step first waits for them (`on_wait` says so), so

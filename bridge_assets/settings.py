@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bridge_assets import ducklake
+from bridge_assets.errors import SettingsError
 from bridge_assets.paths import PROJECT_ROOT, RESOURCES_DIR, LakeLocation
 
 
@@ -93,7 +94,7 @@ class Settings:
     def storage(self) -> str:
         kind = (self.raw("BRIDGE_STORAGE") or BY_NAME["BRIDGE_STORAGE"].default).strip().lower()
         if kind not in STORAGES:
-            raise ValueError(f"BRIDGE_STORAGE={kind!r}: expected one of {', '.join(STORAGES)}")
+            raise SettingsError(f"BRIDGE_STORAGE={kind!r}: expected one of {', '.join(STORAGES)}")
         return kind
 
     @property
@@ -133,7 +134,7 @@ class Settings:
         except ValueError:
             rate = -1.0
         if rate < 0 or (currency.strip() and not currency.strip().isalpha()):
-            raise ValueError(f"BRIDGE_ANNOTATOR_RATE={value!r}: expected an amount per hour, "
+            raise SettingsError(f"BRIDGE_ANNOTATOR_RATE={value!r}: expected an amount per hour, "
                              "e.g. 30 (USD) or '30 EUR'")
         return rate, currency.strip().upper() or "USD"
 
@@ -144,7 +145,7 @@ class Settings:
         if not value:
             return default
         if not value.isdigit() or int(value) < 1:
-            raise ValueError(f"BRIDGE_SENSOR_INTERVAL_S={value!r}: expected a whole number of seconds >= 1")
+            raise SettingsError(f"BRIDGE_SENSOR_INTERVAL_S={value!r}: expected a whole number of seconds >= 1")
         return int(value)
 
     def lease_seconds(self) -> int:
@@ -152,7 +153,7 @@ class Settings:
         if not value:
             return int(BY_NAME["BRIDGE_LEASE_SECONDS"].default)
         if not value.isdigit() or int(value) < 1:
-            raise ValueError(f"BRIDGE_LEASE_SECONDS={value!r}: expected a whole number of seconds >= 1")
+            raise SettingsError(f"BRIDGE_LEASE_SECONDS={value!r}: expected a whole number of seconds >= 1")
         return int(value)
 
     def index_dir(self, lake_folder: Path) -> Path:

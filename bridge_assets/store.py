@@ -58,6 +58,10 @@ class StoreMismatch(BridgeError, RuntimeError):
     """The lake folder holds the other storage than the one configured."""
 
 
+class LakeMissing(BridgeError, FileNotFoundError):
+    """No data lake where a read needs one (nothing materialized yet, or another lake folder)."""
+
+
 def resolve(where: Where | None) -> tuple[Path, ducklake.DuckLakeConfig | None]:
     """The file `where` names and the DuckLake it stands for (None: a plain DuckDB file). A
     LakeLocation as it is; a path named bridge.duckdb: the location of its folder; any other
@@ -191,7 +195,7 @@ def connect_read_only(where: Where | None = None, *, snapshot: int | None = None
             raise StoreMismatch("time travel (--as-of) needs the DuckLake storage (BRIDGE_STORAGE=ducklake); "
                                 f"{path} is a plain DuckDB file and keeps no history")
         if not path.exists():
-            raise FileNotFoundError(f"no data lake at {path}")
+            raise LakeMissing(f"no data lake at {path}")
         con = _waiting(lambda: duckdb.connect(str(path), read_only=True), path, wait_seconds)
     else:
         con = ducklake.new_instance(config, read_only=True, snapshot=snapshot)

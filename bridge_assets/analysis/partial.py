@@ -38,6 +38,7 @@ import numpy as np
 import polars as pl
 
 from bridge_assets.analysis.views import Scope, ScopeInfo, analysis_views, require_rows
+from bridge_assets.errors import SettingsError
 from bridge_assets.metrics import compute_measures, resolve_measures
 from bridge_assets.paths import read_sql
 
@@ -390,11 +391,11 @@ def compute_partial_annotation_study(
     if samples < 1 or sweep_samples < 1:
         raise ValueError("partial_annotation_study needs at least one draw per setting")
     if set(resolve_measures(measures).names) != set(measures):
-        raise ValueError(f"partial_annotation_study: name each measure with its cutoff, e.g. ndcg_cut_10 "
+        raise SettingsError(f"partial_annotation_study: name each measure with its cutoff, e.g. ndcg_cut_10 "
                          f"(got {list(measures)})")
     bad = [f for f in fractions if not 0.0 < f <= 1.0]
     if bad:
-        raise ValueError(f"partial_annotation_study: fractions must lie in (0, 1], got {bad}")
+        raise SettingsError(f"partial_annotation_study: fractions must lie in (0, 1], got {bad}")
     require_rows(con, "corpus", dataset, "partial_annotation_study")
     with (analysis_views(con, dataset, scope, asset="partial_annotation_study") as info,
           _study_run(con, measures)):

@@ -29,6 +29,7 @@ import polars as pl
 from pydantic import BaseModel, ConfigDict
 
 from bridge_assets.analysis.views import Scope, ScopeInfo, analysis_views, require_rows
+from bridge_assets.errors import SettingsError
 from bridge_assets.labeling.calls import Generate, parse_reply
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.llm.budget import CHARS_PER_TOKEN, prompt_tokens
@@ -80,7 +81,7 @@ def rag_contexts(con: duckdb.DuckDBPyConnection, dataset: str, *, depth: int = 1
     with analysis_views(con, dataset, scope, asset="rag_answers", refined=False) as info:
         unknown = sorted(set(systems) - set(info.retrievers))
         if unknown:
-            raise ValueError(f"rag_answers for dataset '{dataset}': no retrieval_run for system(s) "
+            raise SettingsError(f"rag_answers for dataset '{dataset}': no retrieval_run for system(s) "
                              f"{unknown} (known: {', '.join(info.retrievers)})")
         contexts = con.execute(read_sql("rag_answers"), {
             "dataset": dataset, "depth": depth, "query_limit": query_limit, "systems": list(systems)}).pl()

@@ -12,6 +12,7 @@ from pathlib import Path
 import dagster as dg
 from pydantic import Field
 
+from bridge_assets.analysis.views import MissingInput
 from bridge_assets.evaluation.goldsets import goldset_names, load_registry, read_goldset, stratified_head
 from bridge_assets.evaluation.plots import plot_bacc_vs_escalation
 from bridge_assets.evaluation.runner import MethodResult, evaluate, format_table, result_frames
@@ -81,11 +82,11 @@ def labeler_eval_plot(context: dg.AssetExecutionContext, store: DuckDBStore) -> 
     goldset = context.partition_key
     with store.connect() as con:
         if not table_exists(con, "labeler_eval_results"):
-            raise LookupError("labeler_eval_results is empty: materialize labeler_eval first")
+            raise MissingInput("labeler_eval_results is empty: materialize labeler_eval first")
         rows = con.execute("select * from labeler_eval_results where goldset = ? order by method",
                            [goldset]).pl().to_dicts()
     if not rows:
-        raise LookupError(f"labeler_eval_results has no row for gold set '{goldset}'")
+        raise MissingInput(f"labeler_eval_results has no row for gold set '{goldset}'")
     path = plot_bacc_vs_escalation(rows, Path(store.path).parent / "reports" / "labeler_eval" / f"{goldset}.png",
                                    f"{goldset}: labeling bAcc vs escalation ratio")
     return dg.MaterializeResult(metadata={"path": dg.MetadataValue.path(str(path)), "methods": len(rows)})

@@ -55,6 +55,7 @@ from pydantic import BaseModel, ConfigDict
 
 from bridge_assets.ingest.registry import GRADES, LabelScale
 from bridge_assets.labeling.calls import Generate, Grade, YesNo, generate_grouped, parse_reply
+from bridge_assets.labeling.errors import LabelerError
 from bridge_assets.labeling.evidence import DEFAULT_MIN_RATIO, answer_in_chunk, answers_are_short, evidence_status
 from bridge_assets.labeling.pairs import Pair
 from bridge_assets.labeling.prompts import Prompts, worked_examples
@@ -118,7 +119,7 @@ def turn_schema(reason_words: int, scale: LabelScale = "binary", answer_first: b
     schema's order): the agent commits to its judgment before arguing for it."""
     if scale == "graded":
         if answer_first:
-            raise ValueError("answer_first applies to yes/no debates, not to graded ones")
+            raise LabelerError("answer_first applies to yes/no debates, not to graded ones")
         return graded_schema(turn_schema(reason_words))
     properties = {
         "reference": {"type": "array", "maxItems": MAX_QUOTES,
@@ -307,10 +308,10 @@ def debate_agents(models: Sequence[str], count: int = 2,
     """`count` agents named A, B, ..., stances alternating (half each), starting with the
     stance `stance_order` names. `models`: one profile for all, or one per agent."""
     if count < 2 or count % 2 or count > len(AGENT_NAMES):
-        raise ValueError(f"a debate needs an even number of agents between 2 and "
+        raise LabelerError(f"a debate needs an even number of agents between 2 and "
                          f"{len(AGENT_NAMES)}, got {count}")
     if len(models) not in (1, count):
-        raise ValueError(f"give one model profile for all agents or one per agent "
+        raise LabelerError(f"give one model profile for all agents or one per agent "
                          f"({count}), got {len(models)}: {list(models)}")
     first, second = ("relevant", "irrelevant") if stance_order == "relevant_first" \
         else ("irrelevant", "relevant")

@@ -27,10 +27,10 @@ from typing import Any, ClassVar
 import duckdb
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from bridge_assets.errors import BridgeError
 from bridge_assets.ingest.registry import LabelScale
 from bridge_assets.labeling.calls import Generate
 from bridge_assets.labeling.debate import PairLabel, Turn
+from bridge_assets.labeling.errors import LabelerError
 from bridge_assets.labeling.pairs import Pair, load_pairs
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.llm.replay import NOT_ANSWERED, LedgerReplay, StageCalls
@@ -51,10 +51,6 @@ LABELERS = {
     "student": "bridge_assets.student.labeler:StudentLabeler",
 }
 DEFAULT_LABELER = "dream"
-
-
-class LabelerError(BridgeError, ValueError):
-    """An unknown labeler, or settings it refuses."""
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from typing import Any
 import duckdb
 
 from bridge_assets.ingest.registry import LabelScale
+from bridge_assets.labeling.errors import PairsError
 from bridge_assets.labeling.relevance import Relevance, legacy_kind, resolve_relevance
 
 
@@ -103,7 +104,7 @@ def load_pairs(con: duckdb.DuckDBPyConnection, dataset: str, pairs_sql: str,
         order by w.query_id, w.doc_id""", {"dataset": dataset}).fetchall()
     unknown = [(row[0], row[1]) for row in rows if row[6] or row[7]]
     if unknown:
-        raise LookupError(f"dataset '{dataset}': {len(unknown)} pair(s) name a query or document "
+        raise PairsError(f"dataset '{dataset}': {len(unknown)} pair(s) name a query or document "
                           f"missing from the queries/corpus tables, e.g. {unknown[:3]}")
     return [Pair(query_id, doc_id, query, tuple(answers or ()), chunk_text(title, text),
                  description, narrative, scale, definition, query_definition)
