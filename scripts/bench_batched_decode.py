@@ -11,11 +11,13 @@ width 4 with other neighbours, in the last slot, and beside copies of itself. Pr
 seconds, whether prompt 0's tokens equal those it gets alone (width 1), the largest logit
 difference before they part, and whether its logits equal those of the first width-4 arm.
 `--kv split` gives each sequence its own KV buffer (llama.cpp's kv_unified off).
+`--prompt-tokens N` keeps only each prompt's last N tokens (the end of the passage, the debate
+so far and the reply's start; default: whole prompts): a smoke test's size.
 
 `debate`: a real DREAM debate of N demo pairs (bench_debate's pairs) twice, each on a fresh
 ledger through LLMClient: as the pipeline runs it in process (pair by pair, one call at a time),
 then round by round with every call of a round decoded in `--width` lanes (the profile with
-`engine_args: {decode_lanes: W}`, llm.backends.DecodeLanes: each lane its own KV buffer, a
+`engine_args: {decode_lanes: W}`, llm.llama_backend.DecodeLanes: each lane its own KV buffer, a
 lane's calls reuse the prefix they share with its previous one, every step W rows wide
 whatever is left, so a call's reply does not depend on its neighbours). Prints both arms' seconds and tokens, and how many replies and
 labels are the same.
@@ -36,7 +38,8 @@ from bridge_assets.ingest.loaders import load_dataset
 from bridge_assets.ingest.registry import get_dataset
 from bridge_assets.labeling.calls import MeteredGenerate
 from bridge_assets.labeling.debate import debate_agents, run_debate
-from bridge_assets.llm import LLMClient, backends
+from bridge_assets.llm import LLMClient
+from bridge_assets.llm import llama_backend as backends
 from bridge_assets.llm.profiles import get_profile
 
 
@@ -58,6 +61,8 @@ def widths(args: argparse.Namespace) -> None:
     backend = backends.LlamaCppBackend(get_profile(args.profile))
     model = backend._model(logits_all=False)
     prompts = [backends._prompt_tokens(model, r) for r in debate_requests(demo_pairs(8), args.profile, 30)[:8]]
+    if args.prompt_tokens:
+        prompts = [p[-args.prompt_tokens:] for p in prompts]
     n_vocab = model.n_vocab()
     context = multi_sequence_context(model, 8, 1024 if args.kv == "unified" else 2048,
                                      backend.profile.threads or 2, args.kv == "unified", batch=2048)
@@ -138,7 +143,7 @@ def debate(args: argparse.Namespace) -> None:
             generate = MeteredGenerate(lambda _, requests: client.generate(requests, context="bench"))
             started = time.perf_counter()
             outcome = run_debate(pairs, debate_agents([args.profile], 2), generate, rounds=2,
-                                 reason_words=30, pair_major="lanes" not in arm)
+                                 reason_words=args.reason_words, pair_major="lanes" not in arm)
             wall = time.perf_counter() - started
             client.close()
         s = client.stats
@@ -173,11 +178,14 @@ def main() -> None:
     w.add_argument("--tokens", type=int, default=40, help="tokens decoded per sequence")
     w.add_argument("--kv", choices=["unified", "split"], default="unified",
                    help="one KV buffer for all sequences, or one per sequence")
+    w.add_argument("--prompt-tokens", type=int, default=0,
+                   help="keep only each prompt's last N tokens (0: whole prompts)")
     d = commands.add_parser("debate")
     d.add_argument("--profile", default="qwen-1.5b")
     d.add_argument("--dataset", default="demo")
     d.add_argument("--pairs", type=int, default=12)
     d.add_argument("--width", type=int, default=4)
+    d.add_argument("--reason-words", type=int, default=30, help="each turn's reason (the demo's 30)")
     args = parser.parse_args()
     {"widths": widths, "debate": debate}[args.command](args)
 

@@ -100,7 +100,8 @@ def replay(requests, profile_name: str, cache_bytes: int, repeat: int, max_token
     empty KV cache each time; prints each arm's per-stage table and the side-by-side totals."""
     import time
 
-    from bridge_assets.llm import backends, get_profile
+    from bridge_assets.llm import get_profile
+    from bridge_assets.llm import llama_backend as backends
 
     if max_tokens:  # prefill is what a state cache saves: shorter replies measure it sooner
         requests = [r.model_copy(update={"max_tokens": min(r.max_tokens, max_tokens)}) for r in requests]
@@ -162,7 +163,8 @@ def simulate(requests, profile_name: str, capacities_mb: list[float]) -> None:
     of the model's layers in f16, as llama_state_seq_get_data writes them)."""
     from llama_cpp import Llama
 
-    from bridge_assets.llm import backends, get_profile, weights
+    from bridge_assets.llm import get_profile, weights
+    from bridge_assets.llm import llama_backend as backends
 
     profile = get_profile(profile_name)
     vocab = Llama(model_path=str(weights.provision(profile).path), vocab_only=True, verbose=False)

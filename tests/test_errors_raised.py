@@ -47,16 +47,16 @@ ALLOW: dict[str, tuple[int, str]] = {
     "human/transfer.py:_json_rows": (1, _CAUGHT_BY_PARSE_VOTES),
     "human/transfer.py:_label_studio_vote": (2, _CAUGHT_BY_PARSE_VOTES),
     "human/transfer.py:_label_studio_rows": (1, _CAUGHT_BY_PARSE_VOTES),
-    "llm/backends.py:json_grammar": (1, _CAUGHT_BY_BACKEND),
-    "llm/backends.py:_Grammar.__init__": (1, _CAUGHT_BY_BACKEND),
-    "llm/backends.py:_Grammar.choose": (1, _CAUGHT_BY_BACKEND),
-    "llm/backends.py:_greedy_with_logprobs": (1, _CAUGHT_BY_BACKEND),
-    "llm/backends.py:OpenAIHTTPBackend._result": (1, _CAUGHT_BY_BACKEND),
+    "llm/llama_backend.py:json_grammar": (1, _CAUGHT_BY_BACKEND),
+    "llm/llama_backend.py:_Grammar.__init__": (1, _CAUGHT_BY_BACKEND),
+    "llm/llama_backend.py:_Grammar.choose": (1, _CAUGHT_BY_BACKEND),
+    "llm/llama_backend.py:_greedy_with_logprobs": (1, _CAUGHT_BY_BACKEND),
+    "llm/http_backend.py:OpenAIHTTPBackend._result": (1, _CAUGHT_BY_BACKEND),
     "analysis/coverage.py:fit_saturation": (1, "raised like scipy's own non-convergence RuntimeError; the "
                                                "caller catches both and leaves the fit out"),
     # unreachable code
     "ducklake.py:_attach_retrying": (1, "unreachable: the loop returns or raises"),
-    "llm/backends.py:OpenAIHTTPBackend._apost": (1, "unreachable: the loop returns or raises"),
+    "llm/http_backend.py:OpenAIHTTPBackend._apost": (1, "unreachable: the loop returns or raises"),
     # a backend or our own code breaking its contract
     "labeling/calls.py:MeteredGenerate.__call__": (1, "a backend broke its contract (one result per request)"),
     "llm/client.py:LLMClient._call": (1, "a backend broke its contract (the reply's key is the request's)"),

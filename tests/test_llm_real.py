@@ -71,7 +71,8 @@ def test_greedy_log_probs_equal_llama_cpps_own_without_logits_all(small_model):
     log-probabilities (which need logits_all there)."""
     from llama_cpp import Llama
 
-    from bridge_assets.llm.backends import LlamaCppBackend, _greedy_with_logprobs, chat_messages
+    from bridge_assets.llm.backends import chat_messages
+    from bridge_assets.llm.llama_backend import LlamaCppBackend, _greedy_with_logprobs
 
     profile = get_profile("qwen-0.5b")
     backend = LlamaCppBackend(profile)
@@ -145,7 +146,7 @@ def test_a_prompt_longer_than_the_context_is_a_recorded_failure(small_model):
 def test_one_llama_cpp_model_is_resident_at_a_time(small_model):
     """Two profiles one after the other (here the same file at two context sizes): asking for
     the second closes the first, whose memory would otherwise stay held beside it."""
-    from bridge_assets.llm import backends
+    from bridge_assets.llm import llama_backend as backends
 
     short, longer = (LLMClient(get_profile("qwen-0.5b").model_copy(update={"context_size": n}))
                      for n in (512, 1024))
@@ -187,7 +188,7 @@ def test_a_schema_s_grammar_keeps_raw_control_characters_out_of_strings(small_mo
     from llama_cpp import Llama
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-    from bridge_assets.llm import backends
+    from bridge_assets.llm import llama_backend as backends
 
     schema = {"type": "object", "properties": {"quote": {"type": "string", "maxLength": 80}},
               "required": ["quote"], "additionalProperties": False}

@@ -15,7 +15,7 @@ import pytest
 
 from bridge_assets import store
 from bridge_assets.llm import LLMClient, get_profile, weights
-from bridge_assets.llm.backends import reported_prefill
+from bridge_assets.llm.http_backend import reported_prefill
 from bridge_assets.llm.ledger import ADDED_COLUMNS, TABLE, CallRecord, append, read_calls
 from bridge_assets.llm.types import LLMRequest, LLMResult
 from fixtures.scripted_llm import ScriptedServer, completion, http_profile
@@ -165,7 +165,7 @@ def test_http_calls_record_what_the_server_reported_summed_over_parse_retries(da
     assert json.loads(rows['{"response": "no"}']["request_json"])["purpose"] == "judge"
 
 
-# --- the KV state cache (llm.backends.KVStateCache) --------------------------------------
+# --- the KV state cache (llm.llama_backend.KVStateCache) --------------------------------------
 
 SCORER = "You judge statements about geography. Answer with one word: yes or no, then say why in a few words."
 
@@ -176,7 +176,7 @@ def scored(statement: str) -> LLMRequest:
 
 def fresh(backend):
     """The backend's model with an empty KV cache and no kept state."""
-    from bridge_assets.llm import backends
+    from bridge_assets.llm import llama_backend as backends
 
     with backends._LLAMA_LOCK:
         model = backend._model(logits_all=False)
@@ -190,7 +190,7 @@ def fresh(backend):
 def cached_backends(data_lake):
     """The 0.5B in-process, KV state cache off and on (8 MiB), sharing one loaded model."""
     pytest.importorskip("llama_cpp")
-    from bridge_assets.llm.backends import LlamaCppBackend
+    from bridge_assets.llm.llama_backend import LlamaCppBackend
 
     profile = get_profile("qwen-0.5b")
     weights.provision(profile)
@@ -263,8 +263,8 @@ def test_the_state_cache_is_bounded_oldest_evicted_first(cached_backends):
 
 
 def test_a_changed_model_or_weights_never_reuses_a_state(cached_backends):
-    from bridge_assets.llm import backends
-    from bridge_assets.llm.backends import LlamaCppBackend, _state_cache
+    from bridge_assets.llm import llama_backend as backends
+    from bridge_assets.llm.llama_backend import LlamaCppBackend, _state_cache
 
     _, on = cached_backends
     model = fresh(on)
@@ -285,7 +285,7 @@ def test_a_changed_model_or_weights_never_reuses_a_state(cached_backends):
     assert result.prompt_reused == 0 and new_model._bridge_state_cache.restored == 0
 
 
-# --- decoding in lanes (llm.backends.DecodeLanes, engine_args.decode_lanes) -----------------
+# --- decoding in lanes (llm.llama_backend.DecodeLanes, engine_args.decode_lanes) -----------------
 
 SCHEMA_STATEMENT = {"type": "object", "properties": {"response": {"type": "string", "enum": ["yes", "no"]}},
                     "required": ["response"], "additionalProperties": False}
@@ -300,7 +300,7 @@ def judged(statement: str) -> LLMRequest:
 def lane_backend(data_lake):
     """The 0.5B in-process decoding 4 greedy calls at a time, at a 512-token lane."""
     pytest.importorskip("llama_cpp")
-    from bridge_assets.llm.backends import LlamaCppBackend
+    from bridge_assets.llm.llama_backend import LlamaCppBackend
 
     profile = get_profile("qwen-0.5b")
     weights.provision(profile)
@@ -309,7 +309,7 @@ def lane_backend(data_lake):
 
 def fresh_lanes(backend) -> None:
     """The backend's lanes emptied: every lane starts with nothing to reuse."""
-    from bridge_assets.llm import backends
+    from bridge_assets.llm import llama_backend as backends
 
     with backends._LLAMA_LOCK:
         model = backend._model(logits_all=False)

@@ -357,7 +357,7 @@ def test_the_daemon_reruns_it_when_the_registry_s_evaluation_systems_change(tmp_
 def test_training_a_student_closes_a_resident_local_llm(monkeypatch):
     """A student's training peaks at about 2.4 GiB; the in-process LLM an earlier step of the
     same `bridge run` left loaded must not stay beside it (the demo went past 4 GiB)."""
-    from bridge_assets.llm import backends
+    from bridge_assets.llm import llama_backend as backends
     from bridge_assets.student.model import Example, train_encoder
 
     class Resident:  # stands in for a loaded llama_cpp.Llama
@@ -376,7 +376,7 @@ def test_training_a_retriever_closes_a_resident_local_llm(monkeypatch):
     """The same for a trained retriever: with `labels: utility` its LLM (the 1.5B on the demo)
     has just selected the useful candidates in the same step; beside the training that run
     peaked at 5.1 GiB."""
-    from bridge_assets.llm import backends
+    from bridge_assets.llm import llama_backend as backends
     from bridge_assets.student.retriever import (
         TrainingQuery,
         TrainSettings,

@@ -239,9 +239,9 @@ def release_resident_llm() -> None:
     """Close the in-process LLM an earlier step of the same process (`bridge run`'s) left
     resident, before a training: beside one, the demo's peak went past 4 GiB. The backends
     module is only imported if a local model ran, so nothing is loaded to close nothing."""
-    backends = sys.modules.get("bridge_assets.llm.backends")
-    if backends is not None:
-        backends.release_local_models()
+    llama = sys.modules.get("bridge_assets.llm.llama_backend")
+    if llama is not None:
+        llama.release_local_models()
 
 
 def train_encoder(examples: Sequence[Example], settings: StudentSettings, location: str):
