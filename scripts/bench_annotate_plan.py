@@ -97,6 +97,7 @@ def main(argv: list[str] | None = None) -> None:
     print(text.splitlines()[1])
     print(f"plan in process: best {min(timings):.3f}s, first {timings[0]:.3f}s (target < 2s)")
     bridge = str(Path(sys.executable).with_name("bridge"))
+    failed = []
     for label, command in (("`bridge annotate --help` (the CLI's start)", [bridge, "annotate", "--help"]),
                            ("`bridge annotate plan` as a fresh process",
                             [bridge, "annotate", "plan", "--dataset", DATASET, "--limit", "5"])):
@@ -108,11 +109,14 @@ def main(argv: list[str] | None = None) -> None:
             walls.append(time.monotonic() - started)
             if done.returncode:
                 print(done.stdout, done.stderr)
+                failed.append(label)
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         cpu = after.ru_utime + after.ru_stime - used.ru_utime - used.ru_stime
         print(f"{label}: best {min(walls):.2f}s, median {statistics.median(walls):.2f}s of {len(walls)} "
               f"(target < 2s; Python's start and imports included); CPU {cpu / len(walls):.2f}s a process")
     print(f"load average while timing: {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPU(s)")
+    if failed:  # a timing of a command that failed measures nothing
+        sys.exit(f"failed (output above): {', '.join(failed)}")
 
 
 def build(args: argparse.Namespace, where) -> None:

@@ -32,7 +32,8 @@ concurrent sum. (RSS counts shared pages in each process, so the sum overstates 
 Then it checks that the lakes hold the same tables with the same row counts, and says whether
 their contents (a hash per table over every row) are equal too. The last line is
 machine-readable: `fastest=<executor> <executor>_s=N ... <executor>_mb=N ... tables_equal=yes|no`
-(wall seconds, largest single-process peak RSS in MiB).
+(wall seconds, largest single-process peak RSS in MiB; `tables_equal=n/a` with one executor,
+which has no other lake to compare with: it exits 0 when its runs succeeded).
 """
 
 from __future__ import annotations
@@ -276,10 +277,13 @@ def bench(executor: str, args, root: Path) -> dict:
             "tables": outcome.get("tables", {}), "log": str(log)}
 
 
-def compare(results: list[dict]) -> tuple[bool, list[str]]:
-    """Row counts per table equal across the executors' lakes? And notes on contents."""
+def compare(results: list[dict]) -> tuple[bool | None, list[str]]:
+    """Row counts per table equal across the executors' lakes? And notes on contents. None
+    when only one executor ran: there is nothing to compare."""
     done = [r for r in results if r["ok"]]
     notes = []
+    if len(results) == 1:
+        return None, []
     if len(done) < 2:
         return False, ["fewer than two executors finished: nothing to compare"]
     first = done[0]
@@ -345,7 +349,10 @@ def main() -> int:
         print()
     equal, notes = compare(results)
     tables = results[0]["tables"] if results else {}
-    if equal:
+    if equal is None:
+        print("one executor, no other lake to compare with; its tables (row counts): "
+              + ", ".join(f"{t}={v[0]}" for t, v in tables.items()))
+    elif equal:
         print("tables equal across executors (row counts): "
               + ", ".join(f"{t}={v[0]}" for t, v in tables.items()))
     else:
@@ -364,8 +371,8 @@ def main() -> int:
     fastest = min(finished, key=lambda r: r["wall_s"])["executor"] if finished else "none"
     print(f"fastest={fastest} " + " ".join(f"{r['executor']}_s={r['wall_s']:.1f}" for r in results) + " "
           + " ".join(f"{r['executor']}_mb={r['max_process_mb']:.0f}" for r in results)
-          + f" tables_equal={'yes' if equal else 'no'}")
-    return 0 if finished and len(finished) == len(results) and equal else 1
+          + f" tables_equal={'n/a' if equal is None else 'yes' if equal else 'no'}")
+    return 0 if finished and len(finished) == len(results) and equal is not False else 1
 
 
 if __name__ == "__main__":

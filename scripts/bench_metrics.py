@@ -291,7 +291,8 @@ def main() -> None:
           f"{qrels.height:,} judgments, {relevant:,} relevant")
     print(f"every tool starts from {'DuckDB tables' if args.source == 'tables' else 'polars frames'}")
     source = Source.of(args.source, run, qrels)
-    warm_up_ranx()
+    if with_ranx:  # numba compiles its kernels on first use (cached on disk after)
+        warm_up_ranx()
     timed = {"ours": lambda: run_ours(source)}
     if args.previous != "none":
         previous = previous_measures(args.previous)

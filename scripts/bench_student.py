@@ -13,6 +13,7 @@ source in the refined qrels.
 
     .venv/bin/python scripts/bench_student.py [--gold resources/goldsets/nq_scifact_hard/goldset.jsonl]
         [--pairs 10000] [--epochs 4] [--base-model all-minilm-l6-v2] [--precisions float32,bfloat16] [--low-memory]
+        [--labels N] [--max-length 256]
 
 --precisions scores the same pairs once in each precision (one after the other, in this
 process) instead of the settings' own, and prints each one's seconds and how far its
@@ -86,7 +87,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gold", default="resources/goldsets/nq_scifact_hard/goldset.jsonl")
     parser.add_argument("--pairs", type=int, default=10_000)
+    parser.add_argument("--labels", type=int, default=0, help="train on the gold set's first N labels only "
+                        "(0: all; a smoke test's size)")
     parser.add_argument("--epochs", type=int, default=StudentSettings().epochs)
+    parser.add_argument("--max-length", type=int, default=StudentSettings().max_length,
+                        help="tokens of query + chunk the student reads")
     parser.add_argument("--base-model", default=StudentSettings().base_model,
                         help="the encoder it starts from (a model of resources/retrievers.yaml)")
     parser.add_argument("--low-memory", action="store_true", help="train with low_memory (the same "
@@ -98,13 +103,15 @@ def main() -> None:
     args = parser.parse_args()
     if args.dataset:
         lake_dataset(args.lake, args.dataset, StudentSettings(epochs=args.epochs, base_model=args.base_model,
-                                                              low_memory=args.low_memory))
+                                                              low_memory=args.low_memory, max_length=args.max_length))
         print(f"peak memory: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB")
         return
 
     rows = [json.loads(line) for line in Path(args.gold).read_text().splitlines() if line.strip()]
+    rows = rows[:args.labels] if args.labels else rows
     examples = [Example(row["query"], row["query"], row["chunk"], float(row["label"]), "gold") for row in rows]
-    settings = StudentSettings(epochs=args.epochs, base_model=args.base_model, low_memory=args.low_memory)
+    settings = StudentSettings(epochs=args.epochs, base_model=args.base_model, low_memory=args.low_memory,
+                               max_length=args.max_length)
 
     started = time.perf_counter()
     student = train_student(examples, settings)

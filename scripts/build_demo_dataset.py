@@ -14,11 +14,12 @@ it (the "holes") are the literal list `QUESTIONS` below.
 Writes corpus.jsonl, queries.jsonl, qrels/test.tsv and holes.jsonl, after
 checking that every id exists and every answer occurs in its passages.
 
-    python3 scripts/build_demo_dataset.py
+    python3 scripts/build_demo_dataset.py [--out DIR]
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import pydoc_data.topics
 import re
@@ -283,14 +284,17 @@ def write_dataset(corpus: list[dict], questions: tuple[Question, ...], out: Path
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=OUT_DIR, help="the folder to write (default: the shipped demo's)")
+    args = parser.parse_args()
     if sys.version_info[:3] != PYTHON_VERSION:
         sys.exit(f"run with Python {'.'.join(map(str, PYTHON_VERSION))}: the passages "
                  "and judgements are tied to that release's pydoc_data")
     corpus = build_corpus()
     check(corpus, QUESTIONS)
-    write_dataset(corpus, QUESTIONS, OUT_DIR)
+    write_dataset(corpus, QUESTIONS, args.out)
     holes = sum(len(q.holes) for q in QUESTIONS)
-    print(f"{len(corpus)} passages, {len(QUESTIONS)} questions, {holes} holes -> {OUT_DIR}")
+    print(f"{len(corpus)} passages, {len(QUESTIONS)} questions, {holes} holes -> {args.out}")
 
 
 if __name__ == "__main__":

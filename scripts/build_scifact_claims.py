@@ -16,6 +16,7 @@ Deterministic, standard library only, from BEIR SciFact test in `../shared/data/
     python scripts/build_scifact_claims.py              # write the gold set
     python scripts/build_scifact_claims.py --check      # exit 1 if the file on disk differs
     python scripts/build_scifact_claims.py --candidates 5   # print the top 5 negatives per claim
+    python scripts/build_scifact_claims.py --out FILE   # write the gold set there instead
 """
 
 from __future__ import annotations
@@ -254,20 +255,26 @@ def main() -> int:
     parser.add_argument("--scifact", type=Path, default=SCIFACT, help="BEIR SciFact folder")
     parser.add_argument("--check", action="store_true", help="exit 1 if the file on disk differs")
     parser.add_argument("--candidates", type=int, metavar="N", help="print the top N negatives per claim")
+    parser.add_argument("--out", type=Path, default=OUT, help="the gold set file to write (or --check)")
     args = parser.parse_args()
     if args.candidates:
         show_candidates(args.scifact, args.candidates)
         return 0
     text = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in build(args.scifact))
     if args.check:
-        same = OUT.exists() and OUT.read_bytes() == text.encode("utf-8")
+        same = args.out.exists() and args.out.read_bytes() == text.encode("utf-8")
         if not same:
-            print(f"differs from a rebuild: {OUT.relative_to(ROOT)}", file=sys.stderr)
+            print(f"differs from a rebuild: {shown(args.out)}", file=sys.stderr)
         return 0 if same else 1
-    OUT.parent.mkdir(parents=True, exist_ok=True)
-    OUT.write_bytes(text.encode("utf-8"))
-    print(f"wrote {OUT.relative_to(ROOT)}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_bytes(text.encode("utf-8"))
+    print(f"wrote {shown(args.out)}")
     return 0
+
+
+def shown(path: Path) -> Path:
+    """`path` relative to the project when it is inside it."""
+    return path.resolve().relative_to(ROOT) if path.resolve().is_relative_to(ROOT) else path
 
 
 if __name__ == "__main__":

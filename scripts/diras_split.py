@@ -14,6 +14,7 @@ README) and writes, deterministically (standard library only):
 
     python scripts/diras_split.py           # (re)write both files
     python scripts/diras_split.py --check   # exit 1 if either file on disk differs
+    python scripts/diras_split.py --out-dir DIR   # write them under DIR instead (same relative paths)
 """
 
 from __future__ import annotations
@@ -111,6 +112,8 @@ def main() -> int:
     parser.add_argument("--data", type=Path, default=DATA, help="the teacher data (train.jsonl.gz)")
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 if a file on disk differs from what would be written")
+    parser.add_argument("--out-dir", type=Path, help="write the files under this folder, at their paths "
+                        "relative to the project (default: the project itself)")
     args = parser.parse_args()
     outputs = render(args.data)
     if args.check:
@@ -120,9 +123,10 @@ def main() -> int:
             print(f"differs from a rebuild: {path.relative_to(ROOT)}", file=sys.stderr)
         return 1 if stale else 0
     for path, text in outputs.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_bytes(text.encode("utf-8"))
-        print(f"wrote {path.relative_to(ROOT)}")
+        target = args.out_dir / path.relative_to(ROOT) if args.out_dir else path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(text.encode("utf-8"))
+        print(f"wrote {target if args.out_dir else path.relative_to(ROOT)}")
     return 0
 
 

@@ -21,6 +21,8 @@ scoring, and the process's peak memory.
         [--gold resources/goldsets/nq_scifact_hard/goldset.jsonl] [--json out.json]
 
 --gold FILE[=ITEMS]: a gold set, and optionally the items file of a reference labeler on it.
+--teacher-pairs N: measure on the first N pairs (file order) of the calibration and of the test
+questions only (default: all of them; a smoke test's size).
 --load FOLDER: score a student saved before instead of training one.
 --items DIR: write each gold set's per-pair student P, `<gold set folder>[-<file>].student.items.jsonl`
 (the `bridge label-eval --items` shape: id, gold, score), for scripts/combiner_study.py.
@@ -105,6 +107,8 @@ def main() -> None:
     parser.add_argument("--learning-rate", type=float, default=5e-5)
     parser.add_argument("--teacher-weight", type=float, default=0.0)
     parser.add_argument("--max-labels", type=int, default=5000)
+    parser.add_argument("--teacher-pairs", type=int, default=0,
+                        help="Measure on the first N calibration and N test pairs only (0: all).")
     parser.add_argument("--gold", action="append", default=[], help="FILE[=ITEMS]")
     parser.add_argument("--json", type=Path)
     parser.add_argument("--items", type=Path, help="Write per-pair scores of each gold set here.")
@@ -138,12 +142,13 @@ def main() -> None:
             report["training"]["weights"] = weights_hash(args.out)
             print(f"saved to {args.out} (weights {report['training']['weights']})")
 
-    calibration_pairs = teacher_examples("calibration")
+    limit = args.teacher_pairs or None
+    calibration_pairs = teacher_examples("calibration")[:limit]
     threshold = best_threshold([int(e.target) for e in calibration_pairs],
                                student.score([(e.query, e.chunk) for e in calibration_pairs]))
     report["threshold"] = threshold
     print(f"bAcc threshold (best on the {len(calibration_pairs)} calibration pairs): P >= {threshold:.3f}")
-    test = teacher_examples("test")
+    test = teacher_examples("test")[:limit]
     scoring = time.perf_counter()
     scores = student.score([(e.query, e.chunk) for e in test])
     seconds = time.perf_counter() - scoring

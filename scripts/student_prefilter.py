@@ -8,7 +8,8 @@ the relevant pairs it would lose, on a gold set and/or on a dataset's lake.
     .venv/bin/python scripts/student_prefilter.py --dataset demo
 
 Prints one table per source (markdown): threshold, pairs skipped (share), relevant pairs lost
-with a 95% Wilson interval.
+with a 95% Wilson interval. --limit (the gold set's first N triplets), --epochs and --max-length
+(the students' training epochs and tokens read) make a run small.
 """
 
 from __future__ import annotations
@@ -43,11 +44,18 @@ def main() -> None:
     parser.add_argument("--gold", type=Path, help="a gold set (JSONL of the label-eval format)")
     parser.add_argument("--dataset", help="a dataset of the lake, after `bridge run`")
     parser.add_argument("--thresholds", default=",".join(map(str, THRESHOLDS)))
+    parser.add_argument("--limit", type=int, default=0, help="--gold: only its first N triplets (0: all)")
+    parser.add_argument("--epochs", type=int, default=StudentLabelerSettings.model_fields["epochs"].default,
+                        help="the students' training epochs")
+    parser.add_argument("--max-length", type=int,
+                        default=StudentLabelerSettings.model_fields["max_length"].default,
+                        help="tokens of query + chunk a student reads")
     args = parser.parse_args()
     thresholds = [float(t) for t in args.thresholds.split(",")]
-    settings = StudentLabelerSettings(labeler="student")
+    settings = StudentLabelerSettings(labeler="student", epochs=args.epochs, max_length=args.max_length)
     if args.gold:
         rows = [json.loads(line) for line in args.gold.read_text().splitlines() if line.strip()]
+        rows = rows[:args.limit] if args.limit else rows
         items = [LabelItem(row["id"], Pair(row["query"], row["id"], row["query"], tuple(row.get("answers", ())),
                                            row["chunk"]), int(row["label"])) for row in rows]
         scores, _ = cross_fitted_scores(items, items, settings)

@@ -147,7 +147,8 @@ def no_dagster_instance_left_entered() -> Iterator[None]:
 REAL_MODEL_MODULES = ("test_automation_daemon.py", "test_llm_real.py", "test_labeling_real.py",
                       "test_evaluation_real.py", "test_retrieval_llm.py", "test_analysis_rag.py")
 REAL_MODEL_GROUP = "real-local-llm"
-LONGEST_FIRST = (REAL_MODEL_GROUP, "test_main_job_growth.py", "test_ui_graphql.py", "test_student.py",
+LONGEST_FIRST = (REAL_MODEL_GROUP, "test_scripts.py", "test_main_job_growth.py", "test_ui_graphql.py",
+                 "test_student.py",
                  "test_main_job_costs.py", "test_retrieval_systems.py", "test_ingest_assets.py",
                  "test_human_browser.py", "test_annotate_browser.py", "test_report_render.py")
 
