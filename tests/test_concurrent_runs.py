@@ -145,6 +145,32 @@ def test_a_queued_automatic_run_whose_assets_another_run_computed_ends_without_c
     assert any("every asset of this run is up to date" in message for message in said)
 
 
+def test_inside_a_run_no_person_forced_a_current_asset_is_reported_again_not_computed(data_lake, tmp_path,
+                                                                                     monkeypatch):
+    """staleness.reuse_when_current: in `bridge run`'s runs (and automation's, sensors'), an
+    asset whose partition is current reports its last materialization again, marked
+    reused_from_run; a run a person forced (the UI, `bridge materialize`) computes it."""
+    from bridge_assets.definitions import defs
+    from bridge_assets.staleness import ONLY_WHAT_CHANGED_TAG, REUSED_KEY
+
+    monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
+    first = orchestration.materialize(["corpus"], "demo")
+    computed_in = first.results[-1].run_id
+    inst = orchestration.instance()
+    job = defs.resolve_implicit_global_asset_job_def()
+    keys = [dg.AssetKey("corpus"), dg.AssetKey("queries"), dg.AssetKey("original_qrels")]
+
+    def metadata(result: dg.ExecuteInProcessResult) -> dict:
+        [event] = [e for e in result.get_asset_materialization_events() if e.asset_key == dg.AssetKey("corpus")]
+        return {name: value.value for name, value in event.materialization.metadata.items()}
+
+    again = job.execute_in_process(instance=inst, asset_selection=keys, partition_key="demo",
+                                   tags={ONLY_WHAT_CHANGED_TAG: "true"})
+    assert metadata(again)[REUSED_KEY] == computed_in
+    forced = job.execute_in_process(instance=inst, asset_selection=keys, partition_key="demo")
+    assert REUSED_KEY not in metadata(forced)
+
+
 def test_a_run_whose_worker_was_killed_is_failed_not_waited_for(tmp_path):
     from dagster._core.events import EngineEventData
 
