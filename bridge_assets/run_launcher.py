@@ -67,8 +67,10 @@ class BridgeRunLauncher(DefaultRunLauncher):
 
         try:
             return left_to_do(self._instance, run) == []
-        except Exception:  # when in doubt, run it
+        except Exception as exc:  # when in doubt, run it; the run's log says why it was checked in vain
             log.exception("could not tell whether run %s is up to date; starting it", run.run_id)
+            self._instance.report_engine_event(
+                f"could not tell whether this run is up to date ({type(exc).__name__}: {exc}); started it", run)
             return False
 
     @property

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -35,6 +34,7 @@ from bridge_assets.human.votes import insert_vote
 from bridge_assets.llm import get_profile, weights
 from bridge_assets.llm.budget import DEFERRED
 from bridge_assets.paths import PROJECT_ROOT, RESOURCES_DIR
+from fixtures.daemon import start_daemon, stop_daemon
 from fixtures.paths import annotations
 
 pytest.importorskip("llama_cpp")
@@ -165,9 +165,7 @@ def test_only_what_changed_runs_and_the_daemon_keeps_the_benchmark_current(tiny,
         "".join(f"{q} Q0 {d} 1 9.5 ext\n" for q, d in fifth))
 
     log = open(tmp_path / "daemon.log", "w")
-    daemon = subprocess.Popen([sys.executable, "-m", "dagster._daemon", "run", "-w", "workspace.yaml"],
-                              cwd=PROJECT_ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                              start_new_session=True)
+    daemon = start_daemon(env, log)
     mark("daemon started")
     try:
         metrics_of_ext = f"select count(*) from retrieval_metrics where dataset = '{DATASET}' and retriever = 'ext'"
@@ -210,11 +208,7 @@ def test_only_what_changed_runs_and_the_daemon_keeps_the_benchmark_current(tiny,
                        "'ext' and qrels_version = 'refined' and measure = 'hole_10' and query_id = 'all' "
                        "and value > 0")[0][0] > 0, test_started, timeline)
     finally:
-        os.killpg(daemon.pid, signal.SIGTERM)
-        try:
-            daemon.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(daemon.pid, signal.SIGKILL)
+        stop_daemon(daemon)
         log.close()
         mark("daemon stopped")
         print("\n".join(["timeline (from the test's start):", *timeline]))

@@ -11,7 +11,6 @@ prints the runs each door launched."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -25,6 +24,7 @@ from bridge_assets import orchestration, store
 from bridge_assets.human.tables import ensure_schema
 from bridge_assets.human.votes import insert_vote
 from bridge_assets.paths import PROJECT_ROOT
+from fixtures.daemon import start_daemon, stop_daemon
 from fixtures.event_log import computed, computed_twice, origin
 from fixtures.paths import annotations
 from fixtures.scripted_demo import script, write_registry
@@ -88,9 +88,7 @@ def test_automation_a_bridge_run_and_the_votes_sensor_together_compute_each_part
     # an external system that ranks first what BM25 ranks fifth: new pairs for the pool
     fifth = query(data_lake, "select query_id, doc_id from retrieval_run where dataset = 'demo' and "
                              "retriever = 'bm25' and rank = 5 order by query_id")
-    daemon = subprocess.Popen([sys.executable, "-m", "dagster._daemon", "run", "-w", "workspace.yaml"],
-                              cwd=PROJECT_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+    daemon = start_daemon(env)
     try:
         (registry / "runs" / "demo" / "ext.trec").write_text("".join(f"{q} Q0 {d} 1 9.5 ext\n" for q, d in fifth))
         wait_until("the run-files sensor registered ext", lambda: "ext:" in (registry / "retrievers.yaml").read_text())
@@ -114,11 +112,7 @@ def test_automation_a_bridge_run_and_the_votes_sensor_together_compute_each_part
             if instance.get_runs(dg.RunsFilter(statuses=[dg.DagsterRunStatus.QUEUED, *orchestration.ACTIVE_RUNS])):
                 quiet_since = time.monotonic()
     finally:
-        os.killpg(daemon.pid, signal.SIGTERM)
-        try:
-            daemon.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(daemon.pid, signal.SIGKILL)
+        stop_daemon(daemon)
 
     runs = [run for run in instance.get_runs() if run.run_id not in before]
     records = computed(instance, before)

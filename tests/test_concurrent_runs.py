@@ -20,6 +20,7 @@ import yaml
 from bridge_assets import orchestration
 from bridge_assets.paths import PROJECT_ROOT
 from fixtures import concurrent_calls
+from fixtures.daemon import start_daemon, stop_daemon
 
 SPAWN = multiprocessing.get_context("spawn")
 
@@ -209,9 +210,7 @@ def test_the_daemon_marks_a_killed_command_line_run_failed_within_a_minute(tmp_p
     subprocess.run([sys.executable, "-c", "from bridge_assets import orchestration; orchestration.instance()"],
                    cwd=PROJECT_ROOT, env=env, check=True)  # the lake's home, its config written
     env["DAGSTER_HOME"] = str(lake / "dagster_home")
-    daemon = subprocess.Popen([sys.executable, "-m", "dagster._daemon", "run", "-w", "workspace.yaml"],
-                              cwd=PROJECT_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+    daemon = start_daemon(env)
     try:
         command = subprocess.Popen([sys.executable, "-m", "bridge_assets.cli", "materialize", "-d", "demo", "corpus"],
                                    cwd=PROJECT_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -230,5 +229,4 @@ def test_the_daemon_marks_a_killed_command_line_run_failed_within_a_minute(tmp_p
             assert inst.get_run_by_id(started[0].run_id).status == dg.DagsterRunStatus.FAILURE
             assert time.monotonic() - killed < orchestration.RUN_MONITORING_SECONDS + 30
     finally:
-        os.killpg(daemon.pid, signal.SIGTERM)
-        daemon.wait(timeout=60)
+        stop_daemon(daemon)
