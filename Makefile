@@ -80,7 +80,7 @@ test: setup browser
 
 # The Dagster UI on http://127.0.0.1:3000, over the same instance `bridge` uses.
 ui: setup
-	$(BIN)/python -c 'from bridge_assets.orchestration import ensure_instance_config as e; e("data_lake/dagster_home")'
+	$(BIN)/python -c 'from bridge_assets.orchestration.runs import ensure_instance_config as e; e("data_lake/dagster_home")'
 	DAGSTER_HOME=$(CURDIR)/data_lake/dagster_home $(BIN)/dagster dev -w workspace.yaml -h 127.0.0.1 -p 3000
 
 # Deletes what the pipeline rebuilds, in either storage (the DuckLake's SQLite catalog and

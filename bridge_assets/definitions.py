@@ -7,17 +7,17 @@ import warnings
 
 import dagster as dg
 
-from bridge_assets import automation
 from bridge_assets.analysis import definitions as analysis
 from bridge_assets.evaluation import definitions as evaluation
-from bridge_assets.executors import executor_from_env
 from bridge_assets.human import definitions as human
 from bridge_assets.ingest import definitions as ingest
 from bridge_assets.labeling import definitions as labeling
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.llm.resource import LLMResource
+from bridge_assets.pipeline import automation, staleness
+from bridge_assets.pipeline.executors import executor_from_env
 from bridge_assets.qrels import definitions as qrels
 from bridge_assets.reports import definitions as reports
-from bridge_assets.resources import DuckDBStore
 from bridge_assets.retrieval import definitions as retrieval
 from bridge_assets.student import definitions as student
 
@@ -44,3 +44,7 @@ with warnings.catch_warnings():
                        sensors=[automation.sensor(automated_selection)],
                        executor=executor_from_env()),  # $BRIDGE_EXECUTOR: multiprocess (default) | dask | in_process
     ).map_resolved_asset_specs(func=automation.with_condition, selection=automated_selection)
+
+# staleness (below the stages) judges a partition against the whole graph, which only this
+# module assembles
+staleness.use_asset_graph(defs.resolve_asset_graph)

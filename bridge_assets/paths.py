@@ -1,7 +1,7 @@
 """Where things live: the project's resources and the runtime data lake.
 
 The data lake's location is decided in one place, `settings.lake_location()`: the `DuckDBStore`
-resource's config (bridge_assets.resources), else `BRIDGE_DATA_LAKE`, else the project's
+resource's config (bridge_assets.lake.resource), else `BRIDGE_DATA_LAKE`, else the project's
 `data_lake/`. The votes store (annotators, assignments, votes) is a DuckDB file of its own:
 `BRIDGE_VOTES_DB`, else `<data lake>/annotations/votes.duckdb`, so the pipeline's file can be
 rebuilt or deleted (`make clean`) without touching a vote.
@@ -14,10 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # paths is imported everywhere (read_sql): it does not import duckdb
-    from bridge_assets.ducklake import DuckLakeConfig
+    from bridge_assets.lake.ducklake import DuckLakeConfig
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 RESOURCES_DIR = PROJECT_ROOT / "resources"
+PROMPTS_DIR = RESOURCES_DIR / "prompts"  # the labelers' prompt files (labeling.prompts reads them)
 SQL_DIR = PROJECT_ROOT / "sql"
 PIPELINE_FILE = "bridge.duckdb"  # the DuckDB-file storage's file, and the path that stands for the store
 

@@ -15,8 +15,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from bridge_assets import ducklake
 from bridge_assets.errors import SettingsError
+from bridge_assets.lake import ducklake
 from bridge_assets.paths import PROJECT_ROOT, RESOURCES_DIR, LakeLocation
 
 

@@ -82,7 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     os.environ["BRIDGE_DATA_LAKE"] = str(lake)
     from bridge_assets.human import votes_store
     from bridge_assets.human.plan import plan_text
-    from bridge_assets.resources import DuckDBStore
+    from bridge_assets.lake.resource import DuckDBStore
 
     where = DuckDBStore(data_lake=str(lake))
     if not args.reuse:
@@ -121,12 +121,12 @@ def main(argv: list[str] | None = None) -> None:
 
 def build(args: argparse.Namespace, where) -> None:
     """The synthetic lake with its retrieval_metrics, pending_impact and votes."""
-    from bridge_assets import store
     from bridge_assets.analysis.impact import compute_pending_impact, stopping_point
     from bridge_assets.analysis.retrieval import compute_dataset_metrics
     from bridge_assets.human import votes_store
     from bridge_assets.human.tables import ensure_schema
     from bridge_assets.human.votes import insert_vote
+    from bridge_assets.lake import store
 
     con = duckdb.connect()
     started = time.monotonic()

@@ -35,12 +35,12 @@ from bench_debate import bench_pairs
 from bench_kv_cache import debate_requests, demo_pairs
 
 from bridge_assets.ingest.loaders import load_dataset
-from bridge_assets.ingest.registry import get_dataset
 from bridge_assets.labeling.calls import MeteredGenerate
 from bridge_assets.labeling.debate import debate_agents, run_debate
 from bridge_assets.llm import LLMClient
 from bridge_assets.llm import llama_backend as backends
 from bridge_assets.llm.profiles import get_profile
+from bridge_assets.registry.datasets import get_dataset
 
 
 def multi_sequence_context(model, sequences: int, per_sequence: int, threads: int, unified: bool,

@@ -69,7 +69,7 @@ def _partition_tags(keys: dict[str, str]) -> dict[str, str]:
 
 def _runs(args, instance) -> list[tuple[str, str, dict[str, str], dict]]:
     """(label, job, partition keys, run config) of every run, in order."""
-    from bridge_assets.resources import DuckDBStore
+    from bridge_assets.lake.resource import DuckDBStore
     from bridge_assets.retrieval.registry import load_registry
     from bridge_assets.retrieval.sensors import sync_partitions
 
@@ -121,7 +121,7 @@ def _run_cli(job: str, keys: dict[str, str], config: dict, log) -> bool:
 
 def _table_summary(path: Path) -> dict[str, list]:
     """{table: [rows, content hash]} of the lake (the hash: xor of every row's hash)."""
-    from bridge_assets.resources import DuckDBStore
+    from bridge_assets.lake.resource import DuckDBStore
 
     summary = {}
     with DuckDBStore().connect() as con:

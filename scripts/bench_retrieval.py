@@ -32,7 +32,7 @@ sys.path.insert(0, str(PROJECT_ROOT))
 
 def _load(dataset: str):
     from bridge_assets.ingest.loaders import load_dataset
-    from bridge_assets.ingest.registry import get_dataset
+    from bridge_assets.registry.datasets import get_dataset
 
     tables = load_dataset(get_dataset(dataset))
     return tables.corpus, tables.queries.sort("query_id")

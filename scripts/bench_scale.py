@@ -247,14 +247,14 @@ def run_child(fraction: float, lake: Path, port: int, out: Path, skip: set[str])
 
     import dagster as dg
 
-    from bridge_assets import store
     from bridge_assets.analysis import assets as analysis
     from bridge_assets.human.assets import human_labels
     from bridge_assets.labeling import assets as labeling
+    from bridge_assets.lake import store
+    from bridge_assets.lake.resource import DuckDBStore
     from bridge_assets.llm.resource import LLMResource
     from bridge_assets.qrels.assets import bridge_qrels
     from bridge_assets.reports.assets import report
-    from bridge_assets.resources import DuckDBStore
 
     resources = {"store": DuckDBStore(data_lake=str(lake)), "llm": LLMResource(data_lake=str(lake))}
     location = resources["store"].lake  # every store call is handed the run's lake

@@ -48,7 +48,7 @@ def lake_dataset(lake: str | None, dataset: str, settings: StudentSettings) -> N
     from collections import defaultdict
 
     from bridge_assets.labeling.pairs import load_pairs
-    from bridge_assets.resources import DuckDBStore
+    from bridge_assets.lake.resource import DuckDBStore
     from bridge_assets.student.annotator import training_set
     from bridge_assets.student.assets import READS
 

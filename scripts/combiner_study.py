@@ -25,8 +25,8 @@ import json
 from pathlib import Path
 
 from bridge_assets.evaluation.goldsets import read_goldset
-from bridge_assets.evaluation.metrics import auroc, auroc_intervals, brier_score, expected_calibration_error
 from bridge_assets.evaluation.runner import item_scores
+from bridge_assets.evaluation.scores import auroc, auroc_intervals, brier_score, expected_calibration_error
 from bridge_assets.labeling.evidence import answer_in_chunk
 from bridge_assets.student.combiner import cross_fitted, fit_combiner
 

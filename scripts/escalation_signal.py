@@ -27,8 +27,8 @@ import json
 from pathlib import Path
 
 from bridge_assets.evaluation.goldsets import read_goldset
-from bridge_assets.evaluation.metrics import auroc, auroc_intervals
 from bridge_assets.evaluation.runner import read_items
+from bridge_assets.evaluation.scores import auroc, auroc_intervals
 from bridge_assets.student.escalation import EscalationRow, escalation_study
 from bridge_assets.student.labeler import query_folds
 

@@ -40,14 +40,14 @@ from pathlib import Path
 import numpy as np
 
 from bridge_assets.evaluation.goldsets import read_goldset
-from bridge_assets.evaluation.metrics import (
+from bridge_assets.evaluation.runner import item_scores
+from bridge_assets.evaluation.scores import (
     auroc,
     auroc_intervals,
     balanced_accuracies,
     brier_score,
     expected_calibration_error,
 )
-from bridge_assets.evaluation.runner import item_scores
 from bridge_assets.student.model import Student, StudentSettings, train_student, weights_hash
 from bridge_assets.student.teacher import question_id, split_questions, teacher_examples
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
-from bridge_assets.evaluation.metrics import BOOTSTRAP_RESAMPLES, NO_LABEL, bacc_difference_interval, final_labels
+from bridge_assets.evaluation.scores import BOOTSTRAP_RESAMPLES, NO_LABEL, bacc_difference_interval, final_labels
 
 HEADER = ("| run | n | irrel. recall | rel. recall | bAcc [95% CI] | esc. | resolved [95% CI] | "
           "calls | model s |\n|---|---|---|---|---|---|---|---|---|")

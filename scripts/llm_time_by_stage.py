@@ -26,7 +26,8 @@ from pathlib import Path
 
 import duckdb
 
-from bridge_assets import settings, store
+from bridge_assets import settings
+from bridge_assets.lake import store
 from bridge_assets.llm.ledger import ADDED_COLUMNS, TABLE
 
 GROUPS = ("purpose", "profile", "model", "backend", "context")

@@ -35,8 +35,8 @@ def main() -> None:
 
     from playwright.sync_api import sync_playwright
 
-    from bridge_assets.orchestration import instance
-    from bridge_assets.webserver import dagster_webserver
+    from bridge_assets.orchestration.runs import instance
+    from bridge_assets.orchestration.webserver import dagster_webserver
 
     instance()  # sets DAGSTER_HOME to the data lake's instance when unset
     chromium = os.environ.get("BRIDGE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"

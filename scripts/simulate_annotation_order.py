@@ -55,11 +55,11 @@ def build_lake(dataset: str, retrievers: list[str], depth: int, query_limit: int
     lake = lake or Path(tempfile.mkdtemp(prefix="bridge-sim-")) / "lake"
     lake.mkdir(parents=True, exist_ok=True)
     os.environ["BRIDGE_DATA_LAKE"] = str(lake)
-    from bridge_assets import store
     from bridge_assets.definitions import defs
     from bridge_assets.ingest import assets as ingest_assets
+    from bridge_assets.lake import store
+    from bridge_assets.lake.resource import DuckDBStore
     from bridge_assets.llm.resource import LLMResource
-    from bridge_assets.resources import DuckDBStore
     from bridge_assets.retrieval import assets as retrieval_assets
 
     where = DuckDBStore(data_lake=str(lake))
@@ -92,8 +92,8 @@ def build_lake(dataset: str, retrievers: list[str], depth: int, query_limit: int
 
 
 def snapshot(lake: Path, dataset: str) -> duckdb.DuckDBPyConnection:
-    from bridge_assets import store
-    from bridge_assets.resources import DuckDBStore
+    from bridge_assets.lake import store
+    from bridge_assets.lake.resource import DuckDBStore
 
     return store.dataset_snapshot(DuckDBStore(data_lake=str(lake)).lake, dataset,
                                   ["retrieval_run", "original_qrels", "queries", "corpus", "candidate_pool",
@@ -104,7 +104,7 @@ def pending_pairs(con: duckdb.DuckDBPyConnection, dataset: str) -> list[Pair]:
     """The pending pairs, and the labels known besides them as the table sim_known: the lake's
     bridge_qrels when it has pending pairs, else the original qrels and every unjudged pair of
     the pool pending."""
-    from bridge_assets.store import table_exists
+    from bridge_assets.lake.store import table_exists
 
     if table_exists(con, "bridge_qrels"):
         rows = con.execute("select query_id, doc_id from bridge_qrels where dataset = ? and relevance is null "
@@ -272,9 +272,9 @@ def dynamic_labels_needed(con, dataset: str, pending: list[Pair], answers: dict[
 def write_tables(lake: Path, con, dataset: str) -> None:
     """Write the simulated start (bridge_qrels with the pending pairs, retrieval_metrics,
     pending_impact) into the lake, so `bridge annotate plan` and the app can be tried on it."""
-    from bridge_assets import store
     from bridge_assets.analysis.impact import compute_pending_impact
-    from bridge_assets.resources import DuckDBStore
+    from bridge_assets.lake import store
+    from bridge_assets.lake.resource import DuckDBStore
 
     tables = {"bridge_qrels": con.execute("select * from bridge_qrels").pl(),
               "retrieval_metrics": con.execute("select * from retrieval_metrics").pl()}
@@ -308,13 +308,13 @@ def main(argv: list[str] | None = None) -> None:
     lake = build_lake(args.dataset, args.retrievers, args.depth, args.query_limit, args.lake) if args.build else \
         Path(args.lake or os.environ.get("BRIDGE_DATA_LAKE", PROJECT / "data_lake"))
     con = snapshot(lake, args.dataset)
-    from bridge_assets.store import table_exists
+    from bridge_assets.lake.store import table_exists
     if args.write and table_exists(con, "bridge_qrels"):
         parser.error("--write only on a lake without bridge_qrels (--build makes one): it would replace them")
     pending = pending_pairs(con, args.dataset)
     holes = args.holes
     if args.answers == "holes" and holes is None:
-        from bridge_assets.ingest.registry import get_dataset
+        from bridge_assets.registry.datasets import get_dataset
         spec = get_dataset(args.dataset)
         holes = spec.resolve(spec.known_holes, "known_holes")
     answers = stand_in_answers(con, args.dataset, pending, args.answers, holes)

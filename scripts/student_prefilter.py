@@ -18,11 +18,11 @@ import argparse
 import json
 from pathlib import Path
 
-from bridge_assets.ingest.registry import get_dataset
 from bridge_assets.labeling.labeler import LabelItem
 from bridge_assets.labeling.pairs import Pair
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.qrels.known_holes import read_known_holes
-from bridge_assets.resources import DuckDBStore
+from bridge_assets.registry.datasets import get_dataset
 from bridge_assets.student.labeler import StudentLabelerSettings, cross_fitted_scores
 from bridge_assets.student.prefilter import THRESHOLDS, ThresholdRow, lake_study, threshold_table
 

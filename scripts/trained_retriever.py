@@ -22,7 +22,8 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the shipped weights only, never a download
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bridge_assets import settings, store  # noqa: E402
+from bridge_assets import settings  # noqa: E402
+from bridge_assets.lake import store
 from bridge_assets.student.retriever import (  # noqa: E402
     Curriculum,
     TrainSettings,
@@ -39,7 +40,7 @@ from bridge_assets.student.retriever import (  # noqa: E402
 
 def lake_snapshot(con, location) -> int | str:
     """The DuckLake snapshot read ('n/a' on a plain DuckDB file, which keeps no history)."""
-    from bridge_assets import ducklake
+    from bridge_assets.lake import ducklake
 
     return ducklake.current_snapshot(con) if location.ducklake is not None else "n/a"
 

@@ -90,7 +90,7 @@ def duckdb_storage(monkeypatch) -> None:
 @pytest.fixture
 def ducklake_lake(data_lake, monkeypatch) -> Iterator[Path]:
     """The test lake on DuckLake storage, with its catalog and data folder inside it."""
-    from bridge_assets import ducklake
+    from bridge_assets.lake import ducklake
 
     monkeypatch.setenv("BRIDGE_STORAGE", "ducklake")
     monkeypatch.delenv("BRIDGE_LAKE_CATALOG", raising=False)

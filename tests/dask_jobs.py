@@ -11,7 +11,7 @@ import time
 import dagster as dg
 import polars as pl
 
-from bridge_assets import store
+from bridge_assets.lake import store
 
 PARTS = ("p0", "p1", "p2", "p3")
 
@@ -37,6 +37,6 @@ def parts_job():
 def dask_parts_job() -> dg.JobDefinition:
     from dagster_dask import dask_executor
 
-    from bridge_assets.executors import dask_cluster_config
+    from bridge_assets.pipeline.executors import dask_cluster_config
 
     return parts_job.with_executor_def(dask_executor.configured({"cluster": dask_cluster_config()}))

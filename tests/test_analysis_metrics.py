@@ -15,8 +15,8 @@ from scipy import stats
 from bridge_assets.analysis import assets as analysis_assets
 from bridge_assets.analysis.retrieval import measure_label
 from bridge_assets.analysis.shift import kendall_tau_a, kendall_tau_b
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.qrels import assets as qrels_assets
-from bridge_assets.resources import DuckDBStore
 from fixtures.labeled_lake import DATASET, read
 
 NDCG_SECOND = 1 / math.log2(3)  # a relevant document at rank 2

@@ -15,8 +15,8 @@ from scipy import stats
 
 from bridge_assets.analysis import assets as analysis_assets
 from bridge_assets.analysis.partial import bucket_of, compare_rankings, pair_p_values
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.qrels import assets as qrels_assets
-from bridge_assets.resources import DuckDBStore
 from fixtures.labeled_lake import DATASET, read
 
 
@@ -133,8 +133,8 @@ def test_random_single_draws_follow_the_seed(labeled_lake):
 
 
 def test_settings_are_checked_before_any_work(labeled_lake):
-    from bridge_assets import store
     from bridge_assets.analysis.partial import compute_partial_annotation_study
+    from bridge_assets.lake import store
 
     with store.connect() as con:
         with pytest.raises(ValueError, match="name each measure with its cutoff"):

@@ -12,7 +12,6 @@ import polars as pl
 import pytest
 from scipy import stats
 
-from bridge_assets import store
 from bridge_assets.analysis import assets as analysis_assets
 from bridge_assets.analysis.rag import (
     alignment_statistics,
@@ -21,9 +20,10 @@ from bridge_assets.analysis.rag import (
     rag_contexts,
     says_no_information,
 )
+from bridge_assets.lake import store
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.llm.types import LLMResult
 from bridge_assets.qrels import assets as qrels_assets
-from bridge_assets.resources import DuckDBStore
 from fixtures.labeled_lake import DATASET, read
 from fixtures.scripted_llm import ScriptedLLM, ScriptedServer, scripted_server_reply
 

@@ -18,9 +18,9 @@ import pytest
 
 from bridge_assets.analysis import assets as analysis_assets
 from bridge_assets.analysis.saturation import growth_rates, holes_found_curve, prefix_scores, system_orders
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.metrics import compute_retrieval_metrics
 from bridge_assets.qrels import assets as qrels_assets
-from bridge_assets.resources import DuckDBStore
 from fixtures.labeled_lake import DATASET, read
 
 HOLE_SYSTEMS = [["bm25", "dense"], ["dense"], ["bm25"]]

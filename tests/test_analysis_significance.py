@@ -28,9 +28,9 @@ from bridge_assets.analysis.significance import (
     randomization_tests,
 )
 from bridge_assets.analysis.views import MissingInput
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.reports.build import significance_section
-from bridge_assets.resources import DuckDBStore
 from fixtures.labeled_lake import DATASET, read
 
 # A hand-made per-query table: three systems, six queries, one measure.

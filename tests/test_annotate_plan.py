@@ -9,9 +9,9 @@ from typer.testing import CliRunner
 
 from bridge_assets.analysis import assets as analysis_assets
 from bridge_assets.analysis import impact_asset
-from bridge_assets.human import cli
+from bridge_assets.cli import annotate as cli
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.qrels import assets as qrels_assets
-from bridge_assets.resources import DuckDBStore
 from fixtures.labeled_lake import DATASET, read
 
 
@@ -54,9 +54,9 @@ def test_plan_without_pending_impact_says_what_to_materialize(labeled_lake):
 def test_the_summary_and_the_report_state_the_stopping_point(labeled_lake, tmp_path):
     import time
 
-    from bridge_assets import store
+    from bridge_assets.cli.summary import run_summary
+    from bridge_assets.lake import store
     from bridge_assets.reports.build import build_report
-    from bridge_assets.summary import run_summary
 
     materialize(labeled_lake)
     frame = read(labeled_lake, "select * from pending_impact")

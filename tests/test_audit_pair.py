@@ -12,12 +12,13 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from bridge_assets import ducklake, orchestration, store
-from bridge_assets.audit import audit_command, audit_pair, format_story
+from bridge_assets.cli.audit import audit_command, audit_pair, format_story
 from bridge_assets.labeling.prompts import Prompts
+from bridge_assets.lake import ducklake, store
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.llm.parsing import canonical_json
+from bridge_assets.orchestration import runs as orchestration
 from bridge_assets.qrels import assets as qrels_assets
-from bridge_assets.resources import DuckDBStore
 from bridge_assets.settings import env
 from fixtures.labeled_lake import DATASET, MODEL, QUERIES, turn_call
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import dagster as dg
 
-from bridge_assets import automation
 from bridge_assets.definitions import automated_selection, defs, main_selection
+from bridge_assets.pipeline import automation
 
 RETRIEVERS = ["bm25", "minilm"]
 DATASETS = ["demo", "nq_open_mini"]

@@ -27,12 +27,13 @@ import duckdb
 import pytest
 import yaml
 
-from bridge_assets import orchestration, store
 from bridge_assets.definitions import defs
 from bridge_assets.human.tables import ensure_schema
 from bridge_assets.human.votes import insert_vote
+from bridge_assets.lake import store
 from bridge_assets.llm import get_profile, weights
 from bridge_assets.llm.budget import DEFERRED
+from bridge_assets.orchestration import runs as orchestration
 from bridge_assets.paths import PROJECT_ROOT, RESOURCES_DIR
 from fixtures.daemon import start_daemon, stop_daemon
 from fixtures.paths import annotations
@@ -81,7 +82,7 @@ def tiny(tmp_path, data_lake):
 
 
 def bridge(env: dict, *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "bridge_assets.cli", *args], cwd=PROJECT_ROOT, env=env,
+    done = subprocess.run([sys.executable, "-m", "bridge_assets.cli.main", *args], cwd=PROJECT_ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout + done.stderr

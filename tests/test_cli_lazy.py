@@ -11,11 +11,11 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from bridge_assets.cli import app
+from bridge_assets.cli.main import app
 
 COMMANDS = ["annotate", "audit", "datasets", "eval", "label-eval", "lake", "materialize", "models", "qrels",
             "retrievers", "run", "runs", "sql"]
-HEAVY = ("dagster", "bridge_assets.audit", "scipy", "pandas", "pyarrow", "sklearn", "statsmodels")
+HEAVY = ("dagster", "bridge_assets.cli.audit", "scipy", "pandas", "pyarrow", "sklearn", "statsmodels")
 
 
 def _modules_after(code: str, env: dict | None = None, heavy: tuple[str, ...] = HEAVY) -> dict:
@@ -26,7 +26,7 @@ def _modules_after(code: str, env: dict | None = None, heavy: tuple[str, ...] = 
 
 
 def test_starting_the_cli_imports_no_command_module():
-    assert not any(_modules_after("import bridge_assets.cli").values())
+    assert not any(_modules_after("import bridge_assets.cli.main").values())
 
 
 def test_loading_the_definitions_leaves_statistics_and_plotting_for_the_steps_that_use_them():
@@ -42,7 +42,7 @@ def test_loading_the_definitions_leaves_statistics_and_plotting_for_the_steps_th
 def test_annotate_plan_imports_neither_dagster_nor_pandas(data_lake):
     import os
 
-    code = ("import sys\nfrom bridge_assets.cli import app\nsys.argv = ['bridge', 'annotate', 'plan', "
+    code = ("import sys\nfrom bridge_assets.cli.main import app\nsys.argv = ['bridge', 'annotate', 'plan', "
             "'--dataset', 'demo']\ntry:\n    app()\nexcept SystemExit as exc:\n    assert not exc.code, exc.code")
     loaded = _modules_after(code, env={**os.environ, "BRIDGE_DATA_LAKE": str(data_lake)})
     assert not any(loaded.values()), loaded

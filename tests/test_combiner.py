@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from bridge_assets.evaluation.metrics import auroc, expected_calibration_error
+from bridge_assets.evaluation.scores import auroc, expected_calibration_error
 from bridge_assets.student.combiner import CombinerError, cross_fitted, fit_combiner, fold_of
 
 

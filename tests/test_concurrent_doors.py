@@ -20,9 +20,10 @@ import dagster as dg
 import duckdb
 import pytest
 
-from bridge_assets import orchestration, store
 from bridge_assets.human.tables import ensure_schema
 from bridge_assets.human.votes import insert_vote
+from bridge_assets.lake import store
+from bridge_assets.orchestration import runs as orchestration
 from bridge_assets.paths import PROJECT_ROOT
 from fixtures.daemon import start_daemon, stop_daemon
 from fixtures.event_log import computed, computed_twice, origin
@@ -57,7 +58,7 @@ def query(lake, sql: str) -> list[tuple]:
 
 
 def bridge_run(env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "bridge_assets.cli", "run", "--dataset", "demo"],
+    return subprocess.Popen([sys.executable, "-m", "bridge_assets.cli.main", "run", "--dataset", "demo"],
                             cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -17,7 +17,7 @@ import dagster as dg
 import pytest
 import yaml
 
-from bridge_assets import orchestration
+from bridge_assets.orchestration import runs as orchestration
 from bridge_assets.paths import PROJECT_ROOT
 from fixtures import concurrent_calls
 from fixtures.daemon import start_daemon, stop_daemon
@@ -123,7 +123,7 @@ def test_a_queued_automatic_run_whose_assets_another_run_computed_ends_without_c
     from dagster._core.launcher import LaunchRunContext
 
     from bridge_assets.definitions import defs
-    from bridge_assets.run_launcher import BridgeRunLauncher
+    from bridge_assets.orchestration.run_launcher import BridgeRunLauncher
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
     orchestration.materialize(["corpus"], "demo")
@@ -152,7 +152,7 @@ def test_inside_a_run_no_person_forced_a_current_asset_is_reported_again_not_com
     asset whose partition is current reports its last materialization again, marked
     reused_from_run; a run a person forced (the UI, `bridge materialize`) computes it."""
     from bridge_assets.definitions import defs
-    from bridge_assets.staleness import ONLY_WHAT_CHANGED_TAG, REUSED_KEY
+    from bridge_assets.pipeline.staleness import ONLY_WHAT_CHANGED_TAG, REUSED_KEY
 
     monkeypatch.setenv("DAGSTER_HOME", str(tmp_path / "dagster_home"))
     first = orchestration.materialize(["corpus"], "demo")
@@ -175,7 +175,7 @@ def test_inside_a_run_no_person_forced_a_current_asset_is_reported_again_not_com
 def test_a_run_whose_worker_was_killed_is_failed_not_waited_for(tmp_path):
     from dagster._core.events import EngineEventData
 
-    from bridge_assets.run_launcher import BridgeRunLauncher, WorkerStatus
+    from bridge_assets.orchestration.run_launcher import BridgeRunLauncher, WorkerStatus
 
     with dg.instance_for_test(temp_dir=str(tmp_path)) as inst:
         worker = SPAWN.Process(target=time.sleep, args=(600,))
@@ -212,7 +212,7 @@ def test_the_daemon_marks_a_killed_command_line_run_failed_within_a_minute(tmp_p
     env["DAGSTER_HOME"] = str(lake / "dagster_home")
     daemon = start_daemon(env)
     try:
-        command = subprocess.Popen([sys.executable, "-m", "bridge_assets.cli", "materialize", "-d", "demo", "corpus"],
+        command = subprocess.Popen([sys.executable, "-m", "bridge_assets.cli.main", "materialize", "-d", "demo", "corpus"],
                                    cwd=PROJECT_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with dg.DagsterInstance.from_config(env["DAGSTER_HOME"]) as inst:
             deadline = time.monotonic() + 120

@@ -25,7 +25,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from bridge_assets.cli import app
+from bridge_assets.cli.main import app
 from bridge_assets.labeling.debate import debate_agents, run_debate
 from bridge_assets.labeling.labeler import LabelerError, LabelItem, build_labeler
 from bridge_assets.labeling.pairs import Pair

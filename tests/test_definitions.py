@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import dagster as dg
 
-from bridge_assets import automation
 from bridge_assets.definitions import defs, main_selection
+from bridge_assets.pipeline import automation
 
 ASSETS = {
     "bridge_qrels", "candidate_pool", "consensus_stability", "corpus", "debate_labels",

@@ -10,10 +10,10 @@ import duckdb
 import pytest
 
 from bridge_assets.analysis.views import analysis_views
-from bridge_assets.labeling.relevance import RelevanceSettings
 from bridge_assets.labeling.review import AUDIT
 from bridge_assets.qrels.merge import build_bridge_qrels
 from bridge_assets.qrels.trust import DroppedHoles, Proportion, dropped_holes
+from bridge_assets.registry.relevance import RelevanceSettings
 
 DATASET = "toy"
 DROPS = 40          # d00..d39, the filter's P(yes) falling with the number

@@ -20,14 +20,15 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from bridge_assets import ducklake, orchestration, store
 from bridge_assets.analysis import assets as analysis_assets
-from bridge_assets.audit import audit_command
-from bridge_assets.lake_cli import migrate
+from bridge_assets.cli.audit import audit_command
+from bridge_assets.cli.lake import migrate
+from bridge_assets.cli.qrels import app as qrels_app
+from bridge_assets.lake import ducklake, store
+from bridge_assets.lake.resource import DuckDBStore
+from bridge_assets.lake.snapshots import METADATA_KEY
+from bridge_assets.orchestration import runs as orchestration
 from bridge_assets.qrels import assets as qrels_assets
-from bridge_assets.qrels.cli import app as qrels_app
-from bridge_assets.resources import DuckDBStore
-from bridge_assets.snapshots import METADATA_KEY
 from fixtures.labeled_lake import DATASET, write_labeled_lake
 
 FAST = [qrels_assets.bridge_qrels, analysis_assets.retrieval_metrics, analysis_assets.ranking_shift]
@@ -170,7 +171,7 @@ def test_as_of_needs_the_ducklake(tmp_path, data_lake, monkeypatch):
 def test_as_of_takes_a_run_id_that_starts_with_digits(ducklake_lake):
     """A run id's first eight characters are all digits one time in 43 (97828695-...): such a
     prefix names that run, unless the lake has a snapshot of that number (that one wins)."""
-    from bridge_assets.snapshots import AsOfError, resolve_as_of
+    from bridge_assets.lake.snapshots import AsOfError, resolve_as_of
 
     def commit(run_id: str, value: int) -> int:
         return store.run_transaction(

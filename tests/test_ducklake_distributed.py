@@ -23,10 +23,10 @@ import dagster as dg
 import pytest
 from dagster._core.definitions.reconstruct import ReconstructableJob
 
-from bridge_assets import ducklake, store
-from bridge_assets.executors import dask_cluster_config, executor_from_env
 from bridge_assets.ingest.assets import ingest_dataset
-from bridge_assets.resources import DuckDBStore
+from bridge_assets.lake import ducklake, store
+from bridge_assets.lake.resource import DuckDBStore
+from bridge_assets.pipeline.executors import dask_cluster_config, executor_from_env
 from fixtures.killed_runs import complete, dagster_home, kill_in_the_write
 from fixtures.paths import PROJECT_ROOT
 

@@ -22,7 +22,8 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from bridge_assets import ducklake, settings, store
+from bridge_assets import settings
+from bridge_assets.lake import ducklake, store
 from bridge_assets.llm import ledger
 from bridge_assets.llm.types import LLMRequest, LLMResult
 from fixtures.paths import PROJECT_ROOT
@@ -115,7 +116,7 @@ def test_a_commit_that_lost_a_race_is_retried_and_then_fails_clearly(ducklake_la
 
 WRITER = textwrap.dedent("""
     import sys, polars as pl
-    from bridge_assets import store
+    from bridge_assets.lake import store
     worker, partitions = sys.argv[1], int(sys.argv[2])
     for i in range(partitions):
         key = f"{worker}-{i}"
@@ -194,7 +195,7 @@ def test_partition_rewrites_are_compacted(ducklake_lake):
 
 
 def test_bridge_sql_prints_tsv_on_both_storages_and_never_writes(data_lake, monkeypatch):
-    from bridge_assets.cli import app
+    from bridge_assets.cli.main import app
 
     runner = CliRunner()
     for storage in ("duckdb", "ducklake"):
@@ -212,7 +213,7 @@ def test_bridge_sql_prints_tsv_on_both_storages_and_never_writes(data_lake, monk
 
 
 def test_bridge_sql_refuses_every_statement_that_is_not_one_read(data_lake, tmp_path):
-    from bridge_assets.cli import app
+    from bridge_assets.cli.main import app
 
     store.write_partitions({"t": pl.DataFrame({"dataset": ["a"] * 5, "value": range(5)})}, {"dataset": "a"})
     catalog, data = data_lake / "ducklake.sqlite", data_lake / "ducklake"
@@ -254,7 +255,7 @@ def test_bridge_sql_refuses_every_statement_that_is_not_one_read(data_lake, tmp_
 def test_a_copied_or_moved_lake_folder_answers_from_its_new_place(data_lake, tmp_path, monkeypatch):
     import shutil
 
-    from bridge_assets.cli import app
+    from bridge_assets.cli.main import app
 
     store.write_partitions({"t": pl.DataFrame({"dataset": ["a"] * 3, "value": [1, 2, 3]})}, {"dataset": "a"})
     ducklake.forget_instances()
@@ -287,7 +288,7 @@ def test_a_copied_or_moved_lake_folder_answers_from_its_new_place(data_lake, tmp
 
 
 def test_migrate_moves_every_table_and_the_ledger(data_lake, monkeypatch):
-    from bridge_assets.cli import app
+    from bridge_assets.cli.main import app
 
     monkeypatch.setenv("BRIDGE_STORAGE", "duckdb")
     store.write_partitions({"corpus": pl.DataFrame({"dataset": ["a"], "doc_id": ["d1"], "text": ["x"]}),

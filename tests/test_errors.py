@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 import bridge_assets
-from bridge_assets.cli_errors import EXIT_ERROR, BridgeTyper, StopsOnBridgeError
+from bridge_assets.cli.errors import EXIT_ERROR, BridgeTyper, StopsOnBridgeError
 from bridge_assets.errors import BridgeError, DatasetError
 
 # Classes in files their owners are rewriting; each leaves this set when it gains the base
@@ -72,7 +72,7 @@ def test_every_bridge_command_goes_through_the_handler():
     """No command of `bridge` bypasses the handler (each app is a BridgeTyper)."""
     import typer.main
 
-    from bridge_assets.cli import app
+    from bridge_assets.cli.main import app
 
     def leaves(command, path=()):  # through click's listing: lazily loaded commands too
         if hasattr(command, "list_commands"):  # a group
@@ -93,7 +93,7 @@ def test_every_bridge_command_goes_through_the_handler():
 ])
 def test_bridge_eval_stops_through_the_handler(args, message, tmp_path):
     """`bridge eval` (metrics/cli.py) catches nothing itself any more."""
-    from bridge_assets.cli import app
+    from bridge_assets.cli.main import app
     from fixtures.paths import shared_data
 
     folder = shared_data("trec_eval_tests")

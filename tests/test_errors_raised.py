@@ -11,7 +11,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 import bridge_assets
-from bridge_assets.cli_errors import EXIT_ERROR
+from bridge_assets.cli.errors import EXIT_ERROR
 
 PACKAGE = Path(bridge_assets.__file__).parent
 BUILTINS = {"ValueError", "RuntimeError", "LookupError", "KeyError", "TypeError", "FileNotFoundError",
@@ -33,13 +33,13 @@ ALLOW: dict[str, tuple[int, str]] = {
     "retrieval/registry.py:ModelSpec._backend_fields": (1, _PYDANTIC),
     "retrieval/registry.py:LLMRef._one": (1, _PYDANTIC),
     "retrieval/registry.py:SystemSpec._kind_fields": (8, _PYDANTIC),
-    "ingest/registry.py:DatasetSpec._query_field_needs_topics": (1, _PYDANTIC),
+    "registry/datasets.py:DatasetSpec._query_field_needs_topics": (1, _PYDANTIC),
     "llm/profiles.py:ModelProfile._backend_fields": (3, _PYDANTIC),
     "human/transfer.py:_to_label": (1, _PYDANTIC),
     "human/transfer.py:_check_label": (1, _PYDANTIC),
     "human/transfer.py:_check_vote": (1, _PYDANTIC),
     "human/transfer.py:VoteRecord._attention_check_has_expected_label": (1, _PYDANTIC),
-    "labeling/relevance.py:validate_definition": (2, "a check run by pydantic validators and by the "
+    "registry/relevance.py:validate_definition": (2, "a check run by pydantic validators and by the "
                                                      "loaders of datasets and gold sets, which re-raise "
                                                      "it as DatasetError / GoldSetError with file and line"),
     # internal signals turned into a BridgeError by their caller
@@ -55,29 +55,31 @@ ALLOW: dict[str, tuple[int, str]] = {
     "analysis/coverage.py:fit_saturation": (1, "raised like scipy's own non-convergence RuntimeError; the "
                                                "caller catches both and leaves the fit out"),
     # unreachable code
-    "ducklake.py:_attach_retrying": (1, "unreachable: the loop returns or raises"),
+    "lake/ducklake.py:_attach_retrying": (1, "unreachable: the loop returns or raises"),
     "llm/http_backend.py:OpenAIHTTPBackend._apost": (1, "unreachable: the loop returns or raises"),
     # a backend or our own code breaking its contract
     "labeling/calls.py:MeteredGenerate.__call__": (1, "a backend broke its contract (one result per request)"),
     "llm/client.py:LLMClient._call": (1, "a backend broke its contract (the reply's key is the request's)"),
     "llm/resource.py:LLMResource.profiles_for": (1, "a programming error: roles are names in our code (ROLES)"),
     "llm/resource.py:LLMResource.profile_for": (1, "a programming error: a multi-profile role asked for one"),
-    "orchestration.py:Materialized.metadata": (1, "a programming error: asked for an asset the run did not "
+    "orchestration/runs.py:Materialized.metadata": (1, "a programming error: asked for an asset the run did not "
                                                   "materialize"),
     "settings.py:Settings.raw": (1, "a programming error: a variable not declared in VARIABLES"),
-    "run_settings.py:reads_tags": (1, "a programming error: an asset declares reads that do not exist"),
-    "store.py:one_row": (1, "a programming error: a query that always returns one row returned none"),
-    "store.py:replace_partition": (1, "a programming error: a frame without its partition columns"),
+    "pipeline/asset_config.py:reads_tags": (1, "a programming error: an asset declares reads that do not exist"),
+    "pipeline/staleness.py:_reused": (1, "a programming error: bridge_assets.definitions hands the whole "
+                                           "graph over when it is imported, before any run can reuse"),
+    "lake/store.py:one_row": (1, "a programming error: a query that always returns one row returned none"),
+    "lake/store.py:replace_partition": (1, "a programming error: a frame without its partition columns"),
     "student/rerank.py:run_evaluation_systems": (1, "a programming error: the registry ensures a utility "
                                                     "trained_retriever has an llm; the caller passes generate"),
     "student/escalation.py:escalation_study": (1, _LENGTHS),
     "evaluation/lara.py:lara": (1, _LENGTHS),
-    "evaluation/metrics.py:class_recalls": (1, _LENGTHS),
-    "evaluation/metrics.py:labeler_metrics": (2, _LENGTHS + "; or a case neither labelled nor escalated"),
-    "evaluation/metrics.py:agreement": (1, _LENGTHS),
-    "evaluation/metrics.py:reliability_bins": (1, "a programming error: callers pass only scored cases, "
+    "evaluation/scores.py:class_recalls": (1, _LENGTHS),
+    "evaluation/scores.py:labeler_metrics": (2, _LENGTHS + "; or a case neither labelled nor escalated"),
+    "evaluation/scores.py:agreement": (1, _LENGTHS),
+    "evaluation/scores.py:reliability_bins": (1, "a programming error: callers pass only scored cases, "
                                                   "and none when there are none"),
-    "evaluation/metrics.py:auroc_intervals": (1, "a library precondition (both classes present), for "
+    "evaluation/scores.py:auroc_intervals": (1, "a library precondition (both classes present), for "
                                                  "callers that computed the AUROC first"),
     "analysis/significance.py:randomization_tests": (1, "a programming error: a matrix of the wrong shape"),
     "human/agreement.py:category_counts": (1, "a programming error: votes are validated when stored"),
@@ -142,7 +144,7 @@ def test_the_walk_sees_a_bare_raise():
 
 
 def test_an_unknown_asset_stops_materialize_with_one_line(data_lake):
-    from bridge_assets.cli import app
+    from bridge_assets.cli.main import app
 
     result = CliRunner().invoke(app, ["materialize", "no_such_asset"])
     assert result.exit_code == EXIT_ERROR, result.output
@@ -151,7 +153,7 @@ def test_an_unknown_asset_stops_materialize_with_one_line(data_lake):
 
 
 def test_a_bad_storage_setting_stops_with_one_line(data_lake, monkeypatch):
-    from bridge_assets.cli import app
+    from bridge_assets.cli.main import app
 
     monkeypatch.setenv("BRIDGE_STORAGE", "s3")
     result = CliRunner().invoke(app, ["sql", "select 1"])
@@ -162,7 +164,7 @@ def test_a_bad_storage_setting_stops_with_one_line(data_lake, monkeypatch):
 def test_sql_on_a_missing_table_is_one_line(data_lake, duckdb_storage, tmp_path):
     import duckdb
 
-    from bridge_assets.cli import app
+    from bridge_assets.cli.main import app
 
     duckdb.connect(str(data_lake / "bridge.duckdb")).close()
     result = CliRunner().invoke(app, ["sql", "select * from no_such_table"])
@@ -172,7 +174,7 @@ def test_sql_on_a_missing_table_is_one_line(data_lake, duckdb_storage, tmp_path)
 
 
 def test_sql_without_a_lake_names_where_it_looked(data_lake, duckdb_storage):
-    from bridge_assets.cli import app
+    from bridge_assets.cli.main import app
 
     result = CliRunner().invoke(app, ["sql", "select 1"])
     assert result.exit_code == EXIT_ERROR, result.output

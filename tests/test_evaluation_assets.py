@@ -9,11 +9,11 @@ import dagster as dg
 from bridge_assets.evaluation import assets as eval_assets
 from bridge_assets.evaluation.goldsets import load_registry, read_goldset, stratified_head
 from bridge_assets.evaluation.runner import run_method
+from bridge_assets.lake.resource import DuckDBStore
+from bridge_assets.lake.store import read_frame
 from bridge_assets.llm import LLMClient, ledger
 from bridge_assets.llm.profiles import role_profiles
 from bridge_assets.llm.resource import LLMResource
-from bridge_assets.resources import DuckDBStore
-from bridge_assets.store import read_frame
 from fixtures.oracle_model import OracleModel
 
 GOLDSET = "nq_scifact_mini"

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from bridge_assets.evaluation.lara import IDENTITY, fit_calibrator, lara, logit
-from bridge_assets.evaluation.metrics import (
+from bridge_assets.evaluation.scores import (
     NO_LABEL,
     agreement,
     auroc,

@@ -8,8 +8,8 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from bridge_assets.cli_errors import BridgeTyper
-from bridge_assets.evaluation.cli import label_eval_command
+from bridge_assets.cli.errors import BridgeTyper
+from bridge_assets.cli.label_eval import label_eval_command
 from bridge_assets.llm import get_profile, weights
 from bridge_assets.llm.ledger import read_calls
 from fixtures.paths import PROJECT_ROOT

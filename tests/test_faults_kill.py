@@ -13,9 +13,9 @@ from pathlib import Path
 import dagster as dg
 import pytest
 
-from bridge_assets import store
 from bridge_assets.ingest.assets import ingest_dataset
-from bridge_assets.resources import DuckDBStore
+from bridge_assets.lake import store
+from bridge_assets.lake.resource import DuckDBStore
 from fixtures.datasets import write_beir
 from fixtures.killed_runs import complete, dagster_home, kill_in_the_write
 

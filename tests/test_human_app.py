@@ -10,7 +10,7 @@ import duckdb
 import pytest
 from fastapi.testclient import TestClient
 
-from bridge_assets.human import cli
+from bridge_assets.cli import annotate as cli
 from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.app import AppSettings, admin, annotation, annotation_app, import_export
 from bridge_assets.human.labels import compute_human_labels

@@ -18,12 +18,12 @@ import numpy as np
 import pytest
 from statsmodels.stats.inter_rater import fleiss_kappa as statsmodels_fleiss_kappa
 
-from bridge_assets import store
 from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.app import AppSettings, annotation_app
 from bridge_assets.human.assets import human_labels
 from bridge_assets.human.labels import compute_human_labels
-from bridge_assets.resources import DuckDBStore
+from bridge_assets.lake import store
+from bridge_assets.lake.resource import DuckDBStore
 from fixtures.escalated_set import DATASET, QUERIES, write_escalated_set
 from fixtures.human_app import served
 from fixtures.paths import annotations, votes_db

@@ -16,12 +16,12 @@ import uvicorn
 from fastapi.testclient import TestClient
 from typer.testing import CliRunner
 
-from bridge_assets import store
-from bridge_assets.human import cli
+from bridge_assets.cli import annotate as cli
 from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.app import AppSettings, annotation_app
 from bridge_assets.human.security import SESSION_COOKIE
 from bridge_assets.human.transfer import ImportFailed, import_votes
+from bridge_assets.lake import store
 from fixtures.human_app import SECRET, answer, csrf_of, login, make_client, served_pair, votes
 from fixtures.paths import annotations, votes_db
 

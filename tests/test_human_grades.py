@@ -13,12 +13,12 @@ import pytest
 from sklearn.metrics import cohen_kappa_score
 from statsmodels.stats.inter_rater import fleiss_kappa as statsmodels_fleiss_kappa
 
-from bridge_assets import store
 from bridge_assets.human.agreement import category_counts, fleiss_kappa, weighted_kappas
 from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.labels import compute_human_labels
 from bridge_assets.human.tables import SCHEMA, ensure_schema
 from bridge_assets.human.transfer import ImportFailed, import_votes
+from bridge_assets.lake import store
 from fixtures.escalated_set import DATASET, ESCALATED, vote
 from fixtures.human_app import expected_of, login, make_client, post_answer, served_pair, votes
 from fixtures.paths import annotations

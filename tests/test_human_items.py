@@ -12,9 +12,9 @@ from html.parser import HTMLParser
 
 import pytest
 
-from bridge_assets import store
 from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.items import highlight
+from bridge_assets.lake import store
 from fixtures.escalated_set import CORPUS, ESCALATED
 from fixtures.human_app import expected_of, login, make_client, post_answer, served_pair
 from fixtures.paths import annotations

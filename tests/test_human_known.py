@@ -11,8 +11,7 @@ import time
 import polars as pl
 from typer.testing import CliRunner
 
-from bridge_assets import store
-from bridge_assets.human import cli
+from bridge_assets.cli import annotate as cli
 from bridge_assets.human.annotators import add_annotator, get_annotator
 from bridge_assets.human.app import AppSettings
 from bridge_assets.human.app.annotation import annotation_page
@@ -21,6 +20,7 @@ from bridge_assets.human.items import load_item
 from bridge_assets.human.known import known_accuracy, load_holes
 from bridge_assets.human.queue import QueueSettings, next_assignment, progress
 from bridge_assets.human.votes import Verdict, record_vote
+from bridge_assets.lake import store
 from bridge_assets.qrels.known_holes import KnownHoles
 from fixtures.escalated_set import DATASET, ESCALATED, vote
 from fixtures.human_app import csrf_of, login, make_client

@@ -14,14 +14,14 @@ import pytest
 from statsmodels.stats.inter_rater import fleiss_kappa as statsmodels_fleiss_kappa
 from typer.testing import CliRunner
 
-from bridge_assets import snapshots, store
-from bridge_assets.human import cli
+from bridge_assets.cli import annotate as cli
 from bridge_assets.human.agreement import category_counts, fleiss_kappa
 from bridge_assets.human.assets import READS, human_labels, human_labels_sensor
 from bridge_assets.human.items import highlight
 from bridge_assets.human.labels import compute_human_labels
 from bridge_assets.human.votes_store import VotesStore
-from bridge_assets.resources import DuckDBStore
+from bridge_assets.lake import snapshots, store
+from bridge_assets.lake.resource import DuckDBStore
 from fixtures.escalated_set import DATASET, ESCALATED, vote
 from fixtures.paths import annotations, votes_db
 

@@ -17,9 +17,9 @@ import duckdb
 import httpx
 import pytest
 
-from bridge_assets import store
 from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.app import AppSettings, annotation_app
+from bridge_assets.lake import store
 from fixtures.escalated_pairs import write_escalated_pairs
 from fixtures.human_app import served
 from fixtures.paths import PROJECT_ROOT, annotations, votes_db
@@ -31,7 +31,7 @@ WRITER = """
 import sys, time
 from pathlib import Path
 import polars as pl
-from bridge_assets import store
+from bridge_assets.lake import store
 stop, writes = Path(sys.argv[1]), 0
 while not stop.exists():
     frame = pl.DataFrame({"dataset": "other", "retriever": "bm25", "query_id": [f"q{i % 500}" for i in range(20_000)],

@@ -11,9 +11,9 @@ from datetime import timedelta
 import duckdb
 from typer.testing import CliRunner
 
-from bridge_assets.cli import app as bridge_app
+from bridge_assets.cli import annotate as cli
+from bridge_assets.cli.main import app as bridge_app
 from bridge_assets.evaluation.goldsets import read_goldset
-from bridge_assets.human import cli
 from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.queue import QueueSettings, next_assignment
 from bridge_assets.human.tables import ensure_schema

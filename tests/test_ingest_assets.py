@@ -10,10 +10,10 @@ import sys
 import dagster as dg
 import pytest
 
-from bridge_assets import store
 from bridge_assets.ingest import assets as ingest_assets
 from bridge_assets.ingest import checks as ingest_checks
-from bridge_assets.resources import DuckDBStore
+from bridge_assets.lake import store
+from bridge_assets.lake.resource import DuckDBStore
 from fixtures.datasets import write_beir
 from fixtures.paths import PROJECT_ROOT, shared_data
 
@@ -67,7 +67,7 @@ def test_asset_check_fails_on_a_corrupted_table(data_lake, corruption, failing_c
 
 def bridge_cli(*args, env_extra=None, timeout=300):
     env = {**os.environ, **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "bridge_assets.cli", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "bridge_assets.cli.main", *args], capture_output=True,
                           text=True, env=env, cwd=PROJECT_ROOT, timeout=timeout)
 
 

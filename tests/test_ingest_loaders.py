@@ -17,7 +17,7 @@ from bridge_assets.ingest.loaders import (
     load_trec,
     read_trec_topics,
 )
-from bridge_assets.ingest.registry import DatasetSpec, get_dataset, load_registry
+from bridge_assets.registry.datasets import DatasetSpec, get_dataset, load_registry
 from fixtures.datasets import READERS, valid_line2, write_beir, write_kind
 from fixtures.paths import shared_data
 

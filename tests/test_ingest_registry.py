@@ -8,12 +8,12 @@ import yaml
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from bridge_assets import store
+from bridge_assets.cli.qrels import app as qrels_app
 from bridge_assets.human.transfer import parse_votes
 from bridge_assets.ingest.errors import DatasetError
-from bridge_assets.ingest.registry import DatasetSpec, load_registry, validate_dataset_name
-from bridge_assets.qrels.cli import app as qrels_app
+from bridge_assets.lake import store
 from bridge_assets.qrels.exports import ExportFormat, export_qrels
+from bridge_assets.registry.datasets import DatasetSpec, load_registry, validate_dataset_name
 from bridge_assets.reports.build import build_report
 
 BAD_NAMES = ["../etc", "a/b", "a b", "x';drop table corpus;--", ".", "..", "", "naïve", "demo\n"]

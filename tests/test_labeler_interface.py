@@ -11,8 +11,7 @@ import dagster as dg
 import pytest
 from typer.testing import CliRunner
 
-from bridge_assets import store
-from bridge_assets.cli import app
+from bridge_assets.cli.main import app
 from bridge_assets.ingest import assets as ingest_assets
 from bridge_assets.labeling import assets as labeling_assets
 from bridge_assets.labeling.labeler import (
@@ -24,8 +23,9 @@ from bridge_assets.labeling.labeler import (
     outcome_label,
     pipeline_labeler,
 )
+from bridge_assets.lake import store
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.llm.profiles import role_profiles
-from bridge_assets.resources import DuckDBStore
 from fixtures.labeling import write_run
 from fixtures.scripted_llm import ScriptedLLM, ScriptedServer, scripted_reply
 

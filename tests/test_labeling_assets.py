@@ -15,19 +15,19 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from bridge_assets import store
 from bridge_assets.ingest import assets as ingest_assets
 from bridge_assets.labeling import assets as labeling_assets
 from bridge_assets.labeling import checks as labeling_checks
 from bridge_assets.labeling.debate import debate_agents, labels_frame, run_debate, turns_frame
 from bridge_assets.labeling.filter import run_filter
 from bridge_assets.labeling.pairs import Pair
+from bridge_assets.lake import store
+from bridge_assets.lake.resource import DuckDBStore
+from bridge_assets.lake.store import write_partitions
 from bridge_assets.llm.client import LLMClient
 from bridge_assets.llm.ledger import read_calls
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.llm.types import LLMResult
-from bridge_assets.resources import DuckDBStore
-from bridge_assets.store import write_partitions
 from fixtures.labeling import metadata, write_run
 from fixtures.scripted_llm import ScriptedLLM, ScriptedServer, http_profile, scripted_reply
 

@@ -6,16 +6,16 @@ from __future__ import annotations
 import dagster as dg
 import pytest
 
-from bridge_assets import store
 from bridge_assets.ingest import assets as ingest_assets
 from bridge_assets.labeling import assets as labeling_assets
 from bridge_assets.labeling import checks as labeling_checks
 from bridge_assets.labeling.debate import debate_agents, run_debate
 from bridge_assets.labeling.pairs import load_pairs
+from bridge_assets.lake import store
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.llm import LLMClient, get_profile, weights
 from bridge_assets.llm.ledger import read_calls
 from bridge_assets.llm.resource import LLMResource
-from bridge_assets.resources import DuckDBStore
 from fixtures.labeling import metadata, write_run
 
 pytest.importorskip("llama_cpp")

@@ -19,14 +19,14 @@ import dagster as dg
 import pytest
 import pytrec_eval
 
-from bridge_assets import store
 from bridge_assets.analysis import assets as analysis_assets
 from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.assets import human_labels
 from bridge_assets.ingest import assets as ingest_assets
 from bridge_assets.labeling import assets as labeling_assets
+from bridge_assets.lake import store
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.qrels.assets import bridge_qrels
-from bridge_assets.resources import DuckDBStore
 from fixtures.human_app import login, make_client, post_answer, served_pair
 from fixtures.labeling import write_run
 from fixtures.paths import annotations, shared_data

@@ -4,11 +4,12 @@ way users set it, BRIDGE_VOTES_DB moves the votes store."""
 
 from __future__ import annotations
 
-from bridge_assets import settings, store
+from bridge_assets import settings
+from bridge_assets.lake import store
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.llm import ledger
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.llm.types import LLMRequest, LLMResult
-from bridge_assets.resources import DuckDBStore
 
 
 def test_a_relative_bridge_data_lake_is_where_the_ledger_the_store_and_the_llm_resource_look(

@@ -22,15 +22,15 @@ import dagster as dg
 import duckdb
 import pytest
 
-from bridge_assets import store
 from bridge_assets.analysis import assets as analysis_assets
 from bridge_assets.analysis import impact_asset
 from bridge_assets.definitions import defs
 from bridge_assets.human import assets as human_assets
 from bridge_assets.ingest import assets as ingest_assets
+from bridge_assets.lake import store
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.reports import assets as report_assets
-from bridge_assets.resources import DuckDBStore
 from bridge_assets.retrieval import assets as retrieval_assets
 from bridge_assets.student import assets as student_assets
 from fixtures.labeled_lake import DATASET

@@ -341,7 +341,7 @@ def test_vllm_profile_without_vllm_installed_says_what_to_do(data_lake):
 
 
 def test_cli_models_list_and_unknown_profile(data_lake):
-    from bridge_assets.llm.cli import models_app
+    from bridge_assets.cli.models import models_app
 
     runner = CliRunner()
     listing = runner.invoke(models_app, ["list"])

@@ -11,8 +11,8 @@ import dagster as dg
 import pytest
 from typer.testing import CliRunner
 
+from bridge_assets.cli.models import models_app
 from bridge_assets.llm import LLMClient, get_profile, weights
-from bridge_assets.llm.cli import models_app
 from bridge_assets.llm.ledger import read_calls
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.llm.scores import yes_probability

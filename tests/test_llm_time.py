@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge_assets import store
+from bridge_assets.lake import store
 from bridge_assets.llm import LLMClient, get_profile, weights
 from bridge_assets.llm.http_backend import reported_prefill
 from bridge_assets.llm.ledger import ADDED_COLUMNS, TABLE, CallRecord, append, read_calls

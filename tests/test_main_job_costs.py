@@ -24,18 +24,20 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from bridge_assets import automation, orchestration, store
-from bridge_assets.cli import BUDGET_EXIT, app
-from bridge_assets.costs import RunEstimate, StageCalls, estimate_run
+from bridge_assets.cli.main import BUDGET_EXIT, app
+from bridge_assets.cli.summary import run_summary
 from bridge_assets.definitions import automated_selection, defs
 from bridge_assets.labeling.debate import FLAG_DEFERRED
+from bridge_assets.lake import store
 from bridge_assets.llm import budget as llm_budget
 from bridge_assets.llm.budget import Budget, BudgetError, BudgetExceeded, prompt_tokens
 from bridge_assets.llm.client import LLMClient
 from bridge_assets.llm.profiles import ModelConfigError, Prices, load_models_config
 from bridge_assets.llm.types import LLMRequest
+from bridge_assets.orchestration import runs as orchestration
+from bridge_assets.orchestration.costs import RunEstimate, StageCalls, estimate_run
 from bridge_assets.paths import RESOURCES_DIR
-from bridge_assets.summary import run_summary
+from bridge_assets.pipeline import automation
 from fixtures.scripted_demo import PIPELINE, script, write_registry
 from fixtures.scripted_llm import ScriptedServer, http_profile
 
@@ -325,7 +327,7 @@ def test_two_bridge_runs_on_one_dataset_take_turns_and_the_second_finds_it_up_to
     says it waits, then finds every asset up to date; each call was sent once."""
     lake, server = scripted_demo
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
-    runs = [subprocess.Popen([sys.executable, "-m", "bridge_assets.cli", "run", "-d", "demo"],
+    runs = [subprocess.Popen([sys.executable, "-m", "bridge_assets.cli.main", "run", "-d", "demo"],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
             for _ in range(2)]
     outputs = [run.communicate(timeout=600)[0] for run in runs]

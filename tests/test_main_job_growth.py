@@ -11,11 +11,11 @@ import dagster as dg
 import pytest
 import yaml
 
-from bridge_assets import orchestration
 from bridge_assets.definitions import defs, main_selection
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.llm import get_profile, weights
+from bridge_assets.orchestration import runs as orchestration
 from bridge_assets.paths import RESOURCES_DIR
-from bridge_assets.resources import DuckDBStore
 from bridge_assets.retrieval.registry import append_system
 from bridge_assets.retrieval.sensors import retriever_registry_sensor, sync_partitions
 from fixtures.scripted_llm import ScriptedServer, any_stage_reply

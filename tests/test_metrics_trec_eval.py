@@ -9,7 +9,8 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-from bridge_assets.cli_errors import BridgeTyper
+from bridge_assets.cli.errors import BridgeTyper
+from bridge_assets.cli.eval import eval_command
 from bridge_assets.ingest.errors import DatasetError
 from bridge_assets.metrics import (
     FAMILIES,
@@ -19,7 +20,6 @@ from bridge_assets.metrics import (
     resolve_measures,
     trec_eval_lines,
 )
-from bridge_assets.metrics.cli import eval_command
 from bridge_assets.metrics.measures import DEFINITIONS, _split_spec
 from fixtures.paths import shared_data
 

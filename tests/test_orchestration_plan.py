@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import dagster as dg
 
-from bridge_assets import orchestration
 from bridge_assets.definitions import defs
+from bridge_assets.orchestration import runs as orchestration
 
 
 def test_a_missing_parent_from_a_multi_asset_brings_its_siblings(tmp_path):

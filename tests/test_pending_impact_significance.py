@@ -169,9 +169,9 @@ def test_pairs_with_no_significance_doubt_keep_their_impact_and_order(seed):
 
 
 def test_the_plan_the_summary_and_the_report_state_the_stopping_point_with_significance():
+    from bridge_assets.cli.summary import _stopping_point
     from bridge_assets.human.plan import annotation_plan, describe, plan_text
     from bridge_assets.reports.build import impact_section
-    from bridge_assets.summary import _stopping_point
 
     con = with_significance(lake(**SIGNIFICANCE_CASE))
     frame = compute_pending_impact(con, DATASET)
@@ -203,8 +203,8 @@ def test_the_plan_the_summary_and_the_report_state_the_stopping_point_with_signi
 
 def test_a_plan_on_a_table_made_before_the_significance_columns():
     """An older pending_impact (no significance columns): the plan says significance is not known."""
+    from bridge_assets.cli.summary import _stopping_point
     from bridge_assets.human.plan import plan_text
-    from bridge_assets.summary import _stopping_point
 
     con = lake(**HAND_MADE)
     frame = compute_pending_impact(con, DATASET).drop("significance_pairs", "flips", "significance_in_doubt")

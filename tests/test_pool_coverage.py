@@ -17,7 +17,6 @@ import numpy as np
 import polars as pl
 import pytest
 
-from bridge_assets import store
 from bridge_assets.analysis import assets as analysis_assets
 from bridge_assets.analysis.coverage import (
     COVERAGE_SCHEMA,
@@ -29,10 +28,11 @@ from bridge_assets.analysis.coverage import (
     michaelis_menten,
 )
 from bridge_assets.analysis.saturation import holes_found_curve, system_orders
+from bridge_assets.cli.summary import _pool_coverage
+from bridge_assets.lake import store
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.reports.build import coverage_section
-from bridge_assets.resources import DuckDBStore
-from bridge_assets.summary import _pool_coverage
 from fixtures.labeled_lake import DATASET, read
 
 # per relevant chunk, the systems that surfaced it

@@ -12,12 +12,12 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from bridge_assets import store
+from bridge_assets.cli.qrels import app as qrels_app
 from bridge_assets.ingest.loaders import load_beir_folder, load_bridge_release, read_trec_qrels
+from bridge_assets.lake import store
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.qrels import assets as qrels_assets
-from bridge_assets.qrels.cli import app as qrels_app
 from bridge_assets.qrels.merge import build_bridge_qrels
-from bridge_assets.resources import DuckDBStore
 from fixtures.labeled_lake import (
     CORPUS,
     DATASET,

@@ -11,17 +11,17 @@ import dagster as dg
 import pytest
 from typer.testing import CliRunner
 
-from bridge_assets import store
-from bridge_assets.audit import audit_pair, format_story
+from bridge_assets.cli.audit import audit_pair, format_story
+from bridge_assets.cli.qrels import app as qrels_app
+from bridge_assets.cli.summary import _labels
 from bridge_assets.ingest.errors import DatasetError
+from bridge_assets.lake import store
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.qrels import assets as qrels_assets
-from bridge_assets.qrels.cli import app as qrels_app
 from bridge_assets.qrels.imports import ImportFormat, QrelsImportError, import_qrels
 from bridge_assets.qrels.merge import build_bridge_qrels
 from bridge_assets.qrels.sources import BUILTIN_PRECEDENCE, SourceError, place
 from bridge_assets.reports.build import qrels_section
-from bridge_assets.resources import DuckDBStore
-from bridge_assets.summary import _labels
 from fixtures.labeled_lake import DATASET, EXPECTED, EXPECTED_LABELS, materialize_qrels, read
 
 

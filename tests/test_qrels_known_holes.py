@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from bridge_assets import store
 from bridge_assets.ingest.errors import DatasetError
+from bridge_assets.lake import store
 from bridge_assets.qrels.known_holes import read_known_holes, score_known_holes
 from fixtures.labeled_lake import DATASET, materialize_qrels
 

@@ -10,13 +10,13 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from bridge_assets import registries
-from bridge_assets.cli import app
-from bridge_assets.ingest import registry as dataset_registry
+from bridge_assets.cli.main import app
 from bridge_assets.ingest.errors import DatasetError
-from bridge_assets.ingest.registry import get_dataset, load_registry
 from bridge_assets.llm.profiles import ModelConfigError, load_models_config
 from bridge_assets.paths import PROJECT_ROOT, RESOURCES_DIR
+from bridge_assets.registry import datasets as dataset_registry
+from bridge_assets.registry import registry_files
+from bridge_assets.registry.datasets import get_dataset, load_registry
 from bridge_assets.retrieval.errors import RegistryError
 from bridge_assets.retrieval.registry import load_registry as load_retrievers
 
@@ -48,7 +48,7 @@ def test_an_empty_user_file_or_section_changes_nothing(user_dir):
 
 def test_without_a_registry_folder_the_shipped_files_are_read_alone(monkeypatch):
     monkeypatch.delenv("BRIDGE_REGISTRY_DIR", raising=False)
-    assert registries.registry_dir() is None
+    assert registry_files.registry_dir() is None
     assert load_retrievers().files == (RESOURCES_DIR / "retrievers.yaml",)
     assert list(load_registry()) == ["demo", "nq_open_mini", "scifact"]
 
@@ -163,20 +163,20 @@ prompts: {}
 
 def test_adding_an_entry_keeps_comments_and_goes_at_the_end_of_its_section(tmp_path):
     path = tmp_path / "r.yaml"
-    text = registries.with_entry(COMMENTED, path, "systems", "third", {"kind": "bm25", "profiles": ["x"]})
+    text = registry_files.with_entry(COMMENTED, path, "systems", "third", {"kind": "bm25", "profiles": ["x"]})
     assert text == COMMENTED.replace("    kind: bm25\n# trailing", "    kind: bm25\n  third:\n    kind: bm25\n"
                                                                   "    profiles: [x]\n# trailing")
-    replaced = registries.with_entry(COMMENTED, path, "systems", "first", {"kind": "bm25"}, replace=True)
+    replaced = registry_files.with_entry(COMMENTED, path, "systems", "first", {"kind": "bm25"}, replace=True)
     assert replaced == COMMENTED.replace("    kind: bm25\n    # why these values\n    parameters: {k1: 1.0}\n",
                                          "    kind: bm25\n")
-    with pytest.raises(registries.RegistryFileError, match=r"r.yaml, line 5: 'first' already exists"):
-        registries.with_entry(COMMENTED, path, "systems", "first", {"kind": "bm25"})
-    added = registries.with_entry(COMMENTED, path, "datasets", "d", {"kind": "beir"})
+    with pytest.raises(registry_files.RegistryFileError, match=r"r.yaml, line 5: 'first' already exists"):
+        registry_files.with_entry(COMMENTED, path, "systems", "first", {"kind": "bm25"})
+    added = registry_files.with_entry(COMMENTED, path, "datasets", "d", {"kind": "beir"})
     assert added == COMMENTED + "datasets:\n  d:\n    kind: beir\n"
-    with pytest.raises(registries.RegistryFileError, match="line 14: `prompts:` must be a block mapping"):
-        registries.with_entry(COMMENTED, path, "prompts", "p", {"x": 1})
+    with pytest.raises(registry_files.RegistryFileError, match="line 14: `prompts:` must be a block mapping"):
+        registry_files.with_entry(COMMENTED, path, "prompts", "p", {"x": 1})
     assert yaml.safe_load(text)["systems"]["third"] == {"kind": "bm25", "profiles": ["x"]}
-    empty = registries.with_entry("datasets:\n# later\n", path, "datasets", "d", {"kind": "beir"})
+    empty = registry_files.with_entry("datasets:\n# later\n", path, "datasets", "d", {"kind": "beir"})
     assert empty == "datasets:\n  d:\n    kind: beir\n# later\n"
 
 
@@ -187,12 +187,12 @@ def test_add_entry_creates_the_file_and_restores_it_when_validation_fails(tmp_pa
         raise ValueError("invalid")
 
     with pytest.raises(ValueError):
-        registries.add_entry(path, "datasets", "d", {"kind": "beir"}, refuse)
+        registry_files.add_entry(path, "datasets", "d", {"kind": "beir"}, refuse)
     assert not path.exists()
-    registries.add_entry(path, "datasets", "d", {"kind": "beir"}, lambda: None)
+    registry_files.add_entry(path, "datasets", "d", {"kind": "beir"}, lambda: None)
     before = path.read_text()
     with pytest.raises(ValueError):
-        registries.add_entry(path, "datasets", "e", {"kind": "beir"}, refuse)
+        registry_files.add_entry(path, "datasets", "e", {"kind": "beir"}, refuse)
     assert path.read_text() == before and yaml.safe_load(before) == {"datasets": {"d": {"kind": "beir"}}}
 
 

@@ -18,27 +18,27 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from bridge_assets import store
-from bridge_assets.audit import audit_pair, format_story
+from bridge_assets.cli.audit import audit_pair, format_story
+from bridge_assets.cli.summary import run_summary
 from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.assets import human_labels
 from bridge_assets.ingest import assets as ingest_assets
-from bridge_assets.ingest.registry import DatasetSpec, get_dataset
 from bridge_assets.labeling import assets as labeling_assets
 from bridge_assets.labeling.debate import debate_agents, turn_request
 from bridge_assets.labeling.filter import filter_request
 from bridge_assets.labeling.judge import judge_agent
 from bridge_assets.labeling.pairs import Pair
 from bridge_assets.labeling.prompts import Prompts
-from bridge_assets.labeling.relevance import USEFUL_DEFINITION, Relevance, RelevanceSettings, resolve_relevance
 from bridge_assets.labeling.review import audit_sample, calibration_sample, draw, review_sample
+from bridge_assets.lake import store
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.paths import PROJECT_ROOT, read_sql
 from bridge_assets.qrels.assets import bridge_qrels
 from bridge_assets.qrels.merge import qrels_counts
 from bridge_assets.qrels.trust import Proportion, class_trust, debate_trust, trusted_by_rule
+from bridge_assets.registry.datasets import DatasetSpec, get_dataset
+from bridge_assets.registry.relevance import USEFUL_DEFINITION, Relevance, RelevanceSettings, resolve_relevance
 from bridge_assets.reports.build import build_report
-from bridge_assets.resources import DuckDBStore
-from bridge_assets.summary import run_summary
 from fixtures.human_app import login, make_client, post_answer, served_pair
 from fixtures.paths import annotations
 from fixtures.scripted_llm import ScriptedLLM, ScriptedServer, completion, section
@@ -364,7 +364,7 @@ def test_without_answers_model_labels_stay_provisional_until_people_measure_them
 
     # the dataset asks the metrics' upper bound to count the estimate: bridge_qrels is out of
     # date, then marks the unlabelled drops the filter found most likely relevant
-    from bridge_assets.staleness import external_change
+    from bridge_assets.pipeline.staleness import external_change
 
     recorded = labeled_metadata(run_assets(data_lake, [human_labels, bridge_qrels]))
     assert recorded["drops_in_bounds"] is False and "not estimated" not in recorded["dropped_holes"]

@@ -12,12 +12,12 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from bridge_assets import store
 from bridge_assets.analysis import assets as analysis_assets
 from bridge_assets.analysis import impact_asset
+from bridge_assets.lake import store
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.reports import assets as report_assets
-from bridge_assets.resources import DuckDBStore
 from fixtures.labeled_lake import DATASET
 
 CHROMIUM = Path(os.environ.get("BRIDGE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium")

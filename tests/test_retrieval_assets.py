@@ -9,12 +9,12 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from bridge_assets import store
 from bridge_assets.ingest.assets import ingest_dataset
+from bridge_assets.lake import store
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.llm.resource import LLMResource
-from bridge_assets.partitions import dataset_partitions
 from bridge_assets.paths import RESOURCES_DIR
-from bridge_assets.resources import DuckDBStore
+from bridge_assets.pipeline.partitions import dataset_partitions
 from bridge_assets.retrieval.assets import retrieval_rebenchmark_schedule, retrieval_run, retrieval_run_is_valid
 from bridge_assets.retrieval.registry import append_system, load_registry
 from bridge_assets.retrieval.runs import export_trec_run, read_trec

@@ -14,7 +14,7 @@ import polars as pl
 import pytest
 
 from bridge_assets.ingest.loaders import load_dataset
-from bridge_assets.ingest.registry import get_dataset
+from bridge_assets.registry.datasets import get_dataset
 from bridge_assets.retrieval.lucene import lucene_contents, start_jvm
 from bridge_assets.retrieval.registry import load_registry
 from bridge_assets.retrieval.runs import rank_problems

@@ -6,10 +6,10 @@ import polars as pl
 import pytest
 
 from bridge_assets.ingest.loaders import load_dataset
-from bridge_assets.ingest.registry import get_dataset
 from bridge_assets.llm.client import LLMClient
 from bridge_assets.llm.profiles import get_profile
 from bridge_assets.llm.weights import status
+from bridge_assets.registry.datasets import get_dataset
 from bridge_assets.retrieval.llm_systems import rewrite_queries
 from bridge_assets.retrieval.registry import load_registry
 from bridge_assets.retrieval.runs import rank_problems

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from bridge_assets.cli.retrievers import app
 from bridge_assets.paths import RESOURCES_DIR
-from bridge_assets.retrieval.cli import app
 from bridge_assets.retrieval.errors import ModelUnavailableError, RegistryError
 from bridge_assets.retrieval.registry import append_system, load_registry, model_identity
 from bridge_assets.retrieval.weights import availability

@@ -18,14 +18,14 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from bridge_assets import store
-from bridge_assets.cli import app
+from bridge_assets.cli.main import app
+from bridge_assets.cli.retrievers import materialize_run
 from bridge_assets.ingest.errors import DatasetError
-from bridge_assets.ingest.registry import get_dataset
 from bridge_assets.labeling.pooling import candidate_pool
+from bridge_assets.lake import store
 from bridge_assets.metrics import compute_retrieval_metrics
-from bridge_assets.partitions import dataset_partitions
-from bridge_assets.retrieval.cli import materialize_run
+from bridge_assets.pipeline.partitions import dataset_partitions
+from bridge_assets.registry.datasets import get_dataset
 from bridge_assets.retrieval.errors import RegistryError
 from bridge_assets.retrieval.registry import load_registry
 from bridge_assets.retrieval.run_files import read_run_file, register_run_file, template_for
@@ -268,9 +268,9 @@ def test_runs_list_marks_a_failed_system_with_its_file_line_and_field(user_dir, 
     assert re.search(r"demo +ext +stored +2 ", _listed()) and "line 2" not in _listed()
 
     # a file edited in place under the same entry: its run is out of date (`bridge run` runs it again)
-    from bridge_assets import orchestration
     from bridge_assets.definitions import defs
-    from bridge_assets.staleness import out_of_date
+    from bridge_assets.orchestration import runs as orchestration
+    from bridge_assets.pipeline.staleness import out_of_date
 
     key = dg.MultiPartitionKey({"dataset": "demo", "retriever": "ext"})
     graph = defs.resolve_asset_graph()

@@ -8,12 +8,13 @@ from pathlib import Path
 import dagster as dg
 import polars as pl
 
-from bridge_assets import settings, store
+from bridge_assets import settings
 from bridge_assets.human.votes_store import VotesStore
+from bridge_assets.lake import store
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.llm import ledger
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.paths import LakeLocation
-from bridge_assets.resources import DuckDBStore
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 ROW = re.compile(r"^\| `(BRIDGE_[A-Z_]+)` \| (.*?) \| (.*?) \|$")

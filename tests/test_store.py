@@ -12,7 +12,7 @@ import duckdb
 import polars as pl
 import pytest
 
-from bridge_assets import store
+from bridge_assets.lake import store
 
 HOLD_LOCK = textwrap.dedent("""
     import sys, time, duckdb

@@ -12,14 +12,15 @@ import dagster as dg
 import polars as pl
 import pytest
 
-from bridge_assets import store
-from bridge_assets.audit import audit_pair, format_story
-from bridge_assets.evaluation.metrics import expected_calibration_error
+from bridge_assets.cli.audit import audit_pair, format_story
+from bridge_assets.cli.summary import run_summary
+from bridge_assets.evaluation.scores import expected_calibration_error
 from bridge_assets.labeling.labeler import LabelerError, LabelItem, build_labeler, pipeline_labeler
 from bridge_assets.labeling.pairs import Pair
+from bridge_assets.lake import store
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.qrels.known_holes import KnownHoles
 from bridge_assets.reports.build import student_section
-from bridge_assets.resources import DuckDBStore
 from bridge_assets.student import assets as student_assets
 from bridge_assets.student.annotator import ensure_student, training_set
 from bridge_assets.student.labeler import StudentLabelerSettings, query_folds
@@ -41,7 +42,6 @@ from bridge_assets.student.model import (
 )
 from bridge_assets.student.prefilter import lake_study, threshold_table
 from bridge_assets.student.threshold import held_out_pairs, reliability, threshold_retrieval
-from bridge_assets.summary import run_summary
 from fixtures.labeled_lake import DATASET, VERIFIED_LABELS, materialize_qrels, read
 
 TINY = StudentSettings(epochs=1, max_length=48, batch_size=8, calibration_share=0.34)
@@ -385,7 +385,7 @@ def test_label_eval_runs_the_student_on_a_gold_file(tmp_path, data_lake):
 
     from typer.testing import CliRunner
 
-    from bridge_assets.cli import app
+    from bridge_assets.cli.main import app
 
     gold = tmp_path / "gold.jsonl"
     gold.write_text("".join(json.dumps({"id": f"t{i}", "query": e.query, "answers": [], "chunk": e.chunk,

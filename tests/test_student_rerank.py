@@ -13,13 +13,14 @@ import polars as pl
 import pytest
 import yaml
 
-from bridge_assets import store
+from bridge_assets.cli.summary import run_summary
 from bridge_assets.labeling.pairs import Pair
+from bridge_assets.lake import store
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.llm import budget
 from bridge_assets.llm.replay import LedgerReplay
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.paths import RESOURCES_DIR
-from bridge_assets.resources import DuckDBStore
 from bridge_assets.retrieval import cache
 from bridge_assets.retrieval.errors import RegistryError, RetrievalError
 from bridge_assets.retrieval.registry import load_registry
@@ -29,7 +30,6 @@ from bridge_assets.student.annotator import TrainingSet, student_key
 from bridge_assets.student.model import StudentSettings, base_model_location, resolve_base_model
 from bridge_assets.student.rerank import estimate_utility_calls, student_rerank
 from bridge_assets.student.retriever import pool_pairs
-from bridge_assets.summary import run_summary
 from fixtures.labeled_lake import DATASET, materialize_qrels, read
 from fixtures.scripted_llm import ScriptedLLM, ScriptedServer, completion
 
@@ -318,7 +318,7 @@ def test_without_evaluation_systems_the_table_is_empty(labeled_lake, tmp_path, m
 
 
 def test_bridge_run_reruns_it_when_its_registry_entry_changes(tmp_path, monkeypatch):
-    from bridge_assets.staleness import external_change
+    from bridge_assets.pipeline.staleness import external_change
 
     key = dg.AssetKey("student_rerank_run")
     monkeypatch.setenv("BRIDGE_RETRIEVERS", registry_file(tmp_path, {"bm25": BM25, "student_bm25": STUDENT_BM25}))

@@ -9,12 +9,12 @@ import time
 
 import dagster as dg
 
-from bridge_assets import store
 from bridge_assets.analysis import assets as analysis_assets
-from bridge_assets.ingest.registry import DatasetSpec
+from bridge_assets.cli.summary import rank_range, run_summary
+from bridge_assets.lake import store
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.qrels import assets as qrels_assets
-from bridge_assets.resources import DuckDBStore
-from bridge_assets.summary import rank_range, run_summary
+from bridge_assets.registry.datasets import DatasetSpec
 from fixtures.labeled_lake import DATASET
 
 

@@ -18,14 +18,15 @@ import duckdb
 import pytest
 from typer.testing import CliRunner
 
-from bridge_assets import ducklake, store
-from bridge_assets.human import cli, votes_store
+from bridge_assets.cli import annotate as cli
+from bridge_assets.human import votes_store
 from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.app import annotation as app_module
 from bridge_assets.human.assets import human_labels
 from bridge_assets.human.tables import ensure_schema
 from bridge_assets.human.votes import insert_vote
-from bridge_assets.resources import DuckDBStore
+from bridge_assets.lake import ducklake, store
+from bridge_assets.lake.resource import DuckDBStore
 from fixtures.escalated_set import DATASET, ESCALATED, write_escalated_set
 from fixtures.human_app import assignment_of, csrf_of, login, make_client
 from fixtures.paths import PROJECT_ROOT, annotations, votes_db
@@ -101,7 +102,7 @@ def test_a_vote_never_waits_on_a_pipeline_write_and_lands_in_the_votes_store(duc
 WRITING = textwrap.dedent("""
     import sys
     import polars as pl
-    from bridge_assets import store
+    from bridge_assets.lake import store
     with store.connect() as con:
         con.execute("begin transaction")
         store.replace_partition(con, "corpus", pl.DataFrame({"dataset": ["other"], "doc_id": ["x"],

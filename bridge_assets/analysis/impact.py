@@ -55,8 +55,8 @@ import polars as pl
 from bridge_assets.analysis.retrieval import measure_label
 from bridge_assets.analysis.views import benchmark_runs, require_rows
 from bridge_assets.errors import BridgeError
+from bridge_assets.lake.store import table_exists
 from bridge_assets.paths import read_sql
-from bridge_assets.store import table_exists
 
 HEADLINE = "ndcg_cut_10"
 # impact added per system pair whose significance call a pending pair may flip: modest beside a

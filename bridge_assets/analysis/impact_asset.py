@@ -8,7 +8,6 @@ import dagster as dg
 import polars as pl
 from pydantic import Field
 
-from bridge_assets import snapshots
 from bridge_assets.analysis.assets import READS, AnalysisRun, analysis_asset
 from bridge_assets.analysis.impact import (
     HEADLINE,
@@ -16,8 +15,9 @@ from bridge_assets.analysis.impact import (
     stopping_point,
     stopping_point_with_significance,
 )
-from bridge_assets.ingest.registry import GRADES, get_dataset
-from bridge_assets.resources import DuckDBStore
+from bridge_assets.lake import snapshots
+from bridge_assets.lake.resource import DuckDBStore
+from bridge_assets.registry.datasets import GRADES, get_dataset
 
 
 class PendingImpactConfig(dg.Config):

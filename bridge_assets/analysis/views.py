@@ -31,7 +31,7 @@ from typing import Literal
 import duckdb
 
 from bridge_assets.errors import BridgeError
-from bridge_assets.store import dataset_snapshot, one_row, table_exists
+from bridge_assets.lake.store import dataset_snapshot, one_row, table_exists
 
 Scope = Literal["pooled", "all"]
 # The runs of the evaluation-only systems (the student stage's student_rerank_run): evaluated

@@ -16,9 +16,9 @@ from bridge_assets.analysis.views import MissingInput
 from bridge_assets.evaluation.goldsets import goldset_names, load_registry, read_goldset, stratified_head
 from bridge_assets.evaluation.plots import plot_bacc_vs_escalation
 from bridge_assets.evaluation.runner import MethodResult, evaluate, format_table, result_frames
+from bridge_assets.lake.resource import DuckDBStore
+from bridge_assets.lake.store import table_exists
 from bridge_assets.llm.resource import LLMResource
-from bridge_assets.resources import DuckDBStore
-from bridge_assets.store import table_exists
 
 GROUP = "labeler_eval"
 goldset_partitions = dg.StaticPartitionsDefinition(goldset_names())

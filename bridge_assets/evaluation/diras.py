@@ -1,6 +1,6 @@
 """DIRAS-style pointwise labeling: a yes/no guess plus a calibrated relevance score per
 triplet (P(yes) from token log-probabilities), under the triplet's relevance definition (its
-query's own, else its dataset's or gold set's: bridge_assets.labeling.relevance); judged by the
+query's own, else its dataset's or gold set's: bridge_assets.registry.relevance); judged by the
 guess's recalls and the score's calibration (ECE, Brier, AUROC).
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from bridge_assets.evaluation.metrics import calibration_metrics
+from bridge_assets.evaluation.scores import calibration_metrics
 from bridge_assets.labeling.calls import Generate
 from bridge_assets.labeling.labeler import Labeler, LabelerRun, LabelerSettings, LabelItem, outcome_label
 from bridge_assets.labeling.pointwise import SCORE_TEMPLATE, score_triplets

@@ -19,12 +19,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, SerializeAsAny
 
-from bridge_assets import registries
 from bridge_assets.errors import BridgeError
 from bridge_assets.labeling.labeler import DEFAULT_LABELER, LabelerSettings, LabelItem, labeler_settings
 from bridge_assets.labeling.pairs import Pair
-from bridge_assets.labeling.relevance import validate_definition
 from bridge_assets.paths import PROJECT_ROOT
+from bridge_assets.registry import registry_files
+from bridge_assets.registry.relevance import validate_definition
 from bridge_assets.settings import env
 
 # `BRIDGE_GOLDSETS` points at another registry file (tests, or a user's own gold sets).
@@ -148,7 +148,7 @@ class MethodSpec(BaseModel):
     settings: SerializeAsAny[LabelerSettings]
     prefilter: tuple[str, ...] = ()
     # The relevance definition the triplets are judged by where they state none of their own
-    # (a preset or a text; None: the default for what each has: bridge_assets.labeling.relevance).
+    # (a preset or a text; None: the default for what each has: bridge_assets.registry.relevance).
     definition: str | None = None
 
     @property
@@ -204,11 +204,11 @@ class EvaluationRegistry(BaseModel):
 
 
 def load_registry(path: Path = REGISTRY_PATH) -> EvaluationRegistry:
-    """Parse goldsets.yaml (with the one YAML registry reader, bridge_assets.registries); a
+    """Parse goldsets.yaml (with the one YAML registry reader, bridge_assets.registry.registry_files); a
     malformed file or entry fails naming the file and the line or entry."""
     try:
-        raw = registries.read_file(path, PROJECT_ROOT).data
-    except registries.RegistryFileError as exc:
+        raw = registry_files.read_file(path, PROJECT_ROOT).data
+    except registry_files.RegistryFileError as exc:
         problem = "gold-set registry not found" if exc.problem == "registry file not found" else exc.problem
         raise GoldSetError(problem, exc.file, exc.line) from None
     parsed = {}

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 from pydantic import Field
 
-from bridge_assets.evaluation.metrics import calibration_metrics, escalation_count
+from bridge_assets.evaluation.scores import calibration_metrics, escalation_count
 from bridge_assets.labeling.calls import Generate
 from bridge_assets.labeling.debate import PairLabel
 from bridge_assets.labeling.labeler import Labeler, LabelerError, LabelerRun, LabelerSettings, LabelItem, outcome_label

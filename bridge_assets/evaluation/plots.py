@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bridge_assets.reports.plots import pyplot
+from bridge_assets.plots import pyplot
 
 MARKERS = {"judge": "s", "lara": "o", "dream": "D", "diras": "^", "utilsel": "v", "utilrank": "<"}
 

@@ -21,7 +21,7 @@ from typing import Any
 import polars as pl
 
 from bridge_assets.evaluation.goldsets import GoldTriplet, MethodSpec
-from bridge_assets.evaluation.metrics import LabelerMetrics, labeler_metrics, reliability_bins
+from bridge_assets.evaluation.scores import LabelerMetrics, labeler_metrics, reliability_bins
 from bridge_assets.labeling.calls import Generate
 from bridge_assets.labeling.dream import DreamLabeler
 from bridge_assets.labeling.filter import run_filter
@@ -295,7 +295,7 @@ def format_persistence_tables(result: MethodResult) -> str:
 def format_reliability(result: MethodResult, path: Path) -> str:
     """Draw the reliability diagram of the method's P(relevant) over its scored items to `path`
     and return its bins as text; a method without probabilities draws nothing and says so."""
-    from bridge_assets.reports.plots import reliability  # matplotlib: loaded only when drawing
+    from bridge_assets.plots import reliability  # matplotlib: loaded only when drawing
 
     scored = [(item.gold, item.score) for item in result.items if item.score is not None]
     if not scored:

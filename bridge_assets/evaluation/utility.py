@@ -20,7 +20,7 @@ from typing import ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from bridge_assets.evaluation.metrics import agreement
+from bridge_assets.evaluation.scores import agreement
 from bridge_assets.labeling.calls import Generate, parse_reply
 from bridge_assets.labeling.labeler import Labeler, LabelerRun, LabelerSettings, LabelItem, outcome_label
 from bridge_assets.labeling.prompts import Prompts

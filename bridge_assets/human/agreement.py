@@ -12,7 +12,7 @@ from typing import TypeVar
 
 import numpy as np
 
-from bridge_assets.ingest.registry import GRADES
+from bridge_assets.registry.datasets import GRADES
 
 LABELS = (0, 1)
 Item = TypeVar("Item", bound=Hashable)  # what an annotator votes on (a pair)

@@ -3,16 +3,19 @@ follows it) whenever a dataset's votes change."""
 
 # No `from __future__ import annotations` here: Dagster resolves the Config annotation at import.
 
+from typing import Any
+
 import dagster as dg
 from pydantic import Field
 
-from bridge_assets import run_settings, snapshots
 from bridge_assets.human.labels import REQUIRED_VOTES, HumanLabels, compute_human_labels, datasets_with_escalations
 from bridge_assets.human.votes_store import VotesStore
-from bridge_assets.partitions import dataset_partitions
-from bridge_assets.resources import DuckDBStore
+from bridge_assets.lake import snapshots
+from bridge_assets.lake.resource import DuckDBStore
+from bridge_assets.pipeline import asset_config
+from bridge_assets.pipeline.partitions import dataset_partitions
+from bridge_assets.pipeline.staleness import external_input, reuse_when_current
 from bridge_assets.settings import env
-from bridge_assets.staleness import reuse_when_current
 
 # The pipeline tables human_labels reads (its deps): which pairs went to people, escalated by
 # the debate or drawn into the review sample; the votes come from the votes store.
@@ -68,7 +71,7 @@ def _metadata(result: HumanLabels) -> dict:
 def human_labels(context: dg.AssetExecutionContext, config: HumanLabelsConfig,
                  store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
-    settings = run_settings.for_run(context, config)
+    settings = asset_config.for_run(context, config)
     config = settings.config
     with snapshots.inputs(store, dataset, READS, votes=VotesStore(store=store)) as con:
         result = compute_human_labels(con, dataset)
@@ -123,3 +126,8 @@ def human_labels_sensor(context: dg.SensorEvaluationContext, store: DuckDBStore)
         return dg.SensorResult(run_requests=requests)
     return dg.SkipReason("the votes of every dataset are in human_labels" if datasets
                          else "no escalated pairs yet")
+
+
+@external_input("human_labels")
+def _votes_changed(dataset: str, metadata: dict[str, Any], store: DuckDBStore) -> str | None:
+    return "the votes changed" if metadata.get("votes_version") != votes_version(store, dataset) else None

@@ -1,5 +1,5 @@
 """What people's time costs: minutes x a rate (`BRIDGE_ANNOTATOR_RATE`, per hour), per labelled
-pair, beside the LLM cost in the cost view (`bridge run --dry-run`, bridge_assets.costs).
+pair, beside the LLM cost in the cost view (`bridge run --dry-run`, bridge_assets.orchestration.costs).
 
 Minutes come from the time every vote records (bridge_assets.human.votes: served -> answered,
 idle time capped). Every vote on the dataset counts, attention checks and known-answer items
@@ -17,7 +17,7 @@ import duckdb
 
 from bridge_assets.human.labels import tallies_sql
 from bridge_assets.human.tables import REQUIRED_VOTES
-from bridge_assets.store import one_row, table_exists
+from bridge_assets.lake.store import one_row, table_exists
 
 
 @dataclass(frozen=True)

@@ -21,11 +21,11 @@ import duckdb
 
 from bridge_assets.errors import BridgeError
 from bridge_assets.human.queue import Assignment
-from bridge_assets.ingest.registry import LabelScale
 from bridge_assets.labeling.evidence import quote_in_chunk
 from bridge_assets.labeling.pairs import topic_columns
-from bridge_assets.labeling.relevance import resolve_relevance
-from bridge_assets.store import table_exists
+from bridge_assets.lake.store import table_exists
+from bridge_assets.registry.datasets import LabelScale
+from bridge_assets.registry.relevance import resolve_relevance
 
 
 def _known_texts(con: duckdb.DuckDBPyConnection, assignment: Assignment) -> tuple | None:
@@ -245,7 +245,7 @@ def load_item(con: duckdb.DuckDBPyConnection, assignment: Assignment,
 def _dataset_definition(dataset: str) -> str | None:
     """The dataset's `relevance.definition` (None where the registry does not name it: a gold
     set's items, a dataset removed since)."""
-    from bridge_assets.ingest.registry import load_registry
+    from bridge_assets.registry.datasets import load_registry
 
     spec = load_registry().get(dataset)
     return spec.relevance.definition if spec is not None else None

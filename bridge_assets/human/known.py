@@ -27,7 +27,7 @@ import polars as pl
 
 from bridge_assets.errors import BridgeError
 from bridge_assets.human.tables import ensure_schema, utc_now
-from bridge_assets.store import one_row, table_exists
+from bridge_assets.lake.store import one_row, table_exists
 
 if TYPE_CHECKING:
     from bridge_assets.qrels.known_holes import KnownHoles

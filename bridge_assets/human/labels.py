@@ -18,9 +18,9 @@ import polars as pl
 from bridge_assets.errors import BridgeError
 from bridge_assets.human.agreement import PairKappa, category_counts, fleiss_kappa, weighted_kappas
 from bridge_assets.human.tables import REQUIRED_VOTES  # noqa: F401 (named here too)
-from bridge_assets.ingest.registry import GRADES
+from bridge_assets.lake.store import table_exists
 from bridge_assets.paths import read_sql
-from bridge_assets.store import table_exists
+from bridge_assets.registry.datasets import GRADES
 
 if TYPE_CHECKING:
     from polars._typing import PolarsDataType

@@ -30,7 +30,7 @@ import polars as pl
 
 from bridge_assets.human.labels import REQUIRED_VOTES, for_people_sql, pair_tallies, tallies_sql
 from bridge_assets.human.tables import ensure_schema, utc_now
-from bridge_assets.store import table_exists
+from bridge_assets.lake.store import table_exists
 
 
 @dataclass(frozen=True)

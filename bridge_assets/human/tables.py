@@ -26,7 +26,7 @@ from datetime import UTC, datetime
 
 import duckdb
 
-from bridge_assets.store import one_row, transaction
+from bridge_assets.lake.store import one_row, transaction
 
 # Votes each escalated pair needs (the paper: three crowd annotators per pair).
 REQUIRED_VOTES = 3

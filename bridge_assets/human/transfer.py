@@ -41,8 +41,8 @@ from bridge_assets.human import annotators
 from bridge_assets.human.labels import for_people_sql
 from bridge_assets.human.tables import ensure_schema
 from bridge_assets.human.votes import insert_vote, votes_frame
-from bridge_assets.ingest.registry import validate_dataset_name
-from bridge_assets.store import table_exists, transaction
+from bridge_assets.lake.store import table_exists, transaction
+from bridge_assets.registry.datasets import validate_dataset_name
 
 MAX_COMMENT = 2000
 ImportFormat = Literal["auto", "csv", "json", "label-studio"]

@@ -23,8 +23,8 @@ from bridge_assets.errors import BridgeError
 from bridge_assets.human import annotators
 from bridge_assets.human.queue import close_assignment, get_assignment, pair_is_decided
 from bridge_assets.human.tables import ensure_schema, utc_now
-from bridge_assets.ingest.registry import GRADES
-from bridge_assets.store import transaction
+from bridge_assets.lake.store import transaction
+from bridge_assets.registry.datasets import GRADES
 
 # The longest a judgment counts (served -> answered); longer is idle time.
 IDLE_CAP_SECONDS = 300.0

@@ -9,9 +9,9 @@ from typing import Any
 import dagster as dg
 import duckdb
 
-from bridge_assets import store
 from bridge_assets.human.votes_store import connect, copy_votes, prepare
-from bridge_assets.resources import DuckDBStore
+from bridge_assets.lake import store
+from bridge_assets.lake.resource import DuckDBStore
 
 
 class VotesStore(dg.ConfigurableResource):

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import duckdb
 
-from bridge_assets import ducklake, store
 from bridge_assets.errors import BridgeError
 from bridge_assets.human.tables import HUMAN_VOTES, SCHEMA, ensure_schema
+from bridge_assets.lake import ducklake, store
 
 HUMAN_TABLES = ("annotators", "annotation_assignments", "human_votes")
 PIPELINE = "pipeline"   # the alias bridge.duckdb is attached under

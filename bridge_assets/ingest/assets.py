@@ -8,15 +8,16 @@ bad input leaves all three as they were.
 import hashlib
 import json
 import time
+from typing import Any
 
 import dagster as dg
 import polars as pl
 
 from bridge_assets.ingest.loaders import load_dataset
-from bridge_assets.ingest.registry import DatasetSpec, get_dataset
-from bridge_assets.partitions import dataset_partitions
-from bridge_assets.resources import DuckDBStore
-from bridge_assets.staleness import reuse_when_current
+from bridge_assets.lake.resource import DuckDBStore
+from bridge_assets.pipeline.partitions import dataset_partitions
+from bridge_assets.pipeline.staleness import external_input, reuse_when_current
+from bridge_assets.registry.datasets import DatasetSpec, get_dataset
 
 INGEST_TABLES = ("corpus", "queries", "original_qrels")
 # What the ingest assets read from the lake, declared once like every stage's (their deps come
@@ -74,3 +75,10 @@ def ingest_dataset(context: dg.AssetExecutionContext, store: DuckDBStore):
         "queries_with_answers": counts["queries_with_answers"]})
     yield dg.MaterializeResult(asset_key="original_qrels", metadata={
         **common, "dagster/row_count": counts["qrels"]})
+
+
+@external_input("corpus", "queries", "original_qrels")
+def _dataset_changed(dataset: str, metadata: dict[str, Any], store: DuckDBStore) -> str | None:
+    if metadata.get("source_version") != source_version(get_dataset(dataset)):
+        return "the dataset's entry or files changed"
+    return None

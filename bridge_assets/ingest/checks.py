@@ -11,8 +11,8 @@ from collections.abc import Callable, Iterator
 
 import dagster as dg
 
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.quality import expectations, validate
-from bridge_assets.resources import DuckDBStore
 
 
 def _result(outcome, rows: int) -> dg.AssetCheckResult:

@@ -33,8 +33,8 @@ import polars as pl
 
 from bridge_assets.ingest import remote
 from bridge_assets.ingest.errors import DatasetError
-from bridge_assets.ingest.registry import DatasetSpec, QueryField
-from bridge_assets.labeling.relevance import validate_definition
+from bridge_assets.registry.datasets import DatasetSpec, QueryField
+from bridge_assets.registry.relevance import validate_definition
 from bridge_assets.text_files import MAX_LINE_BYTES, MAX_TEXT_CHARS, Limits, limits_for  # noqa: F401
 from bridge_assets.text_files import capped as _capped
 from bridge_assets.text_files import current_limits as _current_limits

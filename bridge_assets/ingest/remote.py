@@ -19,7 +19,7 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 from bridge_assets.ingest.errors import DatasetError, SourceUnreachable
-from bridge_assets.ingest.registry import DatasetSpec
+from bridge_assets.registry.datasets import DatasetSpec
 from bridge_assets.settings import env
 
 CONNECT_TIMEOUT_S = 5.0

@@ -13,12 +13,12 @@ from dataclasses import replace
 
 from pydantic import BaseModel, ConfigDict
 
-from bridge_assets.ingest.registry import LabelScale
 from bridge_assets.labeling.calls import Generate, Grade, YesNo, parse_reply
 from bridge_assets.labeling.debate import AgentConfig, DebateOutcome, graded_schema, reply_budget
 from bridge_assets.labeling.pairs import Pair
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.llm.types import LLMRequest, LLMResult
+from bridge_assets.registry.datasets import LabelScale
 
 ADJUDICATOR_TEMPLATE = "adjudicator"
 

@@ -18,8 +18,6 @@ import dagster as dg
 import polars as pl
 from pydantic import Field
 
-from bridge_assets import automation, run_settings, snapshots
-from bridge_assets.ingest.registry import get_dataset
 from bridge_assets.labeling import pooling
 from bridge_assets.labeling.calls import MeteredGenerate
 from bridge_assets.labeling.debate import DebateOutcome, labels_frame, turns_frame
@@ -36,11 +34,14 @@ from bridge_assets.labeling.labeler import (
 from bridge_assets.labeling.pairs import load_pairs
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.labeling.review import AUDIT, CALIBRATION, pair_trusted_by_rule, review_sample
+from bridge_assets.lake import snapshots
+from bridge_assets.lake.resource import DuckDBStore
+from bridge_assets.lake.store import table_exists
 from bridge_assets.llm.resource import LLMResource
-from bridge_assets.partitions import dataset_partitions
-from bridge_assets.resources import DuckDBStore
-from bridge_assets.staleness import reuse_when_current
-from bridge_assets.store import table_exists
+from bridge_assets.pipeline import asset_config, automation
+from bridge_assets.pipeline.partitions import dataset_partitions
+from bridge_assets.pipeline.staleness import reuse_when_current
+from bridge_assets.registry.datasets import get_dataset
 
 GROUP = "labeling"
 # The tables each labeling op reads, declared once: its deps and its snapshot
@@ -102,7 +103,7 @@ def _seconds(started: float) -> float:
 
 
 # the LLM stages' output depends on the profiles and prompts, and on what relevant means
-LLM_AND_RELEVANCE = run_settings.reads_tags(run_settings.LLM_FILES, run_settings.RELEVANCE)
+LLM_AND_RELEVANCE = asset_config.reads_tags(asset_config.LLM_FILES, asset_config.RELEVANCE)
 
 @dg.asset(
     partitions_def=dataset_partitions, group_name=GROUP,
@@ -115,7 +116,7 @@ LLM_AND_RELEVANCE = run_settings.reads_tags(run_settings.LLM_FILES, run_settings
 def candidate_pool(context: dg.AssetExecutionContext, config: CandidatePoolConfig,
                    store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
-    settings = run_settings.for_run(context, config)
+    settings = asset_config.for_run(context, config)
     config = settings.config
     started = time.monotonic()
     before = _previous_keys(store, "candidate_pool", "query_id, doc_id", dataset)
@@ -146,7 +147,7 @@ def candidate_pool(context: dg.AssetExecutionContext, config: CandidatePoolConfi
 def filter_pool(context: dg.AssetExecutionContext, config: FilterConfig, store: DuckDBStore,
                 llm: LLMResource):
     dataset = context.partition_key
-    settings = run_settings.for_run(context, config)
+    settings = asset_config.for_run(context, config)
     config = settings.config
     started = time.monotonic()
     judged = "" if config.label_judged_pairs else "and not in_original_qrels"
@@ -188,7 +189,7 @@ def _share(part: int, whole: int) -> float:
         dg.AssetSpec("debate_turns", deps=READS["debate"], tags=LLM_AND_RELEVANCE,
                      description="Every debate turn: round, agent, stance, model, quoted "
                                  "sentences, reason, answer, call key."),
-        dg.AssetSpec("review_sample", deps=READS["debate"], tags=run_settings.reads_tags(run_settings.RELEVANCE),
+        dg.AssetSpec("review_sample", deps=READS["debate"], tags=asset_config.reads_tags(asset_config.RELEVANCE),
                      description="The model labels people check: a seeded random share of the "
                                  "filter's drops (audit) and, where the debate's labels are not "
                                  "trusted by rule, a calibration sample of its consensus labels "
@@ -199,7 +200,7 @@ def _share(part: int, whole: int) -> float:
 def debate(context: dg.AssetExecutionContext, config: LabelingConfig, store: DuckDBStore,
            llm: LLMResource):
     dataset = context.partition_key
-    settings = run_settings.for_run(context, config)
+    settings = asset_config.for_run(context, config)
     started = time.monotonic()
     spec = get_dataset(dataset)
     scale, definition = spec.label_scale, spec.relevance.definition

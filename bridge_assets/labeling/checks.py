@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import dagster as dg
 
-from bridge_assets.ingest.registry import graded_datasets
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.quality import SuiteOutcome, expectations, validate
-from bridge_assets.resources import DuckDBStore
+from bridge_assets.registry.datasets import graded_datasets
 
 
 def _result(outcome: SuiteOutcome, rows: int) -> dg.AssetCheckResult:

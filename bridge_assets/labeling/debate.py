@@ -53,7 +53,6 @@ from typing import Literal
 import polars as pl
 from pydantic import BaseModel, ConfigDict
 
-from bridge_assets.ingest.registry import GRADES, LabelScale
 from bridge_assets.labeling.calls import Generate, Grade, YesNo, generate_grouped, parse_reply
 from bridge_assets.labeling.errors import LabelerError
 from bridge_assets.labeling.evidence import DEFAULT_MIN_RATIO, answer_in_chunk, answers_are_short, evidence_status
@@ -62,6 +61,7 @@ from bridge_assets.labeling.prompts import Prompts, worked_examples
 from bridge_assets.llm.budget import DEFERRED
 from bridge_assets.llm.scores import field_yes_probability
 from bridge_assets.llm.types import LLMRequest, LLMResult
+from bridge_assets.registry.datasets import GRADES, LabelScale
 
 Stance = Literal["relevant", "irrelevant"]
 StanceOrder = Literal["relevant_first", "irrelevant_first"]

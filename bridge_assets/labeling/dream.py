@@ -8,7 +8,6 @@ from typing import Any, Literal
 
 from pydantic import Field
 
-from bridge_assets.ingest.registry import LabelScale
 from bridge_assets.labeling.adjudicator import ADJUDICATOR_TEMPLATE, adjudicate, adjudicator_schema
 from bridge_assets.labeling.calls import Generate
 from bridge_assets.labeling.debate import (
@@ -39,6 +38,7 @@ from bridge_assets.llm.budget import prompt_tokens
 from bridge_assets.llm.profiles import load_models_config
 from bridge_assets.llm.replay import NOT_ANSWERED, LedgerReplay, StageCalls
 from bridge_assets.llm.types import LLMRequest, LLMResult
+from bridge_assets.registry.datasets import LabelScale
 
 ADJUDICATOR_MAX_TOKENS = 256
 

@@ -27,7 +27,6 @@ from typing import Any, ClassVar
 import duckdb
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from bridge_assets.ingest.registry import LabelScale
 from bridge_assets.labeling.calls import Generate
 from bridge_assets.labeling.debate import PairLabel, Turn
 from bridge_assets.labeling.errors import LabelerError
@@ -35,6 +34,7 @@ from bridge_assets.labeling.pairs import Pair, load_pairs
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.llm.replay import NOT_ANSWERED, LedgerReplay, StageCalls
 from bridge_assets.llm.types import LLMRequest, LLMResult
+from bridge_assets.registry.datasets import LabelScale
 
 ProfilesFor = Callable[[str], list[str]]  # role -> profile names (models.yaml `defaults`)
 ModelId = Callable[[str], str]  # profile -> the model id its calls are keyed by

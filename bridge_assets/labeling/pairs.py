@@ -1,7 +1,7 @@
 """What a labeler judges: a (query, answers, chunk) triplet, keyed by its content.
 
 A query without reference answers may carry a TREC topic's description and narrative. What
-relevant means for the pair (bridge_assets.labeling.relevance) comes from the query's own
+relevant means for the pair (bridge_assets.registry.relevance) comes from the query's own
 definition, else its dataset's, else the default for what the query has. The scale says
 whether labels are 0/1 or the grades 0-3.
 """
@@ -15,9 +15,9 @@ from typing import Any
 
 import duckdb
 
-from bridge_assets.ingest.registry import LabelScale
 from bridge_assets.labeling.errors import PairsError
-from bridge_assets.labeling.relevance import Relevance, legacy_kind, resolve_relevance
+from bridge_assets.registry.datasets import LabelScale
+from bridge_assets.registry.relevance import Relevance, legacy_kind, resolve_relevance
 
 
 def pair_key(query: str, answers: tuple[str, ...], chunk: str, *, description: str | None = None,

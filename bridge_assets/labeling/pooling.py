@@ -6,8 +6,8 @@ import duckdb
 import polars as pl
 
 from bridge_assets.errors import BridgeError
+from bridge_assets.lake.store import one_row, table_exists
 from bridge_assets.paths import read_sql
-from bridge_assets.store import one_row, table_exists
 
 
 class NoRunsError(BridgeError, LookupError):

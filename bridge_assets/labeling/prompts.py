@@ -19,15 +19,14 @@ import jinja2.meta
 import yaml
 
 from bridge_assets.errors import BridgeError
-from bridge_assets.labeling.relevance import legacy_kind
-from bridge_assets.paths import RESOURCES_DIR
+from bridge_assets.paths import PROMPTS_DIR
+from bridge_assets.registry.relevance import legacy_kind
 
-PROMPTS_DIR = RESOURCES_DIR / "prompts"
 EXAMPLES_FILE = PROMPTS_DIR / "examples.yaml"
 ROLES = ("system", "user")
 # Variables the labeling templates read that not every caller passes: a TREC topic's description
 # and narrative, the label scale, and the relevance definition's kind and text (a Pair's
-# prompt_context passes them; bridge_assets.labeling.relevance). Absent, a prompt renders as
+# prompt_context passes them; bridge_assets.registry.relevance). Absent, a prompt renders as
 # for a query with answers (or a topic, or none) on the binary scale, as before definitions.
 OPTIONAL_CONTEXT = {"description": None, "narrative": None, "scale": "binary", "relevance": None,
                     "definition": None}

@@ -20,7 +20,7 @@ from collections.abc import Collection
 
 import polars as pl
 
-from bridge_assets.labeling.relevance import RelevanceSettings
+from bridge_assets.registry.relevance import RelevanceSettings
 
 REVIEW_SAMPLE_SCHEMA = {"query_id": pl.Utf8, "doc_id": pl.Utf8, "kind": pl.Utf8, "stratum": pl.Utf8}
 REVIEW_SAMPLE_DDL = ("dataset varchar, query_id varchar, doc_id varchar, kind varchar, "

@@ -11,7 +11,7 @@ Estimates: a prompt at 4 characters a token (no tokenizer is loaded: llama.cpp's
 weights, a hosted model's is not at hand), a reply at its max_tokens (an upper bound). The
 spend counts the tokens the backend reports.
 
-Automation runs (bridge_assets.automation) get a cap on the number of calls instead, which
+Automation runs (bridge_assets.pipeline.automation) get a cap on the number of calls instead, which
 *defers* rather than stops: each chunk's calls are reserved against the run's cap before they
 are sent, atomically across the run's step processes (`reserve_calls`), and the calls past it
 are not sent and come back as failed results with error DEFERRED (never recorded in the ledger, so an explicit run asks them later); the

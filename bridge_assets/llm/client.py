@@ -24,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from bridge_assets import store
+from bridge_assets.lake import store
 from bridge_assets.llm import budget, coordination, ledger
 from bridge_assets.llm.backends import Backend, make_backend, model_id
 from bridge_assets.llm.parsing import check_schema, parse_reply

@@ -31,7 +31,8 @@ import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
-from bridge_assets import settings, store
+from bridge_assets import settings
+from bridge_assets.lake import store
 
 logger = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 import duckdb
 import polars as pl
 
-from bridge_assets import store
+from bridge_assets.lake import store
 from bridge_assets.llm.parsing import canonical_json
 from bridge_assets.llm.types import LLMRequest, LLMResult, TokenLogprob
 
@@ -183,7 +183,7 @@ def _flush_now_and_then(rows: int, path: store.Where | None) -> None:
     if _appended_since_flush < FLUSH_ROWS:
         return
     _appended_since_flush = 0
-    from bridge_assets import ducklake
+    from bridge_assets.lake import ducklake
 
     try:  # maintenance: a conflict with another writer just leaves it for the next time
         with store.connect(path) as con:

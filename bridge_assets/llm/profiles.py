@@ -7,12 +7,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from bridge_assets import registries
 from bridge_assets.errors import BridgeError
+from bridge_assets.registry import registry_files
 from bridge_assets.settings import env
 
 # `BRIDGE_MODELS` points at another profiles file (tests, or a user's own set of models);
-# `<BRIDGE_REGISTRY_DIR>/models.yaml` is merged over it (bridge_assets.registries).
+# `<BRIDGE_REGISTRY_DIR>/models.yaml` is merged over it (bridge_assets.registry.registry_files).
 MODELS_FILE = "models.yaml"
 MODELS_PATH = env.registry_file("BRIDGE_MODELS", MODELS_FILE)
 
@@ -132,7 +132,7 @@ class ModelsConfig(BaseModel):
         except KeyError:
             raise ModelConfigError(
                 f"unknown LLM profile '{name}' (known: {', '.join(self.profiles)}) in "
-                f"{registries.describe(MODELS_PATH, MODELS_FILE)}"
+                f"{registry_files.describe(MODELS_PATH, MODELS_FILE)}"
             ) from None
 
     def role_profiles(self, role: str) -> list[str]:
@@ -147,8 +147,8 @@ def load_models_config(path: Path = MODELS_PATH) -> ModelsConfig:
     """Parse models.yaml (`path`, with the user's models.yaml merged over it: profiles by name,
     defaults by role); a malformed entry fails naming its file, line and name."""
     try:
-        registry = registries.load(path, MODELS_FILE)
-    except registries.RegistryFileError as exc:
+        registry = registry_files.load(path, MODELS_FILE)
+    except registry_files.RegistryFileError as exc:
         raise ModelConfigError(str(exc)) from None
     profiles = {}
     for name, body in (registry.data.get("profiles") or {}).items():

@@ -1,6 +1,6 @@
 """The dry run's replay of the LLM stages: a `Generate` that answers from the call ledger only,
 and the tally of the calls one stage would make to one model profile. Each LLM-calling stage
-estimates its own calls with these, beside its code (`bridge run --dry-run`, bridge_assets/costs.py).
+estimates its own calls with these, beside its code (`bridge run --dry-run`, bridge_assets/orchestration/costs.py).
 """
 
 from __future__ import annotations

@@ -9,11 +9,11 @@ from typing import Any
 import dagster as dg
 from pydantic import PrivateAttr
 
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.llm.client import ClientStats, LLMClient
 from bridge_assets.llm.profiles import ROLES, load_models_config
 from bridge_assets.llm.types import LLMRequest, LLMResult
 from bridge_assets.paths import LakeLocation
-from bridge_assets.resources import DuckDBStore
 
 # requests between two progress lines of a run's LLM calls (and the in-process chunk size)
 PROGRESS_EVERY = 16

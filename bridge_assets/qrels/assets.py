@@ -2,21 +2,22 @@
 
 # No `from __future__ import annotations`: Dagster reads the context annotation at import.
 import hashlib
+from typing import Any
 
 import dagster as dg
 import polars as pl
 
-from bridge_assets import snapshots
 from bridge_assets.human.votes_store import VotesStore
-from bridge_assets.ingest.registry import get_dataset
-from bridge_assets.partitions import dataset_partitions
+from bridge_assets.lake import snapshots
+from bridge_assets.lake.resource import DuckDBStore
+from bridge_assets.lake.store import table_exists
+from bridge_assets.pipeline.partitions import dataset_partitions
+from bridge_assets.pipeline.staleness import external_input, reuse_when_current
 from bridge_assets.qrels.merge import BridgeQrels, add_missing_columns, build_bridge_qrels, stand_ins
 from bridge_assets.qrels.sources import IMPORT_TABLES, SOURCES, precedence_order
 from bridge_assets.qrels.trust import DebateTrust
 from bridge_assets.quality import expectations, validate
-from bridge_assets.resources import DuckDBStore
-from bridge_assets.staleness import reuse_when_current
-from bridge_assets.store import table_exists
+from bridge_assets.registry.datasets import get_dataset
 from bridge_assets.trec_io import write_trec_qrels
 
 PENDING_SHOWN = 20
@@ -219,3 +220,16 @@ def bridge_qrels_escalations_resolved(store: DuckDBStore) -> dg.AssetCheckResult
     total = sum(n for _, n in rows)
     return dg.AssetCheckResult(passed=total == 0, severity=dg.AssetCheckSeverity.WARN,
                                metadata={"pending": total, **{f"pending_{d}": n for d, n in rows}})
+
+
+@external_input("bridge_qrels")
+def _imports_or_relevance_changed(dataset: str, metadata: dict[str, Any], store: DuckDBStore) -> str | None:
+    if metadata.get("imports_version") != imports_version(store, dataset):
+        return "imported judgments changed (bridge qrels import / remove)"
+    relevance = get_dataset(dataset).relevance
+    if metadata.get("min_precision") != relevance.min_precision:
+        return "the dataset's relevance.min_precision changed"
+    # (absent before the setting existed: off, as its default)
+    if metadata.get("drops_in_bounds", False) != relevance.drops_in_bounds:
+        return "the dataset's relevance.drops_in_bounds changed"
+    return None

@@ -21,8 +21,8 @@ import duckdb
 import polars as pl
 
 from bridge_assets.errors import BridgeError
-from bridge_assets.ingest.registry import validate_dataset_name
-from bridge_assets.store import table_exists
+from bridge_assets.lake.store import table_exists
+from bridge_assets.registry.datasets import validate_dataset_name
 from bridge_assets.trec_io import write_trec_qrels
 
 

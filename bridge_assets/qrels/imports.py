@@ -28,9 +28,9 @@ import polars as pl
 from bridge_assets.errors import BridgeError
 from bridge_assets.ingest.errors import DatasetError
 from bridge_assets.ingest.loaders import read_beir_qrels, read_jsonl
-from bridge_assets.ingest.registry import validate_dataset_name
+from bridge_assets.lake.store import one_row, table_exists, transaction
 from bridge_assets.qrels.sources import SourceError, ensure_tables, place, precedences, registered, validate_source_name
-from bridge_assets.store import one_row, table_exists, transaction
+from bridge_assets.registry.datasets import validate_dataset_name
 from bridge_assets.trec_io import read_trec_qrels
 
 UnknownIds = Literal["skip", "error"]

@@ -24,7 +24,7 @@ from pathlib import Path
 import duckdb
 
 from bridge_assets.ingest.errors import DatasetError
-from bridge_assets.store import table_exists
+from bridge_assets.lake.store import table_exists
 
 
 @dataclass(frozen=True)

@@ -19,10 +19,10 @@ import duckdb
 import polars as pl
 
 from bridge_assets.errors import BridgeError
+from bridge_assets.lake.store import one_row, table_exists
 from bridge_assets.paths import read_sql
 from bridge_assets.qrels.sources import IMPORT_TABLES, SOURCES, UNVERIFIED_GUESSERS, VERIFIED_BUILTINS, registered
 from bridge_assets.qrels.trust import DebateTrust, DroppedHoles, debate_trust, dropped_holes, trusted_by_rule
-from bridge_assets.store import one_row, table_exists
 
 if TYPE_CHECKING:
     from polars._typing import PolarsDataType

@@ -26,7 +26,7 @@ import duckdb
 import polars as pl
 
 from bridge_assets.errors import BridgeError
-from bridge_assets.store import table_exists
+from bridge_assets.lake.store import table_exists
 
 BUILTIN_PRECEDENCE = {"original": 10.0, "human": 20.0, "debate": 30.0, "pending": 40.0, "filter": 50.0}
 SOURCES = tuple(BUILTIN_PRECEDENCE)

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import duckdb
 
 from bridge_assets.labeling.review import AUDIT
-from bridge_assets.store import one_row, table_exists
+from bridge_assets.lake.store import one_row, table_exists
 
 CONFIDENCE = 0.95
 

@@ -4,14 +4,15 @@
 import dagster as dg
 from pydantic import Field
 
-from bridge_assets import run_settings, snapshots
 from bridge_assets.ingest.errors import DatasetError
-from bridge_assets.ingest.registry import DatasetSpec, get_dataset
-from bridge_assets.partitions import dataset_partitions
+from bridge_assets.lake import snapshots
+from bridge_assets.lake.resource import DuckDBStore
+from bridge_assets.pipeline import asset_config
+from bridge_assets.pipeline.partitions import dataset_partitions
+from bridge_assets.pipeline.staleness import reuse_when_current
 from bridge_assets.qrels.known_holes import read_known_holes
+from bridge_assets.registry.datasets import DatasetSpec, get_dataset
 from bridge_assets.reports.build import REPORT_TABLES, build_report
-from bridge_assets.resources import DuckDBStore
-from bridge_assets.staleness import reuse_when_current
 
 
 def dataset_spec(dataset: str) -> DatasetSpec | None:
@@ -28,7 +29,7 @@ class ReportConfig(dg.Config):
 
 # deps and reads: one tuple (REPORT_TABLES)
 @dg.asset(partitions_def=dataset_partitions, group_name="reports", deps=list(REPORT_TABLES),
-          tags=run_settings.reads_tags(run_settings.KNOWN_HOLES),  # the score against known holes
+          tags=asset_config.reads_tags(asset_config.KNOWN_HOLES),  # the score against known holes
           description="One HTML page (and its Markdown twin) per dataset with tables and PNG "
                       "figures: labels (found holes, pending pairs, unverified guesses apart, the "
                       "score against known holes), holes per system, metrics before/after as "
@@ -40,7 +41,7 @@ class ReportConfig(dg.Config):
 @reuse_when_current
 def report(context: dg.AssetExecutionContext, config: ReportConfig, store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
-    settings = run_settings.for_run(context, config)
+    settings = asset_config.for_run(context, config)
     config = settings.config
     out = store.lake.reports(dataset)
     spec = dataset_spec(dataset)

@@ -21,15 +21,15 @@ import duckdb
 import jinja2
 import polars as pl
 
+from bridge_assets import plots
 from bridge_assets.analysis.retrieval import measure_label, measures_at
 from bridge_assets.analysis.significance import TESTS, concordance_summary
-from bridge_assets.ingest.registry import validate_dataset_name
-from bridge_assets.labeling.relevance import RelevanceSettings
+from bridge_assets.lake.store import table_exists
 from bridge_assets.qrels.known_holes import KnownHoles, score_known_holes
 from bridge_assets.qrels.merge import corrections, qrels_counts
 from bridge_assets.qrels.trust import debate_trust, dropped_holes, trusted_by_rule
-from bridge_assets.reports import plots
-from bridge_assets.store import table_exists
+from bridge_assets.registry.datasets import validate_dataset_name
+from bridge_assets.registry.relevance import RelevanceSettings
 
 TEMPLATES = Path(__file__).parent / "templates"
 REPORT_TABLES = ("bridge_qrels", "candidate_pool", "retrieval_metrics", "ranking_shift", "significance",

@@ -8,22 +8,25 @@ asset's real (not stringified) annotations.
 
 import hashlib
 import time
+from typing import Any
 
 import dagster as dg
 import polars as pl
 
-from bridge_assets import run_settings, snapshots
+from bridge_assets.lake import snapshots
+from bridge_assets.lake.resource import DuckDBStore
+from bridge_assets.lake.store import table_exists
 from bridge_assets.llm.resource import LLMResource
-from bridge_assets.partitions import dataset_partitions, run_partitions
 from bridge_assets.paths import read_sql
+from bridge_assets.pipeline import asset_config
+from bridge_assets.pipeline.partitions import dataset_partitions, run_partitions
+from bridge_assets.pipeline.staleness import external_input, reuse_when_current
 from bridge_assets.quality import expectations, validate
-from bridge_assets.resources import DuckDBStore
 from bridge_assets.retrieval.errors import RetrievalError
 from bridge_assets.retrieval.registry import load_registry
+from bridge_assets.retrieval.run_files import file_sha256
 from bridge_assets.retrieval.runs import rank_problems
 from bridge_assets.retrieval.systems import STORED_COLUMNS, run_retriever
-from bridge_assets.staleness import reuse_when_current
-from bridge_assets.store import table_exists
 
 RUN_COLUMNS = ["dataset", "retriever", "query_id", "doc_id", "rank", "score", "config_hash", "inputs_hash"]
 # What retrieval_run reads, declared once: its deps and its snapshot come from this tuple
@@ -57,7 +60,7 @@ def retrieval_run(context: dg.AssetExecutionContext, config: RetrievalRunConfig,
                   llm: LLMResource) -> dg.MaterializeResult:
     keys = context.partition_key.keys_by_dimension
     dataset, retriever = keys["dataset"], keys["retriever"]
-    settings = run_settings.for_run(context, config)
+    settings = asset_config.for_run(context, config)
     config = settings.config
     registry = load_registry()
     with snapshots.inputs(store, dataset, READS) as con:
@@ -152,3 +155,20 @@ def _rebenchmark_schedule() -> dg.ScheduleDefinition:
 
 
 retrieval_rebenchmark_schedule = _rebenchmark_schedule()
+
+
+@external_input("retrieval_run")
+def _entry_or_run_file_changed(partition_key: dg.MultiPartitionKey, metadata: dict[str, Any],
+                               store: DuckDBStore) -> str | None:
+    retriever = partition_key.keys_by_dimension["retriever"]
+    k = (metadata.get("details") or {}).get("k")  # a changed k is a settings change
+    registry = load_registry()
+    if metadata.get("config_hash") != registry.config_hash(retriever, k):
+        return f"{retriever}'s registry entry changed"
+    if registry.system(retriever).kind == "run_file":  # the file may change under its entry
+        path = registry.run_file(retriever, partition_key.keys_by_dimension["dataset"])
+        details = metadata.get("details")
+        read = ((details.get("run_files") or {}) if isinstance(details, dict) else {}).get(retriever, {})
+        if read.get("sha256") != (file_sha256(path) if path.exists() else None):
+            return f"{retriever}'s run file changed"
+    return None

@@ -1,5 +1,5 @@
 """The retrieval stage's LLM calls, estimated without running a system or calling a model
-(`bridge run --dry-run`, bridge_assets/costs.py): the LLM systems' rewrites and re-rankings,
+(`bridge run --dry-run`, bridge_assets/orchestration/costs.py): the LLM systems' rewrites and re-rankings,
 replayed from the call ledger."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 
 import duckdb
 
-from bridge_assets import store
+from bridge_assets.lake import store
 from bridge_assets.llm.budget import CHARS_PER_TOKEN
 from bridge_assets.llm.replay import NOT_ANSWERED, LedgerReplay, StageCalls
 from bridge_assets.retrieval.llm_systems import RERANK_MAX_TOKENS, passage_requests, rerank_requests

@@ -3,7 +3,7 @@
 A system is a YAML entry (kind, models, parameters, profiles); a profile is the set of systems
 that name it. Parameters are validated per kind here, so a typo fails when the file is read,
 naming the file and the entry, not hours into a run. `<BRIDGE_REGISTRY_DIR>/retrievers.yaml`
-is merged over the shipped file (bridge_assets.registries): systems, models and prompts by
+is merged over the shipped file (bridge_assets.registry.registry_files): systems, models and prompts by
 name; `profile`, `defaults` and `rebenchmark` by key.
 """
 
@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from bridge_assets import registries
+from bridge_assets.registry import registry_files
 from bridge_assets.retrieval.errors import RegistryError
 from bridge_assets.settings import env
 
@@ -278,15 +278,15 @@ class RetrieverRegistry(BaseModel):
     prompts: dict[str, str] = Field(default_factory=dict)
     models: dict[str, ModelSpec] = Field(default_factory=dict)
     systems: dict[str, SystemSpec] = Field(default_factory=dict)
-    _origins: dict[tuple[str, str], registries.Origin] = PrivateAttr(default_factory=dict)
+    _origins: dict[tuple[str, str], registry_files.Origin] = PrivateAttr(default_factory=dict)
 
     # ---- where things were read ----
     @property
     def source(self) -> str:
         return " + ".join(str(f) for f in self.files or (self.path,))
 
-    def origin(self, section: str, name: str) -> registries.Origin:
-        return self._origins.get((section, name), registries.Origin(self.path, None, registries.PROJECT_ROOT))
+    def origin(self, section: str, name: str) -> registry_files.Origin:
+        return self._origins.get((section, name), registry_files.Origin(self.path, None, registry_files.PROJECT_ROOT))
 
     # ---- lookups ----
     @property
@@ -463,7 +463,7 @@ def _walk(registry: RetrieverRegistry, name: str, trail: tuple[str, ...]) -> Non
             _walk(registry, other, (*trail, name))
 
 
-def parse_registry(read: registries.Registry) -> RetrieverRegistry:
+def parse_registry(read: registry_files.Registry) -> RetrieverRegistry:
     raw = read.data
     models, systems = {}, {}
     for section, target, cls in (("models", models, ModelSpec), ("systems", systems, SystemSpec)):
@@ -489,8 +489,8 @@ def load_registry(path: Path | None = None) -> RetrieverRegistry:
     with the user's retrievers.yaml merged over it); any problem fails naming the file, the
     line and the entry."""
     try:
-        read = registries.load(Path(path) if path else registry_path(), REGISTRY_FILE)
-    except registries.RegistryFileError as exc:
+        read = registry_files.load(Path(path) if path else registry_path(), REGISTRY_FILE)
+    except registry_files.RegistryFileError as exc:
         raise RegistryError(str(exc)) from None
     return parse_registry(read)
 
@@ -498,7 +498,7 @@ def load_registry(path: Path | None = None) -> RetrieverRegistry:
 def target_path(path: Path | None = None) -> Path:
     """Where `append_system` writes: `<registry dir>/retrievers.yaml` when BRIDGE_REGISTRY_DIR
     is set, else the registry file itself."""
-    return registries.target_file(Path(path) if path else registry_path(), REGISTRY_FILE)
+    return registry_files.target_file(Path(path) if path else registry_path(), REGISTRY_FILE)
 
 
 def append_system(name: str, body: dict[str, Any], path: Path | None = None,
@@ -511,7 +511,7 @@ def append_system(name: str, body: dict[str, Any], path: Path | None = None,
         raise RegistryError(f"{registry.origin('systems', name)}: a system named '{name}' already exists "
                             f"(replace it with --replace)")
     try:
-        return registries.add_entry(target_path(path), "systems", name, body, lambda: load_registry(path),
+        return registry_files.add_entry(target_path(path), "systems", name, body, lambda: load_registry(path),
                                     replace)
-    except registries.RegistryFileError as exc:
+    except registry_files.RegistryFileError as exc:
         raise RegistryError(str(exc)) from None

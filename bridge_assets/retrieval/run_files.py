@@ -23,9 +23,10 @@ from typing import Any
 
 import polars as pl
 
-from bridge_assets import registries, settings
+from bridge_assets import settings
 from bridge_assets.ingest.errors import DatasetError
 from bridge_assets.paths import LakeLocation
+from bridge_assets.registry import registry_files
 from bridge_assets.retrieval.errors import RegistryError
 from bridge_assets.retrieval.registry import DATASET_PLACEHOLDER, RetrieverRegistry, append_system, load_registry
 from bridge_assets.trec_io import read_trec_run
@@ -39,7 +40,7 @@ EXAMPLES = 5  # unknown ids quoted in the metadata and the log
 def runs_dir(lake: LakeLocation | None = None) -> Path:
     """Where run files are kept: `<registry dir>/runs` (BRIDGE_REGISTRY_DIR), else the runs/ of
     `lake` (the store resource's; None: the environment's lake)."""
-    folder = registries.registry_dir()
+    folder = registry_files.registry_dir()
     return folder / "runs" if folder else (lake or settings.lake_location()).runs
 
 
@@ -145,7 +146,7 @@ def template_for(path: Path, dataset: str) -> str:
         raise RegistryError(f"{path}: a run file lives in a folder named after its dataset "
                             f"(<runs folder>/{dataset}/{path.name})")
     template = path.parent.parent / DATASET_PLACEHOLDER / path.name
-    folder = registries.registry_dir()
+    folder = registry_files.registry_dir()
     return str(template.relative_to(folder)) if folder and template.is_relative_to(folder) else str(template)
 
 

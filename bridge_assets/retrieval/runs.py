@@ -78,7 +78,7 @@ def read_trec(path: Path) -> pl.DataFrame:
 def export_trec_run(dataset: str, retriever: str, path: Path, db_path: Path | None = None) -> tuple[Path, int]:
     """Write the stored run of (dataset, retriever) from `retrieval_run` as a TREC run file
     tagged with the retriever's name. MissingRun (a LookupError) when there is no such run."""
-    from bridge_assets import store
+    from bridge_assets.lake import store
 
     with store.connect(db_path) as con:
         if not store.table_exists(con, "retrieval_run"):

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 
 import dagster as dg
 
-from bridge_assets import registries
-from bridge_assets import store as duckdb_store
-from bridge_assets.partitions import dataset_partitions, retriever_partitions
-from bridge_assets.resources import DuckDBStore
+from bridge_assets.lake import store as duckdb_store
+from bridge_assets.lake.resource import DuckDBStore
+from bridge_assets.pipeline.partitions import dataset_partitions, retriever_partitions
+from bridge_assets.registry import registry_files
 from bridge_assets.retrieval.assets import retrieval_job
 from bridge_assets.retrieval.errors import RegistryError
 from bridge_assets.retrieval.registry import load_registry
@@ -107,8 +107,8 @@ def _stamp(run: FoundRun) -> str:
            description="Turns every new TREC run file in <BRIDGE_REGISTRY_DIR>/runs/<dataset>/<name>.trec[.gz] "
                        "into a run_file system and requests the run of each new or changed file.")
 def run_files_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
-    if registries.registry_dir() is None:
-        return dg.SkipReason(f"{registries.ENV_REGISTRY_DIR} is not set: there is no runs folder to watch")
+    if registry_files.registry_dir() is None:
+        return dg.SkipReason(f"{registry_files.ENV_REGISTRY_DIR} is not set: there is no runs folder to watch")
     previous = json.loads(context.cursor) if context.cursor else {}
     stamps, runs, added = {}, [], []
     datasets = set(dataset_partitions.get_partition_keys())

@@ -191,7 +191,7 @@ def availability(registry: RetrieverRegistry, system: str) -> tuple[bool, str]:
     for name in [*registry.upstream(system), system]:
         spec = registry.system(name)
         if spec.kind == "run_file":
-            from bridge_assets.registries import dataset_names
+            from bridge_assets.registry.registry_files import dataset_names
 
             present = [d for d in dataset_names() if registry.run_file(name, d).exists()]
             if not present:

@@ -14,18 +14,20 @@ pair the student's calibrated P(relevant).
 # No `from __future__ import annotations`: Dagster resolves dg.Config annotations at runtime.
 import hashlib
 import json
+from typing import Any
 
 import dagster as dg
 import polars as pl
 from pydantic import Field
 
-from bridge_assets import ducklake, run_settings, snapshots
 from bridge_assets.labeling.pairs import load_pairs
+from bridge_assets.lake import ducklake, snapshots
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.llm.resource import LLMResource
-from bridge_assets.partitions import dataset_partitions
-from bridge_assets.resources import DuckDBStore
+from bridge_assets.pipeline import asset_config
+from bridge_assets.pipeline.partitions import dataset_partitions
+from bridge_assets.pipeline.staleness import external_input, reuse_when_current
 from bridge_assets.settings import env
-from bridge_assets.staleness import reuse_when_current
 from bridge_assets.student.annotator import (
     calibration_queries,
     ensure_student,
@@ -123,7 +125,7 @@ def training_frame(data, dataset: str, key: str | None, split: list[str] | None)
 def student_annotator(context: dg.AssetExecutionContext, config: StudentConfig,
                       store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
-    resolved = run_settings.for_run(context, config)  # defaults < the dataset's entry < run config
+    resolved = asset_config.for_run(context, config)  # defaults < the dataset's entry < run config
     settings = resolved.config.settings()
     learned_from = _lake_snapshot(store)
     with snapshots.inputs(store, dataset, READS["student_annotator"]) as con:
@@ -226,7 +228,7 @@ def student_rerank_run(context: dg.AssetExecutionContext, config: StudentConfig,
     from bridge_assets.student.rerank import RERANK_SCHEMA, EvaluationRuns, RerankInputs, run_evaluation_systems
 
     dataset = context.partition_key
-    resolved = run_settings.for_run(context, config)
+    resolved = asset_config.for_run(context, config)
     registry = load_registry()
     systems = registry.evaluation_systems()
     found = EvaluationRuns(pl.DataFrame(schema=RERANK_SCHEMA))
@@ -276,3 +278,10 @@ def evaluation_systems_sensor(context: dg.SensorEvaluationContext):
     if requests:
         return dg.SensorResult(run_requests=requests)
     return dg.SkipReason("every built student_rerank_run holds the registry's evaluation-only systems")
+
+
+@external_input("student_rerank_run")
+def _evaluation_systems_changed(dataset: str, metadata: dict[str, Any], store: DuckDBStore) -> str | None:
+    if metadata.get("systems") != json.dumps(evaluation_system_hashes(), sort_keys=True):
+        return "the registry's evaluation-only systems changed"
+    return None

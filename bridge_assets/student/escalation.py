@@ -26,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from bridge_assets.evaluation.lara import lara
-from bridge_assets.evaluation.metrics import (
+from bridge_assets.evaluation.scores import (
     BOOTSTRAP_RESAMPLES,
     CONFIDENCE_LEVEL,
     NO_LABEL,

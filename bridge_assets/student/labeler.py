@@ -21,7 +21,7 @@ from typing import Any
 
 from pydantic import Field
 
-from bridge_assets.evaluation.metrics import calibration_metrics
+from bridge_assets.evaluation.scores import calibration_metrics
 from bridge_assets.labeling.calls import Generate
 from bridge_assets.labeling.labeler import (
     Labeler,

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from bridge_assets.errors import BridgeError
 from bridge_assets.evaluation.lara import IDENTITY, Calibrator, fit_calibrator
-from bridge_assets.evaluation.metrics import calibration_metrics
+from bridge_assets.evaluation.scores import calibration_metrics
 
 CALIBRATION_FILE = "calibration.json"
 WEIGHTS_FILE = "model.safetensors"

@@ -17,8 +17,8 @@ import duckdb
 
 from bridge_assets.labeling.labeler import LabelItem
 from bridge_assets.labeling.pairs import load_pairs
+from bridge_assets.lake.store import one_row
 from bridge_assets.qrels.known_holes import KnownHoles
-from bridge_assets.store import one_row
 from bridge_assets.student.annotator import training_set
 from bridge_assets.student.labeler import StudentLabelerSettings, cross_fitted_scores
 

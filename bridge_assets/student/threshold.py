@@ -22,7 +22,7 @@ from collections.abc import Sequence
 
 import polars as pl
 
-from bridge_assets.evaluation.metrics import reliability_bins
+from bridge_assets.evaluation.scores import reliability_bins
 
 THRESHOLDS = (0.1, 0.2, 0.3, 0.5, 0.7, 0.9)
 TOP_K = (1, 3, 5, 10)

@@ -27,9 +27,9 @@ from fastapi import FastAPI
 
 from bridge_assets.human import votes_store
 from bridge_assets.human.app import admin, annotation, auth, import_export
+from bridge_assets.human.app.config import AppSettings
 from bridge_assets.human.app.middleware import add_middleware
 from bridge_assets.human.app.responses import add_refusal_handlers
-from bridge_assets.human.app.settings import AppSettings
 from bridge_assets.human.app.state import AppState
 from bridge_assets.human.security import Clock
 

@@ -15,7 +15,7 @@ from bridge_assets.human.known import known_accuracy
 from bridge_assets.human.labels import compute_human_labels, datasets_with_escalations
 from bridge_assets.human.plan import impact_order, stopping_points
 from bridge_assets.human.votes import annotator_activity, judgment_times
-from bridge_assets.store import table_exists
+from bridge_assets.lake.store import table_exists
 
 router = APIRouter(dependencies=[Depends(current_admin)])
 

@@ -16,7 +16,7 @@ from bridge_assets.human.queue import Progress, close_assignment, progress, serv
 from bridge_assets.human.security import Session
 from bridge_assets.human.transfer import MAX_COMMENT
 from bridge_assets.human.votes import VoteRejected, record_vote
-from bridge_assets.store import StoreBusy
+from bridge_assets.lake.store import StoreBusy
 
 log = logging.getLogger(__name__)
 router = APIRouter()

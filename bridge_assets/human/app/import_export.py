@@ -10,8 +10,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.datastructures import UploadFile
 
 from bridge_assets.human.app.auth import CurrentAdmin, checked_form, current_admin
+from bridge_assets.human.app.config import IMPORT_PATH
 from bridge_assets.human.app.responses import BadRequest, render, validated
-from bridge_assets.human.app.settings import IMPORT_PATH
 from bridge_assets.human.app.state import AppState, State
 from bridge_assets.human.transfer import ImportFailed, ImportFormat, export_votes, import_votes
 

@@ -14,7 +14,7 @@ from pydantic import BaseModel, ValidationError
 from bridge_assets.errors import BridgeError
 from bridge_assets.human.app.state import state_of
 from bridge_assets.human.security import SESSION_COOKIE, Session, new_session
-from bridge_assets.store import StoreBusy
+from bridge_assets.lake.store import StoreBusy
 
 TEMPLATES_DIR = Path(__file__).parent.parent / "templates"
 templates = Jinja2Templates(directory=str(TEMPLATES_DIR))

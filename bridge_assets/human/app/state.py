@@ -13,10 +13,10 @@ import anyio.to_thread
 from fastapi import Depends, Request
 
 from bridge_assets.human import votes_store
-from bridge_assets.human.app.settings import AppSettings
+from bridge_assets.human.app.config import AppSettings
 from bridge_assets.human.queue import QueueSettings
 from bridge_assets.human.security import Clock, SessionSigner
-from bridge_assets.store import transaction
+from bridge_assets.lake.store import transaction
 
 T = TypeVar("T")
 

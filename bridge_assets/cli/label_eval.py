@@ -19,7 +19,7 @@ from typing import Any
 import typer
 import yaml
 
-from bridge_assets.cli_errors import fail as _fail
+from bridge_assets.cli.errors import fail as _fail
 from bridge_assets.errors import BridgeError
 from bridge_assets.labeling.labeler import LABELERS
 
@@ -114,7 +114,7 @@ def label_eval_command(
     # the relevance definition is the dataset's (or the gold set's default), not a labeler setting
     definition = typed.pop("definition", None)
     if definition is None and dataset:
-        from bridge_assets.ingest.registry import get_dataset
+        from bridge_assets.registry.datasets import get_dataset
 
         definition = get_dataset(dataset).relevance.definition
     settings = _dataset_settings(dataset, typed) if dataset else typed
@@ -167,7 +167,7 @@ def label_eval_command(
 
 def _dataset_settings(dataset: str, typed: dict[str, Any]) -> dict[str, Any]:
     """The labeler settings the pipeline resolves for `dataset`, `typed` on top (as run config)."""
-    from bridge_assets.orchestration import asset_settings
+    from bridge_assets.orchestration.runs import asset_settings
 
     return asset_settings("debate_labels", dataset, {"debate_labels": typed}).model_dump()
 
@@ -176,11 +176,11 @@ def _dataset_items(dataset: str) -> list:
     """The pairs the dataset's labeler labelled in the lake, each with what the dataset's known
     holes say of it (scored where the key decides; the others are labelled, as in the run, but
     not scored)."""
-    from bridge_assets import store
-    from bridge_assets.ingest.registry import get_dataset
     from bridge_assets.labeling.labeler import LabelItem, pipeline_pairs
+    from bridge_assets.lake import store
+    from bridge_assets.lake.resource import DuckDBStore
     from bridge_assets.qrels.known_holes import read_known_holes
-    from bridge_assets.resources import DuckDBStore
+    from bridge_assets.registry.datasets import get_dataset
 
     spec = get_dataset(dataset)
     if not spec.known_holes:

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import functools
 import inspect
-import json
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
@@ -23,8 +22,8 @@ import dagster as dg
 from dagster._core.definitions.assets.graph.base_asset_graph import BaseAssetGraph
 from dagster._core.definitions.decorators.op_decorator import DecoratedOpFunction
 
-from bridge_assets import run_settings
-from bridge_assets.resources import DuckDBStore
+from bridge_assets.lake.resource import DuckDBStore
+from bridge_assets.pipeline import asset_config
 
 # The tag `bridge run` puts on its runs (it computes only what changed); with Dagster's tags on
 # the runs automation, sensors and schedules start, the runs where a current asset is reused.
@@ -55,75 +54,61 @@ def config_class_of(assets_def: dg.AssetsDefinition) -> type[dg.Config] | None:
 
 
 def resolved_settings(assets_def: dg.AssetsDefinition, dataset: str,
-                      asset_config: dict[str, dict[str, Any]] | None) -> run_settings.Resolved | None:
+                      overrides: dict[str, dict[str, Any]] | None) -> asset_config.Resolved | None:
     """The settings the op writing `assets_def` resolves for `dataset` under the explicit
-    `asset_config` (asset name -> fields); None for an op without config."""
+    `overrides` (asset name -> fields); None for an op without config."""
     config_class = config_class_of(assets_def)
     if config_class is None:
         return None
     names = [k.to_user_string() for k in assets_def.keys]
-    explicit = {field: value for name in names for field, value in (asset_config or {}).get(name, {}).items()}
-    return run_settings.resolve(config_class, dataset, names, explicit,
-                                reads=run_settings.declared_reads(assets_def))
+    explicit = {field: value for name in names for field, value in (overrides or {}).get(name, {}).items()}
+    return asset_config.resolve(config_class, dataset, names, explicit,
+                                reads=asset_config.declared_reads(assets_def))
+
+
+# What an asset reads from outside the lake's assets (a dataset's files, a retriever's entry or
+# run file, the votes...), compared with what its last materialization recorded in its metadata.
+# The stage that defines the asset declares the check (`@external_input("human_labels")`): this
+# module sits below the stages and names none of them.
+ExternalCheck = Callable[[Any, dict[str, Any], DuckDBStore], "str | None"]
+EXTERNAL_CHECKS: dict[str, list[ExternalCheck]] = {}
+
+
+def external_input(*assets: str) -> Callable[[ExternalCheck], ExternalCheck]:
+    """Declare `check(partition_key, metadata, store) -> reason | None` for `assets`."""
+
+    def declare(check: ExternalCheck) -> ExternalCheck:
+        for asset in assets:
+            EXTERNAL_CHECKS.setdefault(asset, []).append(check)
+        return check
+
+    return declare
 
 
 def external_change(key: dg.AssetKey, partition_key: Any, metadata: dict[str, Any],
                     store: DuckDBStore | None) -> str | None:
     """An input outside the lake's assets that changed since the materialization, or calls an
     automation run deferred (an explicit run makes them)."""
-    name = key.to_user_string()
-    if name in ("corpus", "queries", "original_qrels"):
-        from bridge_assets.ingest.assets import source_version
-        from bridge_assets.ingest.registry import get_dataset
-
-        if metadata.get("source_version") != source_version(get_dataset(partition_key)):
-            return "the dataset's entry or files changed"
     if metadata.get("deferred_calls"):
         return f"{metadata['deferred_calls']} LLM calls were deferred by the automation cap"
-    if name == "retrieval_run":
-        from bridge_assets.retrieval.registry import load_registry
-
-        retriever = partition_key.keys_by_dimension["retriever"]
-        k = (metadata.get("details") or {}).get("k")  # a changed k is a settings change
-        registry = load_registry()
-        if metadata.get("config_hash") != registry.config_hash(retriever, k):
-            return f"{retriever}'s registry entry changed"
-        if registry.system(retriever).kind == "run_file":  # the file may change under its entry
-            from bridge_assets.retrieval.run_files import file_sha256
-
-            path = registry.run_file(retriever, partition_key.keys_by_dimension["dataset"])
-            details = metadata.get("details")
-            read = ((details.get("run_files") or {}) if isinstance(details, dict) else {}).get(retriever, {})
-            if read.get("sha256") != (file_sha256(path) if path.exists() else None):
-                return f"{retriever}'s run file changed"
-    if name == "student_rerank_run":
-        from bridge_assets.student.assets import evaluation_system_hashes
-
-        if metadata.get("systems") != json.dumps(evaluation_system_hashes(), sort_keys=True):
-            return "the registry's evaluation-only systems changed"
-    if name == "human_labels":
-        from bridge_assets.human.assets import votes_version
-
-        if metadata.get("votes_version") != votes_version(store or DuckDBStore(), partition_key):
-            return "the votes changed"
-    if name == "bridge_qrels":
-        from bridge_assets.qrels.assets import imports_version
-
-        if metadata.get("imports_version") != imports_version(store or DuckDBStore(), partition_key):
-            return "imported judgments changed (bridge qrels import / remove)"
-        from bridge_assets.ingest.registry import get_dataset
-
-        relevance = get_dataset(partition_key).relevance
-        if metadata.get("min_precision") != relevance.min_precision:
-            return "the dataset's relevance.min_precision changed"
-        # (absent before the setting existed: off, as its default)
-        if metadata.get("drops_in_bounds", False) != relevance.drops_in_bounds:
-            return "the dataset's relevance.drops_in_bounds changed"
+    for check in EXTERNAL_CHECKS.get(key.to_user_string(), []):
+        if (reason := check(partition_key, metadata, store or DuckDBStore())) is not None:
+            return reason
     return None
 
 
+# The whole asset graph, handed over by bridge_assets.definitions (above this module): a job's own
+# graph mis-reads its partition-mapped deps' new partitions.
+_whole_graph: Callable[[], BaseAssetGraph] | None = None
+
+
+def use_asset_graph(graph: Callable[[], BaseAssetGraph]) -> None:
+    global _whole_graph
+    _whole_graph = graph
+
+
 def out_of_date(graph: BaseAssetGraph, inst: dg.DagsterInstance, key: dg.AssetKey, partition_key: Any,
-                asset_config: dict[str, dict[str, Any]] | None = None,
+                overrides: dict[str, dict[str, Any]] | None = None,
                 store: DuckDBStore | None = None) -> str | None:
     """Why the asset's partition must be materialized, or None when it is current."""
     # Dagster's own staleness, as the UI shows it (its resolver is not public API)
@@ -142,7 +127,7 @@ def out_of_date(graph: BaseAssetGraph, inst: dg.DagsterInstance, key: dg.AssetKe
         causes = resolver.get_stale_root_causes(key, partition_key)
         return "stale: " + "; ".join(sorted({cause.reason for cause in causes})) if causes else "stale"
     if partition_key is not None:
-        expected = resolved_settings(graph.get(key).assets_def, run_settings.dataset_of(partition_key), asset_config)
+        expected = resolved_settings(graph.get(key).assets_def, asset_config.dataset_of(partition_key), overrides)
         if expected is not None and metadata.get("settings_hash") != expected.hash:
             return "its settings changed"
     return external_change(key, partition_key, metadata, store or DuckDBStore())
@@ -165,10 +150,9 @@ def _reused(context: dg.AssetExecutionContext) -> list[dg.MaterializeResult] | N
     current for this partition; None when one must be computed."""
     if not reuses(context.run.tags) or not context.has_partition_key:
         return None
-    # the whole graph (a job's own graph mis-reads its partition-mapped deps' new partitions)
-    from bridge_assets.definitions import defs
-
-    graph = defs.resolve_asset_graph()
+    if _whole_graph is None:  # a run tagged to reuse always loads bridge_assets.definitions
+        raise RuntimeError("the asset graph was not handed over (staleness.use_asset_graph)")
+    graph = _whole_graph()
     partition_key = context.partition_key
     keys = sorted(context.selected_asset_keys, key=lambda k: k.to_user_string())
     config = explicit_config(context.run.run_config)

@@ -17,11 +17,11 @@ from pathlib import Path
 import duckdb
 
 from bridge_assets.analysis.retrieval import measure_label
-from bridge_assets.ingest.registry import DatasetSpec
 from bridge_assets.labeling.debate import FLAG_DEFERRED
+from bridge_assets.lake.store import one_row, table_exists
 from bridge_assets.qrels.known_holes import read_known_holes, score_known_holes
 from bridge_assets.qrels.trust import debate_trust, dropped_holes, trusted_by_rule
-from bridge_assets.store import one_row, table_exists
+from bridge_assets.registry.datasets import DatasetSpec
 from bridge_assets.student.model import ONE_CLASS_QUERY, SAMPLED_OUT
 
 

@@ -13,7 +13,7 @@ partition is one transaction: delete the partition's old rows, insert the new on
 that fails never leaves half a partition behind, and parallel runs queue for the lock
 instead of failing on it.
 
-DuckLake (bridge_assets.ducklake): nobody holds a lock; the same transaction is one snapshot,
+DuckLake (bridge_assets.lake.ducklake): nobody holds a lock; the same transaction is one snapshot,
 committed whole or not at all. A commit that lost a race to another writer is retried with
 backoff (`run_transaction`), then fails with StoreConflict. Each write records the Dagster run
 and partition in its snapshot, and returns the snapshot's id (lineage, `--as-of` exports).
@@ -32,8 +32,9 @@ from typing import Any, TypeVar
 import duckdb
 import polars as pl
 
-from bridge_assets import ducklake, settings
+from bridge_assets import settings
 from bridge_assets.errors import BridgeError
+from bridge_assets.lake import ducklake
 from bridge_assets.paths import PIPELINE_FILE, LakeLocation
 
 LOCK_WAIT_SECONDS = 300.0

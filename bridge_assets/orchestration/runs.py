@@ -5,7 +5,7 @@ the UI afterwards.
 `materialize` is the command line's one way in (`bridge run`, `bridge materialize`, `bridge
 runs import`, `bridge qrels import`): it plans the steps, runs them in process, and raises the
 asset's own error when one fails. The settings each asset runs with are resolved inside the
-run (bridge_assets.run_settings), so the command line passes only what its user typed. With
+run (bridge_assets.pipeline.asset_config), so the command line passes only what its user typed. With
 `stale_only`, a partition runs only when it is missing, Dagster marks it stale (an upstream
 data version or code version changed), its settings changed, or an input outside the lake
 changed (the dataset's files or entry, a retriever's registry entry, the votes, imported
@@ -24,10 +24,10 @@ from typing import Any
 
 import dagster as dg
 
-from bridge_assets import staleness
 from bridge_assets.errors import AssetError, DatasetError
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.llm.budget import BudgetExceeded
-from bridge_assets.resources import DuckDBStore
+from bridge_assets.pipeline import staleness
 
 # Dagster's tags naming a run's partition: a dataset's, or the dataset dimension of a
 # retriever x dataset partition.
@@ -65,7 +65,7 @@ def console_logger(init_context: dg.InitLoggerContext) -> logging.Logger:
 RUN_MONITORING_SECONDS = 30
 INSTANCE_CONFIG: dict[str, Any] = {
     "telemetry": {"enabled": False},
-    "run_launcher": {"module": "bridge_assets.run_launcher", "class": "BridgeRunLauncher"},
+    "run_launcher": {"module": "bridge_assets.orchestration.run_launcher", "class": "BridgeRunLauncher"},
     "run_monitoring": {"enabled": True, "poll_interval_seconds": RUN_MONITORING_SECONDS,
                        "max_resume_run_attempts": 0},
     "run_coordinator": {
@@ -76,15 +76,24 @@ INSTANCE_CONFIG: dict[str, Any] = {
 }
 
 
+# Sections an earlier BRIDGE wrote, replaced by today's: they were ours, not the user's (the run
+# launcher's module moved into bridge_assets.orchestration).
+SUPERSEDED: dict[str, list[dict[str, Any]]] = {
+    "run_launcher": [{"module": "bridge_assets.run_launcher", "class": "BridgeRunLauncher"}],
+}
+
+
 def ensure_instance_config(home: str | os.PathLike) -> Path:
     """Write `home`/dagster.yaml with INSTANCE_CONFIG, or add the sections of it that an
-    existing file lacks (a section the user wrote is theirs: it is kept as it is)."""
+    existing file lacks or holds as an earlier BRIDGE wrote them (SUPERSEDED); a section the
+    user wrote is theirs: it is kept as it is."""
     import yaml
 
     config = Path(home) / "dagster.yaml"
     config.parent.mkdir(parents=True, exist_ok=True)
     current = (yaml.safe_load(config.read_text()) or {}) if config.exists() else {}
-    missing = {name: section for name, section in INSTANCE_CONFIG.items() if name not in current}
+    missing = {name: section for name, section in INSTANCE_CONFIG.items()
+               if name not in current or current[name] in SUPERSEDED.get(name, [])}
     if missing or not config.exists():
         config.write_text(yaml.safe_dump({**current, **missing}, sort_keys=False))
     return config
@@ -198,7 +207,7 @@ def root_cause(exc: BaseException) -> BaseException:
     return exc
 
 
-# --- what is out of date: bridge_assets.staleness ------------------------------------------
+# --- what is out of date: bridge_assets.pipeline.staleness ------------------------------------------
 
 def asset_settings(asset: str, dataset: str,
                    asset_config: dict[str, dict[str, Any]] | None = None) -> Any:
@@ -288,7 +297,7 @@ def wait_for_other_runs(inst: dg.DagsterInstance, datasets: list[str], say: Call
     launches, another command's) is computing a partition of `datasets`. A run whose worker
     process is gone (killed) is marked FAILURE here, as the daemon's run monitoring would.
     True when it waited."""
-    from bridge_assets.run_launcher import worker_died
+    from bridge_assets.orchestration.run_launcher import worker_died
 
     told: set[str] = set()
     while True:
@@ -462,9 +471,9 @@ def materialize(assets: Iterable[str], dataset: str | None, *,
     One command per dataset at a time (`dataset_turn`), and none beside the instance's other
     runs of the dataset (the daemon's): each step first waits for them (`on_wait` says so), so
     the doors take turns and the later one finds what the earlier built up to date."""
-    from bridge_assets import store as lake_store
     from bridge_assets.definitions import defs
-    from bridge_assets.ingest.registry import load_registry
+    from bridge_assets.lake import store as lake_store
+    from bridge_assets.registry.datasets import load_registry
     from bridge_assets.retrieval.sensors import sync_partitions
 
     resource = DuckDBStore()

@@ -8,10 +8,10 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
-from bridge_assets import registries
-from bridge_assets.ingest.errors import DatasetError
-from bridge_assets.labeling.relevance import RelevanceSettings
+from bridge_assets.errors import DatasetError
 from bridge_assets.paths import PROJECT_ROOT
+from bridge_assets.registry import registry_files
+from bridge_assets.registry.relevance import RelevanceSettings
 
 DatasetKind = Literal["beir", "nq_open", "trec", "bridge_release", "beir_url", "huggingface",
                       "ir_datasets"]
@@ -22,9 +22,9 @@ QueryField = Literal["title", "description", "title_description"]
 LabelScale = Literal["binary", "graded"]
 GRADES = (0, 1, 2, 3)
 # `BRIDGE_DATASETS` points at another registry file (tests, or a user's own set of datasets);
-# `<BRIDGE_REGISTRY_DIR>/datasets.yaml` is merged over it (bridge_assets.registries).
-REGISTRY_FILE = registries.DATASETS_FILE
-REGISTRY_PATH = registries.DATASETS_PATH
+# `<BRIDGE_REGISTRY_DIR>/datasets.yaml` is merged over it (bridge_assets.registry.registry_files).
+REGISTRY_FILE = registry_files.DATASETS_FILE
+REGISTRY_PATH = registry_files.DATASETS_PATH
 # A dataset name becomes a partition key, a folder name (exports, reports, downloads) and a
 # value in SQL, so it is kept to characters that are plain in all three.
 _DATASET_NAME = re.compile(r"[A-Za-z0-9_.-]+")
@@ -39,7 +39,7 @@ def validate_dataset_name(name: str) -> str:
 
 
 class AutomationSettings(BaseModel):
-    """What the daemon's automation may spend on a dataset (bridge_assets.automation)."""
+    """What the daemon's automation may spend on a dataset (bridge_assets.pipeline.automation)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -67,7 +67,7 @@ class DatasetSpec(BaseModel):
     query_field: QueryField = "title"  # trec <top> topics: the field that is the query
     label_scale: LabelScale = "binary"  # new labels (LLM and human): 0/1 or the grades 0-3
     # What relevant means here: {definition: answer_support | useful | narrative | <your text>}
-    # (bridge_assets.labeling.relevance); unset: answer_support where a query has short answers,
+    # (bridge_assets.registry.relevance); unset: answer_support where a query has short answers,
     # narrative where it has a TREC topic, useful otherwise. Every labeler reads it.
     relevance: RelevanceSettings = Field(default_factory=RelevanceSettings)
     # Optional answer key: jsonl {"query_id", "doc_ids": [...], "partial": [...]} of unjudged
@@ -112,8 +112,8 @@ def load_registry(path: Path = REGISTRY_PATH) -> dict[str, DatasetSpec]:
     """Parse the registry (`path`, with the user's datasets.yaml merged over it); a malformed
     entry fails naming its file, line and name."""
     try:
-        registry = registries.load(path, REGISTRY_FILE)
-    except registries.RegistryFileError as exc:
+        registry = registry_files.load(path, REGISTRY_FILE)
+    except registry_files.RegistryFileError as exc:
         raise DatasetError(exc.problem, exc.file, exc.line) from None
     specs = {}
     for name, body in (registry.data.get("datasets") or {}).items():
@@ -142,10 +142,10 @@ def add_dataset(name: str, body: dict[str, Any], replace: bool = False, path: Pa
     if name in known and not replace:
         raise DatasetError(f"dataset '{name}' already exists (use --replace to replace it)",
                            known[name]._file)
-    target = registries.target_file(path, REGISTRY_FILE)
+    target = registry_files.target_file(path, REGISTRY_FILE)
     try:
-        registries.add_entry(target, "datasets", name, body, lambda: load_registry(path), replace)
-    except registries.RegistryFileError as exc:
+        registry_files.add_entry(target, "datasets", name, body, lambda: load_registry(path), replace)
+    except registry_files.RegistryFileError as exc:
         raise DatasetError(exc.problem, exc.file, exc.line) from None
     return target
 
@@ -160,6 +160,6 @@ def get_dataset(name: str, registry: dict[str, DatasetSpec] | None = None) -> Da
     if name not in registry:
         known = ", ".join(sorted(registry)) or "none"
         raise DatasetError(f"unknown dataset '{name}' (known: {known})",
-                           registries.describe(REGISTRY_PATH, REGISTRY_FILE))
+                           registry_files.describe(REGISTRY_PATH, REGISTRY_FILE))
     return registry[name]
 

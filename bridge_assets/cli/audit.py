@@ -27,10 +27,10 @@ from bridge_assets.errors import BridgeError
 from bridge_assets.labeling.evidence import quote_matches
 from bridge_assets.labeling.pairs import chunk_text, topic_columns
 from bridge_assets.labeling.prompts import Prompts
-from bridge_assets.labeling.relevance import resolve_relevance
+from bridge_assets.lake.snapshots import snapshot_of
+from bridge_assets.lake.store import table_exists
 from bridge_assets.llm.parsing import canonical_json
-from bridge_assets.snapshots import snapshot_of
-from bridge_assets.store import table_exists
+from bridge_assets.registry.relevance import resolve_relevance
 from bridge_assets.student.model import ONE_CLASS_QUERY, SAMPLED_OUT, TRAIN
 
 # Assets whose latest materialization of the dataset's partition the story names.
@@ -198,8 +198,8 @@ def audit_pair(con: duckdb.DuckDBPyConnection, dataset: str, query_id: str, doc_
 
 def _relevance(dataset: str, query: dict[str, Any]) -> dict[str, Any]:
     """What relevant meant for the pair: the query's own definition, else its dataset's, else
-    the default for what the query has (bridge_assets.labeling.relevance)."""
-    from bridge_assets.ingest.registry import load_registry
+    the default for what the query has (bridge_assets.registry.relevance)."""
+    from bridge_assets.registry.datasets import load_registry
 
     spec = load_registry().get(dataset)
     relevance = resolve_relevance(spec.relevance.definition if spec else None, answers=tuple(query["answers"] or ()),
@@ -468,9 +468,10 @@ def audit_command(
 ) -> None:
     """The whole story of one label: texts, systems and ranks, filter votes, debate turns,
     human votes, final label and source, models, prompt hashes and Dagster run ids."""
-    from bridge_assets import orchestration, store
-    from bridge_assets.cli_errors import fail
+    from bridge_assets.cli.errors import fail
     from bridge_assets.human.votes_store import VotesConflict, VotesStore
+    from bridge_assets.lake import store
+    from bridge_assets.orchestration import runs as orchestration
 
     votes = VotesStore()
     lake = votes.store.lake

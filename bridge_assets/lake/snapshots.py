@@ -26,8 +26,8 @@ from bridge_assets.errors import BridgeError
 if TYPE_CHECKING:
     import duckdb
 
-    from bridge_assets.resources import DuckDBStore, VotesSource
-    from bridge_assets.store import Where
+    from bridge_assets.lake.resource import DuckDBStore, VotesSource
+    from bridge_assets.lake.store import Where
 
 METADATA_KEY = "lake_snapshot"
 NOT_AVAILABLE = "n/a"
@@ -130,7 +130,7 @@ def resolve_as_of(value: str, path: Where | None = None) -> int:
     can all be digits (97828695-...), so digits that name no snapshot are tried as a run id
     prefix; a number that is both names the snapshot (more of the run id, dash included, names
     the run). AsOfError when neither."""
-    from bridge_assets import ducklake, store
+    from bridge_assets.lake import ducklake, store
 
     if store.lake_config(path) is None:
         raise AsOfError("--as-of needs the DuckLake storage (BRIDGE_STORAGE=ducklake): a DuckDB "

@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from bridge_assets.cli_errors import fail as _fail
+from bridge_assets.cli.errors import fail as _fail
 
 # The options naming local files; written to the registry as absolute paths (a relative path
 # on the command line is relative to where the command runs, not to the registry file).
@@ -43,7 +43,7 @@ def add_dataset_command(
     """Add a dataset to <BRIDGE_REGISTRY_DIR>/datasets.yaml, else to the shipped datasets.yaml
     (validated; the file is unchanged on error). It becomes a `dataset` partition in processes
     started afterwards (restart `make ui`)."""
-    from bridge_assets.ingest.registry import add_dataset
+    from bridge_assets.registry.datasets import add_dataset
 
     given: dict[str, Any] = {"path": path, "corpus": corpus, "topics": topics, "qrels": qrels,
                              "queries": queries, "answers": answers, "known_holes": known_holes}

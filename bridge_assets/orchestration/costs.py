@@ -33,22 +33,22 @@ from typing import TYPE_CHECKING, Any
 
 import duckdb
 
-from bridge_assets import store
 from bridge_assets.analysis.rag import estimate_rag_calls
 from bridge_assets.analysis.views import dataset_snapshot
 from bridge_assets.human.cost import PeopleCost, annotator_rate, people_cost
 from bridge_assets.human.cost import describe as describe_people
-from bridge_assets.ingest.registry import get_dataset
 from bridge_assets.labeling import pooling
 from bridge_assets.labeling.filter import estimate_filter
 from bridge_assets.labeling.labeler import pipeline_items, pipeline_labeler
 from bridge_assets.labeling.pairs import Pair, load_pairs
+from bridge_assets.lake import store
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.llm import ledger
 from bridge_assets.llm.budget import Budget
 from bridge_assets.llm.replay import LedgerReplay, StageCalls
 from bridge_assets.llm.resource import LLMResource
-from bridge_assets.orchestration import asset_settings
-from bridge_assets.resources import DuckDBStore
+from bridge_assets.orchestration.runs import asset_settings
+from bridge_assets.registry.datasets import get_dataset
 from bridge_assets.retrieval.estimate import current_runs, estimate_retrieval_calls, llm_system_lines, with_upstream
 from bridge_assets.retrieval.registry import load_registry
 

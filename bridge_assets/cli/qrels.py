@@ -14,8 +14,8 @@ from typing import Any, cast
 
 import typer
 
-from bridge_assets.cli_errors import BridgeTyper
-from bridge_assets.cli_errors import fail as _fail
+from bridge_assets.cli.errors import BridgeTyper
+from bridge_assets.cli.errors import fail as _fail
 from bridge_assets.qrels.exports import ExportFormat
 from bridge_assets.qrels.imports import ImportFormat
 
@@ -29,8 +29,8 @@ def qrels() -> None:
 
 
 def _require_lake() -> None:
-    from bridge_assets import store
-    from bridge_assets.resources import DuckDBStore
+    from bridge_assets.lake import store
+    from bridge_assets.lake.resource import DuckDBStore
 
     if not store.exists(path := DuckDBStore().path):
         _fail(f"no data lake at {store.describe(path)}")
@@ -51,9 +51,9 @@ def export(
                                           "DuckLake snapshot id (the DuckLake storage, the default)."),
 ) -> None:
     """Write the refined qrels of DATASET (materialize bridge_qrels first)."""
-    from bridge_assets import store
+    from bridge_assets.lake import store
+    from bridge_assets.lake.snapshots import resolve_as_of
     from bridge_assets.qrels.exports import export_qrels
-    from bridge_assets.snapshots import resolve_as_of
 
     _require_lake()
     snapshot = resolve_as_of(as_of) if as_of else None
@@ -67,7 +67,7 @@ def export(
 def materialize_bridge_qrels(dataset: str) -> dict[str, Any]:
     """Materialize bridge_qrels for `dataset` now (nothing upstream: the labels stay as they
     are), on the Dagster instance the UI uses; its metadata and whether its checks passed."""
-    from bridge_assets import orchestration
+    from bridge_assets.orchestration import runs as orchestration
 
     outcome = orchestration.materialize(["bridge_qrels"], dataset, with_missing_upstream=False)
     checks = {e.check_name: e.passed for e in outcome.results[-1].get_asset_check_evaluations()}
@@ -101,7 +101,7 @@ def import_command(
 ) -> None:
     """Store the judgments of FILE as label source SOURCE of DATASET's refined qrels, ranked
     among the built-in sources, then rebuild bridge_qrels."""
-    from bridge_assets import store
+    from bridge_assets.lake import store
     from bridge_assets.qrels.imports import UnknownIds, import_qrels
 
     _require_lake()
@@ -150,7 +150,7 @@ def sources_command(
     dataset: str = typer.Option(..., "--dataset", "-d", help="Dataset whose label sources to list."),
 ) -> None:
     """Every label source of DATASET, best precedence first: the built-ins and the imported ones."""
-    from bridge_assets import store
+    from bridge_assets.lake import store
     from bridge_assets.qrels.sources import BUILTIN_PRECEDENCE, registered
 
     _require_lake()
@@ -174,7 +174,7 @@ def remove_command(
     run: bool = typer.Option(True, "--run/--no-run", help="Materialize bridge_qrels for DATASET now."),
 ) -> None:
     """Remove an imported source of DATASET and its judgments, then rebuild bridge_qrels."""
-    from bridge_assets import store
+    from bridge_assets.lake import store
     from bridge_assets.qrels.imports import remove_source
 
     _require_lake()

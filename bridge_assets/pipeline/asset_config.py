@@ -25,7 +25,7 @@ import dagster as dg
 from pydantic import ValidationError
 
 from bridge_assets.errors import DatasetError
-from bridge_assets.labeling.relevance import RelevanceSettings
+from bridge_assets.registry.relevance import RelevanceSettings
 
 DEFAULT, DATASET, RUN_CONFIG = "default", "dataset", "run config"
 
@@ -34,7 +34,7 @@ C = TypeVar("C", bound=dg.Config)
 
 def dataset_pipeline(dataset: str) -> dict[str, dict[str, Any]]:
     """The dataset's `pipeline:` entry: {asset name: {field: value}}."""
-    from bridge_assets.ingest.registry import get_dataset
+    from bridge_assets.registry.datasets import get_dataset
 
     return get_dataset(dataset).pipeline
 
@@ -70,20 +70,20 @@ def declared_reads(assets_def: dg.AssetsDefinition) -> frozenset[str]:
 
 def dataset_relevance(dataset: str) -> dict[str, Any]:
     """The dataset's `relevance:` entry, every field (defaults filled in)."""
-    from bridge_assets.ingest.registry import get_dataset
+    from bridge_assets.registry.datasets import get_dataset
 
     return get_dataset(dataset).relevance.model_dump(mode="json")
 
 
 def input_files(dataset: str, reads: frozenset[str]) -> list[Path]:
-    from bridge_assets import registries
-    from bridge_assets.ingest.registry import get_dataset
-    from bridge_assets.labeling.prompts import PROMPTS_DIR
     from bridge_assets.llm.profiles import MODELS_FILE, MODELS_PATH
+    from bridge_assets.paths import PROMPTS_DIR
+    from bridge_assets.registry import registry_files
+    from bridge_assets.registry.datasets import get_dataset
 
     files: list[Path | None] = []
     if LLM_FILES in reads:
-        files += [MODELS_PATH, registries.user_file(MODELS_FILE), *sorted(PROMPTS_DIR.glob("*"))]
+        files += [MODELS_PATH, registry_files.user_file(MODELS_FILE), *sorted(PROMPTS_DIR.glob("*"))]
     if KNOWN_HOLES in reads:
         spec = get_dataset(dataset)
         if spec.known_holes:

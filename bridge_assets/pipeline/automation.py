@@ -29,11 +29,11 @@ import dagster as dg
 
 from bridge_assets.llm import budget as llm_budget
 from bridge_assets.llm import coordination
-from bridge_assets.run_settings import dataset_of
+from bridge_assets.pipeline.asset_config import dataset_of
 from bridge_assets.settings import env
 
 if TYPE_CHECKING:
-    from bridge_assets.store import Where
+    from bridge_assets.lake.store import Where
 
 SENSOR_NAME = "bridge_automation_sensor"
 # Dagster's own tag on the runs its automation sensors launch.
@@ -83,7 +83,7 @@ def llm_cap(context: dg.AssetExecutionContext, ledger_path: Where | None) -> Ite
     if not is_automation_run(context):
         yield metadata
         return
-    from bridge_assets.ingest.registry import get_dataset
+    from bridge_assets.registry.datasets import get_dataset
 
     cap = get_dataset(dataset_of(context.partition_key)).automation.llm_calls_per_run
     shared = coordination.for_store(ledger_path)

@@ -15,8 +15,8 @@ from typing import Any
 import typer
 import yaml
 
-from bridge_assets.cli_errors import BridgeTyper
-from bridge_assets.cli_errors import fail as _fail
+from bridge_assets.cli.errors import BridgeTyper
+from bridge_assets.cli.errors import fail as _fail
 
 app = BridgeTyper(help="The retriever registry (resources/retrievers.yaml).", no_args_is_help=True,
                   add_completion=False)
@@ -138,7 +138,7 @@ def export_run(
     out: Path = typer.Option(None, "--out", "-o", help="Default: <data lake>/runs/<dataset>.<retriever>.trec"),
 ) -> None:
     """Write a stored run (the `retrieval_run` table) as a TREC run file."""
-    from bridge_assets.resources import DuckDBStore
+    from bridge_assets.lake.resource import DuckDBStore
     from bridge_assets.retrieval.runs import export_trec_run
 
     lake = DuckDBStore().lake
@@ -152,7 +152,7 @@ def materialize_run(dataset: str, retriever: str) -> dict[str, Any]:
     the UI uses (ingesting the dataset first if it never was); its materialization metadata."""
     import dagster as dg
 
-    from bridge_assets import orchestration
+    from bridge_assets.orchestration import runs as orchestration
 
     key = dg.MultiPartitionKey({"dataset": dataset, "retriever": retriever})
     return orchestration.materialize(["retrieval_run"], dataset, partition_key=key).metadata("retrieval_run")
@@ -167,9 +167,9 @@ def list_runs(
     it), running, or never run."""
     import dagster as dg
 
-    from bridge_assets import orchestration
-    from bridge_assets.ingest.registry import get_dataset
-    from bridge_assets.ingest.registry import load_registry as load_datasets
+    from bridge_assets.orchestration import runs as orchestration
+    from bridge_assets.registry.datasets import get_dataset
+    from bridge_assets.registry.datasets import load_registry as load_datasets
     from bridge_assets.retrieval.registry import load_registry
 
     registry = load_registry()
@@ -207,7 +207,7 @@ def import_run(
     """Copy FILE to <runs folder>/DATASET/NAME.trec[.gz], register NAME as a run_file system and
     materialize its run on DATASET. The runs folder is <BRIDGE_REGISTRY_DIR>/runs, else
     <data lake>/runs."""
-    from bridge_assets.ingest.registry import get_dataset
+    from bridge_assets.registry.datasets import get_dataset
     from bridge_assets.retrieval.registry import load_registry, target_path
     from bridge_assets.retrieval.run_files import copy_run_file, register_run_file, runs_dir, validate_system_name
     from bridge_assets.trec_io import read_trec_run

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from bridge_assets.cli_errors import BridgeTyper
+from bridge_assets.cli.errors import BridgeTyper
 
 models_app = BridgeTyper(help="LLM profiles (resources/models.yaml) and their weights.",
                          no_args_is_help=True)

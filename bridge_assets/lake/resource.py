@@ -11,7 +11,8 @@ import dagster as dg
 import duckdb
 import polars as pl
 
-from bridge_assets import settings, store
+from bridge_assets import settings
+from bridge_assets.lake import store
 from bridge_assets.paths import LakeLocation
 
 
@@ -51,7 +52,7 @@ class DuckDBStore(dg.ConfigurableResource):
         """Replace one partition of `tables` in one transaction. Inside an asset, the lake
         snapshot it wrote goes into the materialization's metadata (`lake_snapshot`: the
         DuckLake snapshot id, "n/a" on a DuckDB file) and the run id into the snapshot."""
-        from bridge_assets.snapshots import current_run_info, record_snapshot
+        from bridge_assets.lake.snapshots import current_run_info, record_snapshot
 
         info = current_run_info()
         snapshot = store.write_partitions(tables, keys, self.lake, info=info)

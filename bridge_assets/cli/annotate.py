@@ -10,8 +10,8 @@ from pathlib import Path
 
 import typer
 
-from bridge_assets.cli_errors import BridgeTyper
-from bridge_assets.cli_errors import fail as _fail
+from bridge_assets.cli.errors import BridgeTyper
+from bridge_assets.cli.errors import fail as _fail
 
 app = BridgeTyper(help="Human annotation of escalated pairs (the annotation web app and its votes).",
                   no_args_is_help=True, add_completion=False)
@@ -71,7 +71,7 @@ def serve(
 
     from bridge_assets.human.app import AppSettings, annotation_app
     from bridge_assets.human.security import load_secret
-    from bridge_assets.ingest.registry import graded_datasets
+    from bridge_assets.registry.datasets import graded_datasets
     from bridge_assets.settings import lake_location
 
     lake = lake_location()
@@ -134,7 +134,7 @@ def import_(
 ) -> None:
     """Import votes collected elsewhere (validated; all or nothing)."""
     from bridge_assets.human.transfer import ImportFailed, import_votes
-    from bridge_assets.ingest.registry import graded_datasets
+    from bridge_assets.registry.datasets import graded_datasets
 
     try:
         with _votes(lake=True) as con:
@@ -225,8 +225,8 @@ def load_known(
     if sum(x is not None for x in (dataset, goldset, gold)) != 1:
         _fail("give one of --dataset, --goldset or --gold")
     if dataset is not None:
-        from bridge_assets.ingest.registry import get_dataset
         from bridge_assets.qrels.known_holes import read_known_holes
+        from bridge_assets.registry.datasets import get_dataset
 
         spec = get_dataset(dataset)
         if not spec.known_holes:

@@ -10,8 +10,8 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from bridge_assets.cli_errors import BridgeTyper
-from bridge_assets.cli_errors import fail as _fail
+from bridge_assets.cli.errors import BridgeTyper
+from bridge_assets.cli.errors import fail as _fail
 from bridge_assets.errors import BridgeError
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
@@ -50,19 +50,19 @@ def lazy_group(commands: dict[str, tuple[str, str, bool]]) -> type[LazyGroup]:
 
 app = BridgeTyper(help="BRIDGE: find and fill the holes in IR benchmarks, then re-benchmark.",
                   no_args_is_help=True, add_completion=False, cls=lazy_group({
-                      "annotate": ("bridge_assets.human.cli", "app", True),
-                      "models": ("bridge_assets.llm.cli", "models_app", True),
-                      "eval": ("bridge_assets.metrics.cli", "eval_command", False),
-                      "qrels": ("bridge_assets.qrels.cli", "app", True),
-                      "audit": ("bridge_assets.audit", "audit_command", False),
-                      "retrievers": ("bridge_assets.retrieval.cli", "app", True),
-                      "runs": ("bridge_assets.retrieval.cli", "runs_app", True),
-                      "label-eval": ("bridge_assets.evaluation.cli", "label_eval_command", False),
-                      "lake": ("bridge_assets.lake_cli", "app", True),
-                      "sql": ("bridge_assets.lake_cli", "sql_command", False),
+                      "annotate": ("bridge_assets.cli.annotate", "app", True),
+                      "models": ("bridge_assets.cli.models", "models_app", True),
+                      "eval": ("bridge_assets.cli.eval", "eval_command", False),
+                      "qrels": ("bridge_assets.cli.qrels", "app", True),
+                      "audit": ("bridge_assets.cli.audit", "audit_command", False),
+                      "retrievers": ("bridge_assets.cli.retrievers", "app", True),
+                      "runs": ("bridge_assets.cli.retrievers", "runs_app", True),
+                      "label-eval": ("bridge_assets.cli.label_eval", "label_eval_command", False),
+                      "lake": ("bridge_assets.cli.lake", "app", True),
+                      "sql": ("bridge_assets.cli.lake", "sql_command", False),
                   }))
 datasets_app = BridgeTyper(help="The dataset registry (resources/datasets.yaml).", no_args_is_help=True,
-                           cls=lazy_group({"add": ("bridge_assets.ingest.cli", "add_dataset_command", False)}))
+                           cls=lazy_group({"add": ("bridge_assets.cli.datasets", "add_dataset_command", False)}))
 
 
 @datasets_app.callback()
@@ -82,9 +82,9 @@ SYSTEM_FAILED_EXIT = 4
 @datasets_app.command("list")
 def datasets_list() -> None:
     """Name, kind, source and (once ingested) counts of every registered dataset."""
-    from bridge_assets import store
-    from bridge_assets.ingest.registry import load_registry
-    from bridge_assets.resources import DuckDBStore
+    from bridge_assets.lake import store
+    from bridge_assets.lake.resource import DuckDBStore
+    from bridge_assets.registry.datasets import load_registry
 
     counts: dict[str, dict[str, int]] = {}
     if store.exists(path := DuckDBStore().path):
@@ -113,8 +113,8 @@ def _materialize(assets: list[str], dataset: str | None, overrides: dict[str, di
                  stale_only: bool = False):
     """Run `assets` through orchestration.materialize with progress lines; `overrides` is the
     explicit run config (the dataset's `pipeline:` entry is applied inside the run)."""
-    from bridge_assets import orchestration
     from bridge_assets.llm.budget import BudgetExceeded
+    from bridge_assets.orchestration import runs as orchestration
 
     total, done = 0, 0
 
@@ -180,12 +180,13 @@ def run(
     """The main job: the whole pipeline for one dataset, then a short summary. Only what is
     missing or out of date runs (an upstream change, changed settings, a changed retriever
     entry, new votes); with nothing changed it says so and runs nothing."""
-    from bridge_assets import orchestration, store
+    from bridge_assets.cli.summary import run_summary
     from bridge_assets.ingest.errors import DatasetError
-    from bridge_assets.ingest.registry import get_dataset
+    from bridge_assets.lake import store
+    from bridge_assets.lake.resource import DuckDBStore
     from bridge_assets.llm import budget as llm_budget
-    from bridge_assets.resources import DuckDBStore
-    from bridge_assets.summary import run_summary
+    from bridge_assets.orchestration import runs as orchestration
+    from bridge_assets.registry.datasets import get_dataset
 
     started = time.time()
     overrides: dict[str, dict] = {}
@@ -195,7 +196,7 @@ def run(
         overrides["debate_labels"] = {"adjudicate": adjudicate}
     limit = None if budget is None and budget_usd is None else llm_budget.Budget(budget, budget_usd)
     if dry_run:
-        from bridge_assets.costs import estimate_run, render
+        from bridge_assets.orchestration.costs import estimate_run, render
 
         # each stage resolves what its asset would: the dataset's `pipeline:` entry under the
         # explicit settings; a bad entry stops in the one handler (cli_errors) with `error: ...`

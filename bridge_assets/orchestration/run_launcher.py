@@ -63,7 +63,7 @@ class BridgeRunLauncher(DefaultRunLauncher):
         super().launch_run(context)
 
     def _nothing_left(self, run: dg.DagsterRun) -> bool:
-        from bridge_assets.orchestration import left_to_do
+        from bridge_assets.orchestration.runs import left_to_do
 
         try:
             return left_to_do(self._instance, run) == []

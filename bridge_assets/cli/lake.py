@@ -23,7 +23,7 @@ from typing import Any
 import duckdb
 import typer
 
-from bridge_assets.cli_errors import BridgeTyper, fail
+from bridge_assets.cli.errors import BridgeTyper, fail
 from bridge_assets.errors import BridgeError
 
 app = BridgeTyper(help="The lake's storage: DuckLake migration, snapshots, compaction.",
@@ -97,7 +97,7 @@ def sql_command(
     line, then one tab-separated line per row (NULL empty; tab, newline, backslash as \\t \\n
     \\\\). Writes, ATTACH, COPY, SET, INSTALL/LOAD and several statements are refused, and the
     connection cannot reach files outside the lake."""
-    from bridge_assets import store
+    from bridge_assets.lake import store
 
     statement = read_only_statement(query)
     try:
@@ -123,7 +123,7 @@ def sql_command(
 
 def _lake():
     """The lake's location, as the store resource holds it."""
-    from bridge_assets.resources import DuckDBStore
+    from bridge_assets.lake.resource import DuckDBStore
 
     return DuckDBStore().lake
 
@@ -131,7 +131,7 @@ def _lake():
 @app.command("info")
 def info_command() -> None:
     """Which storage is in force, where it lives, and the files of each DuckLake table."""
-    from bridge_assets import ducklake, store
+    from bridge_assets.lake import ducklake, store
 
     lake = _lake()
     typer.echo(f"storage\t{lake.storage}")
@@ -157,7 +157,7 @@ def repoint_command(
     """Make the DuckLake's catalog name its data path anew: after its data moved, or a lake folder
     was copied somewhere with BRIDGE_LAKE_DATA_PATH set (a copied folder on its own is re-pointed
     on first use)."""
-    from bridge_assets import ducklake
+    from bridge_assets.lake import ducklake
 
     config = _lake().ducklake_config
     if not config.exists():
@@ -171,7 +171,7 @@ def repoint_command(
 @app.command("snapshots")
 def snapshots_command(limit: int = typer.Option(20, "--limit", "-n", help="The latest N (0: all).")) -> None:
     """The DuckLake's snapshots, newest last: id, time, Dagster run, what it wrote."""
-    from bridge_assets import ducklake, store
+    from bridge_assets.lake import ducklake, store
 
     lake = _lake()
     if lake.ducklake is None:
@@ -195,7 +195,7 @@ def compact_command(
                                           "time travel before then is gone."),
 ) -> None:
     """Flush inlined rows to Parquet, merge small files, rewrite files with many deletions."""
-    from bridge_assets import ducklake, store
+    from bridge_assets.lake import ducklake, store
 
     lake = _lake()
     if lake.ducklake is None or not store.exists(lake):
@@ -212,7 +212,7 @@ def migrate(source: Path, config, *, votes_db: Path | None = None, keep: bool = 
     in one transaction, check the row counts, then rename `source` to <name>.migrated (unless
     `keep`). The source stays locked (its writers wait) while it is copied. Returns rows per
     table. Annotators, assignments and votes go to the votes store first, not into the lake."""
-    from bridge_assets import ducklake, store
+    from bridge_assets.lake import ducklake, store
 
     with store.connect_file(source) as con:  # the file itself, whatever BRIDGE_STORAGE says
         if votes_db is not None:

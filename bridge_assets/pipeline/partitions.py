@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dagster as dg
 
-from bridge_assets.registries import dataset_names
+from bridge_assets.registry.registry_files import dataset_names
 
 dataset_partitions = dg.StaticPartitionsDefinition(dataset_names())
 
