@@ -141,9 +141,10 @@ def _materialize(assets: list[str], dataset: str | None, overrides: dict[str, di
                                                     stale_only=stale_only, on_plan=console.plan,
                                                     on_step=console.start, on_step_end=console.end,
                                                     on_wait=console.say)
-            except Exception as exc:
+            except BaseException as exc:  # the running step's line ends with why it stopped
                 console.stop("stopped: the LLM budget is reached" if isinstance(exc, BudgetExceeded)
-                             else f"failed: {_one_line_error(exc)}")
+                             else f"failed: {_one_line_error(exc)}" if isinstance(exc, Exception)
+                             else "interrupted")
                 raise
     except BudgetExceeded as exc:  # a BridgeError with an exit code and a message of its own
         _budget_stop(exc)
