@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
+import sys
 import time
 
 import click
@@ -73,6 +75,8 @@ def datasets() -> None:
 app.add_typer(datasets_app, name="datasets")
 
 
+VERBOSE_HELP = "Show Dagster's log as it comes instead of writing it to a log file under the lake."
+
 # `bridge run` stopped by its --budget / --budget-usd: not an error, the next run resumes
 BUDGET_EXIT = 3
 # `bridge run` finished without a system whose input failed validation (its run file): it says which
@@ -109,36 +113,45 @@ def _budget_stop(exc: Exception) -> None:
     raise typer.Exit(BUDGET_EXIT)
 
 
+def _one_line_error(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, BridgeError) else f"{type(exc).__name__}: {exc}"
+
+
 def _materialize(assets: list[str], dataset: str | None, overrides: dict[str, dict] | None = None,
-                 stale_only: bool = False):
-    """Run `assets` through orchestration.materialize with progress lines; `overrides` is the
-    explicit run config (the dataset's `pipeline:` entry is applied inside the run)."""
+                 stale_only: bool = False, verbose: bool = False):
+    """Run `assets` through orchestration.materialize with a line per step (bridge_assets.cli.console);
+    Dagster's log goes to a log file under the lake, or with `verbose` to the console as it
+    comes. `overrides` is the explicit run config (the dataset's `pipeline:` entry is applied
+    inside the run)."""
+    from bridge_assets.cli.console import StepConsole, log_path, quiet_into
+    from bridge_assets.lake.resource import DuckDBStore
+    from bridge_assets.llm import progress as llm_progress
     from bridge_assets.llm.budget import BudgetExceeded
     from bridge_assets.orchestration import runs as orchestration
 
-    total, done = 0, 0
-
-    def planned(steps: int) -> None:
-        nonlocal total
-        total = steps
-
-    def progress(step, partition_key):
-        nonlocal done
-        done += 1
-        names = ", ".join(k.to_user_string() for k in step.keys)
-        where = f"  ({partition_key})" if partition_key else ""
-        typer.secho(f"[{done}/{total}] {names}{where}", fg="cyan", err=True)
-
+    log_file = None if verbose else log_path(DuckDBStore().lake.folder)
     try:
-        outcome = orchestration.materialize(assets, dataset, asset_config=overrides or {},
-                                            stale_only=stale_only, on_step=progress, on_plan=planned,
-                                            on_wait=lambda line: typer.secho(line, fg="yellow", err=True))
+        with contextlib.ExitStack() as stack:
+            out = sys.stderr if log_file is None else stack.enter_context(quiet_into(log_file))
+            console = StepConsole(out, live=log_file is not None and out.isatty(), verbose=verbose,
+                                  log_file=log_file)
+            stack.enter_context(llm_progress.listening(console.llm))
+            try:
+                outcome = orchestration.materialize(assets, dataset, asset_config=overrides or {},
+                                                    stale_only=stale_only, on_plan=console.plan,
+                                                    on_step=console.start, on_step_end=console.end,
+                                                    on_wait=console.say)
+            except BaseException as exc:  # the running step's line ends with why it stopped
+                console.stop("stopped: the LLM budget is reached" if isinstance(exc, BudgetExceeded)
+                             else f"failed: {_one_line_error(exc)}" if isinstance(exc, Exception)
+                             else "interrupted")
+                raise
     except BudgetExceeded as exc:  # a BridgeError with an exit code and a message of its own
         _budget_stop(exc)
     except BridgeError:
         raise  # an unknown asset or dataset, a lake in the other storage, ...: the one handler
     except Exception as exc:  # an asset's own unexpected failure (a bug, a library): one line
-        _fail(f"{type(exc).__name__}: {exc}")
+        _fail(_one_line_error(exc))
     if outcome.added_retrievers or outcome.retired_retrievers:
         typer.secho(f"retrievers: added {outcome.added_retrievers or 'none'}, retired "
                     f"{outcome.retired_retrievers or 'none'}", err=True)
@@ -149,9 +162,10 @@ def _materialize(assets: list[str], dataset: str | None, overrides: dict[str, di
 def materialize(
     assets: list[str] = typer.Argument(None, help="Asset names; all assets when none are given."),
     dataset: str = typer.Option(None, "--dataset", "-d", help="Only this dataset's partitions."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Materialize ASSETS (and whatever they depend on that was never materialized)."""
-    _materialize(assets or [], dataset)
+    _materialize(assets or [], dataset, verbose=verbose)
 
 
 @app.command()
@@ -176,6 +190,7 @@ def run(
     budget_usd: float = typer.Option(None, "--budget-usd", min=0.0,
                                      help="The same in US dollars, at the `prices:` of the LLM "
                                           "profiles (a profile without prices costs nothing)."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """The main job: the whole pipeline for one dataset, then a short summary. Only what is
     missing or out of date runs (an upstream change, changed settings, a changed retriever
@@ -204,7 +219,8 @@ def run(
         typer.echo(render(estimate, limit))
         return
     with llm_budget.enforce(limit):
-        outcome = _materialize(orchestration.main_assets(), dataset, overrides=overrides, stale_only=True)
+        outcome = _materialize(orchestration.main_assets(), dataset, overrides=overrides, stale_only=True,
+                               verbose=verbose)
     if not outcome.results:
         typer.secho(f"nothing changed: every asset of {dataset} is up to date "
                     f"({outcome.planned} partition steps checked)", fg="green", err=True)

@@ -10,6 +10,7 @@ import dagster as dg
 from pydantic import PrivateAttr
 
 from bridge_assets.lake.resource import DuckDBStore
+from bridge_assets.llm import progress
 from bridge_assets.llm.client import ClientStats, LLMClient
 from bridge_assets.llm.profiles import ROLES, load_models_config
 from bridge_assets.llm.types import LLMRequest, LLMResult
@@ -94,8 +95,11 @@ class LLMResource(dg.ConfigurableResource):
             chunk = PROGRESS_EVERY if client.profile.backend == "llama_cpp" else max(len(requests), 1)
             purposes = "/".join(sorted({r.purpose for r in requests}))
             results: list[LLMResult] = []
+            progress.asked(len(requests))
             for start in range(0, len(requests), chunk):
-                results.extend(client.generate(requests[start:start + chunk], context=run_id))
+                answered = client.generate(requests[start:start + chunk], context=run_id)
+                progress.answered(answered)
+                results.extend(answered)
                 if log and len(requests) > chunk:
                     log(f"{purposes}: {len(results)}/{len(requests)} LLM requests answered by "
                         f"{profile} ({sum(r.cached for r in results)} from the ledger)")

@@ -376,13 +376,15 @@ def execute(defs: dg.Definitions, steps: list[Step], inst: dg.DagsterInstance,
             asset_config: dict[str, dict[str, Any]] | None = None,
             on_step: Callable[[Step, str | None], None] | None = None,
             stale_only: bool = False,
+            on_step_end: Callable[[Step, str | None, str], None] | None = None,
             before_run: Callable[[], bool] | None = None,
             failed: list[FailedSystem] | None = None) -> list[dg.ExecuteInProcessResult]:
     """Run the steps in process. With `stale_only`, each step's assets are checked just before
     it runs (what ran before may have changed their inputs) and only those out of date run,
     with what follows them in the step and the members of a multi-asset that cannot be subset.
     `before_run` is called before each step's check (to wait for other runs; True when it
-    waited). With `failed`,
+    waited). `on_step` is called as a step starts, `on_step_end` as it ends: "done", "up to
+    date" (skipped with `stale_only`), or "failed: ..." (left out). With `failed`,
     a retriever x dataset partition whose input fails validation (a malformed run file: a
     DatasetError naming its file, line and field) is put there and the rest goes on without
     it; any other failure is raised."""
@@ -402,6 +404,8 @@ def execute(defs: dg.Definitions, steps: list[Step], inst: dg.DagsterInstance,
                     if not (keys and before_run and before_run()):
                         break
                 if not keys:
+                    if on_step_end:
+                        on_step_end(Step(step.keys, [partition_key]), partition_key, "up to date")
                     continue
                 # what follows them in this step runs too: it is judged before they ran (each of
                 # them checks again as it is about to compute: staleness.reuse_when_current)
@@ -422,7 +426,11 @@ def execute(defs: dg.Definitions, steps: list[Step], inst: dg.DagsterInstance,
                     raise
                 failed.append(FailedSystem(partition_key.keys_by_dimension["retriever"],
                                            partition_key.keys_by_dimension["dataset"], str(cause)))
+                if on_step_end:
+                    on_step_end(Step(keys, [partition_key]), partition_key, f"failed: {cause}")
                 continue
+            if on_step_end:
+                on_step_end(Step(keys, [partition_key]), partition_key, "done")
             results.append(result)
     return results
 
@@ -458,13 +466,15 @@ def materialize(assets: Iterable[str], dataset: str | None, *,
                 partition_key: dg.MultiPartitionKey | None = None,
                 with_missing_upstream: bool = True, stale_only: bool = False,
                 on_step: Callable[[Step, str | None], None] | None = None,
+                on_step_end: Callable[[Step, str | None, str], None] | None = None,
                 on_plan: Callable[[int], None] | None = None,
                 on_wait: Callable[[str], None] = logging.getLogger(__name__).warning) -> Materialized:
     """Materialize `assets` (all when empty) for `dataset` (all when None) on the instance:
     the retriever partitions synced with the registry first (what its sensor does under the
     daemon), missing upstream partitions added, `asset_config` as the explicit run config
     (each asset's settings are resolved in the run: its defaults < the dataset's `pipeline:`
-    entry < this). `partition_key`: only that retrieval_run partition. Raises the asset's own
+    entry < this). `partition_key`: only that retrieval_run partition. `on_plan` hears the
+    number of partition steps planned, `on_step` and `on_step_end` each step (see execute). Raises the asset's own
     error (not Dagster's wrapper) when one fails; AssetError or DatasetError (BridgeErrors) for unknown
     assets or datasets.
 
@@ -491,7 +501,8 @@ def materialize(assets: Iterable[str], dataset: str | None, *,
             on_plan(planned)
         try:
             failed: list[FailedSystem] = []
-            results = execute(defs, steps, inst, asset_config, on_step=on_step, stale_only=stale_only,
+            results = execute(defs, steps, inst, asset_config, on_step=on_step, on_step_end=on_step_end,
+                              stale_only=stale_only,
                               before_run=lambda: wait_for_other_runs(inst, datasets, on_wait),
                               failed=failed if partition_key is None else None)
         except Exception as exc:  # Dagster wraps the asset's own error

@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 
 import polars as pl
 
+from bridge_assets.llm import progress as llm_progress
 from bridge_assets.llm.client import LLMClient
 from bridge_assets.llm.scores import yes_probability
 from bridge_assets.llm.types import LLMRequest, LLMResult
@@ -27,8 +28,11 @@ MAX_FAILED_SHARE = 0.5  # more failed calls than this: the setup is broken, the 
 def _generate(client: LLMClient, requests: Sequence[LLMRequest], what: str, context: str | None,
               progress: Callable[[str], None]) -> list[LLMResult]:
     results: list[LLMResult] = []
+    llm_progress.asked(len(requests))
     for start in range(0, len(requests), CALL_CHUNK):
-        results.extend(client.generate(requests[start:start + CALL_CHUNK], context=context))
+        answered = client.generate(requests[start:start + CALL_CHUNK], context=context)
+        llm_progress.answered(answered)
+        results.extend(answered)
         progress(f"{what}: {len(results)}/{len(requests)} LLM requests answered "
                  f"({client.stats.cache_hits} from the ledger)")
     return results
