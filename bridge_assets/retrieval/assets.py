@@ -23,7 +23,7 @@ from bridge_assets.retrieval.registry import load_registry
 from bridge_assets.retrieval.runs import rank_problems
 from bridge_assets.retrieval.systems import STORED_COLUMNS, run_retriever
 from bridge_assets.staleness import reuse_when_current
-from bridge_assets.store import table_exists
+from bridge_assets.store import one_row, table_exists
 
 RUN_COLUMNS = ["dataset", "retriever", "query_id", "doc_id", "rank", "score", "config_hash", "inputs_hash"]
 # What retrieval_run reads, declared once: its deps and its snapshot come from this tuple
@@ -71,8 +71,8 @@ def retrieval_run(context: dg.AssetExecutionContext, config: RetrievalRunConfig,
     def stored_run(system: str) -> pl.DataFrame:
         """The lake's run of `system` on this dataset (none from before runs recorded their inputs)."""
         with store.connect() as con:
-            found = con.execute("select count(*) from information_schema.columns where "
-                                "table_name = 'retrieval_run' and column_name = 'inputs_hash'").fetchone()[0]
+            found = one_row(con, "select count(*) from information_schema.columns where "
+                                 "table_name = 'retrieval_run' and column_name = 'inputs_hash'")[0]
             if not found:
                 return pl.DataFrame(schema=dict.fromkeys(STORED_COLUMNS, pl.String))
             return con.execute(f"select {', '.join(STORED_COLUMNS)} from retrieval_run where dataset = ? "
@@ -139,7 +139,8 @@ def _rebenchmark_schedule() -> dg.ScheduleDefinition:
                  name="retrieval_rebenchmark_schedule", default_status=dg.DefaultScheduleStatus.STOPPED,
                  description="Re-run every (dataset, retriever) partition; cron and timezone from "
                              "`rebenchmark:` in resources/retrievers.yaml.")
-    def retrieval_rebenchmark_schedule(context: dg.ScheduleEvaluationContext):
+    def retrieval_rebenchmark_schedule(context: dg.ScheduleEvaluationContext
+                                       ) -> dg.SkipReason | list[dg.RunRequest]:
         retrievers = context.instance.get_dynamic_partitions("retriever")
         if not retrievers:
             return dg.SkipReason("no retriever partitions yet (the registry sensor adds them)")
