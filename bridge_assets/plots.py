@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 DPI = 110
 
 
 @functools.cache
-def pyplot():
+def pyplot() -> ModuleType:
     """matplotlib's pyplot on the Agg backend (files only, no display), imported when a figure is
     drawn: importing it costs ~0.7 s, paid otherwise by every process that loads the definitions."""
     import matplotlib
@@ -23,7 +28,7 @@ def pyplot():
     return plt
 
 
-def _save(figure, path: Path) -> Path:
+def _save(figure: Figure, path: Path) -> Path:
     figure.tight_layout()
     figure.savefig(path, dpi=DPI)
     pyplot().close(figure)

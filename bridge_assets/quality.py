@@ -10,8 +10,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from functools import lru_cache
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import polars as pl
+
+if TYPE_CHECKING:
+    from great_expectations.data_context import AbstractDataContext
+    from great_expectations.expectations import Expectation
+    from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
@@ -22,7 +29,7 @@ class SuiteOutcome:
     failures: dict[str, str] = field(default_factory=dict)  # expectation -> what failed
 
 
-def expectations():
+def expectations() -> ModuleType:
     """GX's expectation classes (`expectations().ExpectColumnValuesToNotBeNull(...)`), imported
     when a check runs: great_expectations takes about 2 s to import, which every step process
     of a multiprocess run (the UI's, the daemon's) would otherwise pay for nothing."""
@@ -32,7 +39,7 @@ def expectations():
 
 
 @lru_cache(maxsize=1)
-def _context():
+def _context() -> AbstractDataContext:
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
@@ -41,7 +48,7 @@ def _context():
     return context
 
 
-def _describe(expectation) -> str:
+def _describe(expectation: Expectation | ExpectationConfiguration) -> str:
     config = expectation.configuration if hasattr(expectation, "configuration") else expectation
     kwargs = {k: v for k, v in config.kwargs.items() if k not in {"batch_id", "result_format"}}
     return f"{config.type}({', '.join(f'{k}={v!r}' for k, v in kwargs.items())})"
@@ -50,13 +57,16 @@ def _describe(expectation) -> str:
 def validate(frame: pl.DataFrame, expectations: list, name: str) -> SuiteOutcome:
     """Validate `frame` against GX `expectations`; an empty frame passes trivially."""
     import great_expectations as gx
+    from great_expectations.datasource.fluent import PandasDatasource
 
     if frame.is_empty():
         return SuiteOutcome(True)
     context = _context()
     source_name = f"bridge_{name}"
     try:
-        source = context.data_sources.get(source_name)
+        found = context.data_sources.get(source_name)
+        assert isinstance(found, PandasDatasource)  # added below, the first time
+        source = found
     except (KeyError, ValueError):
         source = context.data_sources.add_pandas(source_name)
     try:

@@ -70,6 +70,8 @@ ALLOW: dict[str, tuple[int, str]] = {
     "evaluation/scores.py:class_recalls": (1, _LENGTHS),
     "evaluation/scores.py:labeler_metrics": (2, _LENGTHS + "; or a case neither labelled nor escalated"),
     "evaluation/scores.py:agreement": (1, _LENGTHS),
+    "evaluation/scores.py:final_labels.final": (1, "a programming error: the labeler gives every case a "
+                                                   "label or escalates it"),
     "evaluation/scores.py:reliability_bins": (1, "a programming error: callers pass only scored cases, "
                                                   "and none when there are none"),
     "evaluation/scores.py:auroc_intervals": (1, "a library precondition (both classes present), for "

@@ -14,10 +14,12 @@ nothing else).
 import time
 import warnings
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import dagster as dg
+import duckdb
 import polars as pl
 from pydantic import Field
 
@@ -33,7 +35,7 @@ from bridge_assets.analysis.shift import DEFAULT_MEASURES as SHIFT_MEASURES
 from bridge_assets.analysis.shift import compute_ranking_shift
 from bridge_assets.analysis.significance import ALPHA, RESAMPLES, compute_significance, concordance_summary
 from bridge_assets.analysis.significance import DEFAULT_MEASURES as SIGNIFICANCE_MEASURES
-from bridge_assets.analysis.views import ScopeInfo
+from bridge_assets.analysis.views import Scope, ScopeInfo
 from bridge_assets.labeling.calls import MeteredGenerate
 from bridge_assets.lake import snapshots
 from bridge_assets.lake.resource import DuckDBStore
@@ -103,7 +105,7 @@ class AnalysisRun:
     def config(self) -> Any:
         return self.settings.config
 
-    def inputs(self, store: DuckDBStore):
+    def inputs(self, store: DuckDBStore) -> AbstractContextManager[duckdb.DuckDBPyConnection]:
         """`with run.inputs(store) as con:` the snapshot of the tables this asset declares."""
         return snapshots.inputs(store, self.dataset, READS[self.asset])
 
@@ -119,7 +121,7 @@ class AnalysisRun:
             data_version=snapshots.frame_version(frame))
 
 
-ScopeField = Field("pooled", description="pooled: only the queries of the candidate pool (those "
+ScopeField: Scope = Field("pooled", description="pooled: only the queries of the candidate pool (those "
                    "the pipeline re-judged; every query without a pool); all: every query.")
 
 
@@ -129,7 +131,7 @@ def _scope_metadata(info: ScopeInfo) -> dict:
 
 
 def _markdown(frame: pl.DataFrame, digits: int = 4) -> str:
-    def cell(value) -> str:
+    def cell(value: object) -> str:
         return f"{value:.{digits}f}" if isinstance(value, float) else ("" if value is None else str(value))
     lines = ["| " + " | ".join(frame.columns) + " |", "|" + " --- |" * len(frame.columns)]
     lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in frame.iter_rows()]

@@ -69,12 +69,12 @@ COVERAGE_SCHEMA = {
 }
 
 
-def michaelis_menten(m: np.ndarray, total: float, half: float) -> np.ndarray:
+def michaelis_menten(m: float | np.ndarray, total: float, half: float) -> float | np.ndarray:
     """R(m) = total * m / (half + m)."""
     return total * m / (half + m)
 
 
-def expected_curve(counts: Sequence[int], systems: int) -> np.ndarray:
+def expected_curve(counts: Sequence[int] | np.ndarray, systems: int) -> np.ndarray:
     """E[R(m)] for m = 1..systems over every order: `counts` holds, per relevant chunk of the
     pool, how many of the `systems` surfaced it (1..systems)."""
     from scipy.special import gammaln
@@ -90,7 +90,7 @@ def expected_curve(counts: Sequence[int], systems: int) -> np.ndarray:
     return ((1.0 - np.exp(log_missed)) * per_count).sum(axis=1)
 
 
-def fit_saturation(counts: Sequence[int], systems: int) -> tuple[float, float]:
+def fit_saturation(counts: Sequence[int] | np.ndarray, systems: int) -> tuple[float, float]:
     """(total, half) of the Michaelis-Menten curve fitted to the expected curve; raises
     RuntimeError (scipy's) when the fit does not converge."""
     from scipy.optimize import OptimizeWarning, curve_fit
@@ -137,15 +137,15 @@ def extrapolate(counts: Sequence[int], systems: int, *, resamples: int = RESAMPL
                 level: float = LEVEL, min_systems: int = MIN_SYSTEMS) -> Extrapolation:
     """The fitted extrapolation of the relevant chunks outside the pool with its interval, or
     a note saying why it is not meaningful (module doc)."""
-    counts = np.asarray(counts, dtype=np.int64)
-    in_pool = int(counts.size)
+    pool_counts = np.asarray(counts, dtype=np.int64)
+    in_pool = int(pool_counts.size)
     if systems < min_systems:
         return Extrapolation(in_pool, systems, note=f"{systems} system(s): the extrapolation needs at least "
                                                     f"{min_systems} to tell a levelling curve from a straight line")
     if in_pool == 0:
         return Extrapolation(in_pool, systems, note="no relevant chunk in the pool")
     try:
-        total, half = fit_saturation(counts, systems)
+        total, half = fit_saturation(pool_counts, systems)
     except (RuntimeError, ValueError) as error:
         return Extrapolation(in_pool, systems, note=f"the saturation curve did not fit ({error})")
     outside = max(total - in_pool, 0.0)
@@ -205,12 +205,13 @@ def coverage_rows(found_by: Sequence[Sequence[str]], systems: Sequence[str], *, 
                  "high": result.high if result.meaningful else None, "resamples": result.resamples,
                  "note": result.note})
     if result.meaningful:
-        rows.append({"statistic": "total_estimate", "value": result.total, "low": result.in_pool + result.low,
-                     "high": result.in_pool + result.high})
-        rows.append({"statistic": "half_saturation", "value": result.half})
+        total, half, low, high = result.total, result.half, result.low, result.high
+        assert total is not None and half is not None and low is not None and high is not None  # meaningful
+        rows.append({"statistic": "total_estimate", "value": total, "low": result.in_pool + low,
+                     "high": result.in_pool + high})
+        rows.append({"statistic": "half_saturation", "value": half})
         for m in range(1, EXTRAPOLATE_TO * n + 1):
-            rows.append({"statistic": "fitted", "systems_added": m,
-                         "value": float(michaelis_menten(m, result.total, result.half))})
+            rows.append({"statistic": "fitted", "systems_added": m, "value": float(michaelis_menten(m, total, half))})
     schema = {k: v for k, v in COVERAGE_SCHEMA.items() if k not in ("dataset", "qrels_version")}
     return pl.DataFrame([{k: row.get(k) for k in schema} for row in rows], schema=schema)
 
@@ -235,4 +236,4 @@ def compute_pool_coverage(con: duckdb.DuckDBPyConnection, dataset: str, *, order
                                     resamples=resamples, min_systems=min_systems)
                       .with_columns(pl.lit(version).alias("qrels_version")))
     frame = pl.concat(frames).with_columns(pl.lit(dataset).alias("dataset"))
-    return frame.select(list(COVERAGE_SCHEMA)).cast(COVERAGE_SCHEMA), info
+    return frame.select(list(COVERAGE_SCHEMA)).cast(COVERAGE_SCHEMA), info  # type: ignore[arg-type]  # see qrels/merge.py

@@ -47,7 +47,7 @@ moves its query's ideal DCG, which this reading leaves out).
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import polars as pl
@@ -55,19 +55,22 @@ import polars as pl
 from bridge_assets.analysis.retrieval import measure_label
 from bridge_assets.analysis.views import benchmark_runs, require_rows
 from bridge_assets.errors import BridgeError
-from bridge_assets.lake.store import table_exists
+from bridge_assets.lake.store import one_row, table_exists
 from bridge_assets.paths import read_sql
+
+if TYPE_CHECKING:
+    from polars._typing import PolarsDataType
 
 HEADLINE = "ndcg_cut_10"
 # impact added per system pair whose significance call a pending pair may flip: modest beside a
 # rank change it decides alone (share 1)
 SIGNIFICANCE_WEIGHT = 0.25
-SIGNIFICANCE_CALL = {"system_a": pl.Utf8, "system_b": pl.Utf8, "test": pl.Utf8, "rank_a": pl.Int32,
+SIGNIFICANCE_CALL: dict[str, PolarsDataType] = {"system_a": pl.Utf8, "system_b": pl.Utf8, "test": pl.Utf8, "rank_a": pl.Int32,
                      "rank_b": pl.Int32, "p_low": pl.Float64, "p_high": pl.Float64,
                      "conclusion_low": pl.Utf8, "conclusion_high": pl.Utf8}
 TEST_LABELS = {"paired_t": "paired t-test"}
 _NDCG = re.compile(r"^ndcg_cut_(\d+)$")
-SCHEMA = {"dataset": pl.Utf8, "query_id": pl.Utf8, "doc_id": pl.Utf8, "measure": pl.Utf8,
+SCHEMA: dict[str, PolarsDataType] = {"dataset": pl.Utf8, "query_id": pl.Utf8, "doc_id": pl.Utf8, "measure": pl.Utf8,
           "impact": pl.Float64, "decides": pl.Int32,
           "system_pairs": pl.List(pl.Struct({"system_a": pl.Utf8, "system_b": pl.Utf8,
                                              "rank_a": pl.Int32, "rank_b": pl.Int32,
@@ -151,9 +154,8 @@ def _significance(con: duckdb.DuckDBPyConnection, dataset: str, measure: str, k:
     None when `con` holds no significance of `measure` at both bounds for `dataset`."""
     if not table_exists(con, "significance"):
         return None
-    bounds = con.execute("select count(distinct qrels_version) from significance where dataset = ? and "
-                         "measure = ? and qrels_version in ('refined', 'refined_upper')",
-                         [dataset, measure]).fetchone()[0]
+    bounds = one_row(con, "select count(distinct qrels_version) from significance where dataset = ? and "
+                     "measure = ? and qrels_version in ('refined', 'refined_upper')", [dataset, measure])[0]
     if bounds < 2:
         return None
     return con.execute(read_sql("pending_impact_significance"), {"dataset": dataset, "measure": measure,
@@ -184,7 +186,7 @@ def compute_pending_impact(con: duckdb.DuckDBPyConnection, dataset: str, *, meas
         frame = frame.join(flips.cast({"significance_pairs": SCHEMA["significance_pairs"], "flips": pl.Int32,
                                        "significance_in_doubt": pl.Int32}),
                            on=["query_id", "doc_id"], how="left")
-        in_doubt = int(flips["significance_in_doubt"].max() or 0) if flips.height else 0
+        in_doubt = column_max(flips["significance_in_doubt"]) if flips.height else 0
         frame = frame.with_columns(pl.col("significance_pairs").fill_null(pl.lit([], SCHEMA["significance_pairs"])),
                                    pl.col("flips").fill_null(0),
                                    pl.lit(in_doubt, pl.Int32).alias("significance_in_doubt"))
@@ -197,12 +199,20 @@ def compute_pending_impact(con: duckdb.DuckDBPyConnection, dataset: str, *, meas
                for pairs, doubt, calls, sig_doubt in
                zip(frame["system_pairs"].to_list(), frame["pairs_in_doubt"].to_list(),
                    frame["significance_pairs"].to_list(), frame["significance_in_doubt"].to_list(), strict=True)]
-    return frame.with_columns(pl.Series("reason", reasons, dtype=pl.Utf8)).select(list(SCHEMA)).cast(SCHEMA)
+    return (frame.with_columns(pl.Series("reason", reasons, dtype=pl.Utf8)).select(list(SCHEMA))
+            .cast(SCHEMA))  # type: ignore[arg-type]  # polars' cast() types: see qrels/merge.py
+
+
+def column_max(column: pl.Series) -> int:
+    """The largest value of a count or rank column, 0 where it has none (polars types a max as
+    any Python value)."""
+    largest = column.max()
+    return int(largest) if isinstance(largest, (int, float)) else 0
 
 
 def _labels_until(frame: pl.DataFrame, needed: pl.Expr) -> int:
     """Labels, in impact order, until every pair `needed` marks is labelled: the place of the last."""
-    return int(frame.filter(needed)["impact_rank"].max() or 0)
+    return column_max(frame.filter(needed)["impact_rank"])
 
 
 def stopping_point(frame: pl.DataFrame) -> int:

@@ -11,6 +11,7 @@ from pydantic import Field
 from bridge_assets.analysis.assets import READS, AnalysisRun, analysis_asset
 from bridge_assets.analysis.impact import (
     HEADLINE,
+    column_max,
     compute_pending_impact,
     stopping_point,
     stopping_point_with_significance,
@@ -43,11 +44,11 @@ def pending_impact(context: dg.AssetExecutionContext, config: PendingImpactConfi
     top = frame.filter(pl.col("impact") > 0).head(5)
     with_significance = stopping_point_with_significance(frame)
     significance = ({} if with_significance is None else {
-        "significance_pairs_in_doubt": int(frame["significance_in_doubt"].max() or 0),
+        "significance_pairs_in_doubt": column_max(frame["significance_in_doubt"]),
         "stopping_point_with_significance": with_significance})
     return run.finish(store, frame, {
         "pending_pairs": frame.height,
-        "system_pairs_in_doubt": int(frame["pairs_in_doubt"].max() or 0) if frame.height else 0,
+        "system_pairs_in_doubt": column_max(frame["pairs_in_doubt"]) if frame.height else 0,
         "stopping_point": stopping_point(frame),
         **significance,
         "first_pairs": dg.MetadataValue.md("\n".join(

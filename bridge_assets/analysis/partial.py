@@ -299,7 +299,7 @@ def draw_fraction_subsets(candidates: Sequence[Sequence[str]], fractions: Sequen
         chosen[:, :, members] = len(subset_query) + inverse.reshape(masks.shape[:3])
         for row in distinct:
             subset_query.append(int(row[0]))
-            subset_docs.append([candidates[row[0]][j] for j in np.flatnonzero(row[1:])])
+            subset_docs.append([candidates[int(row[0])][int(j)] for j in np.flatnonzero(row[1:])])
     return subset_query, subset_docs, chosen
 
 
@@ -339,12 +339,13 @@ def run_study(con: duckdb.DuckDBPyConnection, data: StudyData, measures: Sequenc
     for measure in measures:
         full_means = data.full[measure].mean(axis=1)
         p_values = pair_p_values(data.full[measure])
-        common = {"systems": n_systems, "queries": n_queries}
         rows += _rows("random_single", measure, compare_rankings(
-            full_means, single_choice_means(data, measure, random_choices), p_values), **common)
+            full_means, single_choice_means(data, measure, random_choices), p_values),
+            systems=n_systems, queries=n_queries)
         for setting, choice in fixed.items():
             rows += _rows(setting, measure, compare_rankings(
-                full_means, single_choice_means(data, measure, choice), p_values), **common)
+                full_means, single_choice_means(data, measure, choice), p_values),
+                systems=n_systems, queries=n_queries)
         per_base = []
         for base, (choice, _) in system_choices.items():
             keep = np.array([s != base for s in data.systems])
@@ -359,7 +360,8 @@ def run_study(con: duckdb.DuckDBPyConnection, data: StudyData, measures: Sequenc
                           queries=n_queries)
         for fraction in fractions:
             rows += _rows("fraction", measure, compare_rankings(
-                full_means, fraction_means[(fraction, measure)], p_values), fraction=fraction, **common)
+                full_means, fraction_means[(fraction, measure)], p_values), fraction=fraction,
+                systems=n_systems, queries=n_queries)
     notes = {"systems": n_systems, "study_queries": n_queries,
              "queries_with_several_relevant": data.multi_relevant_queries,
              "relevant_documents": int(sizes.sum()) if n_queries else 0,
@@ -401,8 +403,9 @@ def compute_partial_annotation_study(
           _study_run(con, measures)):
         data = load_study_data(con, dataset, measures)
         if len(data.systems) < 2 or not data.queries:
-            rows, notes = [], {"systems": len(data.systems), "study_queries": len(data.queries),
-                               "skipped": "needs at least two systems and one query with a relevant document"}
+            rows: list[dict] = []
+            notes = {"systems": len(data.systems), "study_queries": len(data.queries),
+                     "skipped": "needs at least two systems and one query with a relevant document"}
         else:
             rows, notes = run_study(con, data, measures, samples=samples, fractions=fractions,
                                     sweep_samples=sweep_samples, seed=seed)

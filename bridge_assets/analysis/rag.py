@@ -21,7 +21,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import numpy as np
@@ -37,13 +37,16 @@ from bridge_assets.llm.replay import NOT_ANSWERED, LedgerReplay, StageCalls
 from bridge_assets.llm.types import LLMRequest
 from bridge_assets.paths import read_sql
 
+if TYPE_CHECKING:
+    from polars._typing import PolarsDataType
+
 NO_INFORMATION = "no relevant information"
 ANSWER_TEMPLATE = "rag_answer"
 JUDGMENT_TEMPLATE = "rag_judgment"
 JUDGMENT_SCHEMA = {"type": "object", "properties": {"correct": {"type": "boolean"}},
                    "required": ["correct"], "additionalProperties": False}
 
-ANSWERS_SCHEMA = {
+ANSWERS_SCHEMA: dict[str, PolarsDataType] = {
     "dataset": pl.Utf8, "retriever": pl.Utf8, "query_id": pl.Utf8, "doc_ids": pl.List(pl.Utf8),
     "answer": pl.Utf8, "no_information": pl.Boolean, "model": pl.Utf8, "prompt_hash": pl.Utf8,
     "call_key": pl.Utf8, "error": pl.Utf8,
@@ -126,7 +129,9 @@ def judge_answers(answers: pl.DataFrame, queries: pl.DataFrame, generate: Genera
     prompts = prompts or Prompts()
     prompt_hash = prompts.hash(JUDGMENT_TEMPLATE)
     gold = {q: (text, list(golds or [])) for q, text, golds in queries.select("query_id", "text", "answers").iter_rows()}
-    rows, to_ask, requests = [], [], []
+    rows: list[dict[str, Any]] = []
+    to_ask: list[int] = []
+    requests: list[LLMRequest] = []
     for answer in answers.iter_rows(named=True):
         row = {"dataset": dataset, "retriever": answer["retriever"], "query_id": answer["query_id"],
                "judgment": None, "decided_by": None, "model": None, "prompt_hash": None,
@@ -186,7 +191,8 @@ def alignment_statistics(joined: pl.DataFrame, k: int = 10) -> pl.DataFrame:
     and the Pearson correlations across systems."""
     rows: list[dict] = []
 
-    def add(retriever: str, version: str, statistic: str, value, p_value=None, queries=0) -> None:
+    def add(retriever: str, version: str, statistic: str, value: float | None, p_value: float | None = None,
+            queries: int = 0) -> None:
         rows.append({"retriever": retriever, "qrels_version": version, "statistic": statistic,
                      "value": value, "p_value": p_value, "queries": queries})
 
@@ -225,7 +231,8 @@ def compute_rag_alignment(con: duckdb.DuckDBPyConnection, dataset: str, k: int =
     joined = con.execute(read_sql("rag_alignment"), {"dataset": dataset, "hit": f"success_{k}",
                                                       "ndcg": f"ndcg_cut_{k}"}).pl()
     statistics = alignment_statistics(joined, k)
-    return statistics.with_columns(pl.lit(dataset).alias("dataset")).select(list(ALIGNMENT_SCHEMA)).cast(ALIGNMENT_SCHEMA)
+    return (statistics.with_columns(pl.lit(dataset).alias("dataset")).select(list(ALIGNMENT_SCHEMA))
+            .cast(ALIGNMENT_SCHEMA))  # type: ignore[arg-type]  # polars' cast() types: see qrels/merge.py
 
 
 def estimate_rag_calls(con: duckdb.DuckDBPyConnection, dataset: str, answers_config: Any,

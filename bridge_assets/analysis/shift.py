@@ -21,12 +21,12 @@ DEFAULT_MEASURES = ("ndcg_cut_10", "success_10", "recall_10", "recip_rank_cut_10
 
 def kendall_tau_a(x: Sequence[float], y: Sequence[float]) -> float:
     """(concordant - discordant) / (n (n - 1) / 2); tied pairs count as neither."""
-    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
-    n = len(x)
+    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    n = len(xs)
     if n < 2:
         return float("nan")
     upper = np.triu_indices(n, k=1)
-    signs = np.sign(x[:, None] - x[None, :])[upper] * np.sign(y[:, None] - y[None, :])[upper]
+    signs = np.sign(xs[:, None] - xs[None, :])[upper] * np.sign(ys[:, None] - ys[None, :])[upper]
     return float(signs.sum() / len(signs))
 
 

@@ -46,7 +46,7 @@ defines them; docs/metrics.md, "Concordance".
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import duckdb
 import numpy as np
@@ -54,6 +54,7 @@ import polars as pl
 
 from bridge_assets.analysis.retrieval import QRELS_VERSIONS
 from bridge_assets.analysis.views import MissingInput, require_rows
+from bridge_assets.lake.store import one_row
 from bridge_assets.paths import read_sql
 
 DEFAULT_MEASURES = ("ndcg_cut_10", "success_10", "recall_10", "recip_rank_cut_10")
@@ -77,7 +78,7 @@ CONCLUSIONS = ("a", "b", "none")  # system_a / system_b significantly better, or
 _TIES = np.finfo(np.float64).eps * 100
 
 
-def _sign_chunks(n: int, resamples: int, seed: int, rows: int):
+def _sign_chunks(n: int, resamples: int, seed: int, rows: int) -> tuple[bool, int, Iterator[np.ndarray]]:
     """(exact, count, chunks of the sign matrix): all 2^n sign vectors when 2^n <= resamples
     (scipy's exact case), else `resamples` random ones from default_rng(seed), one uniform draw
     per sign so that the signs do not depend on `rows` (the chunk height)."""
@@ -85,15 +86,15 @@ def _sign_chunks(n: int, resamples: int, seed: int, rows: int):
         total = 2 ** n
         bits = np.arange(n, dtype=np.int64)
 
-        def chunks():
+        def every_sign_vector() -> Iterator[np.ndarray]:
             for start in range(0, total, rows):
                 index = np.arange(start, min(start + rows, total), dtype=np.int64)
                 yield 1.0 - 2.0 * ((index[:, None] >> bits) & 1)
-        return True, total, chunks()
+        return True, total, every_sign_vector()
 
     rng = np.random.default_rng(seed)
 
-    def chunks():
+    def drawn_sign_vectors() -> Iterator[np.ndarray]:
         for start in range(0, resamples, rows):
             signs = rng.random((min(rows, resamples - start), n))
             signs *= 2  # in place throughout: one array of the chunk's size
@@ -101,7 +102,7 @@ def _sign_chunks(n: int, resamples: int, seed: int, rows: int):
             signs *= -2
             signs += 1  # 0 -> +1, 1 -> -1
             yield signs
-    return False, resamples, chunks()
+    return False, resamples, drawn_sign_vectors()
 
 
 def randomization_tests(differences: np.ndarray, *, resamples: int = RESAMPLES, seed: int = 0,
@@ -155,12 +156,12 @@ def paired_tests(a: Sequence[float], b: Sequence[float], *, resamples: int = RES
                  seed: int = 0) -> dict[str, tuple[float, float]]:
     """Two-sided paired tests of `a` against `b` (one value per query, same order): test name ->
     (statistic, p-value). The t-test is undefined (NaN) with one query or identical values."""
-    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    tests = paired_tests_many(a[None, :], b[None, :], resamples=resamples, seed=seed)
+    tests = paired_tests_many(np.asarray(a, dtype=np.float64)[None, :], np.asarray(b, dtype=np.float64)[None, :],
+                              resamples=resamples, seed=seed)
     return {test: (float(statistics[0]), float(p_values[0])) for test, (statistics, p_values) in tests.items()}
 
 
-def holm(p_values: Sequence[float]) -> np.ndarray:
+def holm(p_values: Sequence[float] | np.ndarray) -> np.ndarray:
     """Holm-Bonferroni adjusted p-values. An undefined p-value (NaN) stays undefined but counts
     in the family as 1, so the family is every system pair whatever the data."""
     p = np.asarray(p_values, dtype=float)
@@ -177,8 +178,8 @@ def holm(p_values: Sequence[float]) -> np.ndarray:
 def _require_values(con: duckdb.DuckDBPyConnection, dataset: str, measures: Sequence[str],
                     qrels_versions: Sequence[str]) -> None:
     """Fail naming the measures or qrels versions retrieval_metrics does not hold (another k?)."""
-    stored = con.execute("select list(distinct measure), list(distinct qrels_version) from retrieval_metrics "
-                         "where dataset = ?", [dataset]).fetchone()
+    stored = one_row(con, "select list(distinct measure), list(distinct qrels_version) from retrieval_metrics "
+                     "where dataset = ?", [dataset])
     for kind, asked, present in (("measures", measures, stored[0]), ("qrels versions", qrels_versions, stored[1])):
         absent = sorted(set(asked) - set(present))
         if absent:
@@ -235,7 +236,7 @@ def with_concordance(tested: pl.DataFrame) -> pl.DataFrame:
         frame = con.execute(read_sql("significance_concordance")).pl()
     finally:
         con.close()
-    return frame.select(list(SIGNIFICANCE_SCHEMA)).cast(SIGNIFICANCE_SCHEMA)
+    return frame.select(list(SIGNIFICANCE_SCHEMA)).cast(SIGNIFICANCE_SCHEMA)  # type: ignore[arg-type]  # see qrels/merge.py
 
 
 def concordance_summary(significance: pl.DataFrame) -> pl.DataFrame:

@@ -7,12 +7,19 @@ the functions it calls. `fail` is for the checks a command makes itself."""
 
 from __future__ import annotations
 
-from typing import Any, NoReturn
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import typer
 from typer.core import TyperCommand
 
 from bridge_assets.errors import BridgeError
+
+if TYPE_CHECKING:
+    # the context a command is invoked with: typer's vendored click's (typer.Context subclasses it)
+    from typer._click import Context
+
+Command = TypeVar("Command", bound=Callable[..., Any])
 
 EXIT_ERROR = 2
 
@@ -25,7 +32,7 @@ def fail(message: str) -> NoReturn:
 class StopsOnBridgeError(TyperCommand):
     """A command that turns a BridgeError it raises into `fail(message)`."""
 
-    def invoke(self, ctx: typer.Context) -> Any:
+    def invoke(self, ctx: Context) -> Any:
         try:
             return super().invoke(ctx)
         except BridgeError as exc:
@@ -35,5 +42,6 @@ class StopsOnBridgeError(TyperCommand):
 class BridgeTyper(typer.Typer):
     """A typer app whose every command is a StopsOnBridgeError (unless it asks for another cls)."""
 
-    def command(self, name: str | None = None, *, cls: type[TyperCommand] | None = None, **kwargs: Any):
+    def command(self, name: str | None = None, *, cls: type[TyperCommand] | None = None,
+                **kwargs: Any) -> Callable[[Command], Command]:
         return super().command(name, cls=cls or StopsOnBridgeError, **kwargs)

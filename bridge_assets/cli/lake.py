@@ -18,13 +18,17 @@ import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import typer
 
 from bridge_assets.cli.errors import BridgeTyper, fail
 from bridge_assets.errors import BridgeError
+
+if TYPE_CHECKING:
+    from bridge_assets.lake.ducklake import DuckLakeConfig
+    from bridge_assets.paths import LakeLocation
 
 app = BridgeTyper(help="The lake's storage: DuckLake migration, snapshots, compaction.",
                   no_args_is_help=True, add_completion=False)
@@ -121,7 +125,7 @@ def sql_command(
         raise SqlFailed.of(exc) from None
 
 
-def _lake():
+def _lake() -> LakeLocation:
     """The lake's location, as the store resource holds it."""
     from bridge_assets.lake.resource import DuckDBStore
 
@@ -207,7 +211,7 @@ def compact_command(
     typer.echo(f"files: {before} before, {after} after")
 
 
-def migrate(source: Path, config, *, votes_db: Path | None = None, keep: bool = False) -> dict[str, int]:
+def migrate(source: Path, config: DuckLakeConfig, *, votes_db: Path | None = None, keep: bool = False) -> dict[str, int]:
     """Copy every table of the DuckDB lake `source` into the (new or empty) DuckLake `config`
     in one transaction, check the row counts, then rename `source` to <name>.migrated (unless
     `keep`). The source stays locked (its writers wait) while it is copied. Returns rows per
@@ -223,7 +227,7 @@ def migrate(source: Path, config, *, votes_db: Path | None = None, keep: bool = 
             else:
                 votes_store.move_from(con, votes_db)
         con.execute("checkpoint")
-        source_name = con.execute("select current_database()").fetchone()[0]
+        source_name = store.one_row(con, "select current_database()")[0]
         tables = [row[0] for row in con.execute(
             "select table_name from duckdb_tables() where database_name = current_database() "
             "and schema_name = 'main' and not temporary and not internal order by table_name").fetchall()]
@@ -239,7 +243,7 @@ def migrate(source: Path, config, *, votes_db: Path | None = None, keep: bool = 
             if present:
                 raise ducklake.LakeError(f"the DuckLake ducklake:{config.catalog} already holds tables "
                                          f"({', '.join(sorted(present))}): migrate into a new lake only")
-            counts = {table: con.execute(f'select count(*) from "{table}"').fetchone()[0] for table in tables}
+            counts = {table: store.one_row(con, f'select count(*) from "{table}"')[0] for table in tables}
             con.execute("begin transaction")
             try:
                 con.execute("CALL ducklake_set_commit_message('migration_target', 'bridge', ?, extra_info => ?)",
@@ -255,7 +259,7 @@ def migrate(source: Path, config, *, votes_db: Path | None = None, keep: bool = 
                 with contextlib.suppress(duckdb.Error):
                     con.execute("rollback")
                 raise
-            copied = {table: con.execute(f'select count(*) from migration_target.main."{table}"').fetchone()[0]
+            copied = {table: store.one_row(con, f'select count(*) from migration_target.main."{table}"')[0]
                       for table in tables}
             if copied != counts:
                 raise ducklake.LakeError(f"row counts differ after the copy: {counts} in the file, {copied} in the lake")

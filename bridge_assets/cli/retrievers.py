@@ -218,7 +218,7 @@ def import_run(
     registry = load_registry()
     suffix = ".trec.gz" if file.name.endswith(".gz") else ".trec"
     if name in registry.systems and registry.system(name).kind == "run_file":
-        suffix = ".trec.gz" if registry.system(name).path.endswith(".gz") else ".trec"  # keep its file name
+        suffix = ".trec.gz" if registry.system(name).required_path().endswith(".gz") else ".trec"  # keep its file name
     target = runs_dir() / dataset / f"{name}{suffix}"
     if target.exists() and target.resolve() != file.resolve() and not replace:
         _fail(f"{target} exists (replace it with --replace)")

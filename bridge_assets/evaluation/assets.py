@@ -7,6 +7,7 @@ as it finishes (so a long evaluation keeps what it has done), then draw the pape
 
 # No `from __future__ import annotations`: Dagster resolves dg.Config annotations at runtime.
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import dagster as dg
@@ -19,6 +20,7 @@ from bridge_assets.evaluation.runner import MethodResult, evaluate, format_table
 from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.lake.store import table_exists
 from bridge_assets.llm.resource import LLMResource
+from bridge_assets.llm.types import LLMRequest, LLMResult
 
 GROUP = "labeler_eval"
 goldset_partitions = dg.StaticPartitionsDefinition(goldset_names())
@@ -43,14 +45,14 @@ class LabelerEvalConfig(dg.Config):
     ],
     partitions_def=goldset_partitions, group_name=GROUP, can_subset=False)
 def labeler_eval(context: dg.AssetExecutionContext, config: LabelerEvalConfig, store: DuckDBStore,
-                 llm: LLMResource):
+                 llm: LLMResource) -> Iterator[dg.MaterializeResult]:
     goldset = context.partition_key
     registry = load_registry()
     specs = registry.select_methods(config.methods)
     triplets = stratified_head(read_goldset(registry.goldset(goldset).file), config.limit or None)
     started = time.monotonic()
 
-    def generate(profile, requests):
+    def generate(profile: str, requests: Sequence[LLMRequest]) -> list[LLMResult]:
         return llm.client(profile).generate(requests, context=context.run_id)
 
     def save(result: MethodResult) -> None:

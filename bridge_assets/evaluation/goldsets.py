@@ -11,11 +11,11 @@ The registry names the gold sets and the labeling methods to evaluate on each of
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, SerializeAsAny
 
@@ -26,6 +26,8 @@ from bridge_assets.paths import PROJECT_ROOT
 from bridge_assets.registry import registry_files
 from bridge_assets.registry.relevance import validate_definition
 from bridge_assets.settings import env
+
+Entry = TypeVar("Entry")  # a registry section's entries
 
 # `BRIDGE_GOLDSETS` points at another registry file (tests, or a user's own gold sets).
 REGISTRY_PATH = env.registry_file("BRIDGE_GOLDSETS", "goldsets.yaml")
@@ -56,13 +58,15 @@ class GoldTriplet:
         return LabelItem(self.id, self.pair(definition), self.label, self.domain)
 
 
-def _string(record: dict, field: str, path: Path, line: int, *, required: bool = True) -> str | None:
+def _string(record: dict, field: str, path: Path, line: int) -> str:
     value = record.get(field)
-    if value is None and not required:
-        return None
     if not isinstance(value, str) or not value.strip():
         raise GoldSetError("expected a non-empty string", path, line, field)
     return value
+
+
+def _optional_string(record: dict, field: str, path: Path, line: int) -> str | None:
+    return None if record.get(field) is None else _string(record, field, path, line)
 
 
 def read_goldset(path: Path) -> list[GoldTriplet]:
@@ -71,7 +75,8 @@ def read_goldset(path: Path) -> list[GoldTriplet]:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise GoldSetError("gold set file not found", path) from None
-    triplets, seen = [], {}
+    triplets: list[GoldTriplet] = []
+    seen: dict[str, int] = {}  # id -> its line
     for line, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
             continue
@@ -99,8 +104,8 @@ def read_goldset(path: Path) -> list[GoldTriplet]:
         triplets.append(GoldTriplet(
             triplet_id, _string(record, "query", path, line), tuple(answers),
             _string(record, "chunk", path, line), label,
-            _string(record, "domain", path, line, required=False),
-            _string(record, "definition", path, line, required=False)))
+            _optional_string(record, "domain", path, line),
+            _optional_string(record, "definition", path, line)))
     if not triplets:
         raise GoldSetError("the gold set holds no triplet", path)
     return triplets
@@ -211,16 +216,18 @@ def load_registry(path: Path = REGISTRY_PATH) -> EvaluationRegistry:
     except registry_files.RegistryFileError as exc:
         problem = "gold-set registry not found" if exc.problem == "registry file not found" else exc.problem
         raise GoldSetError(problem, exc.file, exc.line) from None
-    parsed = {}
-    for section, parse in (("goldsets", lambda name, body: GoldSetSpec(name=name, **body)),
-                           ("methods", MethodSpec.parse)):
-        parsed[section] = {}
+
+    def parsed(section: str, parse: Callable[[str, dict[str, Any]], Entry]) -> dict[str, Entry]:
+        entries = {}
         for name, body in (raw.get(section) or {}).items():
             try:
-                parsed[section][name] = parse(name, body or {})
+                entries[name] = parse(name, body or {})
             except Exception as exc:  # pydantic's (or the labeler's) message names the field
                 raise GoldSetError(f"invalid {section} entry '{name}': {exc}", path, field=name) from None
-    return EvaluationRegistry(**parsed)
+        return entries
+
+    return EvaluationRegistry(goldsets=parsed("goldsets", lambda name, body: GoldSetSpec(name=name, **body)),
+                              methods=parsed("methods", MethodSpec.parse))
 
 
 @lru_cache(maxsize=1)

@@ -76,18 +76,19 @@ def lara(p_yes: Sequence[float | None], gold: Sequence[int], ratio: float, *,
     if len(gold) != n:
         raise ValueError(f"{n} scores but {len(gold)} gold labels")
     budget = escalation_count(n, ratio)
-    order = [i for i in range(n) if p_yes[i] is None]  # failed scores: escalated regardless
+    scores = {i: p for i, p in enumerate(p_yes) if p is not None}
+    order = [i for i in range(n) if i not in scores]  # failed scores: escalated regardless
     calibrator = IDENTITY
     while len(order) < budget:
         chosen = set(order)
-        candidates = [i for i in range(n) if i not in chosen]
-        pick = min(candidates, key=lambda i: (abs(calibrator(p_yes[i]) - 0.5), i))
+        candidates = [i for i in scores if i not in chosen]
+        pick = min(candidates, key=lambda i: (abs(calibrator(scores[i]) - 0.5), i))
         order.append(pick)
-        scored = [i for i in order if p_yes[i] is not None]
-        calibrator = fit_calibrator([p_yes[i] for i in scored], [gold[i] for i in scored], c)
+        scored = [i for i in order if i in scores]
+        calibrator = fit_calibrator([scores[i] for i in scored], [gold[i] for i in scored], c)
     escalated = set(order)
     calibrated = [calibrator(p) if p is not None else None for p in p_yes]
-    labels = [None if i in escalated else int(calibrated[i] >= 0.5) for i in range(n)]
+    labels = [None if i in escalated else int(calibrator(scores[i]) >= 0.5) for i in range(n)]
     return LaraOutcome(labels, [i in escalated for i in range(n)], order, calibrated, calibrator)
 
 
@@ -107,8 +108,8 @@ class LaraLabeler(Labeler):
 
     def label(self, items: Sequence[LabelItem], generate: Generate,
               prompts: Prompts | None = None) -> LabelerRun:
-        gold = [item.gold for item in items]
-        if any(g is None for g in gold):
+        gold = [item.gold for item in items if item.gold is not None]
+        if len(gold) < len(items):
             raise LabelerError("lara calibrates on the escalated pairs' known labels: it needs "
                                "a gold set (bridge label-eval), not unlabelled pairs")
         point = score_triplets(items, self.model, generate, prompts=prompts,

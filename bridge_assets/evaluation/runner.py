@@ -76,7 +76,7 @@ class ItemOutcome:
 
     id: str
     domain: str | None
-    gold: int
+    gold: int | None         # the known label (None: an item without one, left out of the metrics)
     label: int | None        # the method's own label (None where escalated)
     escalated: bool
     resolved: int | None     # label of an escalated case after resolution
@@ -153,8 +153,9 @@ def run_method(spec: MethodSpec, triplets: Sequence[GoldTriplet | LabelItem], ge
                                   None if escalated else label.label, escalated, resolved,
                                   run.scores[n] if run.scores else None,
                                   run.details[n] if run.details else None)
-    scored = [o for i, o in sorted(outcomes.items()) if o.gold is not None]
-    metrics = labeler_metrics([o.gold for o in scored], [o.label for o in scored],
+    known = [(o, o.gold) for _, o in sorted(outcomes.items()) if o.gold is not None]
+    scored = [o for o, _ in known]
+    metrics = labeler_metrics([gold for _, gold in known], [o.label for o in scored],
                               [o.escalated for o in scored], [o.resolved for o in scored])
     models = [*run.models, *(f"prefilter:{name}" for name in spec.prefilter)]
     return MethodResult(spec, models, scored, metrics, meter.cost(time.perf_counter() - started),
@@ -253,7 +254,7 @@ def format_table(rows: Sequence[dict[str, Any]]) -> str:
     def cell(row: dict[str, Any], name: str, width: int, style: str) -> str:
         if style == "ci":
             low, high = row.get("bacc_ci_low"), row.get("bacc_ci_high")
-            text = "-" if low is None else f"{100 * low:.1f}-{100 * high:.1f}"
+            text = "-" if low is None or high is None else f"{100 * low:.1f}-{100 * high:.1f}"
             return text.rjust(width)
         key = keys.get(name, name.lower() if name != "bAcc" else "bacc")
         value = row["tokens_in"] + row["tokens_out"] if name == "tokens" else row.get(key)
@@ -297,7 +298,8 @@ def format_reliability(result: MethodResult, path: Path) -> str:
     and return its bins as text; a method without probabilities draws nothing and says so."""
     from bridge_assets.plots import reliability  # matplotlib: loaded only when drawing
 
-    scored = [(item.gold, item.score) for item in result.items if item.score is not None]
+    # (every item of a result has its known label)
+    scored = [(item.gold, item.score) for item in result.items if item.score is not None and item.gold is not None]
     if not scored:
         return f"reliability diagram: {result.spec.name} gives no P(relevant), nothing drawn"
     rows = reliability_bins([g for g, _ in scored], [p for _, p in scored])

@@ -89,8 +89,9 @@ def bacc_difference_interval(gold: Sequence[int], predicted: Sequence[int], refe
     left to humans, left out of that labeler's bAcc only. None where undefined."""
     from scipy import stats
 
-    gold, predicted, reference = (np.asarray(values) for values in (gold, predicted, reference))
-    difference = float(balanced_accuracies(gold, predicted) - balanced_accuracies(gold, reference))
+    gold_array, predicted_array, reference_array = (np.asarray(values) for values in (gold, predicted, reference))
+    difference = float(balanced_accuracies(gold_array, predicted_array)
+                       - balanced_accuracies(gold_array, reference_array))
     if math.isnan(difference):
         return None, None, None
 
@@ -99,7 +100,7 @@ def bacc_difference_interval(gold: Sequence[int], predicted: Sequence[int], refe
 
     with warnings.catch_warnings():  # the same labels in both: a valid, degenerate interval
         warnings.simplefilter("ignore", stats.DegenerateDataWarning)
-        result = stats.bootstrap((gold, predicted, reference), differences, paired=True, vectorized=True,
+        result = stats.bootstrap((gold_array, predicted_array, reference_array), differences, paired=True, vectorized=True,
                                  n_resamples=BOOTSTRAP_RESAMPLES, method="percentile",
                                  confidence_level=confidence_level, rng=np.random.default_rng(seed))
     low, high = result.confidence_interval
@@ -142,8 +143,16 @@ def final_labels(gold: Sequence[int], labels: Sequence[int | None], escalated: S
                  resolved: Sequence[int | None]) -> list[int]:
     """Each case's label once escalations are resolved: the labeler's, else the resolver's; an
     escalated case the resolver gave no label counts as an error (the wrong label)."""
-    return [labels[i] if not escalated[i] else (resolved[i] if resolved[i] is not None else 1 - gold[i])
-            for i in range(len(gold))]
+    def final(i: int) -> int:
+        if escalated[i]:
+            label = resolved[i]
+            return 1 - gold[i] if label is None else label
+        label = labels[i]
+        if label is None:
+            raise ValueError(f"case {i} is neither labelled nor escalated")
+        return label
+
+    return [final(i) for i in range(len(gold))]
 
 
 def labeler_metrics(gold: Sequence[int], labels: Sequence[int | None], escalated: Sequence[bool],
@@ -157,11 +166,10 @@ def labeler_metrics(gold: Sequence[int], labels: Sequence[int | None], escalated
         if not escalated[i] and labels[i] is None:
             raise ValueError(f"case {i} is neither labelled nor escalated")
     decided = [i for i in range(n) if not escalated[i]]
-    recall_relevant, recall_irrelevant = class_recalls([gold[i] for i in decided],
-                                                       [labels[i] for i in decided])
     final = final_labels(gold, labels, escalated, resolved)
+    decided_gold, decided_labels = [gold[i] for i in decided], [final[i] for i in decided]  # the labeler's own
+    recall_relevant, recall_irrelevant = class_recalls(decided_gold, decided_labels)
     n_escalated = sum(bool(e) for e in escalated)
-    decided_gold, decided_labels = [gold[i] for i in decided], [labels[i] for i in decided]
     return LabelerMetrics(
         n=n, escalated=n_escalated, escalation_ratio=n_escalated / n if n else 0.0,
         recall_relevant=recall_relevant, recall_irrelevant=recall_irrelevant,

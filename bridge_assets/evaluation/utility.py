@@ -80,10 +80,11 @@ class UtilityOutcome:
     call_keys: dict[str, str]       # query -> call key
 
 
-def useful_from_reply(kind: UtilityKind, reply: BaseModel, n: int,
+def useful_from_reply(kind: UtilityKind, reply: SelectionReply | RankingReply, n: int,
                       top_percent: float) -> tuple[set[int] | None, str | None]:
-    """The 1-based positions judged useful, or (None, why) for an invalid reply."""
-    numbers = reply.selected if kind == "utilsel" else reply.ranking
+    """The 1-based positions judged useful, or (None, why) for an invalid reply (a kind's
+    reply: utilsel's a selection, utilrank's a ranking)."""
+    numbers = reply.selected if isinstance(reply, SelectionReply) else reply.ranking
     if any(not 1 <= k <= n for k in numbers) or len(set(numbers)) != len(numbers):
         return None, f"passage numbers must be distinct and within 1..{n}, got {numbers}"
     if kind == "utilsel":
@@ -104,7 +105,7 @@ def utility_labels(triplets: Sequence[LabelItem], kind: UtilityKind, model: str,
                                   passages=[t.chunk for t in g.triplets]),
         json_schema=utility_schema(kind, len(g.triplets)), max_tokens=max_tokens,
         temperature=temperature, purpose=kind) for g in groups]
-    reply_model = SelectionReply if kind == "utilsel" else RankingReply
+    reply_model: type[SelectionReply | RankingReply] = SelectionReply if kind == "utilsel" else RankingReply
     labels: dict[str, int | None] = {}
     errors, keys = {}, {}
     for group, result in zip(groups, generate(model, requests) if requests else [], strict=True):
@@ -138,8 +139,9 @@ class UtilitySelectionLabeler(Labeler):
         out = utility_labels(items, self.kind, self.model, generate, prompts=prompts,
                              top_percent=self.settings.top_percent, temperature=self.settings.temperature)
         labels = [out.labels[item.id] for item in items]
-        known = [i for i, item in enumerate(items) if labels[i] is not None and item.gold is not None]
-        extra = agreement([items[i].gold for i in known], [labels[i] for i in known]) \
+        known = [(item.gold, label) for item, label in zip(items, labels, strict=True)
+                 if label is not None and item.gold is not None]
+        extra = agreement([gold for gold, _ in known], [label for _, label in known]) \
             if all(item.gold is not None for item in items) else {}
         return LabelerRun([outcome_label(item.pair, label) for item, label in zip(items, labels, strict=True)],
                           details=[out.errors.get(item.query) for item in items], extra=extra,

@@ -13,11 +13,16 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import duckdb
 import polars as pl
 
 from bridge_assets.human.tables import REQUIRED_VOTES, ensure_schema
+from bridge_assets.lake.store import one_row
+
+if TYPE_CHECKING:
+    from polars._typing import PolarsDataType
 
 
 def _sql_text(value: str) -> str:
@@ -27,8 +32,8 @@ def _sql_text(value: str) -> str:
 def _has_table(con: duckdb.DuckDBPyConnection, table: str) -> bool:
     """store.table_exists without a Python parameter: DuckDB (1.5) imports pandas, ~0.5 s, the
     first time a query binds one, and a plan answers without it (its queries inline their values)."""
-    return bool(con.execute("select count(*) from information_schema.tables "
-                            f"where table_name = {_sql_text(table)}").fetchone()[0])
+    return bool(one_row(con, "select count(*) from information_schema.tables "
+                        f"where table_name = {_sql_text(table)}")[0])
 
 
 def measure_label(measure: str) -> str:
@@ -38,7 +43,7 @@ def measure_label(measure: str) -> str:
     return f"nDCG@{cutoff}" if family == "ndcg_cut" and cutoff.isdigit() else measure
 
 
-PLAN_SCHEMA = {"dataset": pl.Utf8, "impact_rank": pl.Int32, "query_id": pl.Utf8, "doc_id": pl.Utf8,
+PLAN_SCHEMA: dict[str, PolarsDataType] = {"dataset": pl.Utf8, "impact_rank": pl.Int32, "query_id": pl.Utf8, "doc_id": pl.Utf8,
                "votes": pl.Int32, "impact": pl.Float64, "decides": pl.Int32, "reason": pl.Utf8,
                "system_pairs": pl.List(pl.Utf8), "measure": pl.Utf8, "pairs_in_doubt": pl.Int32,
                "flips": pl.Int32, "significance_in_doubt": pl.Int32}
@@ -84,8 +89,8 @@ class Plan:
 
 def _has_significance(con: duckdb.DuckDBPyConnection) -> bool:
     """Whether pending_impact has the significance columns (a table made before them has not)."""
-    return bool(con.execute("select count(*) from information_schema.columns where table_name = "
-                            "'pending_impact' and column_name = 'significance_in_doubt'").fetchone()[0])
+    return bool(one_row(con, "select count(*) from information_schema.columns where table_name = "
+                        "'pending_impact' and column_name = 'significance_in_doubt'")[0])
 
 
 def impact_order(con: duckdb.DuckDBPyConnection, dataset: str | None = None) -> pl.DataFrame:
@@ -95,7 +100,7 @@ def impact_order(con: duckdb.DuckDBPyConnection, dataset: str | None = None) -> 
     if not _has_table(con, "pending_impact"):
         return pl.DataFrame(schema=PLAN_SCHEMA)
     frame = con.execute(_order_sql(dataset, significance=_has_significance(con))).pl()
-    return frame.cast({**PLAN_SCHEMA, "completed": pl.Boolean})
+    return frame.cast({**PLAN_SCHEMA, "completed": pl.Boolean})  # type: ignore[dict-item]  # see qrels/merge.py
 
 
 def _order_sql(dataset: str | None, pairs_as_text: bool = True, significance: bool = True) -> str:
@@ -134,11 +139,12 @@ def annotation_plan(con: duckdb.DuckDBPyConnection, dataset: str) -> Plan:
         return Plan(dataset, pl.DataFrame(schema=PLAN_SCHEMA), 0, None, 0)
     open_pairs = frame.filter(~pl.col("completed")).drop("completed")
     return Plan(dataset, open_pairs, frame.height - open_pairs.height, frame["measure"][0],
-                int(frame["pairs_in_doubt"].max() or 0), _int_or_none(frame["significance_in_doubt"].max()))
+                _int_or_none(frame["pairs_in_doubt"].max()) or 0, _int_or_none(frame["significance_in_doubt"].max()))
 
 
-def _int_or_none(value) -> int | None:
-    return None if value is None else int(value)
+def _int_or_none(value: object) -> int | None:
+    """A count column's max (polars types it as any Python value); None where it has none."""
+    return int(value) if isinstance(value, (int, float)) else None
 
 
 def stopping_points(con: duckdb.DuckDBPyConnection, datasets: tuple[str, ...] | None = None) -> dict[str, int]:
@@ -191,7 +197,7 @@ def plan_text(con: duckdb.DuckDBPyConnection, dataset: str, *, systems: tuple[st
     # the stopping points: open pairs up to the last open one that decides a rank change (or,
     # with significance, may flip a significance call)
     measure, open_pairs, completed, deciding, with_significance, in_doubt, significance_in_doubt, shown = \
-        con.execute(f"""
+        one_row(con, f"""
         select any_value(measure), count(*) filter (where not completed), count(*) filter (where completed),
                count(*) filter (where not completed and impact_rank <= last_rank),
                count(*) filter (where not completed and impact_rank <= last_flip),
@@ -202,7 +208,7 @@ def plan_text(con: duckdb.DuckDBPyConnection, dataset: str, *, systems: tuple[st
                          as last_rank,
                      coalesce(max(case when (decides > 0 or flips > 0) and not completed then impact_rank end)
                               over (), 0) as last_flip
-              from {source})""").fetchone()
+              from {source})""")
     if measure is None:
         return _text(dataset, None, 0, 0, 0, 0, systems, 0, [], limit)
     rows = con.execute(f"""select impact_rank, query_id, doc_id, votes, impact, reason from {source}

@@ -30,7 +30,7 @@ import polars as pl
 
 from bridge_assets.human.labels import REQUIRED_VOTES, for_people_sql, pair_tallies, tallies_sql
 from bridge_assets.human.tables import ensure_schema, utc_now
-from bridge_assets.lake.store import table_exists
+from bridge_assets.lake.store import one_row, table_exists
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ def _insert(con: duckdb.DuckDBPyConnection, annotator_id: str, dataset: str, que
     return assignment
 
 
-def _known_relevant(con, dataset: str, annotator_id: str, rng: random.Random) -> tuple[str, str] | None:
+def _known_relevant(con: duckdb.DuckDBPyConnection, dataset: str, annotator_id: str, rng: random.Random) -> tuple[str, str] | None:
     rows = con.execute("""
         select r.query_id, r.doc_id
         from original_qrels r
@@ -167,7 +167,7 @@ def _known_relevant(con, dataset: str, annotator_id: str, rng: random.Random) ->
     return tuple(rng.choice(rows)) if rows else None
 
 
-def _known_irrelevant(con, dataset: str, annotator_id: str, rng: random.Random) -> tuple[str, str] | None:
+def _known_irrelevant(con: duckdb.DuckDBPyConnection, dataset: str, annotator_id: str, rng: random.Random) -> tuple[str, str] | None:
     """A query with answers and a chunk that is gold for another query, not judged for this one,
     and mentions none of this query's answers: irrelevant by construction. Without these, an
     annotator answering "yes" to everything would pass every check."""
@@ -195,7 +195,7 @@ def _known_irrelevant(con, dataset: str, annotator_id: str, rng: random.Random) 
     return (query_id, rng.choice(docs)) if docs else None
 
 
-def _dressing(con, dataset: str | None, query_id: str, rng: random.Random) -> str | None:
+def _dressing(con: duckdb.DuckDBPyConnection, dataset: str | None, query_id: str, rng: random.Random) -> str | None:
     """An unrelated pair (another query) whose debate lends its shape to an attention check's;
     `dataset` None: of any dataset (a gold set's item)."""
     if not table_exists(con, "debate_turns"):
@@ -206,7 +206,7 @@ def _dressing(con, dataset: str | None, query_id: str, rng: random.Random) -> st
     return rng.choice(keys) if keys else None
 
 
-def _known_item(con, annotator_id: str, settings: QueueSettings, rng: random.Random,
+def _known_item(con: duckdb.DuckDBPyConnection, annotator_id: str, settings: QueueSettings, rng: random.Random,
                 now: datetime) -> Assignment | None:
     """A known-answer item this annotator has not been served (in an order of their own), among
     the served datasets' known pairs and the loaded gold sets; None when none is left."""
@@ -235,14 +235,14 @@ def _known_item(con, annotator_id: str, settings: QueueSettings, rng: random.Ran
                    now=now, expected_label=expected, dressing_pair_key=dressing, known_source=source)
 
 
-def _debated(con, dataset: str, query_id: str, doc_id: str) -> bool:
+def _debated(con: duckdb.DuckDBPyConnection, dataset: str, query_id: str, doc_id: str) -> bool:
     """Whether the pair has a debate of its own (shown as it was on its known-answer item)."""
-    return table_exists(con, "debate_turns") and con.execute(
-        "select count(*) > 0 from debate_turns where dataset = ? and query_id = ? and doc_id = ?",
-        [dataset, query_id, doc_id]).fetchone()[0]
+    return table_exists(con, "debate_turns") and one_row(
+        con, "select count(*) > 0 from debate_turns where dataset = ? and query_id = ? and doc_id = ?",
+        [dataset, query_id, doc_id])[0]
 
 
-def _attention_check(con, dataset: str, annotator_id: str, settings: QueueSettings,
+def _attention_check(con: duckdb.DuckDBPyConnection, dataset: str, annotator_id: str, settings: QueueSettings,
                      rng: random.Random, now: datetime) -> Assignment | None:
     if not all(table_exists(con, t) for t in ("original_qrels", "queries", "corpus")):
         return None
@@ -319,8 +319,7 @@ def progress(con: duckdb.DuckDBPyConnection, annotator_id: str, settings: QueueS
     """`open_pairs`: the pairs still open to the annotator when the caller has just counted them
     (Served.open_after); read here otherwise."""
     ensure_schema(con)
-    labelled = con.execute("select count(*) from human_votes where annotator_id = ?",
-                           [annotator_id]).fetchone()[0]
+    labelled = one_row(con, "select count(*) from human_votes where annotator_id = ?", [annotator_id])[0]
     tallies = pair_tallies(con)
     if settings.datasets is not None:
         tallies = tallies.filter(pl.col("dataset").is_in(list(settings.datasets)))

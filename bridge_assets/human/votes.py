@@ -15,6 +15,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
+from typing import TypedDict
 
 import duckdb
 import polars as pl
@@ -23,7 +24,7 @@ from bridge_assets.errors import BridgeError
 from bridge_assets.human import annotators
 from bridge_assets.human.queue import close_assignment, get_assignment, pair_is_decided
 from bridge_assets.human.tables import ensure_schema, utc_now
-from bridge_assets.lake.store import transaction
+from bridge_assets.lake.store import one_row, transaction
 from bridge_assets.registry.datasets import GRADES
 
 # The longest a judgment counts (served -> answered); longer is idle time.
@@ -71,14 +72,14 @@ def insert_vote(con: duckdb.DuckDBPyConnection, *, dataset: str, query_id: str, 
                  is_attention_check: bool, expected_label: int | None, status: str,
                  source: str, created_at: datetime | None = None, seconds: float | None = None,
                  known_source: str | None = None) -> int:
-    return con.execute("""
+    return one_row(con, """
         insert into human_votes (dataset, query_id, doc_id, annotator_id, label, comment,
                                  with_history, is_attention_check, expected_label, status,
                                  created_at, source, seconds, known_source)
         values (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) returning vote_id""",
         [dataset, query_id, doc_id, annotator_id, label, comment, with_history,
          is_attention_check, expected_label, status, created_at or utc_now(), source,
-         seconds, known_source]).fetchone()[0]
+         seconds, known_source])[0]
 
 
 def judgment_seconds(served: datetime, answered: datetime, idle_cap: float = IDLE_CAP_SECONDS) -> float:
@@ -121,7 +122,18 @@ def record_vote(con: duckdb.DuckDBPyConnection, *, assignment_id: str, annotator
         raise
 
 
-def _record(con, assignment_id: str, annotator_id: str, label: int, comment: str | None,
+class _Pair(TypedDict):
+    dataset: str
+    query_id: str
+    doc_id: str
+
+
+class _Timing(TypedDict):
+    created_at: datetime
+    seconds: float
+
+
+def _record(con: duckdb.DuckDBPyConnection, assignment_id: str, annotator_id: str, label: int, comment: str | None,
             graded: Collection[str], idle_cap: float, now: datetime) -> VoteReceipt:
     assignment = get_assignment(con, assignment_id)
     # Another annotator's item looks exactly like an unknown one: no hint that it exists.
@@ -135,12 +147,12 @@ def _record(con, assignment_id: str, annotator_id: str, label: int, comment: str
     annotator = annotators.get_annotator(con, annotator_id)
     if annotator is None or annotator.flagged:
         raise AnnotatorFlagged("your account is paused after a failed attention check")
-    pair = dict(dataset=assignment.dataset, query_id=assignment.query_id, doc_id=assignment.doc_id)
-    timing = dict(created_at=now, seconds=judgment_seconds(assignment.assigned_at, now, idle_cap))
+    pair = _Pair(dataset=assignment.dataset, query_id=assignment.query_id, doc_id=assignment.doc_id)
+    timing = _Timing(created_at=now, seconds=judgment_seconds(assignment.assigned_at, now, idle_cap))
     if not assignment.is_attention_check:
-        voted = con.execute("""select count(*) from human_votes where dataset = ? and query_id = ?
+        voted = one_row(con, """select count(*) from human_votes where dataset = ? and query_id = ?
                                and doc_id = ? and annotator_id = ? and not is_attention_check""",
-                            [*pair.values(), annotator_id]).fetchone()[0]
+                        [*pair.values(), annotator_id])[0]
         if voted:
             raise AlreadyAnswered("you already voted on this pair")
         if pair_is_decided(con, **pair):

@@ -3,6 +3,7 @@ apart so that the annotation commands and app do not import dagster)."""
 
 from __future__ import annotations
 
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -10,8 +11,8 @@ import dagster as dg
 import duckdb
 
 from bridge_assets.human.votes_store import connect, copy_votes, prepare
-from bridge_assets.lake import store
 from bridge_assets.lake.resource import DuckDBStore
+from bridge_assets.lake.store import LOCK_WAIT_SECONDS  # by name: the class's field `store` hides the module
 
 
 class VotesStore(dg.ConfigurableResource):
@@ -28,11 +29,11 @@ class VotesStore(dg.ConfigurableResource):
     def path(self) -> Path:
         return self.store.lake.votes_db
 
-    def prepare(self, *, wait_seconds: float = store.LOCK_WAIT_SECONDS) -> int:
+    def prepare(self, *, wait_seconds: float = LOCK_WAIT_SECONDS) -> int:
         """See prepare(): once before first use."""
         return prepare(self.store.lake, self.path, wait_seconds=wait_seconds)
 
-    def connect(self, *, wait_seconds: float = store.LOCK_WAIT_SECONDS):
+    def connect(self, *, wait_seconds: float = LOCK_WAIT_SECONDS) -> AbstractContextManager[duckdb.DuckDBPyConnection]:
         """See connect(): the votes store read-write, the pipeline's tables readable."""
         lake = self.store.lake
         return connect(lake.votes_db, lake_db=lake, wait_seconds=wait_seconds)

@@ -21,12 +21,18 @@ import contextlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 
 from bridge_assets.errors import BridgeError
 from bridge_assets.human.tables import HUMAN_VOTES, SCHEMA, ensure_schema
 from bridge_assets.lake import ducklake, store
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from bridge_assets.human.votes_resource import VotesStore
 
 HUMAN_TABLES = ("annotators", "annotation_assignments", "human_votes")
 PIPELINE = "pipeline"   # the alias bridge.duckdb is attached under
@@ -49,24 +55,24 @@ def legacy_tables(con: duckdb.DuckDBPyConnection) -> list[str]:
     return [table for table in HUMAN_TABLES if table in present]
 
 
-def _missing_rows(votes: duckdb.DuckDBPyConnection, table: str, frame) -> int:
+def _missing_rows(votes: duckdb.DuckDBPyConnection, table: str, frame: pa.Table) -> int:
     """Rows of the lake's `frame` of `table` that the votes store lacks (compared whole)."""
     columns = ", ".join(_ident(name) for name in frame.column_names)
     votes.register("_legacy", frame)
     try:
-        return votes.execute(f"select count(*) from (select {columns} from _legacy "
-                             f"except select {columns} from {table})").fetchone()[0]
+        return store.one_row(votes, f"select count(*) from (select {columns} from _legacy "
+                             f"except select {columns} from {table})")[0]
     finally:
         votes.unregister("_legacy")
 
 
-def _fill(votes: duckdb.DuckDBPyConnection, frames: dict) -> None:
+def _fill(votes: duckdb.DuckDBPyConnection, frames: dict[str, pa.Table]) -> None:
     """Copy the lake's human tables into an empty votes store, vote ids kept (the id sequence
     continues after the highest)."""
     last = 0
     if "human_votes" in frames:
         votes.register("_legacy", frames["human_votes"])
-        last = votes.execute("select coalesce(max(vote_id), 0) from _legacy").fetchone()[0]
+        last = store.one_row(votes, "select coalesce(max(vote_id), 0) from _legacy")[0]
         votes.unregister("_legacy")
     with store.transaction(votes):
         votes.execute("drop table if exists human_votes")
@@ -92,7 +98,7 @@ def move_from(lake: duckdb.DuckDBPyConnection, votes_db: Path, *,
     frames = {table: lake.execute(f'select * from "{table}"').to_arrow_table() for table in legacy}
     with store.connect(votes_db, wait_seconds=wait_seconds) as votes:
         ensure_schema(votes)
-        stored = sum(votes.execute(f"select count(*) from {table}").fetchone()[0] for table in HUMAN_TABLES)
+        stored = sum(store.one_row(votes, f"select count(*) from {table}")[0] for table in HUMAN_TABLES)
         if stored:
             missing = {table: n for table, frame in frames.items() if (n := _missing_rows(votes, table, frame))}
             if missing:
@@ -112,8 +118,7 @@ def move_from(lake: duckdb.DuckDBPyConnection, votes_db: Path, *,
 
 
 def lake_path(con: duckdb.DuckDBPyConnection) -> str:
-    return con.execute("select path from duckdb_databases() where database_name = current_database()"
-                       ).fetchone()[0]
+    return store.one_row(con, "select path from duckdb_databases() where database_name = current_database()")[0]
 
 
 def migrate(lake_db: store.Where, votes_db: Path, *, wait_seconds: float = store.LOCK_WAIT_SECONDS) -> int:
@@ -152,7 +157,7 @@ def connect(votes_db: Path, *, lake_db: store.Where | None = None,
     with store.connect(votes_db, wait_seconds=wait_seconds) as con:
         if lake_db is not None and store.exists(lake_db):
             store.attach(con, lake_db, PIPELINE, wait_seconds=wait_seconds)
-            name = con.execute("select current_database()").fetchone()[0]
+            name = store.one_row(con, "select current_database()")[0]
             con.execute(f"set search_path = '{_ident(name)}.main,{PIPELINE}.main'")
         yield con
 
@@ -198,8 +203,8 @@ def _copy_attached(con: duckdb.DuckDBPyConnection, dataset: str | None, votes_db
                    wait_seconds: float) -> None:
     store.attach(con, Path(votes_db), VOTES, wait_seconds=wait_seconds)
     try:
-        if con.execute("select count(*) from duckdb_tables() where database_name = ? "
-                       "and table_name = 'human_votes'", [VOTES]).fetchone()[0]:
+        if store.one_row(con, "select count(*) from duckdb_tables() where database_name = ? "
+                         "and table_name = 'human_votes'", [VOTES])[0]:
             con.execute(f"create or replace temp table human_votes as select * from {VOTES}.human_votes "
                         "where $dataset is null or dataset = $dataset", {"dataset": dataset})
         else:  # a votes store nobody has opened yet
@@ -209,7 +214,7 @@ def _copy_attached(con: duckdb.DuckDBPyConnection, dataset: str | None, votes_db
         con.execute(f"detach {VOTES}")
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> type[VotesStore]:
     """VotesStore, the Dagster resource, from bridge_assets.human.votes_resource: imported when
     asked for, so that `bridge annotate` and the app do not import dagster."""
     if name == "VotesStore":

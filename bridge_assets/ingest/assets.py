@@ -8,6 +8,7 @@ bad input leaves all three as they were.
 import hashlib
 import json
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import dagster as dg
@@ -55,7 +56,7 @@ def source_version(spec: DatasetSpec) -> str:
     can_subset=False,
 )
 @reuse_when_current
-def ingest_dataset(context: dg.AssetExecutionContext, store: DuckDBStore):
+def ingest_dataset(context: dg.AssetExecutionContext, store: DuckDBStore) -> Iterator[dg.MaterializeResult]:
     dataset = context.partition_key
     spec = get_dataset(dataset)
     started = time.monotonic()

@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterator
 import dagster as dg
 
 from bridge_assets.lake.resource import DuckDBStore
-from bridge_assets.quality import expectations, validate
+from bridge_assets.quality import SuiteOutcome, expectations, validate
 
 
-def _result(outcome, rows: int) -> dg.AssetCheckResult:
+def _result(outcome: SuiteOutcome, rows: int) -> dg.AssetCheckResult:
     return dg.AssetCheckResult(passed=outcome.success, metadata={"rows": rows, **outcome.failures})
 
 
@@ -83,7 +83,7 @@ CHECKS: dict[str, tuple[Callable[[DuckDBStore], dg.AssetCheckResult], list[str]]
 
 @dg.multi_asset_check(
     specs=[dg.AssetCheckSpec(name, asset=tables[0], additional_deps=tables[1:],
-                             description=" ".join(function.__doc__.split()))
+                             description=" ".join((function.__doc__ or "").split()))
            for name, (function, tables) in CHECKS.items()],
     can_subset=True)
 def ingest_tables_are_valid(context: dg.AssetCheckExecutionContext,

@@ -12,7 +12,8 @@ answered call.
 
 # No `from __future__ import annotations`: Dagster resolves dg.Config annotations at runtime.
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, cast
 
 import dagster as dg
 import polars as pl
@@ -145,7 +146,7 @@ def candidate_pool(context: dg.AssetExecutionContext, config: CandidatePoolConfi
     partitions_def=dataset_partitions, group_name=GROUP, can_subset=False)
 @reuse_when_current
 def filter_pool(context: dg.AssetExecutionContext, config: FilterConfig, store: DuckDBStore,
-                llm: LLMResource):
+                llm: LLMResource) -> Iterator[dg.MaterializeResult]:
     dataset = context.partition_key
     settings = asset_config.for_run(context, config)
     config = settings.config
@@ -198,13 +199,14 @@ def _share(part: int, whole: int) -> float:
     partitions_def=dataset_partitions, group_name=GROUP, can_subset=False)
 @reuse_when_current
 def debate(context: dg.AssetExecutionContext, config: LabelingConfig, store: DuckDBStore,
-           llm: LLMResource):
+           llm: LLMResource) -> Iterator[dg.MaterializeResult]:
     dataset = context.partition_key
     settings = asset_config.for_run(context, config)
     started = time.monotonic()
     spec = get_dataset(dataset)
     scale, definition = spec.label_scale, spec.relevance.definition
-    labeler = pipeline_labeler(settings.config, llm.profiles_for, scale)
+    # resolve() validates a LabelingConfig into the labeler's own settings (its build_settings)
+    labeler = pipeline_labeler(cast(LabelerSettings, settings.config), llm.profiles_for, scale)
     with snapshots.inputs(store, dataset, READS["debate"]) as con:
         pairs = pipeline_pairs(con, dataset, scale, definition)
         filtered = con.execute("select query_id, doc_id, kept from filtered_pool where dataset = ?",

@@ -30,6 +30,7 @@ from bridge_assets.labeling.labeler import (
     LabelerSettings,
     LabelItem,
     ModelId,
+    ProfilesFor,
     profile_model_id,
 )
 from bridge_assets.labeling.persistence import debate_persistence
@@ -86,7 +87,7 @@ class DreamLabeler(Labeler):
     max_models = None
     settings: DreamSettings
 
-    def __init__(self, settings: DreamSettings, profiles_for):
+    def __init__(self, settings: DreamSettings, profiles_for: ProfilesFor):
         super().__init__(settings, profiles_for)
         self.agents: tuple[AgentConfig, ...] = debate_agents(
             self.models, settings.agents, settings.stance_order,
@@ -214,7 +215,7 @@ class DreamLabeler(Labeler):
                               prompts, persistence=persistence)
         gold = [item.gold for item in items]
         known = all(g is not None for g in gold)
-        details = [f"{label.outcome}@{label.rounds_used}"
+        details: list[str | None] = [f"{label.outcome}@{label.rounds_used}"
                    + "".join(f" {flag}" for flag in label.flags if flag not in ("failed", "disagreement"))
                    for label in outcome.labels]
         extra: dict[str, Any] = {"consensus_by_round": outcome.consensus_by_round(),

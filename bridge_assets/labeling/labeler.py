@@ -123,7 +123,8 @@ class Labeler(ABC):
     role: ClassVar[str] = "judge"          # models.yaml role its models default to
     max_models: ClassVar[int | None] = 1   # profiles it takes (None: any number)
     needs_gold: ClassVar[bool] = False     # it learns from known labels (cannot run in the pipeline)
-    templates: ClassVar[tuple[str, ...]] = ()  # the prompt templates it renders
+    # the prompt templates it renders (an instance whose settings change them sets its own)
+    templates: tuple[str, ...] = ()
 
     def __init__(self, settings: LabelerSettings, profiles_for: ProfilesFor):
         self.settings = settings

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
+from bridge_assets.lake import store
 from bridge_assets.llm import ledger
 from bridge_assets.llm.budget import prompt_tokens
 from bridge_assets.llm.client import LLMClient
@@ -22,8 +22,8 @@ class LedgerReplay:
     """A `Generate` answering from the call ledger only; a request the ledger lacks comes back
     failed with NOT_ANSWERED. Remembers every request it saw, by key."""
 
-    def __init__(self, db_path: Path | None):
-        self.db_path = db_path  # None: an empty ledger
+    def __init__(self, db_path: store.Where | None):
+        self.db_path = db_path  # the ledger's lake (as LLMClient's); None: an empty ledger
         self.requests: dict[str, LLMRequest] = {}
         self.made: set[str] = set()  # keys a stage surely asks: answered for any stage after it
         self._clients: dict[str, LLMClient] = {}

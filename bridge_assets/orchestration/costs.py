@@ -120,7 +120,7 @@ def _estimate(estimate: RunEstimate, con: duckdb.DuckDBPyConnection, overrides: 
     dataset = estimate.dataset
 
     def settings(asset: str) -> Any:
-        return asset_settings(asset, dataset, dict(overrides))
+        return asset_settings(asset, dataset, {name: dict(fields) for name, fields in overrides.items()})
 
     registry = load_registry()
     systems = registry.profile_systems()
@@ -155,8 +155,8 @@ def _estimate(estimate: RunEstimate, con: duckdb.DuckDBPyConnection, overrides: 
 
 
 def _has_rows(con: duckdb.DuckDBPyConnection, table: str, dataset: str) -> bool:
-    return store.table_exists(con, table) and con.execute(
-        f"select count(*) > 0 from {table} where dataset = ?", [dataset]).fetchone()[0]
+    return store.table_exists(con, table) and store.one_row(
+        con, f"select count(*) > 0 from {table} where dataset = ?", [dataset])[0]
 
 
 def _pool(con: duckdb.DuckDBPyConnection, dataset: str, systems: Sequence[str], config: CandidatePoolConfig,
@@ -179,7 +179,7 @@ def _pool(con: duckdb.DuckDBPyConnection, dataset: str, systems: Sequence[str], 
     return info, pairs
 
 
-def _typical_replies(db_path: Path | None) -> dict[tuple[str | None, str], float]:
+def _typical_replies(db_path: store.Where | None) -> dict[tuple[str | None, str], float]:
     """Mean reply tokens of answered calls per (profile, purpose), and per (None, purpose)."""
     if db_path is None:
         return {}
@@ -276,7 +276,9 @@ def _budget_line(stages: Sequence[StageCalls], budget: Budget) -> str:
 def _table(stages: Sequence[StageCalls], partial: bool) -> str:
     header = ("stage", "model", "calls", "answered", "to make", "prompt tok", "reply tok max",
               "typical", "price max", "typical")
-    rows, maximum, typical = [], {}, {}
+    rows = []
+    maximum: dict[str, float] = {}  # currency -> total
+    typical: dict[str, float] = {}
     for s in stages:
         top, usual = s.price(s.reply_tokens), s.typical_reply_tokens
         mid = s.price(usual) if usual is not None else None

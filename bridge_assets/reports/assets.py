@@ -48,7 +48,7 @@ def report(context: dg.AssetExecutionContext, config: ReportConfig, store: DuckD
     key = read_known_holes(spec.resolve(spec.known_holes, "known_holes")) if spec and spec.known_holes else None
     with snapshots.inputs(store, dataset, REPORT_TABLES) as con:
         files = build_report(con, dataset, out, k=config.k, known_holes=key,
-                             known_holes_source=spec.known_holes if key else None,
+                             known_holes_source=spec.known_holes if spec and key else None,
                              relevance=spec.relevance if spec else None)
     missing = sorted({name for section in files.sections for name in section.missing})
     return dg.MaterializeResult(metadata={

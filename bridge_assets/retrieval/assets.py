@@ -15,7 +15,7 @@ import polars as pl
 
 from bridge_assets.lake import snapshots
 from bridge_assets.lake.resource import DuckDBStore
-from bridge_assets.lake.store import table_exists
+from bridge_assets.lake.store import one_row, table_exists
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.paths import read_sql
 from bridge_assets.pipeline import asset_config
@@ -74,8 +74,8 @@ def retrieval_run(context: dg.AssetExecutionContext, config: RetrievalRunConfig,
     def stored_run(system: str) -> pl.DataFrame:
         """The lake's run of `system` on this dataset (none from before runs recorded their inputs)."""
         with store.connect() as con:
-            found = con.execute("select count(*) from information_schema.columns where "
-                                "table_name = 'retrieval_run' and column_name = 'inputs_hash'").fetchone()[0]
+            found = one_row(con, "select count(*) from information_schema.columns where "
+                                 "table_name = 'retrieval_run' and column_name = 'inputs_hash'")[0]
             if not found:
                 return pl.DataFrame(schema=dict.fromkeys(STORED_COLUMNS, pl.String))
             return con.execute(f"select {', '.join(STORED_COLUMNS)} from retrieval_run where dataset = ? "
@@ -142,7 +142,8 @@ def _rebenchmark_schedule() -> dg.ScheduleDefinition:
                  name="retrieval_rebenchmark_schedule", default_status=dg.DefaultScheduleStatus.STOPPED,
                  description="Re-run every (dataset, retriever) partition; cron and timezone from "
                              "`rebenchmark:` in resources/retrievers.yaml.")
-    def retrieval_rebenchmark_schedule(context: dg.ScheduleEvaluationContext):
+    def retrieval_rebenchmark_schedule(context: dg.ScheduleEvaluationContext
+                                       ) -> dg.SkipReason | list[dg.RunRequest]:
         retrievers = context.instance.get_dynamic_partitions("retriever")
         if not retrievers:
             return dg.SkipReason("no retriever partitions yet (the registry sensor adds them)")

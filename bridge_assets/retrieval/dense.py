@@ -92,7 +92,7 @@ def encode_corpus(encoder: DenseEncoder, corpus: pl.DataFrame, folder: Path, bat
             "docs_per_second": round((done - first) / max(time.perf_counter() - started, 1e-9), 2)}
 
 
-def _resume(folder: Path, rows: int) -> tuple[int, np.ndarray | None]:
+def _resume(folder: Path, rows: int) -> tuple[int, np.memmap | None]:
     """(rows already encoded, the open matrix) from an interrupted encoding, else (0, None)."""
     progress_file, matrix_file = folder / PROGRESS_FILE, folder / "embeddings.npy"
     if not (progress_file.exists() and matrix_file.exists()):
@@ -110,7 +110,7 @@ def load_embeddings(folder: Path, similarity: str) -> Embeddings:
     return Embeddings(folder, doc_ids, matrix, similarity)
 
 
-def _top(index, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def _top(index: faiss.Index, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     scores, indices = index.search(np.ascontiguousarray(queries, dtype=np.float32), k)
     return indices, scores
 
@@ -132,6 +132,7 @@ def _hnsw_index(embeddings: Embeddings, params: DenseParams) -> faiss.Index:
 
     folder, _ = cache.ensure_built(embeddings.folder / f"hnsw_m{m}_efc{params.ef_construction}", build)
     index = faiss.read_index(str(folder / "index.faiss"))
+    assert isinstance(index, faiss.IndexHNSWFlat)  # read_index gives the class it wrote
     index.hnsw.efSearch = max(params.ef_search, 1)
     return index
 
@@ -158,6 +159,7 @@ def _ivfpq_index(embeddings: Embeddings, params: DenseParams) -> faiss.Index:
 
     folder, _ = cache.ensure_built(embeddings.folder / f"ivfpq_nlist{nlist}_m{m}", build)
     index = faiss.read_index(str(folder / "index.faiss"))
+    assert isinstance(index, faiss.IndexIVFPQ)  # read_index gives the class it wrote
     index.nprobe = params.nprobe
     return index
 

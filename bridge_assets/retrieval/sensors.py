@@ -19,7 +19,7 @@ import dagster as dg
 
 from bridge_assets.lake import store as duckdb_store
 from bridge_assets.lake.resource import DuckDBStore
-from bridge_assets.pipeline.partitions import dataset_partitions, retriever_partitions
+from bridge_assets.pipeline.partitions import RETRIEVER_PARTITIONS, dataset_partitions, retriever_partitions
 from bridge_assets.registry import registry_files
 from bridge_assets.retrieval.assets import retrieval_job
 from bridge_assets.retrieval.errors import RegistryError
@@ -52,8 +52,8 @@ def retire_runs(store: DuckDBStore, retrievers: list[str]) -> int:
         if not duckdb_store.table_exists(con, "retrieval_run"):
             return 0
         placeholders = ", ".join("?" for _ in retrievers)
-        return con.execute(f"delete from retrieval_run where retriever in ({placeholders})",
-                           retrievers).fetchone()[0]
+        return duckdb_store.one_row(con, f"delete from retrieval_run where retriever in ({placeholders})",
+                                    retrievers)[0]
 
 
 def sync_partitions(instance: dg.DagsterInstance, store: DuckDBStore) -> RegistrySync:
@@ -61,11 +61,11 @@ def sync_partitions(instance: dg.DagsterInstance, store: DuckDBStore) -> Registr
     partitions, delete and retire the others. For `bridge materialize`, before planning."""
     registry = load_registry()
     wanted = {name: registry.config_hash(name) for name in registry.profile_systems()}
-    sync = plan_sync(wanted, list(instance.get_dynamic_partitions(retriever_partitions.name)), {})
+    sync = plan_sync(wanted, list(instance.get_dynamic_partitions(RETRIEVER_PARTITIONS)), {})
     if sync.add:
-        instance.add_dynamic_partitions(retriever_partitions.name, sync.add)
+        instance.add_dynamic_partitions(RETRIEVER_PARTITIONS, sync.add)
     for name in sync.delete:
-        instance.delete_dynamic_partition(retriever_partitions.name, name)
+        instance.delete_dynamic_partition(RETRIEVER_PARTITIONS, name)
     if sync.delete:
         retire_runs(store, sync.delete)
     return sync
@@ -77,10 +77,10 @@ def sync_partitions(instance: dg.DagsterInstance, store: DuckDBStore) -> Registr
 def retriever_registry_sensor(context: dg.SensorEvaluationContext, store: DuckDBStore) -> dg.SensorResult:
     registry = load_registry()
     wanted = {name: registry.config_hash(name) for name in registry.profile_systems()}
-    existing = list(context.instance.get_dynamic_partitions(retriever_partitions.name))
+    existing = list(context.instance.get_dynamic_partitions(RETRIEVER_PARTITIONS))
     previous = json.loads(context.cursor) if context.cursor else {}
     sync = plan_sync(wanted, existing, previous)
-    requests = []
+    requests: list[dg.AddDynamicPartitionsRequest | dg.DeleteDynamicPartitionsRequest] = []
     if sync.add:
         requests.append(retriever_partitions.build_add_request(sync.add))
     if sync.delete:
@@ -112,7 +112,7 @@ def run_files_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult | d
     previous = json.loads(context.cursor) if context.cursor else {}
     stamps, runs, added = {}, [], []
     datasets = set(dataset_partitions.get_partition_keys())
-    partitions = set(context.instance.get_dynamic_partitions(retriever_partitions.name))
+    partitions = set(context.instance.get_dynamic_partitions(RETRIEVER_PARTITIONS))
     for found in find_run_files(runs_dir()):
         stamp = _stamp(found)
         if previous.get(found.key) == stamp:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
@@ -29,6 +29,9 @@ from bridge_assets.retrieval.errors import RetrievalError
 from bridge_assets.retrieval.registry import RetrieverRegistry, SystemSpec, load_registry
 from bridge_assets.retrieval.runs import RUN_SCHEMA, document_texts, scored, top_k
 from bridge_assets.retrieval.weights import resolve_model
+
+if TYPE_CHECKING:
+    from bridge_assets.llm.client import LLMClient
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +47,7 @@ class RunContext:
     registry: RetrieverRegistry
     lake: Path                                                 # the lake folder (its indexes/)
     progress: Callable[[str], None] = log.info
-    llm_client: Callable[[str], Any] | None = None              # profile -> LLMClient
+    llm_client: Callable[[str], LLMClient] | None = None        # profile -> its client
     llm_context: str | None = None                              # recorded with new LLM calls
     metadata: dict[str, Any] = field(default_factory=dict)      # indexes built/reused, LLM counts
     stored_run: Callable[[str], pl.DataFrame] | None = None     # system -> its stored rows (STORED_COLUMNS)
@@ -57,7 +60,7 @@ class RunContext:
     def doc_texts(self) -> dict[str, str]:
         return dict(zip(self.corpus["doc_id"].to_list(), document_texts(self.corpus)))
 
-    def client(self, profile: str):
+    def client(self, profile: str) -> LLMClient:
         if self.llm_client is not None:
             return self.llm_client(profile)
         from bridge_assets.llm.client import LLMClient
@@ -95,10 +98,13 @@ def stored_first_stage(ctx: RunContext, system: str, queries: pl.DataFrame, dept
     config_hash, inputs_hash = made_by.row(0)
     if inputs_hash != inputs_fingerprint(ctx.corpus_hash, queries):
         return None
-    ks = {ctx.registry.system_k(system), int(rows["rank"].max())}
+    deepest = rows["rank"].max()
+    assert isinstance(deepest, int)  # a run's ranks are integers, and it has rows
+    ks = {ctx.registry.system_k(system), deepest}
     if not any(k >= depth and ctx.registry.config_hash(system, k) == config_hash for k in ks):
         return None
-    return rows.filter(pl.col("rank") <= depth).select(RUN_SCHEMA.keys()).cast(RUN_SCHEMA)
+    # polars' cast() types: see qrels/merge.py
+    return rows.filter(pl.col("rank") <= depth).select(RUN_SCHEMA.keys()).cast(RUN_SCHEMA)  # type: ignore[arg-type]
 
 
 def _bm25(ctx: RunContext, spec: SystemSpec, queries: pl.DataFrame, k: int) -> pl.DataFrame:
@@ -127,19 +133,20 @@ def embeddings(ctx: RunContext, model: str, system: str) -> tuple[dense.Embeddin
 
 
 def _dense(ctx: RunContext, spec: SystemSpec, queries: pl.DataFrame, k: int) -> pl.DataFrame:
-    embedded, encoder = embeddings(ctx, spec.model, spec.name)
+    embedded, encoder = embeddings(ctx, spec.required_model(), spec.name)
     vectors = encoder.encode_queries(queries["text"].to_list(), ctx.registry.defaults.batch_size)
     indices, scores = dense.search(embedded, vectors, k, spec.params())
     return top_k(scored(queries["query_id"].to_list(), embedded.doc_ids, indices, scores), k)
 
 
 def _splade(ctx: RunContext, spec: SystemSpec, queries: pl.DataFrame, k: int) -> pl.DataFrame:
-    encoder = encoders.splade_encoder(ctx.registry, spec.model, spec.name)
-    _, folder = _model_key(ctx, spec.model, spec.name)
+    model = spec.required_model()
+    encoder = encoders.splade_encoder(ctx.registry, model, spec.name)
+    _, folder = _model_key(ctx, model, spec.name)
     batch = min(ctx.registry.defaults.batch_size, 8)  # logits are (batch, tokens, vocabulary) floats
     folder, built = cache.ensure_built(folder, lambda tmp: splade.encode_corpus(
         encoder, ctx.corpus, tmp, batch, ctx.progress), resumable=True)
-    ctx.note_artifact(spec.model, folder, built)
+    ctx.note_artifact(model, folder, built)
     doc_ids, documents = splade.load_documents(folder)
     indices, scores = splade.search(documents, encoder.encode(queries["text"].to_list(), batch), k)
     return top_k(scored(queries["query_id"].to_list(), doc_ids, indices, scores), k)
@@ -162,12 +169,13 @@ def first_stage_candidates(ctx: RunContext, spec: SystemSpec, queries: pl.DataFr
     """The top-`depth` documents of a re-ranker's first stage: its stored run when current,
     else the first stage run again."""
     depth = spec.params().depth or ctx.registry.defaults.rerank_depth
-    first = stored_first_stage(ctx, spec.first_stage, queries, depth)
-    ctx.metadata.setdefault("first_stage", {})[spec.first_stage] = {
+    first_stage = spec.required_first_stage()
+    first = stored_first_stage(ctx, first_stage, queries, depth)
+    ctx.metadata.setdefault("first_stage", {})[first_stage] = {
         "depth": depth, "stored_run_reused": first is not None}
     if first is None:
-        return retrieve(ctx, spec.first_stage, queries, depth)
-    ctx.progress(f"{spec.first_stage}: its stored run is current, top-{depth} taken from it")
+        return retrieve(ctx, first_stage, queries, depth)
+    ctx.progress(f"{first_stage}: its stored run is current, top-{depth} taken from it")
     return first
 
 
@@ -183,13 +191,14 @@ def _rerank(ctx: RunContext, spec: SystemSpec, queries: pl.DataFrame, k: int) ->
                                       progress=ctx.progress)
         ctx.metadata.update(counts)
         return top_k(rescored, k)
-    model = ctx.registry.model(spec.model)
+    model_name = spec.required_model()  # the other kind of rerank: a model, no llm
+    model = ctx.registry.model(model_name)
     if model.backend in ("cross_encoder", "monot5"):
-        scorer = encoders.scorer(ctx.registry, spec.model, spec.name)
+        scorer = encoders.scorer(ctx.registry, model_name, spec.name)
         pairs = [(query_texts[q], ctx.doc_texts[d]) for q, d in first.select("query_id", "doc_id").iter_rows()]
         scores = scorer.score(pairs, params.batch_size)
     else:  # a bi-encoder re-scores with the cached document embeddings
-        embedded, encoder = embeddings(ctx, spec.model, spec.name)
+        embedded, encoder = embeddings(ctx, model_name, spec.name)
         vectors = encoder.encode_queries(queries["text"].to_list(), ctx.registry.defaults.batch_size)
         row_of = {q: i for i, q in enumerate(queries["query_id"].to_list())}
         scores = dense.pair_scores(embedded, embedded.positions(first["doc_id"].to_list()), vectors,
@@ -201,10 +210,11 @@ def _rewrite(ctx: RunContext, spec: SystemSpec, queries: pl.DataFrame, k: int) -
     from bridge_assets.retrieval.llm_systems import rewrite_queries
 
     params = spec.params()
-    rewritten, counts = rewrite_queries(ctx.client(spec.llm.profile_name()), ctx.registry.prompt(params.method),
-                                        queries, params, context=ctx.llm_context, progress=ctx.progress)
+    rewritten, counts = rewrite_queries(ctx.client(spec.required_llm().profile_name()),
+                                        ctx.registry.prompt(params.method), queries, params,
+                                        context=ctx.llm_context, progress=ctx.progress)
     ctx.metadata.update(counts)
-    return retrieve(ctx, spec.first_stage, rewritten, k)
+    return retrieve(ctx, spec.required_first_stage(), rewritten, k)
 
 
 def _run_file(ctx: RunContext, spec: SystemSpec, queries: pl.DataFrame, k: int) -> pl.DataFrame:

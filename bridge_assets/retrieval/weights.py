@@ -38,6 +38,7 @@ class ResolvedModel:
 
 
 def _package_dir(source: ModelSource) -> tuple[Path | None, str]:
+    assert source.package is not None  # a package source, or an archive's part
     spec = importlib.util.find_spec(source.package)
     if spec is None or not spec.submodule_search_locations:
         how = f"pip install {source.pip}" if source.pip else f"install the package {source.package}"
@@ -112,6 +113,7 @@ def _remove_abandoned(unpacked: Path) -> None:
 
 
 def _local_path(source: ModelSource) -> tuple[Path | None, str]:
+    assert source.path is not None  # _try: a path source
     folder = Path(os.path.expanduser(os.path.expandvars(source.path)))
     if "$" in str(folder):
         return None, f"path {source.path}: an environment variable in it is unset"
@@ -124,6 +126,7 @@ def _huggingface(source: ModelSource) -> tuple[str | None, str]:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
+    assert source.hf is not None  # _try: the one location left (ModelSource._one_location)
     try:
         return snapshot_download(source.hf, local_files_only=True), ""
     except LocalEntryNotFoundError:

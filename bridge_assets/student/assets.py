@@ -14,7 +14,7 @@ pair the student's calibrated P(relevant).
 # No `from __future__ import annotations`: Dagster resolves dg.Config annotations at runtime.
 import hashlib
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import dagster as dg
 import polars as pl
@@ -23,12 +23,14 @@ from pydantic import Field
 from bridge_assets.labeling.pairs import load_pairs
 from bridge_assets.lake import ducklake, snapshots
 from bridge_assets.lake.resource import DuckDBStore
+from bridge_assets.lake.store import one_row
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.pipeline import asset_config
 from bridge_assets.pipeline.partitions import dataset_partitions
 from bridge_assets.pipeline.staleness import external_input, reuse_when_current
 from bridge_assets.settings import env
 from bridge_assets.student.annotator import (
+    TrainingSet,
     calibration_queries,
     ensure_student,
     score_pairs,
@@ -37,6 +39,11 @@ from bridge_assets.student.annotator import (
     training_set,
 )
 from bridge_assets.student.model import StudentSettings, untrainable
+
+if TYPE_CHECKING:
+    from polars._typing import PolarsDataType
+
+    from bridge_assets.retrieval.registry import RetrieverRegistry
 
 GROUP = "student"
 READS: dict[str, tuple[str, ...]] = {
@@ -89,7 +96,7 @@ def _lake_snapshot(store: DuckDBStore) -> int | str:
         return ducklake.current_snapshot(con)
 
 
-ANNOTATOR_SCHEMA = {
+ANNOTATOR_SCHEMA: "dict[str, PolarsDataType]" = {
     "dataset": pl.Utf8, "student_key": pl.Utf8, "not_trained": pl.Utf8, "weights_hash": pl.Utf8,
     "folder": pl.Utf8, "base_model": pl.Utf8, "settings": pl.Utf8, "training_set_version": pl.Utf8,
     "labels": pl.Int64, "relevant": pl.Int64, "trained_on": pl.Int64, "calibrated_on": pl.Int64,
@@ -102,7 +109,7 @@ def annotator_frame(row: dict) -> pl.DataFrame:
     return pl.DataFrame([{name: row.get(name) for name in ANNOTATOR_SCHEMA}], schema=ANNOTATOR_SCHEMA)
 
 
-def training_frame(data, dataset: str, key: str | None, split: list[str] | None) -> pl.DataFrame:
+def training_frame(data: TrainingSet, dataset: str, key: str | None, split: list[str] | None) -> pl.DataFrame:
     """`student_training_set`: every label it saw, its split, the teacher's P(yes) it distilled
     (null where none), the student that learned from it."""
     labels = data.labels if "teacher" in data.labels.columns else \
@@ -183,8 +190,8 @@ def student_scores(context: dg.AssetExecutionContext, store: DuckDBStore) -> dg.
 
     dataset = context.partition_key
     with snapshots.inputs(store, dataset, READS["student_scores"]) as con:
-        key, problem = con.execute("select student_key, not_trained from student_annotator "
-                                   "where dataset = ?", [dataset]).fetchone()
+        key, problem = one_row(con, "select student_key, not_trained from student_annotator "
+                                    "where dataset = ?", [dataset])
         pairs = load_pairs(con, dataset, "select distinct query_id, doc_id from candidate_pool "
                                          "where dataset = $dataset") if key else []
     if key is None:
@@ -202,7 +209,7 @@ def student_scores(context: dg.AssetExecutionContext, store: DuckDBStore) -> dg.
         data_version=snapshots.frame_version(frame))
 
 
-def evaluation_system_hashes(registry=None) -> dict[str, str]:
+def evaluation_system_hashes(registry: "RetrieverRegistry | None" = None) -> dict[str, str]:
     """The active profile's evaluation-only systems and their configuration hashes (what makes a
     stored student_rerank_run out of date when the registry changes)."""
     from bridge_assets.retrieval.registry import load_registry
@@ -262,7 +269,7 @@ student_rerank_job = dg.define_asset_job(
                        "under other evaluation-only systems (student_rerank, trained_retriever) than the registry's "
                        "active profile now declares: one added, changed or removed is benchmarked "
                        "as `bridge run` would. (The pooled systems have retriever_registry_sensor.)")
-def evaluation_systems_sensor(context: dg.SensorEvaluationContext):
+def evaluation_systems_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
     current = json.dumps(evaluation_system_hashes(), sort_keys=True)
     requests = []
     for dataset in dataset_partitions.get_partition_keys():

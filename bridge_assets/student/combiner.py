@@ -17,10 +17,14 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from bridge_assets.errors import BridgeError
+
+if TYPE_CHECKING:
+    from sklearn.pipeline import Pipeline
 
 Signals = Mapping[str, float | None]
 MIN_PER_CLASS = 5  # fewer verified labels of a class than this and the fit says nothing
@@ -31,14 +35,14 @@ class CombinerError(BridgeError, ValueError):
 
 
 def _matrix(rows: Sequence[Signals], names: Sequence[str]) -> np.ndarray:
-    return np.array([[np.nan if row.get(n) is None else float(row[n]) for n in names] for row in rows],
+    return np.array([[np.nan if (value := row.get(n)) is None else float(value) for n in names] for row in rows],
                     dtype=float).reshape(len(rows), len(names))
 
 
 @dataclass(frozen=True)
 class Combiner:
     signals: tuple[str, ...]
-    model: object  # a fitted sklearn Pipeline
+    model: Pipeline  # fitted
     fitted_on: int
 
     def probabilities(self, rows: Sequence[Signals]) -> list[float]:
@@ -63,9 +67,10 @@ def fit_combiner(rows: Sequence[Signals], labels: Sequence[int | None], verified
 
     if not len(rows) == len(labels) == len(verified):
         raise CombinerError("signals, labels and verified flags must have one entry per pair")
-    kept = [i for i, (label, ok) in enumerate(zip(labels, verified)) if ok and label is not None]
+    known = {i: label for i, (label, ok) in enumerate(zip(labels, verified)) if ok and label is not None}
+    kept = list(known)
     names = tuple(signals) if signals is not None else tuple(sorted({n for i in kept for n in rows[i]}))
-    y = np.array([int(labels[i] > 0) for i in kept], dtype=int)
+    y = np.array([int(known[i] > 0) for i in kept], dtype=int)
     if min(int(y.sum()), int(len(y) - y.sum())) < MIN_PER_CLASS:
         raise CombinerError(f"the combiner needs at least {MIN_PER_CLASS} verified labels of each class; "
                             f"it has {int(y.sum())} relevant and {int(len(y) - y.sum())} not")

@@ -78,7 +78,7 @@ class StudentLabeler(Labeler):
     needs_gold = True
     settings: StudentLabelerSettings
 
-    def __init__(self, settings: LabelerSettings, profiles_for: ProfilesFor):
+    def __init__(self, settings: StudentLabelerSettings, profiles_for: ProfilesFor):
         if settings.teacher_weight:
             super().__init__(settings, profiles_for)   # one profile: the teacher
             self.templates = (SCORE_TEMPLATE,)
@@ -104,11 +104,18 @@ class StudentLabeler(Labeler):
         scores, reports = cross_fitted_scores(items, items, self.settings, teacher)
         labels = [outcome_label(item.pair, int(p >= self.settings.threshold), p_yes=p)
                   for item, p in zip(items, scores, strict=True)]
-        gold = [int(item.gold) for item in items]
+        gold = [known_label(item) for item in items]
         extra = {**calibration_metrics(gold, scores), "folds": reports}
         if teacher is not None:
             extra["teacher_scored"] = sum(p is not None for p in teacher)
         return LabelerRun(labels, scores=list(scores), models=list(self.models), extra=extra)
+
+
+def known_label(item: LabelItem) -> int:
+    """The known label a student learns from (the gold set's)."""
+    if item.gold is None:
+        raise LabelerError(f"{item.pair}: no known label to learn from")
+    return item.gold
 
 
 def cross_fitted_scores(known: Sequence[LabelItem], to_score: Sequence[LabelItem],
@@ -126,7 +133,7 @@ def cross_fitted_scores(known: Sequence[LabelItem], to_score: Sequence[LabelItem
         scored = [i for i, f in enumerate(score_folds) if f == fold]
         if not scored:
             continue
-        train = [Example(item.query, item.query, item.chunk, float(item.gold), "gold", p)
+        train = [Example(item.query, item.query, item.chunk, float(known_label(item)), "gold", p)
                  for item, f, p in zip(known, known_folds, teacher, strict=True) if f != fold]
         student = train_student(train, settings.student())
         for i, p in zip(scored, student.score([(to_score[i].query, to_score[i].chunk) for i in scored]),

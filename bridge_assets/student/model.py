@@ -26,10 +26,10 @@ import logging
 import math
 import random
 import sys
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -37,6 +37,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from bridge_assets.errors import BridgeError
 from bridge_assets.evaluation.lara import IDENTITY, Calibrator, fit_calibrator
 from bridge_assets.evaluation.scores import calibration_metrics
+
+if TYPE_CHECKING:
+    import torch
+    from sentence_transformers import CrossEncoder
+    from transformers import PreTrainedTokenizerBase
 
 CALIBRATION_FILE = "calibration.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -203,14 +208,14 @@ def assign_splits(examples: Sequence[Example], settings: StudentSettings,
 
 
 @dataclass(frozen=True)
-class BaseModel:
+class BaseEncoder:
     """The encoder a student starts from: where its weights are here, and what they are."""
 
     location: str
     identity: dict   # what keys hash (`ResolvedModel.identity`): the same on every machine
 
 
-def resolve_base_model(name: str) -> BaseModel:
+def resolve_base_model(name: str) -> BaseEncoder:
     """A retrievers.yaml model, through its declared sources."""
     from bridge_assets.retrieval.registry import load_registry
     from bridge_assets.retrieval.weights import resolve_model
@@ -221,7 +226,7 @@ def resolve_base_model(name: str) -> BaseModel:
                            f"(known: {', '.join(registry.models)})")
     spec = registry.models[name]
     resolved = resolve_model(spec)
-    return BaseModel(resolved.location, resolved.identity(spec))
+    return BaseEncoder(resolved.location, resolved.identity(spec))
 
 
 def base_model_location(name: str) -> str:
@@ -229,7 +234,7 @@ def base_model_location(name: str) -> str:
     return resolve_base_model(name).location
 
 
-def _cross_encoder(location: str, max_length: int):
+def _cross_encoder(location: str, max_length: int) -> CrossEncoder:
     from sentence_transformers import CrossEncoder
 
     return CrossEncoder(location, num_labels=1, max_length=max_length, device="cpu")
@@ -244,7 +249,7 @@ def release_resident_llm() -> None:
         llama.release_local_models()
 
 
-def train_encoder(examples: Sequence[Example], settings: StudentSettings, location: str):
+def train_encoder(examples: Sequence[Example], settings: StudentSettings, location: str) -> CrossEncoder:
     """A CrossEncoder fine-tuned on `examples` (binary cross-entropy on the relevance logit,
     soft targets allowed), seeded."""
     import torch
@@ -267,7 +272,7 @@ def train_encoder(examples: Sequence[Example], settings: StudentSettings, locati
     return model
 
 
-def _recompute_layers(network) -> None:
+def _recompute_layers(network: torch.nn.Module) -> None:
     """Each transformer layer keeps only its input for the backward pass and computes its
     activations again there (torch's checkpoint, which replays dropout's random numbers, so
     the gradients are the same). Per layer, because not every architecture implements
@@ -276,7 +281,8 @@ def _recompute_layers(network) -> None:
     from torch.utils.checkpoint import checkpoint
 
     for layer in network.base_model.encoder.layer:
-        def recomputed(*args, _forward=layer.forward, **kwargs):
+        # a layer's forward, whatever its arguments
+        def recomputed(*args: Any, _forward: Callable[..., Any] = layer.forward, **kwargs: Any) -> Any:
             if network.training and torch.is_grad_enabled():
                 return checkpoint(_forward, *args, use_reentrant=False, **kwargs)
             return _forward(*args, **kwargs)
@@ -284,7 +290,7 @@ def _recompute_layers(network) -> None:
 
 
 @contextlib.contextmanager
-def _large_blocks_returned(enabled: bool):
+def _large_blocks_returned(enabled: bool) -> Iterator[None]:
     """glibc keeps freed activations in its heap, fragmented, and the process grows step after
     step; with blocks of 1 MiB and more taken from mmap they go back to the system when freed
     (slower: every large block is a system call). Setting it ends glibc's own adaptation of the
@@ -310,7 +316,8 @@ def _large_blocks_returned(enabled: bool):
 _M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 
 
-def _train_steps(network, tokenizer, optimizer, examples: Sequence[Example], settings: StudentSettings) -> None:
+def _train_steps(network: torch.nn.Module, tokenizer: PreTrainedTokenizerBase, optimizer: torch.optim.Optimizer,
+                 examples: Sequence[Example], settings: StudentSettings) -> None:
     import torch
 
     loss_fn = torch.nn.BCEWithLogitsLoss()
@@ -342,7 +349,7 @@ def _train_steps(network, tokenizer, optimizer, examples: Sequence[Example], set
                 losses.clear()
 
 
-def encoder_probabilities(model, pairs: Sequence[tuple[str, str]], batch_size: int = 64,
+def encoder_probabilities(model: CrossEncoder, pairs: Sequence[tuple[str, str]], batch_size: int = 64,
                           precision: str = "float32") -> list[float]:
     """sigmoid(logit) of each (query, chunk): the uncalibrated score, the encoder's matrix
     products in `precision` (float32 or bfloat16: torch's CPU autocast)."""

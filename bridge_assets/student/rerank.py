@@ -15,7 +15,7 @@ qrels an unjudged document counts as not relevant (Judged@10 beside its scores s
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ from bridge_assets.labeling.calls import Generate
 from bridge_assets.labeling.pairs import Pair
 from bridge_assets.llm.budget import DEFERRED
 from bridge_assets.llm.replay import NOT_ANSWERED, LedgerReplay, StageCalls
+from bridge_assets.llm.types import LLMRequest, LLMResult
 from bridge_assets.retrieval.registry import RetrieverRegistry
 from bridge_assets.retrieval.runs import document_texts, top_k
 from bridge_assets.retrieval.systems import STORED_COLUMNS, RunContext, first_stage_candidates
@@ -165,11 +166,13 @@ def run_evaluation_systems(registry: RetrieverRegistry, systems: list[str], inpu
         say = (lambda line, name=name: progress(f"{name}: {line}"))
         if spec.kind == "trained_retriever":
             params = spec.params()
+            model = spec.required_model()
             utility = None
             if params.labels == "utility":
                 if generate is None:
                     raise ValueError(f"{name}: utility labels need an LLM (generate)")
-                selected = utility_positives(inputs.pool, generate, spec.llm.profile_name())
+                profile = spec.required_llm().profile_name()
+                selected = utility_positives(inputs.pool, generate, profile)
                 deferred = sum(why == DEFERRED for why in selected.failed.values())
                 if deferred:
                     found.not_run[name] = (f"{deferred} of {selected.queries} UtilSel calls deferred by the "
@@ -177,13 +180,13 @@ def run_evaluation_systems(registry: RetrieverRegistry, systems: list[str], inpu
                                            f"would change once they come)")
                     continue
                 utility = selected.positives
-                say(f"UtilSel by {spec.llm.profile_name()}: {selected.queries} queries, {selected.candidates} "
+                say(f"UtilSel by {profile}: {selected.queries} queries, {selected.candidates} "
                     f"candidates, {sum(map(len, utility.values()))} selected as useful, "
                     f"{len(selected.failed)} replies unusable")
             train = TrainSettings(epochs=params.epochs, learning_rate=params.learning_rate,
                                   negatives_per_query=params.negatives, seed=params.seed,
-                                  max_length=registry.model(spec.model).max_length or TrainSettings.max_length)
-            base = resolve_base_model(spec.model)
+                                  max_length=registry.model(model).max_length or TrainSettings.max_length)
+            base = resolve_base_model(model)
             trained = trained_retriever_run(inputs.lake, base.location, params.labels, train,
                                             folds=params.folds, k=registry.system_k(name), progress=say,
                                             store=trained_retriever_folder(lake_folder, dataset), base=base.identity,
@@ -192,7 +195,7 @@ def run_evaluation_systems(registry: RetrieverRegistry, systems: list[str], inpu
             found.details[name] = {"model": spec.model, "labels": params.labels, "folds": folds}
             if utility is not None:
                 found.details[name]["utility"] = {
-                    "profile": spec.llm.profile_name(), "queries": selected.queries,
+                    "profile": profile, "queries": selected.queries,
                     "candidates": selected.candidates, "selected": sum(map(len, utility.values())),
                     "unusable": selected.failed}
         else:
@@ -209,7 +212,7 @@ def run_evaluation_systems(registry: RetrieverRegistry, systems: list[str], inpu
         frames.append(run.with_columns(dataset=pl.lit(dataset), retriever=pl.lit(name),
                                        config_hash=pl.lit(registry.config_hash(name)),
                                        first_stage=pl.lit(spec.first_stage, dtype=pl.String))
-                      .select(list(RERANK_SCHEMA)).cast(RERANK_SCHEMA))
+                      .select(list(RERANK_SCHEMA)).cast(RERANK_SCHEMA))  # type: ignore[arg-type]  # see qrels/merge.py
     found.frame = pl.concat(frames)
     return found
 
@@ -222,14 +225,15 @@ def estimate_utility_calls(registry: RetrieverRegistry, pool: list[Pair], replay
         spec = registry.system(name)
         if spec.kind != "trained_retriever" or spec.params().labels != "utility":
             continue
-        stage = replay.stage("student_rerank_run", spec.llm.profile_name(), "utilsel")
+        selector = spec.required_llm().profile_name()
+        stage = replay.stage("student_rerank_run", selector, "utilsel")
 
-        def tally(profile, requests, stage=stage):
+        def tally(profile: str, requests: Sequence[LLMRequest], stage: StageCalls = stage) -> list[LLMResult]:
             results = replay(profile, requests)
             for result, request in zip(results, requests, strict=True):
                 stage.add(result.key, request, result.error != NOT_ANSWERED)
             return results
 
-        utility_positives(pool, tally, spec.llm.profile_name())
+        utility_positives(pool, tally, selector)
         stages.append(stage)
     return stages

@@ -52,6 +52,13 @@ def reliability(pairs: pl.DataFrame) -> list[dict]:
     return reliability_bins(judged["relevant"].to_list(), judged["p_relevant"].to_list())
 
 
+def _mean(column: pl.Series) -> float | None:
+    """The mean of a numeric column; None when it has no value (polars types a mean as any
+    Python value, whatever the column)."""
+    mean = column.mean()
+    return float(mean) if isinstance(mean, (int, float)) else None
+
+
 def _figures(rule: str, retrieved: pl.DataFrame, pairs: pl.DataFrame) -> dict:
     """Recall/precision of `retrieved` (a subset of `pairs`, per query) as defined above."""
     per_query = (pairs.group_by("query_id").agg(pl.col("relevant").sum().alias("relevant_total"))
@@ -62,10 +69,10 @@ def _figures(rule: str, retrieved: pl.DataFrame, pairs: pl.DataFrame) -> dict:
     recall = per_query.filter(pl.col("relevant_total") > 0).select(pl.col("hits") / pl.col("relevant_total"))
     precision = per_query.filter(pl.col("retrieved") > 0).select(pl.col("hits") / pl.col("retrieved"))
     return {"rule": rule, "queries": per_query.height,
-            "retrieved_per_query": float(per_query["retrieved"].mean()) if per_query.height else None,
-            "recall": float(recall.to_series().mean()) if recall.height else None,
+            "retrieved_per_query": _mean(per_query["retrieved"]),
+            "recall": _mean(recall.to_series()),
             "recall_queries": recall.height,
-            "precision": float(precision.to_series().mean()) if precision.height else None,
+            "precision": _mean(precision.to_series()),
             "precision_queries": precision.height}
 
 

@@ -17,6 +17,7 @@ from bridge_assets.human.security import Session
 from bridge_assets.human.transfer import MAX_COMMENT
 from bridge_assets.human.votes import VoteRejected, record_vote
 from bridge_assets.lake.store import StoreBusy
+from bridge_assets.registry.datasets import LabelScale
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -30,7 +31,7 @@ class VoteForm(BaseModel):
 
 
 @router.get("/")
-async def home(request: Request, viewer: CurrentViewer):
+async def home(request: Request, viewer: CurrentViewer) -> Response:
     return redirect(request, "/annotate", viewer.session)
 
 
@@ -39,7 +40,7 @@ def annotation_page(con: duckdb.DuckDBPyConnection, state: AppState,
     while (served := serve(con, annotator_id, state.queue, state.rng)).assignment is not None:
         assignment = served.assignment
         try:
-            scale = "graded" if assignment.dataset in state.settings.graded else "binary"
+            scale: LabelScale = "graded" if assignment.dataset in state.settings.graded else "binary"
             return load_item(con, assignment, scale), progress(con, annotator_id, state.queue,
                                                                open_pairs=served.open_after)
         except ItemNotFound as exc:
@@ -52,7 +53,7 @@ def annotation_page(con: duckdb.DuckDBPyConnection, state: AppState,
 
 
 @router.get("/annotate")
-async def annotate_page(request: Request, viewer: CurrentViewer, state: State):
+async def annotate_page(request: Request, viewer: CurrentViewer, state: State) -> Response:
     if viewer.annotator.flagged:
         return render(request, "flagged.html", viewer.session, viewer=viewer)
     item, prog = await state.db.page(annotation_page, state, viewer.annotator.annotator_id)
@@ -79,9 +80,10 @@ def kept_vote(request: Request, session: Session, answer: VoteForm, scale: str) 
 
 
 @router.post("/annotate")
-async def vote(request: Request, viewer: Annotated[Viewer | None, Depends(voter)], state: State):
+async def vote(request: Request, viewer: Annotated[Viewer | None, Depends(voter)], state: State) -> Response:
     session = viewer.session if viewer else session_of(request)
     form = await checked_form(request, session)
+    assert session is not None  # checked_form refuses a form without one
     answer = validated(VoteForm, form)
     if viewer is None:
         return kept_vote(request, session, answer, str(form.get("scale", "")))

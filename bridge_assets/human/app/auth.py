@@ -4,7 +4,7 @@ admin (`CurrentAdmin`), the CSRF check of posted forms, and the login and logout
 from dataclasses import dataclass
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.datastructures import FormData
 
@@ -70,7 +70,7 @@ router = APIRouter()
 
 
 @router.get("/login")
-async def login_page(request: Request):
+async def login_page(request: Request) -> Response:
     session = session_of(request) or new_session_for(request)
     if session.logged_in:
         return redirect(request, "/annotate", session)
@@ -78,19 +78,21 @@ async def login_page(request: Request):
 
 
 @router.post("/login")
-async def login(request: Request, state: State):
+async def login(request: Request, state: State) -> Response:
     session = session_of(request)
     form = await checked_form(request, session)
+    assert session is not None  # checked_form refuses a form without one
     token = validated(LoginForm, form).token
     annotator = await state.db.votes(annotators.annotator_by_token, token)
     if annotator is None:
         return render(request, "login.html", session, status=401, error="Unknown token.")
+    assert annotator.token_hash is not None  # found by its token
     return redirect(request, "/annotate", logged_in_session(
         annotator.annotator_id, annotator.token_hash, annotator.session_epoch, state.clock))
 
 
 @router.post("/logout")
-async def logout(request: Request, viewer: CurrentViewer, state: State):
+async def logout(request: Request, viewer: CurrentViewer, state: State) -> Response:
     await checked_form(request, viewer.session)
     # the cookie is stateless: a copy of it works until the epoch moves on
     await state.db.votes(annotators.end_sessions, viewer.annotator.annotator_id)

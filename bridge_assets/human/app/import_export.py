@@ -37,17 +37,17 @@ async def export(fmt: Literal["csv", "json"], request: Request, state: AppState)
 
 
 @router.get("/admin/export.csv")
-async def export_csv(request: Request, state: State):
+async def export_csv(request: Request, state: State) -> Response:
     return await export("csv", request, state)
 
 
 @router.get("/admin/export.json")
-async def export_json(request: Request, state: State):
+async def export_json(request: Request, state: State) -> Response:
     return await export("json", request, state)
 
 
 @router.post(IMPORT_PATH)
-async def import_page(request: Request, viewer: CurrentAdmin, state: State):
+async def import_page(request: Request, viewer: CurrentAdmin, state: State) -> Response:
     form = await checked_form(request, viewer.session)
     options = validated(ImportForm, form)
     upload = form.get("file")

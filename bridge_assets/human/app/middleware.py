@@ -3,8 +3,9 @@
 from collections.abc import Callable
 
 from fastapi import FastAPI, Request
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import PlainTextResponse, Response
 from starlette.datastructures import Headers
+from starlette.middleware.base import RequestResponseEndpoint
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from bridge_assets.human.app.responses import BadRequest
@@ -41,7 +42,7 @@ class BodyLimit:
         await self.app(scope, counted, send)
 
 
-async def security_headers(request: Request, call_next):
+async def security_headers(request: Request, call_next: RequestResponseEndpoint) -> Response:
     response = await call_next(request)
     response.headers.setdefault("X-Content-Type-Options", "nosniff")
     response.headers.setdefault("X-Frame-Options", "DENY")

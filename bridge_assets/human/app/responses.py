@@ -19,6 +19,7 @@ from bridge_assets.lake.store import StoreBusy
 TEMPLATES_DIR = Path(__file__).parent.parent / "templates"
 templates = Jinja2Templates(directory=str(TEMPLATES_DIR))
 M = TypeVar("M", bound=BaseModel)
+R = TypeVar("R", bound=Response)
 log = logging.getLogger(__name__)
 
 
@@ -57,7 +58,7 @@ def new_session_for(request: Request) -> Session:
     return new_session(state_of(request).clock)
 
 
-def with_cookie(request: Request, response: Response, session: Session) -> Response:
+def with_cookie(request: Request, response: R, session: Session) -> R:
     state = state_of(request)
     response.set_cookie(SESSION_COOKIE, state.signer.dump(session),
                         max_age=state.signer.seconds_left(session), httponly=True,
@@ -112,7 +113,8 @@ async def busy(request: Request, exc: StoreBusy) -> Response:
 
 
 def add_refusal_handlers(app: FastAPI) -> None:
-    app.add_exception_handler(LoginRequired, login_required)
-    app.add_exception_handler(Forbidden, forbidden)
-    app.add_exception_handler(BadRequest, bad_request)
-    app.add_exception_handler(StoreBusy, busy)
+    # starlette types a handler as taking any Exception; it is given the class it is added for
+    app.add_exception_handler(LoginRequired, login_required)  # type: ignore[arg-type]
+    app.add_exception_handler(Forbidden, forbidden)  # type: ignore[arg-type]
+    app.add_exception_handler(BadRequest, bad_request)  # type: ignore[arg-type]
+    app.add_exception_handler(StoreBusy, busy)  # type: ignore[arg-type]
