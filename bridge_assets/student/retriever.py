@@ -449,7 +449,7 @@ def retrieve(model, queries: Mapping[str, str], corpus: Mapping[str, str], *, k:
 def per_query_measures(run: pl.DataFrame, qrels: pl.DataFrame) -> dict[str, dict[str, float]]:
     """measure -> query_id -> value, by the project's trec_eval measures
     (bridge_assets.metrics.measures), for the run's queries the qrels know."""
-    from bridge_assets.metrics.measures import compute_measures, resolve_measures
+    from bridge_assets.metrics import compute_measures, resolve_measures
 
     con = duckdb.connect()
     try:
