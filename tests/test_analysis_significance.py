@@ -29,7 +29,7 @@ from bridge_assets.analysis.significance import (
 )
 from bridge_assets.analysis.views import MissingInput
 from bridge_assets.qrels import assets as qrels_assets
-from bridge_assets.reports.build import significance_section
+from bridge_assets.reports.system_sections import significance_section
 from bridge_assets.resources import DuckDBStore
 from fixtures.labeled_lake import DATASET, read
 

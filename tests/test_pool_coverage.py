@@ -30,7 +30,7 @@ from bridge_assets.analysis.coverage import (
 )
 from bridge_assets.analysis.saturation import holes_found_curve, system_orders
 from bridge_assets.qrels import assets as qrels_assets
-from bridge_assets.reports.build import coverage_section
+from bridge_assets.reports.system_sections import coverage_section
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.summary import _pool_coverage
 from fixtures.labeled_lake import DATASET, read

@@ -19,7 +19,7 @@ from bridge_assets.qrels.cli import app as qrels_app
 from bridge_assets.qrels.imports import ImportFormat, QrelsImportError, import_qrels
 from bridge_assets.qrels.merge import build_bridge_qrels
 from bridge_assets.qrels.sources import BUILTIN_PRECEDENCE, SourceError, place
-from bridge_assets.reports.build import qrels_section
+from bridge_assets.reports.label_sections import qrels_section
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.summary import _labels
 from fixtures.labeled_lake import DATASET, EXPECTED, EXPECTED_LABELS, materialize_qrels, read

@@ -18,7 +18,7 @@ from bridge_assets.evaluation.metrics import expected_calibration_error
 from bridge_assets.labeling.labeler import LabelerError, LabelItem, build_labeler, pipeline_labeler
 from bridge_assets.labeling.pairs import Pair
 from bridge_assets.qrels.known_holes import KnownHoles
-from bridge_assets.reports.build import student_section
+from bridge_assets.reports.system_sections import student_section
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.student import assets as student_assets
 from bridge_assets.student.annotator import ensure_student, training_set
