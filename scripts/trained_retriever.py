@@ -25,16 +25,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bridge_assets import settings, store  # noqa: E402
 from bridge_assets.student.retriever import (  # noqa: E402
     Curriculum,
-    TrainSettings,
-    base_location,
     format_differences,
     format_table,
+    run_comparison,
+)
+from bridge_assets.student.retriever_data import (  # noqa: E402
+    TrainSettings,
     load_lake_data,
     pool_pairs,
-    run_comparison,
     sample_queries,
     utility_positives,
 )
+from bridge_assets.student.retriever_training import base_location  # noqa: E402
 
 
 def lake_snapshot(con, location) -> int | str:
