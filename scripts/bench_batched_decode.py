@@ -37,7 +37,8 @@ from bench_kv_cache import debate_requests, demo_pairs
 from bridge_assets.ingest.loaders import load_dataset
 from bridge_assets.ingest.registry import get_dataset
 from bridge_assets.labeling.calls import MeteredGenerate
-from bridge_assets.labeling.debate import debate_agents, run_debate
+from bridge_assets.labeling.debate import run_debate
+from bridge_assets.labeling.debate_turns import debate_agents
 from bridge_assets.llm import LLMClient
 from bridge_assets.llm import llama_backend as backends
 from bridge_assets.llm.llama_greedy import prompt_tokens

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from llm_time_by_stage import replay, simulate
 
-from bridge_assets.labeling.debate import debate_agents, run_debate
+from bridge_assets.labeling.debate import run_debate
+from bridge_assets.labeling.debate_turns import debate_agents
 from bridge_assets.labeling.pairs import Pair
 from bridge_assets.llm.types import LLMResult
 

@@ -10,7 +10,8 @@ from bridge_assets import store
 from bridge_assets.ingest import assets as ingest_assets
 from bridge_assets.labeling import assets as labeling_assets
 from bridge_assets.labeling import checks as labeling_checks
-from bridge_assets.labeling.debate import debate_agents, run_debate
+from bridge_assets.labeling.debate import run_debate
+from bridge_assets.labeling.debate_turns import debate_agents
 from bridge_assets.labeling.pairs import load_pairs
 from bridge_assets.llm import LLMClient, get_profile, weights
 from bridge_assets.llm.ledger import read_calls
