@@ -17,7 +17,7 @@ so far and the reply's start; default: whole prompts): a smoke test's size.
 `debate`: a real DREAM debate of N demo pairs (bench_debate's pairs) twice, each on a fresh
 ledger through LLMClient: as the pipeline runs it in process (pair by pair, one call at a time),
 then round by round with every call of a round decoded in `--width` lanes (the profile with
-`engine_args: {decode_lanes: W}`, llm.llama_backend.DecodeLanes: each lane its own KV buffer, a
+`engine_args: {decode_lanes: W}`, llm.llama_lanes.DecodeLanes: each lane its own KV buffer, a
 lane's calls reuse the prefix they share with its previous one, every step W rows wide
 whatever is left, so a call's reply does not depend on its neighbours). Prints both arms' seconds and tokens, and how many replies and
 labels are the same.
@@ -36,9 +36,11 @@ from bench_kv_cache import debate_requests, demo_pairs
 
 from bridge_assets.ingest.loaders import load_dataset
 from bridge_assets.labeling.calls import MeteredGenerate
-from bridge_assets.labeling.debate import debate_agents, run_debate
+from bridge_assets.labeling.debate import run_debate
+from bridge_assets.labeling.debate_turns import debate_agents
 from bridge_assets.llm import LLMClient
 from bridge_assets.llm import llama_backend as backends
+from bridge_assets.llm.llama_greedy import prompt_tokens
 from bridge_assets.llm.profiles import get_profile
 from bridge_assets.registry.datasets import get_dataset
 
@@ -60,7 +62,7 @@ def widths(args: argparse.Namespace) -> None:
 
     backend = backends.LlamaCppBackend(get_profile(args.profile))
     model = backend._model(logits_all=False)
-    prompts = [backends._prompt_tokens(model, r) for r in debate_requests(demo_pairs(8), args.profile, 30)[:8]]
+    prompts = [prompt_tokens(model, r) for r in debate_requests(demo_pairs(8), args.profile, 30)[:8]]
     if args.prompt_tokens:
         prompts = [p[-args.prompt_tokens:] for p in prompts]
     n_vocab = model.n_vocab()

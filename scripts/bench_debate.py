@@ -27,7 +27,8 @@ import duckdb
 
 from bridge_assets.ingest.loaders import DatasetTables, load_dataset
 from bridge_assets.labeling.calls import MeteredGenerate
-from bridge_assets.labeling.debate import debate_agents, run_debate
+from bridge_assets.labeling.debate import run_debate
+from bridge_assets.labeling.debate_turns import debate_agents
 from bridge_assets.labeling.pairs import Pair, chunk_text
 from bridge_assets.llm import LLMClient, role_profiles
 from bridge_assets.registry.datasets import get_dataset

@@ -1,4 +1,4 @@
-"""The KV state cache (llm.llama_backend.KVStateCache) on the debate's own call sequence: the
+"""The KV state cache (llm.llama_states.KVStateCache) on the debate's own call sequence: the
 prompts `run_debate` sends for N demo pairs over 2 rounds (2 agents, every pair to round 2),
 through the in-process llama.cpp backend with the cache off and on, side by side.
 
@@ -20,7 +20,8 @@ from pathlib import Path
 
 from llm_time_by_stage import replay, simulate
 
-from bridge_assets.labeling.debate import debate_agents, run_debate
+from bridge_assets.labeling.debate import run_debate
+from bridge_assets.labeling.debate_turns import debate_agents
 from bridge_assets.labeling.pairs import Pair
 from bridge_assets.llm.types import LLMResult
 

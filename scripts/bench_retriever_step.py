@@ -13,7 +13,8 @@ import argparse
 import resource
 import time
 
-from bridge_assets.student import retriever as tr
+from bridge_assets.student.retriever_data import TrainingQuery, TrainSettings
+from bridge_assets.student.retriever_training import base_location, load_encoder, train_retriever
 
 
 def main() -> None:
@@ -22,20 +23,20 @@ def main() -> None:
     parser.add_argument("--positives", type=int, default=5)
     parser.add_argument("--negatives", type=int, default=4)
     parser.add_argument("--max-length", type=int, default=256)
-    parser.add_argument("--encode-chunk", type=int, default=tr.TrainSettings.encode_chunk)
+    parser.add_argument("--encode-chunk", type=int, default=TrainSettings.encode_chunk)
     args = parser.parse_args()
 
     def text(n: int) -> str:  # long enough to fill max_length
         return " ".join(f"word{n}x{j}" for j in range(2 * args.max_length))
 
-    queries = [tr.TrainingQuery(f"q{q}", f"question {q}", tuple(text(q * 1000 + p) for p in range(args.positives)),
+    queries = [TrainingQuery(f"q{q}", f"question {q}", tuple(text(q * 1000 + p) for p in range(args.positives)),
                                 tuple(text(q * 1000 + 500 + n) for n in range(args.negatives)))
                for q in range(args.queries)]
-    model = tr.load_encoder(tr.base_location(), args.max_length)
-    settings = tr.TrainSettings(epochs=1, batch_queries=args.queries, max_length=args.max_length,
+    model = load_encoder(base_location(), args.max_length)
+    settings = TrainSettings(epochs=1, batch_queries=args.queries, max_length=args.max_length,
                                 encode_chunk=args.encode_chunk)
     started = time.perf_counter()
-    log = tr.train_retriever(model, queries, settings)
+    log = train_retriever(model, queries, settings)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
     print(f"{args.queries} queries x ({args.positives} positives + {args.negatives} negatives), "
           f"{args.max_length} tokens, encode_chunk {args.encode_chunk}: {log.steps} step in "

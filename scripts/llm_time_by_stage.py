@@ -165,7 +165,8 @@ def simulate(requests, profile_name: str, capacities_mb: list[float]) -> None:
     from llama_cpp import Llama
 
     from bridge_assets.llm import get_profile, weights
-    from bridge_assets.llm import llama_backend as backends
+    from bridge_assets.llm.llama_greedy import prompt_tokens
+    from bridge_assets.llm.llama_states import common_prefix
 
     profile = get_profile(profile_name)
     vocab = Llama(model_path=str(weights.provision(profile).path), vocab_only=True, verbose=False)
@@ -175,7 +176,7 @@ def simulate(requests, profile_name: str, capacities_mb: list[float]) -> None:
     kv_heads = int(meta.get(f"{arch}.attention.head_count_kv", heads))
     head_dim = int(meta.get(f"{arch}.attention.key_length", int(meta[f"{arch}.embedding_length"]) // heads))
     per_token = 2 * layers * kv_heads * head_dim * 2  # K and V, f16
-    prompts = [tuple(backends._prompt_tokens(vocab, request)) for request in requests]
+    prompts = [tuple(prompt_tokens(vocab, request)) for request in requests]
     purposes = [request.purpose for request in requests]
     print(f"simulated: {len(prompts)} recorded calls, {profile_name}'s tokenizer; a kept state "
           f"{per_token:,} bytes per token ({layers} layers x {kv_heads} KV heads x {head_dim} x K,V f16)\n")
@@ -186,11 +187,11 @@ def simulate(requests, profile_name: str, capacities_mb: list[float]) -> None:
         computed: dict[str, int] = {}
         size = 0
         for purpose, tokens in zip(purposes, prompts):
-            shared = backends._common_prefix(live, tokens)
+            shared = common_prefix(live, tokens)
             if capacity:
-                best = max(states, key=lambda key: backends._common_prefix(key, tokens), default=None)
-                if best is not None and backends._common_prefix(best, tokens) > shared:
-                    shared = backends._common_prefix(best, tokens)
+                best = max(states, key=lambda key: common_prefix(key, tokens), default=None)
+                if best is not None and common_prefix(best, tokens) > shared:
+                    shared = common_prefix(best, tokens)
                     states[best] = states.pop(best)
             computed[purpose] = computed.get(purpose, 0) + len(tokens) - min(shared, len(tokens) - 1)
             live = tokens

@@ -26,16 +26,18 @@ from bridge_assets import settings  # noqa: E402
 from bridge_assets.lake import store
 from bridge_assets.student.retriever import (  # noqa: E402
     Curriculum,
-    TrainSettings,
-    base_location,
     format_differences,
     format_table,
+    run_comparison,
+)
+from bridge_assets.student.retriever_data import (  # noqa: E402
+    TrainSettings,
     load_lake_data,
     pool_pairs,
-    run_comparison,
     sample_queries,
     utility_positives,
 )
+from bridge_assets.student.retriever_training import base_location  # noqa: E402
 
 
 def lake_snapshot(con, location) -> int | str:

@@ -30,7 +30,7 @@ from bridge_assets.analysis.significance import (
 from bridge_assets.analysis.views import MissingInput
 from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.qrels import assets as qrels_assets
-from bridge_assets.reports.build import significance_section
+from bridge_assets.reports.system_sections import significance_section
 from fixtures.labeled_lake import DATASET, read
 
 # A hand-made per-query table: three systems, six queries, one measure.

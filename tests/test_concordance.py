@@ -8,7 +8,7 @@ import polars as pl
 import pytest
 
 from bridge_assets.analysis.significance import SIGNIFICANCE_SCHEMA, concordance_summary, with_concordance
-from bridge_assets.reports.build import significance_section
+from bridge_assets.reports.system_sections import significance_section
 
 PAIRS = [("a", "b"), ("a", "c"), ("a", "d"), ("b", "c"), ("b", "d"), ("c", "d")]
 

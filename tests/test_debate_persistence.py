@@ -26,7 +26,8 @@ import yaml
 from typer.testing import CliRunner
 
 from bridge_assets.cli.main import app
-from bridge_assets.labeling.debate import debate_agents, run_debate
+from bridge_assets.labeling.debate import run_debate
+from bridge_assets.labeling.debate_turns import debate_agents
 from bridge_assets.labeling.labeler import LabelerError, LabelItem, build_labeler
 from bridge_assets.labeling.pairs import Pair
 from bridge_assets.labeling.persistence import debate_persistence, format_persistence

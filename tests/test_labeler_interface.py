@@ -117,7 +117,8 @@ def test_the_same_labeler_runs_in_label_eval_with_its_own_setting(tmp_path, data
 
 
 def test_dream_is_the_default_and_its_hash_is_the_debates_hash():
-    from bridge_assets.labeling.debate import debate_agents, debate_config_hash, fewshot_examples
+    from bridge_assets.labeling.debate import debate_config_hash
+    from bridge_assets.labeling.debate_turns import debate_agents, fewshot_examples
     from bridge_assets.labeling.dream import DreamLabeler
     from bridge_assets.labeling.prompts import Prompts
 

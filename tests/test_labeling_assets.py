@@ -18,7 +18,8 @@ import pytest
 from bridge_assets.ingest import assets as ingest_assets
 from bridge_assets.labeling import assets as labeling_assets
 from bridge_assets.labeling import checks as labeling_checks
-from bridge_assets.labeling.debate import debate_agents, labels_frame, run_debate, turns_frame
+from bridge_assets.labeling.debate import labels_frame, run_debate, turns_frame
+from bridge_assets.labeling.debate_turns import debate_agents
 from bridge_assets.labeling.filter import run_filter
 from bridge_assets.labeling.pairs import Pair
 from bridge_assets.lake import store

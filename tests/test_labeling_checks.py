@@ -15,7 +15,6 @@ import math
 import pytest
 
 from bridge_assets.labeling.debate import (
-    DEBATE_TEMPLATES,
     FLAG_ANSWER,
     FLAG_CONFIDENCE,
     FLAG_DISAGREEMENT,
@@ -23,12 +22,10 @@ from bridge_assets.labeling.debate import (
     DebateChecks,
     PairLabel,
     apply_budget,
-    bounded_text,
-    debate_agents,
-    fewshot_examples,
     labels_frame,
     run_debate,
 )
+from bridge_assets.labeling.debate_turns import DEBATE_TEMPLATES, bounded_text, debate_agents, fewshot_examples
 from bridge_assets.labeling.evidence import (
     answer_in_chunk,
     answers_are_short,
@@ -255,7 +252,7 @@ def test_worked_examples_come_from_the_few_shot_split_never_from_the_evaluated_t
 
 
 def test_answer_first_turns_give_their_judgment_before_arguing_for_it():
-    from bridge_assets.labeling.debate import turn_request, turn_schema
+    from bridge_assets.labeling.debate_turns import turn_request, turn_schema
     assert list(turn_schema(30, answer_first=True)["properties"]) == ["response", "reference", "reason"]
     assert list(turn_schema(30)["properties"]) == ["reference", "reason", "response"]
     hole = demo_pair("q05", "pydoc-execmodel-7", *NONLOCAL)

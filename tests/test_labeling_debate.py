@@ -16,17 +16,8 @@ import pytest
 
 from bridge_assets.labeling.adjudicator import adjudicate
 from bridge_assets.labeling.calls import MeteredGenerate
-from bridge_assets.labeling.debate import (
-    AgentConfig,
-    DebateChecks,
-    debate_agents,
-    debate_config_hash,
-    labels_frame,
-    run_debate,
-    turn_max_tokens,
-    turn_schema,
-    turns_frame,
-)
+from bridge_assets.labeling.debate import DebateChecks, debate_config_hash, labels_frame, run_debate, turns_frame
+from bridge_assets.labeling.debate_turns import AgentConfig, debate_agents, turn_max_tokens, turn_schema
 from bridge_assets.labeling.judge import run_judge
 from bridge_assets.labeling.pairs import Pair, pair_key
 from bridge_assets.labeling.prompts import PROMPTS_DIR, Prompts

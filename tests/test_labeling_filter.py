@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from bridge_assets.labeling.debate import debate_agents, turn_request
+from bridge_assets.labeling.debate_turns import debate_agents, turn_request
 from bridge_assets.labeling.filter import filter_request, filtered_pool, run_filter, votes_frame
 from bridge_assets.labeling.pairs import Pair
 from bridge_assets.labeling.prompts import PROMPTS_DIR, PromptError, Prompts

@@ -16,15 +16,8 @@ import pytest
 
 from bridge_assets.evaluation.goldsets import GoldTriplet
 from bridge_assets.labeling.adjudicator import adjudicate, adjudicator_schema
-from bridge_assets.labeling.debate import (
-    DEBATE_TEMPLATES,
-    DebateOutcome,
-    PairLabel,
-    Turn,
-    debate_agents,
-    turn_request,
-    turn_schema,
-)
+from bridge_assets.labeling.debate import DebateOutcome, PairLabel
+from bridge_assets.labeling.debate_turns import DEBATE_TEMPLATES, Turn, debate_agents, turn_request, turn_schema
 from bridge_assets.labeling.filter import filter_request
 from bridge_assets.labeling.judge import judge_agent
 from bridge_assets.labeling.pairs import Pair

@@ -9,7 +9,8 @@ import pytest
 from bridge_assets.ingest import assets as ingest_assets
 from bridge_assets.labeling import assets as labeling_assets
 from bridge_assets.labeling import checks as labeling_checks
-from bridge_assets.labeling.debate import debate_agents, run_debate
+from bridge_assets.labeling.debate import run_debate
+from bridge_assets.labeling.debate_turns import debate_agents
 from bridge_assets.labeling.pairs import load_pairs
 from bridge_assets.lake import store
 from bridge_assets.lake.resource import DuckDBStore

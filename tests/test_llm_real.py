@@ -72,7 +72,8 @@ def test_greedy_log_probs_equal_llama_cpps_own_without_logits_all(small_model):
     from llama_cpp import Llama
 
     from bridge_assets.llm.backends import chat_messages
-    from bridge_assets.llm.llama_backend import LlamaCppBackend, _greedy_with_logprobs
+    from bridge_assets.llm.llama_backend import LlamaCppBackend
+    from bridge_assets.llm.llama_greedy import greedy_with_logprobs
 
     profile = get_profile("qwen-0.5b")
     backend = LlamaCppBackend(profile)
@@ -89,7 +90,7 @@ def test_greedy_log_probs_equal_llama_cpps_own_without_logits_all(small_model):
         fast_model = backend._model(logits_all=False)
         fast_model.reset()
         reference_model.reset()
-        fast_text, fast, tokens_in, tokens_out = _greedy_with_logprobs(fast_model, request)
+        fast_text, fast, tokens_in, tokens_out = greedy_with_logprobs(fast_model, request)
         reference = reference_model.create_chat_completion(
             messages=chat_messages(request),
             max_tokens=4, temperature=0.0, logprobs=True, top_logprobs=5, repeat_penalty=1.0)
@@ -188,7 +189,7 @@ def test_a_schema_s_grammar_keeps_raw_control_characters_out_of_strings(small_mo
     from llama_cpp import Llama
     from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-    from bridge_assets.llm import llama_backend as backends
+    from bridge_assets.llm import llama_greedy
 
     schema = {"type": "object", "properties": {"quote": {"type": "string", "maxLength": 80}},
               "required": ["quote"], "additionalProperties": False}
@@ -200,7 +201,7 @@ def test_a_schema_s_grammar_keeps_raw_control_characters_out_of_strings(small_mo
     def next_token(preferred: list[int]) -> int:
         """The token the grammar picks after `{"quote": "Roses are red` when the model ranks
         `preferred` first, then the other candidates in this order."""
-        grammar = backends._Grammar(vocab, schema)
+        grammar = llama_greedy.Grammar(vocab, schema)
         try:
             for token in vocab.tokenize(b'{"quote": "Roses are red', add_bos=False, special=False):
                 grammar.accept(token)
@@ -215,9 +216,9 @@ def test_a_schema_s_grammar_keeps_raw_control_characters_out_of_strings(small_mo
     assert next_token(newline) == escaped[0]  # the model may still write "\n", escaped
     assert next_token(tab) == escaped[0]
     assert next_token(letter) == letter[0]    # any other character as before
-    [string_rule] = [line for line in backends.json_grammar(schema).splitlines() if line.startswith("char ::=")]
+    [string_rule] = [line for line in llama_greedy.json_grammar(schema).splitlines() if line.startswith("char ::=")]
     assert "\\x00-\\x1F" in string_rule
 
-    monkeypatch.setattr(backends, "json_grammar", lambda s: json_schema_to_gbnf(json.dumps(s)))
+    monkeypatch.setattr(llama_greedy, "json_grammar", lambda s: json_schema_to_gbnf(json.dumps(s)))
     assert next_token(newline) == newline[0]  # the converter's grammar takes the raw break
     vocab.close()

@@ -165,7 +165,7 @@ def test_http_calls_record_what_the_server_reported_summed_over_parse_retries(da
     assert json.loads(rows['{"response": "no"}']["request_json"])["purpose"] == "judge"
 
 
-# --- the KV state cache (llm.llama_backend.KVStateCache) --------------------------------------
+# --- the KV state cache (llm.llama_states.KVStateCache) --------------------------------------
 
 SCORER = "You judge statements about geography. Answer with one word: yes or no, then say why in a few words."
 
@@ -264,7 +264,8 @@ def test_the_state_cache_is_bounded_oldest_evicted_first(cached_backends):
 
 def test_a_changed_model_or_weights_never_reuses_a_state(cached_backends):
     from bridge_assets.llm import llama_backend as backends
-    from bridge_assets.llm.llama_backend import LlamaCppBackend, _state_cache
+    from bridge_assets.llm.llama_backend import LlamaCppBackend
+    from bridge_assets.llm.llama_states import state_cache
 
     _, on = cached_backends
     model = fresh(on)
@@ -272,7 +273,7 @@ def test_a_changed_model_or_weights_never_reuses_a_state(cached_backends):
     states = model._bridge_state_cache
     assert len(states) == 1 and states.model_id == on.model_id and "sha256:" in on.model_id
     with backends._LLAMA_LOCK:  # the same loaded object asked for by other weights: emptied first
-        assert len(_state_cache(model, on.model_id.replace("sha256:", "sha256:0"), 8 << 20)) == 0
+        assert len(state_cache(model, on.model_id.replace("sha256:", "sha256:0"), 8 << 20)) == 0
 
     on.generate([scored("Is Oslo in Norway?")])
     assert len(states) == 1
@@ -285,7 +286,7 @@ def test_a_changed_model_or_weights_never_reuses_a_state(cached_backends):
     assert result.prompt_reused == 0 and new_model._bridge_state_cache.restored == 0
 
 
-# --- decoding in lanes (llm.llama_backend.DecodeLanes, engine_args.decode_lanes) -----------------
+# --- decoding in lanes (llm.llama_lanes.DecodeLanes, engine_args.decode_lanes) -------------------
 
 SCHEMA_STATEMENT = {"type": "object", "properties": {"response": {"type": "string", "enum": ["yes", "no"]}},
                     "required": ["response"], "additionalProperties": False}

@@ -341,7 +341,7 @@ def test_complete_on_a_few_hundred_queries_finishes():
     it). In a subprocess, so that a stall fails the test instead of hanging the suite."""
     script = textwrap.dedent("""
         import duckdb
-        from bridge_assets.metrics.measures import compute_measures, resolve_measures
+        from bridge_assets.metrics import compute_measures, resolve_measures
         con = duckdb.connect()
         con.execute('''create table retrieval_run as
             select 'bench' as dataset, 'sys' as retriever, printf('q%05d', q) as query_id,

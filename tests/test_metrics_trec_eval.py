@@ -20,7 +20,8 @@ from bridge_assets.metrics import (
     resolve_measures,
     trec_eval_lines,
 )
-from bridge_assets.metrics.measures import DEFINITIONS, _split_spec
+from bridge_assets.metrics.judged_rows import DEFINITIONS
+from bridge_assets.metrics.measure_names import _split_spec
 from fixtures.paths import shared_data
 
 # trec_eval's test commands (EXPECTED_COMMANDS.txt) whose files we have: expected output ->

@@ -171,7 +171,7 @@ def test_pairs_with_no_significance_doubt_keep_their_impact_and_order(seed):
 def test_the_plan_the_summary_and_the_report_state_the_stopping_point_with_significance():
     from bridge_assets.cli.summary import _stopping_point
     from bridge_assets.human.plan import annotation_plan, describe, plan_text
-    from bridge_assets.reports.build import impact_section
+    from bridge_assets.reports.label_sections import impact_section
 
     con = with_significance(lake(**SIGNIFICANCE_CASE))
     frame = compute_pending_impact(con, DATASET)

@@ -32,7 +32,7 @@ from bridge_assets.cli.summary import _pool_coverage
 from bridge_assets.lake import store
 from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.qrels import assets as qrels_assets
-from bridge_assets.reports.build import coverage_section
+from bridge_assets.reports.system_sections import coverage_section
 from fixtures.labeled_lake import DATASET, read
 
 # per relevant chunk, the systems that surfaced it

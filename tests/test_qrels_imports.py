@@ -21,7 +21,7 @@ from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.qrels.imports import ImportFormat, QrelsImportError, import_qrels
 from bridge_assets.qrels.merge import build_bridge_qrels
 from bridge_assets.qrels.sources import BUILTIN_PRECEDENCE, SourceError, place
-from bridge_assets.reports.build import qrels_section
+from bridge_assets.reports.label_sections import qrels_section
 from fixtures.labeled_lake import DATASET, EXPECTED, EXPECTED_LABELS, materialize_qrels, read
 
 

@@ -24,7 +24,7 @@ from bridge_assets.human.annotators import add_annotator
 from bridge_assets.human.assets import human_labels
 from bridge_assets.ingest import assets as ingest_assets
 from bridge_assets.labeling import assets as labeling_assets
-from bridge_assets.labeling.debate import debate_agents, turn_request
+from bridge_assets.labeling.debate_turns import debate_agents, turn_request
 from bridge_assets.labeling.filter import filter_request
 from bridge_assets.labeling.judge import judge_agent
 from bridge_assets.labeling.pairs import Pair

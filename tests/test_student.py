@@ -20,7 +20,7 @@ from bridge_assets.labeling.pairs import Pair
 from bridge_assets.lake import store
 from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.qrels.known_holes import KnownHoles
-from bridge_assets.reports.build import student_section
+from bridge_assets.reports.system_sections import student_section
 from bridge_assets.student import assets as student_assets
 from bridge_assets.student.annotator import ensure_student, training_set
 from bridge_assets.student.labeler import StudentLabelerSettings, query_folds

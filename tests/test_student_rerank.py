@@ -29,7 +29,7 @@ from bridge_assets.student import assets as student_assets
 from bridge_assets.student.annotator import TrainingSet, student_key
 from bridge_assets.student.model import StudentSettings, base_model_location, resolve_base_model
 from bridge_assets.student.rerank import estimate_utility_calls, student_rerank
-from bridge_assets.student.retriever import pool_pairs
+from bridge_assets.student.retriever_data import pool_pairs
 from fixtures.labeled_lake import DATASET, materialize_qrels, read
 from fixtures.scripted_llm import ScriptedLLM, ScriptedServer, completion
 
@@ -377,13 +377,8 @@ def test_training_a_retriever_closes_a_resident_local_llm(monkeypatch):
     has just selected the useful candidates in the same step; beside the training that run
     peaked at 5.1 GiB."""
     from bridge_assets.llm import llama_backend as backends
-    from bridge_assets.student.retriever import (
-        TrainingQuery,
-        TrainSettings,
-        base_location,
-        load_encoder,
-        train_retriever,
-    )
+    from bridge_assets.student.retriever_data import TrainingQuery, TrainSettings
+    from bridge_assets.student.retriever_training import base_location, load_encoder, train_retriever
 
     class Resident:  # stands in for a loaded llama_cpp.Llama
         closed = False

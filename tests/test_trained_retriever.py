@@ -9,6 +9,27 @@ import polars as pl
 import pytest
 
 from bridge_assets.student import retriever as tr
+from bridge_assets.student.retriever_data import (
+    LakeData,
+    TrainedRetrieverError,
+    TrainSettings,
+    load_lake_data,
+    pool_pairs,
+    query_folds,
+    sample_queries,
+    training_queries,
+    utility_positives,
+)
+from bridge_assets.student.retriever_training import (
+    TrainingLog,
+    _embed,
+    base_location,
+    cached_gradient_step,
+    load_encoder,
+    multi_positive_loss,
+    train_retriever,
+    weights_digest,
+)
 
 DATASET = "toy"
 QUERIES = {f"q{i}": text for i, text in enumerate([
@@ -53,29 +74,29 @@ def toy_lake() -> duckdb.DuckDBPyConnection:
 
 
 @pytest.fixture(scope="module")
-def data() -> tr.LakeData:
+def data() -> LakeData:
     con = toy_lake()
     try:
-        return tr.load_lake_data(con, DATASET)
+        return load_lake_data(con, DATASET)
     finally:
         con.close()
 
 
 @pytest.fixture(scope="module")
 def location() -> str:
-    return tr.base_location("all-minilm-l6-v2")
+    return base_location("all-minilm-l6-v2")
 
 
 def test_only_verified_labels_become_positives(data):
     assert data.refined_positives == {"q0": {"d0"}, "q1": {"d1", "d7"}, "q2": {"d2"}, "q3": {"d3", "d9"},
                                       "q4": {"d4"}, "q5": {"d5"}}
     assert ("q2", "d8") in data.pending
-    settings = tr.TrainSettings(negatives_per_query=11)
-    refined = {q.query_id: q for q in tr.training_queries(data, QUERIES, "refined", settings)}
+    settings = TrainSettings(negatives_per_query=11)
+    refined = {q.query_id: q for q in training_queries(data, QUERIES, "refined", settings)}
     # the pending pair with a "yes" guess is neither a positive nor (being unknown) a negative
     assert CORPUS["d8"] not in refined["q2"].positives and CORPUS["d8"] not in refined["q2"].negatives
     assert refined["q1"].positives == (CORPUS["d1"], CORPUS["d7"])
-    original = {q.query_id: q for q in tr.training_queries(data, QUERIES, "original", settings)}
+    original = {q.query_id: q for q in training_queries(data, QUERIES, "original", settings)}
     # trained on the original qrels, the unjudged holes are negatives: what those labels believe
     assert CORPUS["d7"] in original["q1"].negatives and CORPUS["d8"] in original["q2"].negatives
     # the refined qrels evaluate pending as not relevant (the pipeline's lower bound)
@@ -93,7 +114,7 @@ def test_utility_labels_come_from_one_utilsel_call_per_query(data):
 
     con = toy_lake()
     try:
-        labels = tr.utility_positives(tr.pool_pairs(con, DATASET, ["q0", "q1"]), generate, "scripted")
+        labels = utility_positives(pool_pairs(con, DATASET, ["q0", "q1"]), generate, "scripted")
         pool = {q: {d for (d,) in con.execute("select doc_id from candidate_pool where query_id = ?", [q]).fetchall()}
                 for q in ("q0", "q1")}
     finally:
@@ -102,24 +123,24 @@ def test_utility_labels_come_from_one_utilsel_call_per_query(data):
     assert set(labels.positives) == {"q0", "q1"}
     for query_id, docs in labels.positives.items():
         assert len(docs) == 1 and docs <= pool[query_id]
-    trained = tr.training_queries(data, ["q0", "q1", "q2"], "utility", tr.TrainSettings(), labels.positives)
+    trained = training_queries(data, ["q0", "q1", "q2"], "utility", TrainSettings(), labels.positives)
     assert [q.query_id for q in trained] == ["q0", "q1"]   # q2 was not labelled: no positive, not trained
 
 
 def test_query_split_never_leaks_test_queries(data):
-    folds = tr.query_folds(QUERIES, 3, seed=7)
+    folds = query_folds(QUERIES, 3, seed=7)
     tested = [q for _, test in folds for q in test]
     assert sorted(tested) == sorted(QUERIES)  # every query tested exactly once
     for train, test in folds:
         assert not set(train) & set(test)
-        trained = {q.query_id for q in tr.training_queries(data, train, "refined", tr.TrainSettings())}
+        trained = {q.query_id for q in training_queries(data, train, "refined", TrainSettings())}
         assert trained <= set(train) and not trained & set(test)
-    assert tr.query_folds(QUERIES, 3, seed=7) == folds
-    assert tr.query_folds(QUERIES, 3, seed=8) != folds
+    assert query_folds(QUERIES, 3, seed=7) == folds
+    assert query_folds(QUERIES, 3, seed=8) != folds
 
 
 def test_a_query_sample_keeps_its_queries_labels_and_runs_and_the_whole_corpus(data):
-    sample = tr.sample_queries(data, 3, seed=0)
+    sample = sample_queries(data, 3, seed=0)
     chosen = set(sample.queries)
     assert len(chosen) == 3 and chosen <= set(QUERIES)
     assert sample.corpus == data.corpus  # retrieval still searches every chunk
@@ -128,26 +149,26 @@ def test_a_query_sample_keeps_its_queries_labels_and_runs_and_the_whole_corpus(d
     assert sample.runs.height == 3 * 12
     assert set(sample.refined_positives) <= chosen and all(q in chosen for q, _ in sample.pending)
     assert sample.refined_positives == {q: docs for q, docs in data.refined_positives.items() if q in chosen}
-    assert set(tr.sample_queries(data, 3, seed=0).queries) == chosen  # seeded
-    assert any(set(tr.sample_queries(data, 3, seed=s).queries) != chosen for s in range(1, 6))
-    assert tr.sample_queries(data, 6, seed=0) is data  # no smaller than the dataset: all of it
-    with pytest.raises(tr.TrainedRetrieverError, match="at least one query"):
-        tr.sample_queries(data, 0, seed=0)
+    assert set(sample_queries(data, 3, seed=0).queries) == chosen  # seeded
+    assert any(set(sample_queries(data, 3, seed=s).queries) != chosen for s in range(1, 6))
+    assert sample_queries(data, 6, seed=0) is data  # no smaller than the dataset: all of it
+    with pytest.raises(TrainedRetrieverError, match="at least one query"):
+        sample_queries(data, 0, seed=0)
 
 
 def test_training_is_reproducible_from_its_seed(data, location):
-    queries = tr.training_queries(data, ["q0", "q1", "q2", "q3"], "refined", tr.TrainSettings())
+    queries = training_queries(data, ["q0", "q1", "q2", "q3"], "refined", TrainSettings())
 
     def trained(seed: int) -> tuple[str, list[float]]:
-        settings = tr.TrainSettings(epochs=1, batch_queries=2, max_length=32, seed=seed)
-        model = tr.load_encoder(location, settings.max_length)
-        log = tr.train_retriever(model, queries, settings)
-        return tr.weights_digest(model), log.losses
+        settings = TrainSettings(epochs=1, batch_queries=2, max_length=32, seed=seed)
+        model = load_encoder(location, settings.max_length)
+        log = train_retriever(model, queries, settings)
+        return weights_digest(model), log.losses
 
-    base = tr.load_encoder(location, 32)
+    base = load_encoder(location, 32)
     first, second, other = trained(0), trained(0), trained(1)
     assert first == second
-    assert first[0] != tr.weights_digest(base)   # it did train
+    assert first[0] != weights_digest(base)   # it did train
     assert other[0] != first[0]                  # and the seed is what fixed it
 
 
@@ -156,13 +177,13 @@ def test_multi_positive_loss_rewards_every_positive():
 
     queries = torch.nn.functional.normalize(torch.tensor([[1.0, 0.0]]), dim=-1)
     docs = torch.nn.functional.normalize(torch.tensor([[1.0, 0.1], [0.9, 0.2], [0.0, 1.0]]), dim=-1)
-    one = tr.multi_positive_loss(queries, docs, torch.tensor([[True, False, False]]), 20.0)
-    both = tr.multi_positive_loss(queries, docs, torch.tensor([[True, True, False]]), 20.0)
+    one = multi_positive_loss(queries, docs, torch.tensor([[True, False, False]]), 20.0)
+    both = multi_positive_loss(queries, docs, torch.tensor([[True, True, False]]), 20.0)
     assert both < one  # a second positive is not pushed away as an in-batch negative
 
 
 def test_comparison_runs_and_scores_held_out_queries(data, location):
-    settings = tr.TrainSettings(epochs=1, max_length=32)
+    settings = TrainSettings(epochs=1, max_length=32)
     results = tr.run_comparison(data, location, ["original", "refined"], settings=settings, folds=2)
     assert [r.name for r in results] == ["untrained MiniLM", "trained on original", "trained on refined"]
     for result in results:
@@ -176,9 +197,9 @@ def test_comparison_runs_and_scores_held_out_queries(data, location):
 
 
 def test_the_progress_line_gives_mean_losses_of_the_first_and_last_steps():
-    log = tr.TrainingLog(queries=1, positives=1, negatives=1, steps=12, losses=[1.0] * 6 + [0.0] * 6)
+    log = TrainingLog(queries=1, positives=1, negatives=1, steps=12, losses=[1.0] * 6 + [0.0] * 6)
     assert log.loss_trend() == "mean loss of the first 5 step(s) 1.000 -> of the last 5 0.000"
-    assert tr.TrainingLog(1, 1, 1, steps=3, losses=[0.9, 0.5, 0.1]).loss_trend() == \
+    assert TrainingLog(1, 1, 1, steps=3, losses=[0.9, 0.5, 0.1]).loss_trend() == \
         "mean loss of the first 1 step(s) 0.900 -> of the last 1 0.100"
 
 
@@ -186,10 +207,10 @@ def test_the_trained_retriever_ranks_each_query_with_a_model_that_never_saw_it(d
     """kind: trained_retriever's run: every query once, ranked by the fold model trained on the
     other folds' queries only; the same seed gives the same weights and the same run."""
     trained_on: list[set[str]] = []
-    train = tr.train_retriever
+    train = train_retriever
     monkeypatch.setattr(tr, "train_retriever", lambda model, queries, settings:
                         trained_on.append({q.query_id for q in queries}) or train(model, queries, settings))
-    settings = tr.TrainSettings(epochs=1, max_length=32)
+    settings = TrainSettings(epochs=1, max_length=32)
     first = tr.trained_retriever_run(data, location, "refined", settings, folds=2, k=4)
     assert first.not_trained is None
     run = first.run
@@ -206,8 +227,8 @@ def test_the_trained_retriever_ranks_each_query_with_a_model_that_never_saw_it(d
 
 def test_no_trained_run_when_a_fold_has_nothing_to_learn_from(data, location):
     # the original qrels of one query only: the fold that holds it has no other query to learn from
-    few = tr.LakeData(**{**data.__dict__, "original_qrels": data.original_qrels.filter(pl.col("query_id") == "q0")})
-    found = tr.trained_retriever_run(few, location, "original", tr.TrainSettings(epochs=1, max_length=32),
+    few = LakeData(**{**data.__dict__, "original_qrels": data.original_qrels.filter(pl.col("query_id") == "q0")})
+    found = tr.trained_retriever_run(few, location, "original", TrainSettings(epochs=1, max_length=32),
                                      folds=2, k=4)
     assert found.run.is_empty()
     assert found.not_trained.startswith("fold ") and "no training query has a positive in the original labels" \
@@ -220,10 +241,10 @@ def test_a_stored_fold_model_is_found_again_until_its_training_changes(data, loc
     the same (no training: the same weights hashes and the same run as when trained), and trained
     anew when they change."""
     trainings = []
-    train = tr.train_retriever
+    train = train_retriever
     monkeypatch.setattr(tr, "train_retriever", lambda model, queries, settings:
                         trainings.append(len(queries)) or train(model, queries, settings))
-    settings = tr.TrainSettings(epochs=1, max_length=32)
+    settings = TrainSettings(epochs=1, max_length=32)
     base = {"source": "test", "location": "all-minilm-l6-v2"}
     in_memory = tr.trained_retriever_run(data, location, "refined", settings, folds=2, k=4)
     assert len(trainings) == 2
@@ -238,7 +259,7 @@ def test_a_stored_fold_model_is_found_again_until_its_training_changes(data, loc
     assert [f["weights_hash"] for f in again.folds] == [f["weights_hash"] for f in first.folds]
     assert all("found again" in line for line in said)
     # another setting, another base or other labels: trained anew
-    tr.trained_retriever_run(data, location, "refined", tr.TrainSettings(epochs=1, max_length=32, seed=1),
+    tr.trained_retriever_run(data, location, "refined", TrainSettings(epochs=1, max_length=32, seed=1),
                              folds=2, k=4, store=tmp_path, base=base)
     tr.trained_retriever_run(data, location, "refined", settings, folds=2, k=4, store=tmp_path,
                              base={**base, "source": "other"})
@@ -253,14 +274,14 @@ def test_a_cached_gradient_step_gives_the_whole_batch_s_gradients(location):
     on its second pass): without the replay, the masks and so the gradients would differ."""
     import torch
 
-    model = tr.load_encoder(location, 32)
+    model = load_encoder(location, 32)
     model.train()   # dropout on: the replay is what keeps it the same
     texts = ["what does len return", *CORPUS.values()][:7]
     mask = torch.zeros(2, 5, dtype=torch.bool)
     mask[0, 0] = mask[1, 3] = True
 
     def loss_of(embeddings):
-        return tr.multi_positive_loss(embeddings[:2], embeddings[2:], mask, 20.0)
+        return multi_positive_loss(embeddings[:2], embeddings[2:], mask, 20.0)
 
     def gradients():
         grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
@@ -268,11 +289,11 @@ def test_a_cached_gradient_step_gives_the_whole_batch_s_gradients(location):
         return grads
 
     torch.manual_seed(3)   # the reference: every chunk encoded once, with its graph, in the same order
-    reference = loss_of(torch.cat([tr._embed(model, texts[i:i + 3]) for i in range(0, len(texts), 3)]))
+    reference = loss_of(torch.cat([_embed(model, texts[i:i + 3]) for i in range(0, len(texts), 3)]))
     reference.backward()
     expected = gradients()
     torch.manual_seed(3)
-    loss = tr.cached_gradient_step(model, texts, loss_of, chunk=3)
+    loss = cached_gradient_step(model, texts, loss_of, chunk=3)
     got = gradients()
     assert loss == pytest.approx(reference.item(), abs=1e-6)
     assert got.keys() == expected.keys() and len(got) > 50

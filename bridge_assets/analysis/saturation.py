@@ -31,7 +31,7 @@ import numpy as np
 import polars as pl
 
 from bridge_assets.analysis.views import Scope, ScopeInfo, analysis_views, require_rows
-from bridge_assets.metrics import compute_measures, compute_retrieval_metrics, resolve_measures
+from bridge_assets.metrics import MeasureSelection, compute_measures, compute_retrieval_metrics, resolve_measures
 from bridge_assets.paths import read_sql
 
 DEFAULT_MEASURES = ("success_10", "ndcg_cut_10", "recall_10")
@@ -182,13 +182,22 @@ def prefix_scores(con: duckdb.DuckDBPyConnection, variants: dict[frozenset, str]
     combo_needed = affected.join(needed, on="variant").select("combo", "query_id", "retriever").unique()
     combo_pairs = (combos.select("combo", pl.col("key").str.split(",").alias("pair")).explode("pair")
                    .with_columns(pl.col("pair").cast(pl.UInt32)))
-    cut = "" if selection.depth is None else (
-        "qualify row_number() over (partition by retriever, query_id order by score desc, doc_id desc) "
-        f"<= {selection.depth}")
     frames = {"saturation_always": always, "saturation_varying": varying.drop("systems"),
               "saturation_combo_pairs": combo_pairs, "saturation_combos": combos.select("combo", "query_id"),
               "saturation_combo_needed": combo_needed,
               "saturation_base_needed": needed.select("retriever").unique()}
+    values = _scored_per_query(con, selection, frames)
+    return _variant_means(values, affected, needed)
+
+
+def _scored_per_query(con: duckdb.DuckDBPyConnection, selection: MeasureSelection,
+                      frames: dict[str, pl.DataFrame]) -> pl.DataFrame:
+    """Each needed system's per-query values on D(no system) (dataset 'base') and on each
+    combination of included judgments (dataset: the combination's name), from the saturation_*
+    `frames` (registered while it runs)."""
+    cut = "" if selection.depth is None else (
+        "qualify row_number() over (partition by retriever, query_id order by score desc, doc_id desc) "
+        f"<= {selection.depth}")
     for name, frame in frames.items():
         con.register(name, frame.to_arrow())
     try:
@@ -218,6 +227,12 @@ def prefix_scores(con: duckdb.DuckDBPyConnection, variants: dict[frozenset, str]
         con.execute("drop table if exists saturation_cut_run")
         for name in frames:
             con.unregister(name)
+    return values
+
+
+def _variant_means(values: pl.DataFrame, affected: pl.DataFrame, needed: pl.DataFrame) -> dict[tuple, float]:
+    """(variant, system, measure) -> mean: D(no system)'s sum and count per system, corrected
+    on the queries where the variant's systems included judgments (`affected`)."""
     values = values.filter(pl.col("query_id") != "all").select("dataset", "retriever", "query_id", "measure", "value")
     base = values.filter(pl.col("dataset") == "base").drop("dataset")
     totals = base.group_by("retriever", "measure").agg(pl.col("value").sum().alias("sum"),

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from bridge_assets.metrics.measures import resolve_measures
+from bridge_assets.metrics.measure_names import resolve_measures
 from bridge_assets.metrics.trec_files import evaluate_trec_files, trec_eval_lines
 
 

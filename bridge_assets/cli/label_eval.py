@@ -13,8 +13,9 @@ call goes through the data lake's LLM call ledger, so a repeated command is answ
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 import yaml
@@ -22,6 +23,12 @@ import yaml
 from bridge_assets.cli.errors import fail as _fail
 from bridge_assets.errors import BridgeError
 from bridge_assets.labeling.labeler import LABELERS
+
+if TYPE_CHECKING:
+    from bridge_assets.evaluation.goldsets import MethodSpec
+    from bridge_assets.evaluation.runner import MethodResult
+    from bridge_assets.labeling.labeler import LabelItem
+    from bridge_assets.llm.types import LLMRequest, LLMResult
 
 
 def _shard(text: str) -> tuple[int, int]:
@@ -95,58 +102,21 @@ def label_eval_command(
     """Label a gold set (or a dataset's labelled pairs) with one labeler; print recalls, bAcc,
     escalation ratio, cost and the labeler's config hash (the key the pipeline stores its labels
     under)."""
-    from bridge_assets.evaluation.goldsets import MethodSpec, read_goldset, stratified_head
     from bridge_assets.evaluation.runner import (
         format_persistence_tables,
         format_reliability,
         format_stability,
         format_table,
-        run_method,
         summary_json,
         write_items,
     )
-    from bridge_assets.llm import LLMClient, get_profile
-    from bridge_assets.llm.profiles import role_profiles
 
     if gold is None and dataset is None:
         _fail("give --gold FILE, or --dataset D to evaluate its labeler against its known holes")
-    typed = _settings(method, assignments or [], profile or [])
-    # the relevance definition is the dataset's (or the gold set's default), not a labeler setting
-    definition = typed.pop("definition", None)
-    if definition is None and dataset:
-        from bridge_assets.registry.datasets import get_dataset
-
-        definition = get_dataset(dataset).relevance.definition
-    settings = _dataset_settings(dataset, typed) if dataset else typed
-    spec = MethodSpec.parse(f"{dataset}:{settings.get('labeler', 'dream')}" if dataset
-                            else settings.get("labeler", "dream"),
-                            {**settings, "prefilter": list(prefilter or ()),
-                             **({"definition": definition} if definition is not None else {})})
-    if gold is not None:
-        source = str(gold)
-        items = [t.item() for t in stratified_head(read_goldset(gold), limit)]
-    else:
-        source = f"dataset {dataset}: the pairs its labeler labelled, scored against its known holes"
-        items = _dataset_items(dataset)
-    if shard:
-        index, count = _shard(shard)
-        items = items[index::count]
-    clients: dict[str, LLMClient] = {}
-
-    def generate(name, requests):
-        if name not in clients:
-            chosen = get_profile(name)
-            if threads is not None and chosen.backend == "llama_cpp":
-                chosen = chosen.model_copy(update={"threads": threads})
-            clients[name] = LLMClient(chosen)
-        return clients[name].generate(requests, context=f"label-eval:{gold.name if gold else dataset}:"
-                                                        f"{spec.method}")
-
-    try:
-        result = run_method(spec, items, generate, profiles_for=role_profiles, persistence=persistence or 0)
-    finally:
-        for client in clients.values():
-            client.close()
+    spec = _method_spec(dataset, _settings(method, assignments or [], profile or []), prefilter or [])
+    source, items = _eval_items(gold, dataset, limit, shard)
+    result = _run(spec, items, threads, persistence or 0,
+                  context=f"label-eval:{gold.name if gold else dataset}:{spec.method}")
     drawn = format_reliability(result, reliability) if reliability is not None else None
     if items_out is not None:
         write_items(result, items_out)
@@ -163,6 +133,67 @@ def label_eval_command(
         typer.echo(format_persistence_tables(result))
     if drawn:
         typer.echo(drawn)
+
+
+def _method_spec(dataset: str | None, typed: dict[str, Any], prefilter: list[str]) -> MethodSpec:
+    """The labeler to evaluate: `typed` (on the dataset's pipeline settings, with --dataset), its
+    prefilter, and the relevance definition (the dataset's, or the gold set's default: it is not
+    a labeler setting)."""
+    from bridge_assets.evaluation.goldsets import MethodSpec
+
+    definition = typed.pop("definition", None)
+    if definition is None and dataset:
+        from bridge_assets.registry.datasets import get_dataset
+
+        definition = get_dataset(dataset).relevance.definition
+    settings = _dataset_settings(dataset, typed) if dataset else typed
+    return MethodSpec.parse(f"{dataset}:{settings.get('labeler', 'dream')}" if dataset
+                            else settings.get("labeler", "dream"),
+                            {**settings, "prefilter": list(prefilter),
+                             **({"definition": definition} if definition is not None else {})})
+
+
+def _eval_items(gold: Path | None, dataset: str | None, limit: int | None,
+                shard: str | None) -> tuple[str, list[LabelItem]]:
+    """What the figures are computed on (said in the output's first line), and its items: the
+    gold set's first `limit` (classes alternating), or the dataset's labelled pairs; one shard."""
+    from bridge_assets.evaluation.goldsets import read_goldset, stratified_head
+
+    if gold is not None:
+        source = str(gold)
+        items = [t.item() for t in stratified_head(read_goldset(gold), limit)]
+    else:
+        assert dataset is not None  # the command asks for --gold or --dataset
+        source = f"dataset {dataset}: the pairs its labeler labelled, scored against its known holes"
+        items = _dataset_items(dataset)
+    if shard:
+        index, count = _shard(shard)
+        items = items[index::count]
+    return source, items
+
+
+def _run(spec: MethodSpec, items: list[LabelItem], threads: int | None, persistence: int, *,
+         context: str) -> MethodResult:
+    """run_method with one LLM client per profile (llama.cpp ones on `threads`), closed after."""
+    from bridge_assets.evaluation.runner import run_method
+    from bridge_assets.llm import LLMClient, get_profile
+    from bridge_assets.llm.profiles import role_profiles
+
+    clients: dict[str, LLMClient] = {}
+
+    def generate(name: str, requests: Sequence[LLMRequest]) -> list[LLMResult]:
+        if name not in clients:
+            chosen = get_profile(name)
+            if threads is not None and chosen.backend == "llama_cpp":
+                chosen = chosen.model_copy(update={"threads": threads})
+            clients[name] = LLMClient(chosen)
+        return clients[name].generate(requests, context=context)
+
+    try:
+        return run_method(spec, items, generate, profiles_for=role_profiles, persistence=persistence)
+    finally:
+        for client in clients.values():
+            client.close()
 
 
 def _dataset_settings(dataset: str, typed: dict[str, Any]) -> dict[str, Any]:

@@ -14,7 +14,8 @@ from dataclasses import replace
 from pydantic import BaseModel, ConfigDict
 
 from bridge_assets.labeling.calls import Generate, Grade, YesNo, parse_reply
-from bridge_assets.labeling.debate import AgentConfig, DebateOutcome, graded_schema, reply_budget
+from bridge_assets.labeling.debate import DebateOutcome
+from bridge_assets.labeling.debate_turns import AgentConfig, graded_schema, reply_budget
 from bridge_assets.labeling.pairs import Pair
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.llm.types import LLMRequest, LLMResult

@@ -10,17 +10,13 @@ from pydantic import Field
 
 from bridge_assets.labeling.adjudicator import ADJUDICATOR_TEMPLATE, adjudicate, adjudicator_schema
 from bridge_assets.labeling.calls import Generate
-from bridge_assets.labeling.debate import (
+from bridge_assets.labeling.debate import DebateChecks, DebateOutcome, debate_config_hash, escalation_count, run_debate
+from bridge_assets.labeling.debate_turns import (
     DEBATE_TEMPLATES,
     AgentConfig,
-    DebateChecks,
-    DebateOutcome,
     Turn,
     debate_agents,
-    debate_config_hash,
-    escalation_count,
     fewshot_examples,
-    run_debate,
     turn_max_tokens,
 )
 from bridge_assets.labeling.labeler import (

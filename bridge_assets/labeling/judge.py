@@ -12,7 +12,8 @@ from dataclasses import replace
 from pydantic import Field
 
 from bridge_assets.labeling.calls import Generate
-from bridge_assets.labeling.debate import DEFAULT_REASON_WORDS, AgentConfig, DebateOutcome, fewshot_examples, run_debate
+from bridge_assets.labeling.debate import DebateOutcome, run_debate
+from bridge_assets.labeling.debate_turns import DEFAULT_REASON_WORDS, AgentConfig, fewshot_examples
 from bridge_assets.labeling.labeler import Labeler, LabelerRun, LabelerSettings, LabelItem
 from bridge_assets.labeling.pairs import Pair
 from bridge_assets.labeling.prompts import Prompts

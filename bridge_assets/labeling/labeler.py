@@ -28,7 +28,8 @@ import duckdb
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bridge_assets.labeling.calls import Generate
-from bridge_assets.labeling.debate import PairLabel, Turn
+from bridge_assets.labeling.debate import PairLabel
+from bridge_assets.labeling.debate_turns import Turn
 from bridge_assets.labeling.errors import LabelerError
 from bridge_assets.labeling.pairs import Pair, load_pairs
 from bridge_assets.labeling.prompts import Prompts

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from bridge_assets.labeling.debate import Turn
+from bridge_assets.labeling.debate_turns import Turn
 
 STANCES = ("relevant", "irrelevant")
 SPLIT = "split"  # a round whose agents answered but disagree

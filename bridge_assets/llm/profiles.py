@@ -116,7 +116,7 @@ class ModelProfile(BaseModel):
     @property
     def decode_lanes(self) -> int:
         """How many greedy calls a llama_cpp profile decodes at once (engine_args.decode_lanes;
-        1, the default: one at a time). See llama_backend.DecodeLanes."""
+        1, the default: one at a time). See llama_lanes.DecodeLanes."""
         return self.engine_args.get("decode_lanes", 1) if self.backend == "llama_cpp" else 1
 
 

@@ -1,20 +1,18 @@
 """trec_eval's retrieval measures, computed set-based in DuckDB over every system at once.
 
-sql/retrieval_metrics.sql reads the run's judged rows and the judged queries; this module
-names the measures (trec_eval's names and cutoffs), keeps one definition per measure family in
-DEFINITIONS (as ir_measures does: a new measure is a FAMILIES entry and a function registered
-with @defines), checks the input the way trec_eval does (no duplicate documents) and returns a
-long polars frame `(dataset, retriever, query_id | 'all', measure, value)`. Conventions:
-docs/metrics.md.
+sql/retrieval_metrics.sql reads the run's judged rows and the judged queries; this module maps
+the caller's tables onto the views it reads, checks the input the way trec_eval does (no
+duplicate documents), lays each ranking out in trec_eval's order and returns a long polars
+frame `(dataset, retriever, query_id | 'all', measure, value)`. The measures' names live in
+measure_names.py, their definitions (one per family, as ir_measures keeps them) in
+judged_rows.py. Conventions: docs/metrics.md.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
-from typing import Literal, cast
+from collections.abc import Iterator, Sequence
+from typing import cast
 
 import duckdb
 import numpy as np
@@ -22,173 +20,10 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from bridge_assets.errors import BridgeError, DatasetError
+from bridge_assets.errors import DatasetError
+from bridge_assets.metrics.judged_rows import JudgedRows, judgments, measure_values
+from bridge_assets.metrics.measure_names import PIPELINE_MEASURES, MeasureError, MeasureSelection, resolve_measures
 from bridge_assets.paths import read_sql
-
-TREC_CUTOFFS = (5, 10, 15, 20, 30, 100, 200, 500, 1000)
-RECALL_LEVELS = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
-NO_LIMIT = 2**62  # trec_eval's default -M (MAXLONG): every retrieved document counts
-
-ParamKind = Literal["none", "cutoff", "level"]
-
-
-@dataclass(frozen=True)
-class MeasureFamily:
-    """One measure as trec_eval knows it; `cutoff`/`level` families expand to `name_param`."""
-
-    name: str
-    params: ParamKind = "none"
-    defaults: tuple[float, ...] = ()
-    count: bool = False         # printed as an integer and summed (not averaged) over queries
-    summary_only: bool = False  # trec_eval prints it for 'all' only
-
-
-# In trec_eval's printing order (its measures.c), then BRIDGE's own measures.
-FAMILIES: dict[str, MeasureFamily] = {f.name: f for f in (
-    MeasureFamily("runid", summary_only=True),
-    MeasureFamily("num_q", count=True, summary_only=True),
-    MeasureFamily("num_ret", count=True),
-    MeasureFamily("num_rel", count=True),
-    MeasureFamily("num_rel_ret", count=True),
-    MeasureFamily("map"),
-    MeasureFamily("gm_map", summary_only=True),
-    MeasureFamily("Rprec"),
-    MeasureFamily("bpref"),
-    MeasureFamily("recip_rank"),
-    MeasureFamily("iprec_at_recall", "level", RECALL_LEVELS),
-    MeasureFamily("P", "cutoff", TREC_CUTOFFS),
-    MeasureFamily("recall", "cutoff", TREC_CUTOFFS),
-    MeasureFamily("ndcg"),
-    MeasureFamily("ndcg_cut", "cutoff", TREC_CUTOFFS),
-    MeasureFamily("map_cut", "cutoff", TREC_CUTOFFS),
-    MeasureFamily("success", "cutoff", (1, 5, 10)),
-    MeasureFamily("num_nonrel_judged_ret", count=True),
-    MeasureFamily("unj", "cutoff", (5, 10, 20)),
-    # BRIDGE's own: MRR@k, Judged@k, Hole@k (docs/metrics.md)
-    MeasureFamily("recip_rank_cut", "cutoff", (5, 10, 20)),
-    MeasureFamily("judged", "cutoff", (5, 10, 20)),
-    MeasureFamily("hole", "cutoff", (5, 10, 20)),
-)}
-
-NICKNAMES = {
-    # trec_eval's default when no -m is given
-    "official": ("runid", "num_q", "num_ret", "num_rel", "num_rel_ret", "map", "gm_map",
-                 "Rprec", "bpref", "recip_rank", "iprec_at_recall", "P"),
-}
-
-# What the pipeline's retrieval_metrics asset reports (cutoff families at its k).
-PIPELINE_MEASURES = ("success", "recall", "P", "recip_rank_cut", "ndcg_cut", "map", "judged",
-                     "num_rel", "num_rel_ret")
-
-
-class MeasureError(BridgeError, ValueError):
-    """A measure name or parameter that this module does not offer."""
-
-
-@dataclass(frozen=True)
-class MeasureSelection:
-    """Requested measures, expanded: ordered names and the cutoffs/levels they need."""
-
-    names: tuple[str, ...]
-    family_of: dict[str, MeasureFamily]
-    cutoffs: tuple[int, ...]
-    levels: tuple[float, ...]
-    param_of: dict[str, float] = field(default_factory=dict)  # P_10 -> 10, iprec_at_recall_0.10 -> 0.1
-
-    def uses(self, family: str) -> bool:
-        return any(f.name == family for f in self.family_of.values())
-
-    @property
-    def depth(self) -> int | None:
-        """How deep a ranking these measures read: the largest cutoff when every measure is a
-        cutoff measure (their values are then the same under trec_eval's -M depth), else None."""
-        if self.cutoffs and all(f.params == "cutoff" for f in self.family_of.values()):
-            return max(self.cutoffs)
-        return None
-
-
-def _param_name(family: MeasureFamily, value: float) -> str:
-    # trec_eval: "%s_%ld" for cutoffs, "%s_%3.2f" for recall levels
-    return f"{family.name}_{int(value)}" if family.params == "cutoff" else f"{family.name}_{value:.2f}"
-
-
-def _parse_params(family: MeasureFamily, text: str, spec: str) -> list[float]:
-    values: list[float] = []
-    for part in text.split(","):
-        try:
-            value = int(part) if family.params == "cutoff" else float(part)
-        except ValueError:
-            raise MeasureError(f"measure '{spec}': parameter '{part}' is not "
-                               f"{'an integer' if family.params == 'cutoff' else 'a number'}") from None
-        if family.params == "cutoff" and value <= 0:
-            raise MeasureError(f"measure '{spec}': cutoffs must be positive")
-        if family.params == "level" and not 0.0 <= value <= 1.0:
-            raise MeasureError(f"measure '{spec}': recall levels lie between 0 and 1")
-        values.append(value)
-    if len(set(values)) != len(values):
-        raise MeasureError(f"measure '{spec}': duplicate parameters")
-    return values
-
-
-def _split_spec(spec: str) -> tuple[MeasureFamily, list[float] | None]:
-    """`P` -> (P, None: defaults); `P.5,10` (trec_eval) or `P_10` (pytrec_eval) -> (P, [..])."""
-    if spec in FAMILIES:
-        return FAMILIES[spec], None
-    name, dot, params = spec.partition(".")
-    if dot and name in FAMILIES and FAMILIES[name].params != "none":
-        return FAMILIES[name], _parse_params(FAMILIES[name], params, spec)
-    name, underscore, param = spec.rpartition("_")
-    if underscore and name in FAMILIES and FAMILIES[name].params != "none":
-        return FAMILIES[name], _parse_params(FAMILIES[name], param, spec)
-    offered = ", ".join(f.name for f in FAMILIES.values())
-    raise MeasureError(f"unknown measure '{spec}' (offered: {offered}; nickname: official)")
-
-
-def resolve_measures(specs: Iterable[str], cutoffs: Sequence[int] | None = None) -> MeasureSelection:
-    """Expand measure names into the values to compute, in trec_eval's printing order.
-
-    A bare cutoff family (`P`, `ndcg_cut`, ...) takes `cutoffs` when given (the pipeline's k),
-    otherwise trec_eval's default cutoffs. Several requests for one family are united.
-    """
-    wanted: dict[str, set[float] | None] = {}
-    for spec in specs:
-        for item in NICKNAMES.get(spec, (spec,)):
-            family, params = _split_spec(item)
-            if family.params == "none":
-                wanted[family.name] = None
-                continue
-            if params is None:
-                params = list(cutoffs) if cutoffs and family.params == "cutoff" else list(family.defaults)
-            chosen = wanted.setdefault(family.name, set())
-            assert chosen is not None, family.name  # only a family without parameters maps to None
-            chosen.update(params)
-    names: list[str] = []
-    family_of: dict[str, MeasureFamily] = {}
-    param_of: dict[str, float] = {}
-    needed_cutoffs: set[int] = set()
-    needed_levels: set[float] = set()
-    for family in FAMILIES.values():
-        if family.name not in wanted:
-            continue
-        values = wanted[family.name]
-        if values is None:
-            names.append(family.name)
-            family_of[family.name] = family
-            continue
-        for value in sorted(values):
-            name = _param_name(family, value)
-            names.append(name)
-            family_of[name] = family
-            param_of[name] = value
-        if family.params == "cutoff":
-            needed_cutoffs.update(int(v) for v in values)
-        else:
-            needed_levels.update(values)
-    if not names:
-        raise MeasureError("no measure requested")
-    return MeasureSelection(tuple(names), family_of, tuple(sorted(needed_cutoffs)),
-                            tuple(sorted(needed_levels)), param_of)
-
 
 # --- mapping the caller's tables onto the views the SQL reads --------------------------------
 
@@ -274,7 +109,6 @@ def _check_judgments(con: duckdb.DuckDBPyConnection, qrels: str, original_qrels:
 
 
 KEYS = ["dataset", "retriever", "query_id"]
-UNJUDGED = -(2**62)  # the relevance of a document the qrels do not list (below every judgment)
 _MIX = np.uint64(0x9E3779B97F4A7C15)  # spreads the ranking number over the 64-bit doc hash
 
 
@@ -479,269 +313,6 @@ def _check_no_duplicates(rows: pa.Table, at: np.ndarray, ranking: np.ndarray, ru
         seen.add((ranking[i], doc))
 
 
-def _judgment(column: pa.ChunkedArray, at: np.ndarray) -> np.ndarray:
-    """The relevance values at rows `at`, UNJUDGED where the qrels do not list the document."""
-    values = pc.fill_null(column, 0).to_numpy()[at].astype(np.int64)
-    if column.null_count:
-        values[~pc.is_valid(column).to_numpy(zero_copy_only=False)[at]] = UNJUDGED
-    return values
-
-
-def _round_half_away(x: np.ndarray) -> np.ndarray:
-    """DuckDB's round() and C's lround for x >= 0: halves away from zero (x + 0.5 would round
-    0.49999999999999994 up)."""
-    floor = np.floor(x)
-    return np.where(x - floor >= 0.5, floor + 1, floor)
-
-
-def _divide(numerator: np.ndarray, denominator: np.ndarray) -> np.ndarray:
-    """numerator / denominator, 0 where the denominator is 0 (trec_eval's convention)."""
-    out = np.zeros(len(numerator))
-    np.divide(numerator, denominator, out=out, where=denominator > 0)
-    return out
-
-
-@dataclass
-class JudgedRows:
-    """The evaluated rankings, as every measure reads them.
-
-    `num_ret` holds each ranking's length. The rows (`ranking`, `rank` 1-based, `relevance`,
-    `original` relevance or UNJUDGED) are the retrieved documents that the qrels judge (every
-    measure depends only on those), ranking by ranking, each in trec_eval's order; the others
-    count only in num_ret. What several measures derive from them is computed once, when first
-    read. Every value is a sum over a ranking's rows (bincount) or reads its first relevant row."""
-
-    relevance_level: int
-    num_ret: np.ndarray
-    ranking: np.ndarray
-    rank: np.ndarray
-    relevance: np.ndarray
-    original: np.ndarray | None
-    R: np.ndarray          # relevant documents per ranking's query (num_rel)
-    N: np.ndarray          # judged non-relevant documents per ranking's query
-    ideal_dcg: np.ndarray
-    ideal_dcg_at: dict[int, np.ndarray]
-
-    @property
-    def rankings(self) -> int:
-        return len(self.num_ret)
-
-    def per_ranking(self, rows_of: np.ndarray, weights: np.ndarray | None = None) -> np.ndarray:
-        return np.bincount(rows_of, weights=weights, minlength=self.rankings).astype(np.float64)
-
-    @functools.cached_property
-    def relevant(self) -> np.ndarray:
-        return self.relevance >= self.relevance_level
-
-    @functools.cached_property
-    def judged_nonrel(self) -> np.ndarray:
-        return (self.relevance >= 0) & ~self.relevant
-
-    @functools.cached_property
-    def rel_ranking(self) -> np.ndarray:
-        return self.ranking[self.relevant]
-
-    @functools.cached_property
-    def rel_rank(self) -> np.ndarray:
-        return self.rank[self.relevant]
-
-    @functools.cached_property
-    def first_rel(self) -> np.ndarray:
-        """Whether a relevant row is its ranking's first relevant row."""
-        first = np.ones(len(self.rel_ranking), dtype=bool)
-        first[1:] = self.rel_ranking[1:] != self.rel_ranking[:-1]
-        return first
-
-    @functools.cached_property
-    def nth(self) -> np.ndarray:
-        """Each relevant row's place among its ranking's relevant rows (1-based)."""
-        first_rows = np.flatnonzero(self.first_rel)
-        count = len(self.rel_ranking)
-        return np.arange(1, count + 1) - np.repeat(first_rows, np.diff(first_rows, append=count))
-
-    @functools.cached_property
-    def precision(self) -> np.ndarray:
-        """Precision at each relevant row: the terms of average precision."""
-        return self.nth / self.rel_rank
-
-    @functools.cached_property
-    def first_rank(self) -> np.ndarray:
-        """The rank of each ranking's first relevant document (0: none)."""
-        first_rows = np.flatnonzero(self.first_rel)
-        found = np.zeros(self.rankings)
-        found[self.rel_ranking[first_rows]] = self.rel_rank[first_rows]
-        return found
-
-    @functools.cached_property
-    def recip(self) -> np.ndarray:
-        out = np.zeros(self.rankings)
-        np.divide(1.0, self.first_rank, out=out, where=self.first_rank > 0)
-        return out
-
-    @functools.cached_property
-    def gains(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """nDCG's rows (ranking, rank, discounted gain): its gain is the relevance value, not
-        binarised, so at a relevance level above 1 the rows of relevance 1 count too."""
-        if self.relevance_level == 1:  # the same rows as the relevant ones
-            rows, ranking, rank = self.relevant, self.rel_ranking, self.rel_rank
-        else:
-            rows = self.relevance > 0
-            ranking, rank = self.ranking[rows], self.rank[rows]
-        discounted = self.relevance[rows] / np.log2(np.arange(2.0, rank.max(initial=0) + 2))[rank - 1]
-        return ranking, rank, discounted
-
-
-# One definition per measure family, as ir_measures keeps them: family name -> its per-ranking
-# values, given the rows and the family's parameter (a cutoff or a recall level; None without).
-# runid and num_q have no per-query value (_long_frame gives their summaries).
-Definition = Callable[[JudgedRows, float | None], np.ndarray]
-DEFINITIONS: dict[str, Definition] = {}
-
-
-def defines(*families: str) -> Callable[[Definition], Definition]:
-    def register(definition: Definition) -> Definition:
-        for family in families:
-            DEFINITIONS[family] = definition
-        return definition
-    return register
-
-
-def _cutoff(param: float | None) -> int:
-    assert param is not None, "a cutoff family is always given its cutoff"
-    return int(param)
-
-
-@defines("num_ret")
-def _num_ret(rows: JudgedRows, _: float | None) -> np.ndarray:
-    return rows.num_ret.astype(np.float64)
-
-
-@defines("num_rel")
-def _num_rel(rows: JudgedRows, _: float | None) -> np.ndarray:
-    return rows.R
-
-
-@defines("num_rel_ret")
-def _num_rel_ret(rows: JudgedRows, _: float | None) -> np.ndarray:
-    return rows.per_ranking(rows.rel_ranking)
-
-
-@defines("num_nonrel_judged_ret")
-def _num_nonrel_judged_ret(rows: JudgedRows, _: float | None) -> np.ndarray:
-    return rows.per_ranking(rows.ranking[rows.judged_nonrel])
-
-
-@defines("map", "gm_map")  # gm_map: each query's average precision, summarised geometrically
-def _average_precision(rows: JudgedRows, _: float | None) -> np.ndarray:
-    return _divide(rows.per_ranking(rows.rel_ranking, rows.precision), rows.R)
-
-
-@defines("Rprec")
-def _r_precision(rows: JudgedRows, _: float | None) -> np.ndarray:
-    """Relevant among the top R."""
-    return _divide(rows.per_ranking(rows.rel_ranking, rows.rel_rank <= rows.R[rows.rel_ranking]), rows.R)
-
-
-@defines("bpref")
-def _bpref(rows: JudgedRows, _: float | None) -> np.ndarray:
-    """Each relevant document: 1 - (judged non-relevant above it, at most R) / min(R, N) (a
-    cumulative count over all rows, less its value where the ranking's rows begin)."""
-    nonrel_so_far = np.cumsum(rows.judged_nonrel, dtype=np.int64)
-    rows_per_ranking = np.bincount(rows.ranking, minlength=rows.rankings)
-    before = np.concatenate([[0], nonrel_so_far])[np.cumsum(rows_per_ranking) - rows_per_ranking]
-    above = nonrel_so_far[rows.relevant] - before[rows.rel_ranking]
-    R_rel = rows.R[rows.rel_ranking]
-    term = 1.0 - np.minimum(above, R_rel) / np.maximum(np.minimum(rows.N, rows.R), 1)[rows.rel_ranking]
-    return _divide(rows.per_ranking(rows.rel_ranking, term), rows.R)
-
-
-@defines("recip_rank")
-def _recip_rank(rows: JudgedRows, _: float | None) -> np.ndarray:
-    return rows.recip
-
-
-@defines("ndcg")
-def _ndcg(rows: JudgedRows, _: float | None) -> np.ndarray:
-    ranking, _rank, discounted = rows.gains
-    return _divide(rows.per_ranking(ranking, discounted), rows.ideal_dcg)
-
-
-@defines("iprec_at_recall")
-def _iprec_at_recall(rows: JudgedRows, level: float | None) -> np.ndarray:
-    """The best precision at or after the c-th relevant document, c = round(level * R)."""
-    assert level is not None
-    c = np.maximum(_round_half_away(level * rows.R), 1)
-    eligible = np.where(rows.nth >= c[rows.rel_ranking], rows.precision, 0.0)
-    best = np.zeros(rows.rankings)
-    if len(eligible):
-        best[rows.rel_ranking[rows.first_rel]] = np.maximum.reduceat(eligible, np.flatnonzero(rows.first_rel))
-    return best
-
-
-@defines("P")
-def _precision_at(rows: JudgedRows, param: float | None) -> np.ndarray:
-    k = _cutoff(param)
-    return rows.per_ranking(rows.rel_ranking, rows.rel_rank <= k) / k
-
-
-@defines("recall")
-def _recall_at(rows: JudgedRows, param: float | None) -> np.ndarray:
-    return _divide(rows.per_ranking(rows.rel_ranking, rows.rel_rank <= _cutoff(param)), rows.R)
-
-
-@defines("ndcg_cut")
-def _ndcg_at(rows: JudgedRows, param: float | None) -> np.ndarray:
-    k = _cutoff(param)
-    ranking, rank, discounted = rows.gains
-    return _divide(rows.per_ranking(ranking, np.where(rank <= k, discounted, 0.0)), rows.ideal_dcg_at[k])
-
-
-@defines("map_cut")
-def _average_precision_at(rows: JudgedRows, param: float | None) -> np.ndarray:
-    k = _cutoff(param)
-    return _divide(rows.per_ranking(rows.rel_ranking, np.where(rows.rel_rank <= k, rows.precision, 0.0)), rows.R)
-
-
-@defines("success")
-def _success_at(rows: JudgedRows, param: float | None) -> np.ndarray:
-    return ((rows.first_rank > 0) & (rows.first_rank <= _cutoff(param))).astype(np.float64)
-
-
-@defines("recip_rank_cut")
-def _recip_rank_at(rows: JudgedRows, param: float | None) -> np.ndarray:
-    return np.where(rows.first_rank <= _cutoff(param), rows.recip, 0.0)
-
-
-def _judged_at(rows: JudgedRows, k: int) -> np.ndarray:
-    return rows.per_ranking(rows.ranking, (rows.relevance >= 0) & (rows.rank <= k))
-
-
-@defines("judged")
-def _judged_share_at(rows: JudgedRows, param: float | None) -> np.ndarray:
-    k = _cutoff(param)
-    return _judged_at(rows, k) / k
-
-
-@defines("unj")
-def _unjudged_share_at(rows: JudgedRows, param: float | None) -> np.ndarray:
-    """Empty slots past the end of a short ranking count as judged (trec_eval's unj)."""
-    k = _cutoff(param)
-    return (np.minimum(rows.num_ret, k) - _judged_at(rows, k)) / k
-
-
-@defines("hole")
-def _hole_at(rows: JudgedRows, param: float | None) -> np.ndarray:
-    """Relevant now, not judged in the original qrels."""
-    k = _cutoff(param)
-    assert rows.original is not None, "hole needs the original qrels"
-    return rows.per_ranking(rows.ranking, rows.relevant & (rows.original < 0) & (rows.rank <= k)) / k
-
-
-def _values(selection: MeasureSelection, rows: JudgedRows) -> dict[str, np.ndarray]:
-    """Every requested per-query value, one array per measure name, over the rankings."""
-    return {name: DEFINITIONS[family.name](rows, selection.param_of.get(name))
-            for name, family in ((name, selection.family_of[name]) for name in selection.names)
-            if family.name in DEFINITIONS}
 
 
 def _ideal_dcg(queries: pa.Table, cutoffs: Sequence[int]) -> tuple[np.ndarray, dict[int, np.ndarray]]:
@@ -809,10 +380,10 @@ def _evaluate(con: duckdb.DuckDBPyConnection, selection: MeasureSelection, run: 
     row_ranking = ranking[judged_rows]
     query = evaluated["query"].to_numpy().astype(np.int64)
     ideal_dcg, ideal_dcg_at = _ideal_dcg(queries, selection.cutoffs)
-    values = _values(selection, JudgedRows(
+    values = measure_values(selection, JudgedRows(
         relevance_level, num_ret, number[row_ranking], judged_rows - starts[row_ranking] + 1,
         pc.fill_null(rows.column("relevance"), 0).to_numpy()[at[judged_rows]].astype(np.int64),
-        _judgment(rows.column("original_relevance"), at[judged_rows]) if hole else None,
+        judgments(rows.column("original_relevance"), at[judged_rows]) if hole else None,
         queries.column("num_rel").to_numpy()[query].astype(np.float64),
         queries.column("num_nonrel").to_numpy()[query].astype(np.float64),
         ideal_dcg[query], {k: v[query] for k, v in ideal_dcg_at.items()}))
@@ -891,8 +462,3 @@ def compute_retrieval_metrics(con: duckdb.DuckDBPyConnection, *, run: str = "ret
     selection = resolve_measures(measures, cutoffs=(k,))
     return compute_measures(con, selection, run=run, qrels=qrels, original_qrels=original_qrels,
                             relevance_level=relevance_level, per_query=per_query)
-
-
-def format_value(family: MeasureFamily, value: float) -> str:
-    """trec_eval's printf: `%ld` for counts, `%6.4f` for the rest."""
-    return str(int(value)) if family.count else f"{value:6.4f}"

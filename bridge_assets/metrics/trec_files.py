@@ -9,7 +9,8 @@ import duckdb
 import polars as pl
 
 from bridge_assets.errors import DatasetError
-from bridge_assets.metrics.measures import MeasureSelection, compute_measures, format_value
+from bridge_assets.metrics.measure_names import MeasureSelection, format_value
+from bridge_assets.metrics.measures import compute_measures
 from bridge_assets.trec_io import RUN_SCHEMA, TrecRun, read_trec_qrels, read_trec_run  # noqa: F401  (re-exported)
 
 

@@ -148,7 +148,7 @@ def _estimate(estimate: RunEstimate, con: duckdb.DuckDBPyConnection, overrides: 
                                  judgments.model or llm.profile_for("judge"), replay)
     if registry.evaluation_systems():  # a trained retriever on UtilSel labels asks one call per query
         from bridge_assets.student.rerank import estimate_utility_calls
-        from bridge_assets.student.retriever import pool_pairs
+        from bridge_assets.student.retriever_data import pool_pairs
 
         stages += estimate_utility_calls(registry, pool_pairs(con, dataset), replay)
     estimate.stages += stages

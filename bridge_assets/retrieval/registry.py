@@ -445,7 +445,7 @@ def _check_references(registry: RetrieverRegistry) -> None:
             backend = registry.models[spec.model].backend
             allowed = {"splade": ("splade",), "dense": DENSE_BACKENDS,
                        "rerank": SCORER_BACKENDS + DENSE_BACKENDS,
-                       # fine-tuned by sentence-transformers (bridge_assets/student/retriever.py)
+                       # fine-tuned by sentence-transformers (bridge_assets/student/retriever_training.py)
                        "trained_retriever": ("sentence_transformers",)}[spec.kind]
             if backend not in allowed:
                 raise RegistryError(f"{where}: model '{spec.model}' has backend {backend}, "

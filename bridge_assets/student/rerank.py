@@ -33,14 +33,13 @@ from bridge_assets.retrieval.runs import document_texts, top_k
 from bridge_assets.retrieval.systems import STORED_COLUMNS, RunContext, first_stage_candidates
 from bridge_assets.student.annotator import SCORE_BATCH, TrainingSet, ensure_student, training_set
 from bridge_assets.student.model import StudentSettings, resolve_base_model, untrainable
-from bridge_assets.student.retriever import (
+from bridge_assets.student.retriever import trained_retriever_folder, trained_retriever_run
+from bridge_assets.student.retriever_data import (
     LakeData,
     TrainSettings,
     lake_data,
     pool_pairs,
     query_folds,
-    trained_retriever_folder,
-    trained_retriever_run,
     utility_positives,
 )
 

@@ -20,6 +20,9 @@ MultipleNegativesRankingLoss, whose one-positive rows would make a query's other
 in-batch negatives. Training is seeded: the same seed, labels and base model give identical
 weights (tests/test_trained_retriever.py).
 
+This module retrieves with a trained encoder, scores it and compares the label sources; the
+training data is read in retriever_data.py, the encoder fine-tuned in retriever_training.py.
+
 Plain functions, no Dagster: scripts/trained_retriever.py prints the comparison table, and
 `trained_retriever_run` is the registry's evaluation-only `kind: trained_retriever` (the
 student stage's student_rerank_run asset writes its run).
@@ -27,401 +30,41 @@ student stage's student_rerank_run asset writes its run).
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
 import math
-import random
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
 
 import duckdb
 import numpy as np
 import polars as pl
 
-from bridge_assets.errors import BridgeError
-from bridge_assets.labeling.pairs import chunk_text
-from bridge_assets.paths import read_sql
 from bridge_assets.retrieval.cache import ensure_built, read_meta
+from bridge_assets.student.retriever_data import (
+                                                 LabelSource,
+                                                 LakeData,
+                                                 TrainedRetrieverError,
+                                                 TrainingQuery,
+                                                 TrainSettings,
+                                                 query_folds,
+                                                 training_queries,
+)
+from bridge_assets.student.retriever_training import (
+                                                     TrainingLog,
+                                                     load_encoder,
+                                                     torch_threads,
+                                                     train_retriever,
+                                                     weights_digest,
+)
 
-if TYPE_CHECKING:
-    from bridge_assets.labeling.calls import Generate
-    from bridge_assets.labeling.pairs import Pair
-
-LabelSource = Literal["original", "refined", "utility"]
 MEASURES = ("ndcg_cut_10", "recall_10")
 QRELS_VERSIONS = ("original", "refined")   # refined: bridge_qrels, pending counted not relevant
 BOOTSTRAP_RESAMPLES = 2000
-
-
-class TrainedRetrieverError(BridgeError, ValueError):
-    """Missing tables, or nothing to train on."""
-
-
-@dataclass(frozen=True)
-class TrainSettings:
-    """How a retriever is fine-tuned (small on purpose: minutes on 2 CPU cores)."""
-
-    epochs: int = 2
-    batch_queries: int = 8          # queries per step; their positives and negatives share one softmax
-    learning_rate: float = 2e-5
-    scale: float = 20.0             # 1 / temperature of the cosine softmax (MNRL's default)
-    negatives_per_query: int = 4
-    negative_depth: int = 10        # hard negatives come from the runs' top-N
-    max_length: int = 256           # retrievers.yaml's max_length for all-minilm-l6-v2
-    seed: int = 0
-    # texts encoded with their graph at a time (cached_gradient_step): bounds a step's memory,
-    # not its gradients
-    encode_chunk: int = 8
-    # One thread: on this shared 2-core machine two torch threads beside other work ran a step
-    # 2-6x slower than one (OpenMP threads wait on each other); one also fixes the float
-    # summation order, part of what makes a seed reproduce the same weights.
-    threads: int = 1
-
-
-@dataclass(frozen=True)
-class LakeData:
-    """What training and evaluation read of one dataset in a lake."""
-
-    dataset: str
-    queries: dict[str, str]          # query_id -> text
-    corpus: dict[str, str]           # doc_id -> chunk as labelers see it (title above text)
-    original_qrels: pl.DataFrame     # query_id, doc_id, relevance
-    refined_qrels: pl.DataFrame      # bridge_qrels, pending as 0 (the pipeline's lower bound)
-    refined_positives: dict[str, set[str]]   # verified relevant only
-    pending: set[tuple[str, str]]    # (query_id, doc_id) escalated pairs nobody voted on
-    runs: pl.DataFrame               # retriever, query_id, doc_id, rank
-
-
-@dataclass(frozen=True)
-class TrainingQuery:
-    query_id: str
-    query: str
-    positives: tuple[str, ...]       # texts
-    negatives: tuple[str, ...]       # texts
-
-
-def _require(con: duckdb.DuckDBPyConnection, table: str, dataset: str) -> None:
-    known = con.execute("select count(*) from information_schema.tables where table_name = ?", [table]).fetchone()[0]
-    rows = con.execute(f"select count(*) from {table} where dataset = ?", [dataset]).fetchone()[0] if known else 0
-    if not rows:
-        raise TrainedRetrieverError(f"the lake has no '{table}' rows for dataset '{dataset}': run "
-                                    f"`bridge run --dataset {dataset}` first")
-
-
-def load_lake_data(con: duckdb.DuckDBPyConnection, dataset: str) -> LakeData:
-    """Queries, corpus, both qrels and the stored runs of `dataset` (read only)."""
-    for table in ("queries", "corpus", "original_qrels", "bridge_qrels", "retrieval_run"):
-        _require(con, table, dataset)
-    args = {"dataset": dataset}
-    queries = con.execute("select query_id, text from queries where dataset = $dataset", args).pl()
-    corpus = con.execute("select doc_id, title, text from corpus where dataset = $dataset", args).pl()
-    runs = con.execute("select retriever, query_id, doc_id, rank from retrieval_run where dataset = $dataset",
-                       args).pl()
-    verified = con.execute(read_sql("student_training_set"), args).pl()
-    return lake_data(con, dataset, queries=queries, corpus=corpus, runs=runs, verified=verified)
-
-
-def lake_data(con: duckdb.DuckDBPyConnection, dataset: str, *, queries: pl.DataFrame, corpus: pl.DataFrame,
-              runs: pl.DataFrame, verified: pl.DataFrame) -> LakeData:
-    """LakeData from what a caller read already (queries: query_id, text; corpus: doc_id, title,
-    text; runs: retriever, query_id, doc_id, rank; verified: sql/student_training_set.sql's rows),
-    with both qrels read from `con`."""
-    args = {"dataset": dataset}
-    original = con.execute("select query_id, doc_id, relevance::integer as relevance from original_qrels "
-                           "where dataset = $dataset order by query_id, doc_id", args).pl()
-    refined = con.execute("select query_id, doc_id, coalesce(relevance, 0)::integer as relevance "
-                          "from bridge_qrels where dataset = $dataset order by query_id, doc_id", args).pl()
-    pending = set(con.execute("select query_id, doc_id from bridge_qrels where dataset = $dataset "
-                              "and relevance is null", args).fetchall())
-    # the refined qrels' verified relevant pairs: the student annotator's selection, so a
-    # pending pair or an unverified guess never gets here
-    positives = _grouped(verified.filter(pl.col("label") == 1).select("query_id", "doc_id").iter_rows())
-    return LakeData(dataset, dict(queries.sort("query_id").select("query_id", "text").iter_rows()),
-                    {doc_id: chunk_text(title, text)
-                     for doc_id, title, text in corpus.sort("doc_id").select("doc_id", "title", "text").iter_rows()},
-                    original, refined, positives, pending,
-                    runs.select("retriever", "query_id", "doc_id", "rank").sort("retriever", "query_id", "rank", "doc_id"))
-
-
-def original_positives(data: LakeData) -> dict[str, set[str]]:
-    rows = data.original_qrels.filter(pl.col("relevance") > 0).select("query_id", "doc_id").iter_rows()
-    return _grouped(rows)
-
-
-def _grouped(pairs: Iterable[tuple[str, str]]) -> dict[str, set[str]]:
-    grouped: dict[str, set[str]] = {}
-    for query_id, doc_id in pairs:
-        grouped.setdefault(query_id, set()).add(doc_id)
-    return grouped
-
-
-def positives_of(data: LakeData, source: LabelSource,
-                 utility: Mapping[str, set[str]] | None = None) -> dict[str, set[str]]:
-    if source == "original":
-        return original_positives(data)
-    if source == "refined":
-        return data.refined_positives
-    if utility is None:
-        raise TrainedRetrieverError("the utility source needs the LLM utility labels (utility=...)")
-    return {q: set(docs) for q, docs in utility.items() if docs}
-
-
-def hard_negatives(data: LakeData, query_id: str, positives: set[str], *, exclude: set[str],
-                   depth: int, count: int) -> list[str]:
-    """The runs' best-ranked documents of `query_id` (best rank over systems, then doc id) that
-    are neither positives nor excluded (unknown pairs)."""
-    ranked = (data.runs.filter((pl.col("query_id") == query_id) & (pl.col("rank") <= depth))
-              .group_by("doc_id").agg(pl.col("rank").min().alias("best")).sort("best", "doc_id"))
-    chosen = [d for d in ranked["doc_id"] if d not in positives and d not in exclude and d in data.corpus]
-    return chosen[:count]
-
-
-def training_queries(data: LakeData, query_ids: Iterable[str], source: LabelSource, settings: TrainSettings,
-                     utility: Mapping[str, set[str]] | None = None) -> list[TrainingQuery]:
-    """One TrainingQuery per query of `query_ids` that has a positive under `source`."""
-    positives = positives_of(data, source, utility)
-    out = []
-    for query_id in sorted(query_ids):
-        docs = sorted(d for d in positives.get(query_id, ()) if d in data.corpus)
-        if not docs or query_id not in data.queries:
-            continue
-        unknown = {d for q, d in data.pending if q == query_id} if source == "refined" else set()
-        negatives = hard_negatives(data, query_id, set(docs), exclude=unknown,
-                                   depth=settings.negative_depth, count=settings.negatives_per_query)
-        out.append(TrainingQuery(query_id, data.queries[query_id], tuple(data.corpus[d] for d in docs),
-                                 tuple(data.corpus[d] for d in negatives)))
-    return out
-
-
-def sample_queries(data: LakeData, count: int, seed: int) -> LakeData:
-    """`data` restricted to `count` of its queries drawn uniformly (seeded), with their qrels,
-    labels and runs; the corpus stays whole, so retrieval still searches every chunk. For
-    datasets too large to train on every query's fold on a CPU (a training step of 8 queries
-    with their positives and negatives is seconds here)."""
-    if count < 1:
-        raise TrainedRetrieverError(f"a sample needs at least one query, got {count}")
-    if count >= len(data.queries):
-        return data
-    chosen = set(random.Random(seed).sample(sorted(data.queries), count))
-    in_sample = pl.col("query_id").is_in(sorted(chosen))
-    return dataclasses.replace(
-        data, queries={q: text for q, text in data.queries.items() if q in chosen},
-        original_qrels=data.original_qrels.filter(in_sample), refined_qrels=data.refined_qrels.filter(in_sample),
-        refined_positives={q: docs for q, docs in data.refined_positives.items() if q in chosen},
-        pending={pair for pair in data.pending if pair[0] in chosen}, runs=data.runs.filter(in_sample))
-
-
-def query_folds(query_ids: Iterable[str], folds: int, seed: int) -> list[tuple[list[str], list[str]]]:
-    """(train, test) query ids per fold: the queries shuffled (seeded) and dealt into `folds`
-    disjoint test parts; each fold trains on the others. Every query is tested exactly once,
-    by a model that never saw it."""
-    if folds < 2:
-        raise TrainedRetrieverError(f"folds must be 2 or more, got {folds}")
-    ordered = sorted(set(query_ids))
-    if len(ordered) < folds:
-        raise TrainedRetrieverError(f"{len(ordered)} queries cannot make {folds} folds")
-    random.Random(seed).shuffle(ordered)
-    parts = [sorted(ordered[i::folds]) for i in range(folds)]
-    return [(sorted(q for j, part in enumerate(parts) if j != i for q in part), parts[i]) for i in range(folds)]
-
-
-@dataclass(frozen=True)
-class UtilityLabels:
-    """UtilSel's useful passages per query, over the query's candidate pool."""
-
-    positives: dict[str, set[str]]
-    queries: int               # queries asked (one LLM call each)
-    candidates: int            # pairs shown
-    failed: dict[str, str]     # query text -> why its reply was unusable (no labels for it)
-    seconds: float
-
-
-def pool_pairs(con: duckdb.DuckDBPyConnection, dataset: str, query_ids: Iterable[str] | None = None) -> list[Pair]:
-    """The candidate pool's pairs of `dataset` (of `query_ids` only, when given), with the texts
-    a labeler reads."""
-    from bridge_assets.labeling.pairs import load_pairs
-
-    _require(con, "candidate_pool", dataset)
-    pairs = load_pairs(con, dataset, "select distinct query_id, doc_id from candidate_pool where dataset = $dataset")
-    if query_ids is None:
-        return pairs
-    wanted = set(query_ids)
-    return [pair for pair in pairs if pair.query_id in wanted]
-
-
-def utility_positives(pairs: Sequence[Pair], generate: Generate, profile: str) -> UtilityLabels:
-    """(c): one UtilSel call per query over its candidate-pool `pairs` (the listwise utility
-    labeler of `bridge label-eval`, bridge_assets/evaluation/utility.py); `generate` is a
-    labeling Generate(profile, requests). A query whose reply fails gets no positive."""
-    from bridge_assets.evaluation.utility import utility_labels
-    from bridge_assets.labeling.labeler import LabelItem
-
-    items = [LabelItem(f"{p.query_id}|{p.doc_id}", p) for p in pairs]
-    started = time.perf_counter()
-    outcome = utility_labels(items, "utilsel", profile, generate)
-    useful = ((item.pair.query_id, item.pair.doc_id) for item in items if outcome.labels.get(item.id) == 1)
-    return UtilityLabels(_grouped(useful), len({p.query_id for p in pairs}), len(items), dict(outcome.errors),
-                         time.perf_counter() - started)
-
-
-# --- the model -------------------------------------------------------------------------------
-
-def base_location(name: str = "all-minilm-l6-v2") -> str:
-    """The local folder of a retrievers.yaml model, through its declared sources (no download
-    when HF_HUB_OFFLINE is set)."""
-    from bridge_assets.student.model import base_model_location
-
-    return base_model_location(name)
-
-
-def load_encoder(location: str, max_length: int):
-    from sentence_transformers import SentenceTransformer
-
-    model = SentenceTransformer(location, device="cpu")
-    model.max_seq_length = max_length
-    return model
-
-
-@contextlib.contextmanager
-def torch_threads(count: int) -> Iterator[None]:
-    """torch's intra-op threads set to `count` inside, restored after."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
-
-
-def _embed(model, texts: Sequence[str]):
-    import torch.nn.functional as F
-
-    features = model.tokenize(list(texts))
-    return F.normalize(model(features)["sentence_embedding"], dim=-1)
-
-
-def cached_gradient_step(model, texts: Sequence[str], loss_of: Callable, chunk: int) -> float:
-    """One step's gradients of `loss_of(embeddings of texts)` accumulated into `model`, with at
-    most `chunk` texts' activations held at a time (gradient caching, Gao et al. 2021, as
-    sentence-transformers' CachedMultipleNegativesRankingLoss): the embeddings are computed
-    without a graph, the loss's gradient with respect to them is taken, then each chunk is
-    encoded again with its graph (the same dropout: its RNG state replayed) and back-propagates
-    its part. The gradients are the whole batch's; the memory is one chunk's (a batch of 8
-    queries with 5 positives and 4 negatives of 256 tokens: 8.7 GiB in one graph, 1.7 GiB in
-    chunks of 8; scripts/bench_retriever_step.py, docs/trained-retriever.md)."""
-    import torch
-
-    states, parts = [], []
-    with torch.no_grad():
-        for start in range(0, len(texts), chunk):
-            states.append(torch.get_rng_state())
-            parts.append(_embed(model, texts[start:start + chunk]))
-    embeddings = torch.cat(parts).requires_grad_()
-    loss = loss_of(embeddings)
-    loss.backward()
-    for n, start in enumerate(range(0, len(texts), chunk)):
-        torch.set_rng_state(states[n])
-        _embed(model, texts[start:start + chunk]).backward(embeddings.grad[start:start + chunk])
-    return float(loss.detach())
-
-
-def multi_positive_loss(query_embeddings, doc_embeddings, positive_mask, scale: float):
-    """Mean over queries of -log(sum of the softmax over all batch documents at the query's
-    positives): every positive counts, no positive is its own query's negative."""
-    import torch
-
-    scores = scale * query_embeddings @ doc_embeddings.T
-    positive_scores = scores.masked_fill(~positive_mask, float("-inf"))
-    return (torch.logsumexp(scores, dim=1) - torch.logsumexp(positive_scores, dim=1)).mean()
-
-
-def _batch(queries: Sequence[TrainingQuery]):
-    """The batch's distinct document texts and which are each query's positives."""
-    import torch
-
-    texts: list[str] = []
-    index: dict[str, int] = {}
-    for q in queries:
-        for text in (*q.positives, *q.negatives):
-            if text not in index:
-                index[text] = len(texts)
-                texts.append(text)
-    mask = torch.zeros(len(queries), len(texts), dtype=torch.bool)
-    for row, q in enumerate(queries):
-        for text in q.positives:
-            mask[row, index[text]] = True
-    return texts, mask
-
-
-@dataclass
-class TrainingLog:
-    queries: int
-    positives: int
-    negatives: int
-    steps: int = 0
-    losses: list[float] = field(default_factory=list)
-    seconds: float = 0.0
-
-    def loss_trend(self, window: int = 5) -> str:
-        """The mean loss of the first and of the last `window` steps (at most half the steps
-        each): one batch's loss says more about that batch than about the training."""
-        n = max(1, min(window, len(self.losses) // 2))
-        return (f"mean loss of the first {n} step(s) {sum(self.losses[:n]) / n:.3f} -> of the last {n} "
-                f"{sum(self.losses[-n:]) / n:.3f}")
-
-
-def train_retriever(model, queries: Sequence[TrainingQuery], settings: TrainSettings) -> TrainingLog:
-    """Fine-tune `model` (a SentenceTransformer, changed in place) on `queries`. Seeded: the
-    batch order comes from random.Random(seed), dropout from torch.manual_seed(seed)."""
-    import torch
-
-    from bridge_assets.student.model import release_resident_llm
-
-    if not queries:
-        raise TrainedRetrieverError("no training query has a positive")
-    release_resident_llm()  # the LLM of labels: utility (UtilSel) asked before the training
-    log = TrainingLog(len(queries), sum(len(q.positives) for q in queries), sum(len(q.negatives) for q in queries))
-    started = time.perf_counter()
-    torch.manual_seed(settings.seed)
-    order_rng = random.Random(settings.seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.learning_rate)
-    model.train()
-    with torch_threads(settings.threads):
-        for _ in range(settings.epochs):
-            order = list(queries)
-            order_rng.shuffle(order)
-            for start in range(0, len(order), settings.batch_queries):
-                batch = order[start:start + settings.batch_queries]
-                texts, mask = _batch(batch)
-                queries_first = [q.query for q in batch] + texts   # one pass encodes both, in chunks
-                optimizer.zero_grad()
-                loss = cached_gradient_step(
-                    model, queries_first, lambda e, n=len(batch), mask=mask: multi_positive_loss(
-                        e[:n], e[n:], mask, settings.scale), settings.encode_chunk)
-                optimizer.step()
-                log.steps += 1
-                log.losses.append(loss)
-    model.eval()
-    log.seconds = time.perf_counter() - started
-    return log
-
-
-def weights_digest(model) -> str:
-    """sha256 over every parameter and buffer (name, dtype, bytes): equal iff the weights are."""
-    digest = hashlib.sha256()
-    for name, tensor in sorted(model.state_dict().items()):
-        digest.update(name.encode())
-        digest.update(str(tensor.dtype).encode())
-        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()
 
 
 # --- retrieval and evaluation ------------------------------------------------------------------
@@ -449,7 +92,7 @@ def retrieve(model, queries: Mapping[str, str], corpus: Mapping[str, str], *, k:
 def per_query_measures(run: pl.DataFrame, qrels: pl.DataFrame) -> dict[str, dict[str, float]]:
     """measure -> query_id -> value, by the project's trec_eval measures
     (bridge_assets.metrics.measures), for the run's queries the qrels know."""
-    from bridge_assets.metrics.measures import compute_measures, resolve_measures
+    from bridge_assets.metrics import compute_measures, resolve_measures
 
     con = duckdb.connect()
     try:
