@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from bridge_assets.cli.console import PROGRESS_EVERY_S, StepConsole
+from bridge_assets.cli.console import KEEP_LOGS, PROGRESS_EVERY_S, StepConsole
 from bridge_assets.cli.main import app
 from fixtures.scripted_demo import script, write_registry
 from fixtures.scripted_llm import ScriptedServer
@@ -55,6 +55,18 @@ def step_outcomes(console: str) -> list[tuple[int, int, str, str]]:
 
 
 def test_a_line_per_step_llm_progress_and_dagsters_log_in_a_file(scripted_demo):
+    # an error before any step: nothing in its log file, which is not left behind
+    unknown = CliRunner().invoke(app, ["materialize", "-d", "demo", "no_such_asset"])
+    assert unknown.exit_code == 2 and "no_such_asset" in unknown.output, unknown.output
+    assert "Dagster's log of this command" not in unknown.output
+    assert not (scripted_demo / "logs").exists() or list((scripted_demo / "logs").iterdir()) == []
+    # the log files of earlier commands: the newest KEEP_LOGS are kept, a file of someone else's too
+    earlier = [scripted_demo / "logs" / f"202601{day:02d}-120000-{100 + day}.log" for day in range(1, 26)]
+    for path in earlier:
+        path.parent.mkdir(exist_ok=True)
+        path.write_text("an earlier command's log\n")
+    (scripted_demo / "logs" / "notes.log").write_text("mine\n")
+
     result = bridge("materialize", "-d", "demo", "retrieval_run")
     console = result.stderr
     assert not RUN_ID.search(result.output), result.output  # no line of Dagster's log
@@ -87,7 +99,9 @@ def test_a_line_per_step_llm_progress_and_dagsters_log_in_a_file(scripted_demo):
     assert "Dagster's log of this command" not in again.output
     assert re.search(r"^\[\d+/\d+\] retrieval_run \(demo\|hyde\) \.\.\. done in \d+ s \(12 LLM requests "
                      r"answered, 12 from the ledger\)$", again.output, re.MULTILINE), again.output
-    assert sorted((scripted_demo / "logs").iterdir()) == [log_file]
+    assert KEEP_LOGS == 20
+    assert sorted((scripted_demo / "logs").iterdir()) == sorted([*earlier[-19:], log_file,
+                                                                  scripted_demo / "logs" / "notes.log"])
 
 
 def test_off_a_terminal_progress_is_printed_at_most_every_few_seconds(monkeypatch):
@@ -118,24 +132,26 @@ def test_off_a_terminal_progress_is_printed_at_most_every_few_seconds(monkeypatc
         "[1/2] filtered_pool (demo) ... done in 12 s (400 LLM requests answered, 100 from the ledger)"]
 
 
-def test_on_a_terminal_the_step_line_is_rewritten_in_place():
+def test_on_a_terminal_the_step_line_is_rewritten_in_place(tmp_path):
     import dagster as dg
 
     from bridge_assets.orchestration.runs import Step
 
     out = io.StringIO()
-    steps = StepConsole(out, live=True, log_file=Path("lake/logs/x.log"))
+    log_file = tmp_path / "x.log"
+    steps = StepConsole(out, live=True, log_file=log_file)
     steps.plan(2)
     step = Step([dg.AssetKey(name) for name in ("a", "b", "c", "d", "e")], ["demo"])
-    steps.start(step, "demo")
+    steps.start(step, "demo")  # nothing in the log file yet: it is not named
+    log_file.write_text("a line of Dagster's log\n")
     steps.llm(4, 0, 0)
     steps.llm(0, 4, 0)
-    steps.end(step, "demo", "done")
+    steps.end(step, "demo", "done")  # now it is, once
     steps.end(Step([dg.AssetKey("report")], ["demo"]), "demo", "up to date")
     assert out.getvalue().split("\r\x1b[K") == [
-        "", "Dagster's log of this command: lake/logs/x.log (-v shows it here)\n",
-        "[1/2] a, b, c and 2 more (demo) ...",
+        "", "[1/2] a, b, c and 2 more (demo) ...",
         "[1/2] a, b, c and 2 more (demo) ... 4/4 LLM requests answered",
+        f"Dagster's log of this command: {log_file} (-v shows it here)\n",
         "[1/2] a, b, c and 2 more (demo) ... done in 0 s (4 LLM requests answered, 0 from the ledger)\n",
         "[2/2] report (demo) ... up to date\n"]
 
@@ -174,6 +190,12 @@ def test_bridge_run_prints_a_line_per_step_then_the_summary(scripted_demo):
                      r"\([1-9]\d* LLM requests answered, 0 from the ledger\)", first.stderr), first.stderr
     assert "holes found" in first.stdout  # the summary, on stdout as before
 
+    logs = sorted((scripted_demo / "logs").iterdir())
+    assert len(logs) == 1 and f"Dagster's log of this command: {logs[0]} " in first.stderr
+
     again = bridge("run", "-d", "demo")
     assert [o for *_, o in step_outcomes(again.stderr)] == ["up to date"] * total, again.stderr
     assert f"nothing changed: every asset of demo is up to date ({total} partition steps checked)" in again.stderr
+    # nothing ran, Dagster said nothing: no log file is left behind, none is named
+    assert "Dagster's log of this command" not in again.stderr
+    assert sorted((scripted_demo / "logs").iterdir()) == logs

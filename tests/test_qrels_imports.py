@@ -7,6 +7,8 @@ Builds on the labeled lake of fixtures.labeled_lake (its EXPECTED qrels)."""
 
 from __future__ import annotations
 
+import re
+
 import dagster as dg
 import pytest
 from typer.testing import CliRunner
@@ -123,6 +125,12 @@ def test_import_command_rebuilds_bridge_qrels_and_lists_and_removes_sources(labe
     assert "precedence: original > earlier > human > debate > pending > filter" in result.output
     # unverified: labels, but no found hole
     assert "bridge_qrels (demo): 12 pairs, 7 relevant, 0 found holes (verified), 0 corrections" in result.output
+    # a line for its one step (cli.console) and no line of Dagster's log, which said nothing at
+    # INFO: no log file is kept under the lake, none is named; -v (below): Dagster's log, live
+    assert re.search(r"^\[1/1\] bridge_qrels \(demo\) \.\.\. done in \d+ s$", result.stderr, re.MULTILINE), \
+        result.output
+    assert " - dagster - " not in result.output and "Dagster's log of this command" not in result.output
+    assert list((fresh / "logs").iterdir()) == []
     assert {p: r for p, (r, _) in qrels_of(fresh).items()} == {p: r for p, (r, _) in EXPECTED_LABELS.items()}
     again = CliRunner().invoke(qrels_app, ["import", str(export), "-d", DATASET, "-s", "earlier"])
     assert again.exit_code == 2 and "source 'earlier' is already imported" in again.output
@@ -131,9 +139,13 @@ def test_import_command_rebuilds_bridge_qrels_and_lists_and_removes_sources(labe
     assert [line.split()[:3] for line in listed.output.splitlines()[1:]] == [
         ["10", "original", "built-in"], ["15", "earlier", "unverified"], ["20", "human", "built-in"],
         ["30", "debate", "built-in"], ["40", "pending", "built-in"], ["50", "filter", "built-in"]]
-    removed = CliRunner().invoke(qrels_app, ["remove", "-d", DATASET, "-s", "earlier"])
+    removed = CliRunner().invoke(qrels_app, ["remove", "-d", DATASET, "-s", "earlier", "-v"])
     assert removed.exit_code == 0, removed.output
     assert "removed 'earlier' (12 judgments)" in removed.output and "5 pairs" in removed.output
+    # -v: Dagster's log (nothing at INFO here) between the lines, so the step also says when it starts
+    assert re.fullmatch(r"\[1/1\] bridge_qrels \(demo\)\n\[1/1\] bridge_qrels \(demo\) \.\.\. done in \d+ s\n",
+                        removed.stderr), removed.output
+    assert re.search(r"^\[1/1\] bridge_qrels \(demo\) \.\.\. done in \d+ s$", removed.stderr, re.MULTILINE)
     assert set(qrels_of(fresh).values()) <= {(1, "original"), (0, "original")}
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import os
 import re
+from pathlib import Path
 
 import dagster as dg
 import duckdb
@@ -218,6 +219,14 @@ def test_import_reports_unknown_ids_and_refuses_bad_input_before_writing(user_di
     result = _import(run, "demo", "mine", "--k", "5")
     assert result.exit_code == 0, result.output
     assert "retrieval_run (demo, mine): 2 rows, 2 of 4 lines kept" in result.output
+    # a line per step (cli.console: the dataset ingested first), Dagster's log in a file under the lake
+    assert re.findall(r"^\[(\d/\d)\] (.+) \.\.\. done in \d+ s$", result.stderr, re.MULTILINE) == [
+        ("1/2", "corpus, original_qrels, queries (demo)"), ("2/2", "retrieval_run (demo|mine)")], result.output
+    assert " - dagster - " not in result.output
+    log_file = Path(re.search(r"^Dagster's log of this command: (\S+) ", result.stderr, re.MULTILINE)[1])
+    assert log_file.parent == data_lake / "logs"
+    assert re.search(r" - dagster - INFO - __ASSET_JOB - [0-9a-f-]{36} - retrieval_run - mine: 12 queries, top-5",
+                     log_file.read_text())
     assert "skipped 1 lines with unknown query ids (1 ids) and 1 with unknown document ids (1 ids)" in result.output
     assert "line 2: document \"no-such-doc\" is not in the corpus of dataset 'demo'" in result.output
     assert "line 3: query \"q99\" is not a query of dataset 'demo'" in result.output

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import os
-import sys
 import time
 
 import click
 import typer
 from typer.core import TyperGroup
 
+from bridge_assets.cli.console import VERBOSE_HELP
 from bridge_assets.cli.errors import BridgeTyper
 from bridge_assets.cli.errors import fail as _fail
 from bridge_assets.errors import BridgeError
@@ -75,8 +74,6 @@ def datasets() -> None:
 app.add_typer(datasets_app, name="datasets")
 
 
-VERBOSE_HELP = "Show Dagster's log as it comes instead of writing it to a log file under the lake."
-
 # `bridge run` stopped by its --budget / --budget-usd: not an error, the next run resumes
 BUDGET_EXIT = 3
 # `bridge run` finished without a system whose input failed validation (its run file): it says which
@@ -113,45 +110,24 @@ def _budget_stop(exc: Exception) -> None:
     raise typer.Exit(BUDGET_EXIT)
 
 
-def _one_line_error(exc: Exception) -> str:
-    return str(exc) if isinstance(exc, BridgeError) else f"{type(exc).__name__}: {exc}"
-
-
 def _materialize(assets: list[str], dataset: str | None, overrides: dict[str, dict] | None = None,
                  stale_only: bool = False, verbose: bool = False):
-    """Run `assets` through orchestration.materialize with a line per step (bridge_assets.cli.console);
-    Dagster's log goes to a log file under the lake, or with `verbose` to the console as it
-    comes. `overrides` is the explicit run config (the dataset's `pipeline:` entry is applied
-    inside the run)."""
-    from bridge_assets.cli.console import StepConsole, log_path, quiet_into
-    from bridge_assets.lake.resource import DuckDBStore
-    from bridge_assets.llm import progress as llm_progress
+    """Run `assets` with a line per step (bridge_assets.cli.console.materialize); Dagster's log
+    goes to a log file under the lake, or with `verbose` to the console as it comes.
+    `overrides` is the explicit run config (the dataset's `pipeline:` entry is applied inside
+    the run)."""
+    from bridge_assets.cli import console
     from bridge_assets.llm.budget import BudgetExceeded
-    from bridge_assets.orchestration import runs as orchestration
 
-    log_file = None if verbose else log_path(DuckDBStore().lake.folder)
     try:
-        with contextlib.ExitStack() as stack:
-            out = sys.stderr if log_file is None else stack.enter_context(quiet_into(log_file))
-            console = StepConsole(out, live=log_file is not None and out.isatty(), verbose=verbose,
-                                  log_file=log_file)
-            stack.enter_context(llm_progress.listening(console.llm))
-            try:
-                outcome = orchestration.materialize(assets, dataset, asset_config=overrides or {},
-                                                    stale_only=stale_only, on_plan=console.plan,
-                                                    on_step=console.start, on_step_end=console.end,
-                                                    on_wait=console.say)
-            except BaseException as exc:  # the running step's line ends with why it stopped
-                console.stop("stopped: the LLM budget is reached" if isinstance(exc, BudgetExceeded)
-                             else f"failed: {_one_line_error(exc)}" if isinstance(exc, Exception)
-                             else "interrupted")
-                raise
+        outcome = console.materialize(assets, dataset, verbose=verbose, asset_config=overrides or {},
+                                      stale_only=stale_only)
     except BudgetExceeded as exc:  # a BridgeError with an exit code and a message of its own
         _budget_stop(exc)
     except BridgeError:
         raise  # an unknown asset or dataset, a lake in the other storage, ...: the one handler
     except Exception as exc:  # an asset's own unexpected failure (a bug, a library): one line
-        _fail(_one_line_error(exc))
+        _fail(console.error_line(exc))
     if outcome.added_retrievers or outcome.retired_retrievers:
         typer.secho(f"retrievers: added {outcome.added_retrievers or 'none'}, retired "
                     f"{outcome.retired_retrievers or 'none'}", err=True)

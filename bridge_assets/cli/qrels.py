@@ -14,6 +14,7 @@ from typing import Any, cast
 
 import typer
 
+from bridge_assets.cli.console import VERBOSE_HELP
 from bridge_assets.cli.errors import BridgeTyper
 from bridge_assets.cli.errors import fail as _fail
 from bridge_assets.qrels.exports import ExportFormat
@@ -64,12 +65,13 @@ def export(
     typer.echo(str(written))
 
 
-def materialize_bridge_qrels(dataset: str) -> dict[str, Any]:
+def materialize_bridge_qrels(dataset: str, verbose: bool = False) -> dict[str, Any]:
     """Materialize bridge_qrels for `dataset` now (nothing upstream: the labels stay as they
-    are), on the Dagster instance the UI uses; its metadata and whether its checks passed."""
-    from bridge_assets.orchestration import runs as orchestration
+    are), on the Dagster instance the UI uses, with a line per step (cli.console); its metadata
+    and whether its checks passed."""
+    from bridge_assets.cli import console
 
-    outcome = orchestration.materialize(["bridge_qrels"], dataset, with_missing_upstream=False)
+    outcome = console.materialize(["bridge_qrels"], dataset, verbose=verbose, with_missing_upstream=False)
     checks = {e.check_name: e.passed for e in outcome.results[-1].get_asset_check_evaluations()}
     return {**outcome.metadata("bridge_qrels"), "checks": checks}
 
@@ -98,6 +100,7 @@ def import_command(
     unknown_ids: str = typer.Option("skip", "--unknown-ids", help="skip (count and report) or error."),
     replace: bool = typer.Option(False, "--replace", help="Replace a source of that name (its judgments and place)."),
     run: bool = typer.Option(True, "--run/--no-run", help="Materialize bridge_qrels for DATASET now."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Store the judgments of FILE as label source SOURCE of DATASET's refined qrels, ranked
     among the built-in sources, then rebuild bridge_qrels."""
@@ -134,7 +137,7 @@ def import_command(
     if not run:
         return
     try:
-        metadata = materialize_bridge_qrels(dataset)
+        metadata = materialize_bridge_qrels(dataset, verbose=verbose)
     except Exception as exc:  # the asset's own error
         _fail(f"{type(exc).__name__}: {exc}\n(the import is stored; bridge qrels remove undoes it)")
     typer.echo(f"bridge_qrels ({dataset}): {metadata['pairs']} pairs, {metadata['relevant']} relevant, "
@@ -172,6 +175,7 @@ def remove_command(
     dataset: str = typer.Option(..., "--dataset", "-d"),
     source: str = typer.Option(..., "--source", "-s", help="The imported source to remove."),
     run: bool = typer.Option(True, "--run/--no-run", help="Materialize bridge_qrels for DATASET now."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Remove an imported source of DATASET and its judgments, then rebuild bridge_qrels."""
     from bridge_assets.lake import store
@@ -182,5 +186,5 @@ def remove_command(
         removed = remove_source(con, dataset, source)
     typer.echo(f"removed '{source}' ({removed} judgments) from {dataset}")
     if run:
-        metadata = materialize_bridge_qrels(dataset)
+        metadata = materialize_bridge_qrels(dataset, verbose=verbose)
         typer.echo(f"bridge_qrels ({dataset}): {metadata['pairs']} pairs, {metadata['relevant']} relevant")

@@ -15,6 +15,7 @@ from typing import Any
 import typer
 import yaml
 
+from bridge_assets.cli.console import VERBOSE_HELP
 from bridge_assets.cli.errors import BridgeTyper
 from bridge_assets.cli.errors import fail as _fail
 
@@ -147,15 +148,17 @@ def export_run(
     typer.echo(f"{rows} lines -> {path}")
 
 
-def materialize_run(dataset: str, retriever: str) -> dict[str, Any]:
+def materialize_run(dataset: str, retriever: str, verbose: bool = False) -> dict[str, Any]:
     """Materialize the `retrieval_run` partition (dataset, retriever) now, on the Dagster instance
-    the UI uses (ingesting the dataset first if it never was); its materialization metadata."""
+    the UI uses (ingesting the dataset first if it never was), with a line per step
+    (cli.console); its materialization metadata."""
     import dagster as dg
 
-    from bridge_assets.orchestration import runs as orchestration
+    from bridge_assets.cli import console
 
     key = dg.MultiPartitionKey({"dataset": dataset, "retriever": retriever})
-    return orchestration.materialize(["retrieval_run"], dataset, partition_key=key).metadata("retrieval_run")
+    return console.materialize(["retrieval_run"], dataset, verbose=verbose,
+                               partition_key=key).metadata("retrieval_run")
 
 
 @runs_app.command("list")
@@ -203,6 +206,7 @@ def import_run(
                                        help="Profiles it joins (repeat; default: the active one)."),
     replace: bool = typer.Option(False, "--replace", help="Replace a run file or a system of that name."),
     run: bool = typer.Option(True, "--run/--no-run", help="Materialize its retrieval_run partition now."),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help=VERBOSE_HELP),
 ) -> None:
     """Copy FILE to <runs folder>/DATASET/NAME.trec[.gz], register NAME as a run_file system and
     materialize its run on DATASET. The runs folder is <BRIDGE_REGISTRY_DIR>/runs, else
@@ -231,7 +235,7 @@ def import_run(
     if not run:
         return
     try:
-        metadata = materialize_run(dataset, name)
+        metadata = materialize_run(dataset, name, verbose=verbose)
     except Exception as exc:  # the asset's own error names the file and line
         _fail(f"{type(exc).__name__}: {exc}\n(the file and the registry entry stay; fix the file and "
               f"import it again with --replace)")
