@@ -39,10 +39,12 @@ DEFAULT_MEASURES = ("success_10", "ndcg_cut_10", "recall_10")
 # evaluated (sql/pool_saturation_prefix_qrels.sql leaves such judgments out where it can)
 RELEVANT_ONLY = {"success", "ndcg", "ndcg_cut", "recall", "P", "recip_rank", "recip_rank_cut", "map", "map_cut",
                  "Rprec"}
-SATURATION_SCHEMA = {
+# a pl.Schema, not a dict: DataFrame.cast types its mapping's key invariantly (name | selector |
+# dtype) and takes a Schema as it is
+SATURATION_SCHEMA = pl.Schema({
     "dataset": pl.Utf8, "statistic": pl.Utf8, "systems_added": pl.Int32, "retriever": pl.Utf8,
     "measure": pl.Utf8, "value": pl.Float64, "std": pl.Float64, "orders": pl.Int32,
-}
+})
 
 
 def system_orders(systems: Sequence[str], orders: int, seed: int) -> list[list[str]]:
@@ -164,7 +166,9 @@ def prefix_scores(con: duckdb.DuckDBPyConnection, variants: dict[frozenset, str]
     # per variant and query with included judgments: which (the combination's key)
     included = []
     for members, name in variants.items():
-        pairs = np.flatnonzero(surfaced[:, [column[s] for s in members]].any(axis=1)) if members else []
+        if not members:  # the empty pool surfaces no pair
+            continue
+        pairs = np.flatnonzero(surfaced[:, [column[s] for s in members]].any(axis=1))
         if len(pairs):
             included.append(pl.DataFrame({"variant": name, "pair": np.asarray(pairs, dtype=np.uint32)}))
     schema = {"variant": pl.Utf8, "query_id": pl.Utf8, "combo": pl.Utf8}

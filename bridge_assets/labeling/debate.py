@@ -50,7 +50,7 @@ import math
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 import polars as pl
 
@@ -68,6 +68,9 @@ from bridge_assets.labeling.pairs import Pair
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.llm.budget import DEFERRED
 from bridge_assets.registry.datasets import LabelScale
+
+if TYPE_CHECKING:
+    from polars._typing import PolarsDataType
 
 Outcome = Literal["consensus", "escalated", "failed", "vote"]
 AnswerPresence = Literal["off", "short", "all"]
@@ -108,6 +111,14 @@ class PairLabel:
     adjudicator_label: int | None = None
     adjudicator_call_key: str | None = None
     adjudicator_error: str | None = None
+
+
+class RoundMeasures(TypedDict, total=False):
+    """The PairLabel fields a round measures whatever its outcome."""
+
+    confidence: float | None
+    p_yes: float | None
+    answer_present: bool | None
 
 
 @dataclass(frozen=True)
@@ -172,12 +183,13 @@ class DebateOutcome:
 def decide_graded(pair: Pair, turns: Sequence[Turn], round_number: int, last_round: bool,
                   checks: DebateChecks | None, consensus: GradeConsensus) -> PairLabel | None:
     """decide() on the graded scale: see the module docstring."""
-    common = dict(answer_present=answer_in_chunk(pair.answers, pair.chunk)
-                  if checks and answer_check_applies(checks.answer_presence, pair.answers) else None)
-    if any(t.response is None for t in turns):
+    common = RoundMeasures(answer_present=answer_in_chunk(pair.answers, pair.chunk)
+                           if checks and answer_check_applies(checks.answer_presence, pair.answers) else None)
+    responses = [t.response for t in turns if t.response is not None]
+    if len(responses) < len(turns):
         return PairLabel(pair.query_id, pair.doc_id, pair.key, None, "failed", round_number,
                          flags=failure_flags(turns), **common)
-    grades = [int(t.response) for t in turns]  # type: ignore[arg-type]
+    grades = [int(response) for response in responses]
     if max(grades) - min(grades) > (1 if consensus == "within_one" else 0):
         if not last_round:
             return None
@@ -201,11 +213,12 @@ def decide(pair: Pair, turns: Sequence[Turn], round_number: int, last_round: boo
            checks: DebateChecks | None) -> PairLabel | None:
     """The pair's label after a round, or None while its agents still disagree and rounds are
     left."""
-    p_yes_values = [t.p_yes for t in turns]
-    confidences = [t.confidence for t in turns]
-    common = dict(
-        confidence=None if None in confidences else min(confidences),  # type: ignore[type-var]
-        p_yes=None if None in p_yes_values else sum(p_yes_values) / len(p_yes_values),  # type: ignore[arg-type]
+    p_yes_values = [t.p_yes for t in turns if t.p_yes is not None]
+    confidences = [t.confidence for t in turns if t.confidence is not None]
+    # each None unless every agent's is known
+    common = RoundMeasures(
+        confidence=min(confidences) if len(confidences) == len(turns) else None,
+        p_yes=sum(p_yes_values) / len(p_yes_values) if len(p_yes_values) == len(turns) else None,
         answer_present=answer_in_chunk(pair.answers, pair.chunk)
         if checks and answer_check_applies(checks.answer_presence, pair.answers) else None)
     responses = {t.response for t in turns}
@@ -224,8 +237,8 @@ def decide(pair: Pair, turns: Sequence[Turn], round_number: int, last_round: boo
             flags.append(FLAG_EVIDENCE)
         if agreed and common["answer_present"] is False:
             flags.append(FLAG_ANSWER)
-        if checks.min_confidence > 0 and common["confidence"] is not None \
-                and common["confidence"] < checks.min_confidence:
+        confidence = common["confidence"]
+        if checks.min_confidence > 0 and confidence is not None and confidence < checks.min_confidence:
             flags.append(FLAG_CONFIDENCE)
     if flags:
         return PairLabel(pair.query_id, pair.doc_id, pair.key, None, "escalated", round_number,
@@ -248,6 +261,11 @@ def escalation_count(n: int, ratio: float) -> int:
     return min(n, math.ceil(ratio * n - 1e-9))
 
 
+def certainty(label: PairLabel) -> float:
+    """How far the pooled P(yes) is from a coin toss, 0 (the least certain) when unknown."""
+    return 0.0 if label.p_yes is None else abs(label.p_yes - 0.5)
+
+
 def apply_budget(labels: list[PairLabel], budget: int) -> list[PairLabel]:
     """Escalate at most `budget` pairs: failed pairs always (nobody answered them), then the
     least certain of the others (pooled P(yes) closest to 0.5; unknown counts as least
@@ -259,7 +277,7 @@ def apply_budget(labels: list[PairLabel], budget: int) -> list[PairLabel]:
         return labels
     failed = [i for i in open_ if labels[i].outcome == "failed"]
     others = sorted((i for i in open_ if labels[i].outcome != "failed"),
-                    key=lambda i: (0.0 if labels[i].p_yes is None else abs(labels[i].p_yes - 0.5), i))
+                    key=lambda i: (certainty(labels[i]), i))
     over = others[max(0, budget - len(failed)):]
     decided = list(labels)
     for i in over:
@@ -374,15 +392,15 @@ def debate_config_hash(agents: Sequence[AgentConfig], *, rounds: int, temperatur
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
 
 
-LABEL_SCHEMA = {"query_id": pl.Utf8, "doc_id": pl.Utf8, "pair_key": pl.Utf8, "label": pl.Int32,
-                "outcome": pl.Utf8, "rounds_used": pl.Int32, "agreed_label": pl.Int32,
-                "flags": pl.List(pl.Utf8), "confidence": pl.Float64, "p_yes": pl.Float64,
-                "answer_present": pl.Boolean, "adjudicator_label": pl.Int32,
-                "adjudicator_call_key": pl.Utf8, "adjudicator_error": pl.Utf8}
-TURN_COLUMNS = {"query_id": pl.Utf8, "doc_id": pl.Utf8, "pair_key": pl.Utf8, "round": pl.Int32,
-                "agent": pl.Utf8, "stance": pl.Utf8, "model": pl.Utf8,
-                "reference": pl.List(pl.Utf8), "reason": pl.Utf8, "response": pl.Utf8,
-                "call_key": pl.Utf8, "error": pl.Utf8, "evidence": pl.Utf8, "confidence": pl.Float64}
+LABEL_SCHEMA: dict[str, PolarsDataType] = {
+    "query_id": pl.Utf8, "doc_id": pl.Utf8, "pair_key": pl.Utf8, "label": pl.Int32, "outcome": pl.Utf8,
+    "rounds_used": pl.Int32, "agreed_label": pl.Int32, "flags": pl.List(pl.Utf8), "confidence": pl.Float64,
+    "p_yes": pl.Float64, "answer_present": pl.Boolean, "adjudicator_label": pl.Int32,
+    "adjudicator_call_key": pl.Utf8, "adjudicator_error": pl.Utf8}
+TURN_COLUMNS: dict[str, PolarsDataType] = {
+    "query_id": pl.Utf8, "doc_id": pl.Utf8, "pair_key": pl.Utf8, "round": pl.Int32, "agent": pl.Utf8,
+    "stance": pl.Utf8, "model": pl.Utf8, "reference": pl.List(pl.Utf8), "reason": pl.Utf8, "response": pl.Utf8,
+    "call_key": pl.Utf8, "error": pl.Utf8, "evidence": pl.Utf8, "confidence": pl.Float64}
 
 
 def labels_frame(outcome: DebateOutcome, dataset: str, config_hash: str) -> pl.DataFrame:

@@ -172,8 +172,9 @@ def debate_agents(models: Sequence[str], count: int = 2,
     if len(models) not in (1, count):
         raise LabelerError(f"give one model profile for all agents or one per agent "
                          f"({count}), got {len(models)}: {list(models)}")
-    first, second = ("relevant", "irrelevant") if stance_order == "relevant_first" \
+    stances: tuple[Stance, Stance] = ("relevant", "irrelevant") if stance_order == "relevant_first" \
         else ("irrelevant", "relevant")
+    first, second = stances
     return tuple(AgentConfig(AGENT_NAMES[i], first if i % 2 == 0 else second,
                              models[0] if len(models) == 1 else models[i], template)
                  for i in range(count))

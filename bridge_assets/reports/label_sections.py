@@ -15,7 +15,7 @@ from bridge_assets.qrels.known_holes import KnownHoles, score_known_holes
 from bridge_assets.qrels.merge import corrections, qrels_counts
 from bridge_assets.qrels.trust import debate_trust, dropped_holes, trusted_by_rule
 from bridge_assets.registry.relevance import RelevanceSettings
-from bridge_assets.reports.tables import Section, table
+from bridge_assets.reports.tables import Section, int_or_none, table
 
 
 def qrels_section(qrels: pl.DataFrame | None, dataset: str) -> Section:
@@ -38,7 +38,7 @@ def qrels_section(qrels: pl.DataFrame | None, dataset: str) -> Section:
                           "relevant": [int((qrels["relevance"] > 0).sum())]}).cast(counts.schema)
     section.tables.append(table("Judgments by source", pl.concat([counts, total])))
     figures = qrels_counts(qrels)
-    rows = [("holes found (verified)", figures["holes_found"]),
+    rows: list[tuple[str, int | str]] = [("holes found (verified)", figures["holes_found"]),
             ("pending pairs (awaiting people)", figures["awaiting_people"]),
             ("filter drops (unverified \"no\", audited by a sample)", figures["pairs_filter"])]
     for source, name in (("adjudicator", "LLM adjudicator"), ("vote", "agents' vote beyond the human budget"),
@@ -188,20 +188,20 @@ def impact_section(impact: pl.DataFrame | None, qrels: pl.DataFrame | None) -> S
             section.notes.append("No pending pair: every rank change already holds whatever people decide.")
         return section
     flips = pl.col("flips").fill_null(0) > 0 if "flips" in impact.columns else pl.lit(False)
-    deciding_rank = int(impact.filter(pl.col("decides") > 0)["impact_rank"].max() or 0)
+    deciding_rank = int_or_none(impact.filter(pl.col("decides") > 0)["impact_rank"].max()) or 0
     listed = impact.filter((pl.col("decides") > 0) | flips).sort("impact_rank")
     label = measure_label(impact["measure"][0])
     section.notes.append(f"Stopping point: {deciding_rank} more label(s), in impact order, decide every "
-                         f"rank change on {label} ({int(impact['pairs_in_doubt'].max() or 0)} system pair(s) "
+                         f"rank change on {label} ({int_or_none(impact['pairs_in_doubt'].max()) or 0} system pair(s) "
                          f"in doubt); the other {impact.height - deciding_rank} pending pair(s) cannot "
                          "change any. (Read at the current bounds: each vote moves them.)")
-    significance_doubt = (impact["significance_in_doubt"].max() if "significance_in_doubt" in impact.columns
-                          else None)
+    significance_doubt = (int_or_none(impact["significance_in_doubt"].max())
+                          if "significance_in_doubt" in impact.columns else None)
     if significance_doubt is not None:
-        with_significance = int(listed["impact_rank"].max() or 0)
+        with_significance = int_or_none(listed["impact_rank"].max()) or 0
         section.notes.append(
             f"With significance: {with_significance} more label(s), in impact order, also settle every "
-            f"significance call on {label} that differs between the bounds ({int(significance_doubt)} system "
+            f"significance call on {label} that differs between the bounds ({significance_doubt} system "
             "pair(s) with such a call). An upper figure: every pending pair that may flip a call is "
             "counted, though one label may settle it.")
     if listed.height:

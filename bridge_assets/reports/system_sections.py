@@ -246,6 +246,8 @@ def coverage_section(coverage: pl.DataFrame | None, out: Path) -> Section:
                      else "not shown"))
         if shown:
             total = scalar(version, "total_estimate")
+            # coverage_rows writes both beside an estimate with a value
+            assert in_pool is not None and total is not None
             findings.append(
                 f"{label}: the pool holds {int(in_pool['value'])} relevant chunks; the fitted curve puts "
                 f"about {estimate['value']:.0f} more (95% interval {estimate['low']:.0f} .. {estimate['high']:.0f}, "

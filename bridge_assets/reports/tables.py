@@ -26,12 +26,17 @@ class Section:
 
 
 
-def _cell(value) -> str:
+def _cell(value: object) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
         return f"{value:.4f}"
     return str(value)
+
+
+def int_or_none(value: object) -> int | None:
+    """A count column's max (polars types it as any Python value); None where it has none."""
+    return int(value) if isinstance(value, (int, float)) else None
 
 
 def table(title: str, frame: pl.DataFrame, headers: dict[str, str] | None = None) -> Table:

@@ -39,6 +39,7 @@ import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import duckdb
 import numpy as np
@@ -62,6 +63,9 @@ from bridge_assets.student.retriever_training import (
                                                      weights_digest,
 )
 
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+
 MEASURES = ("ndcg_cut_10", "recall_10")
 QRELS_VERSIONS = ("original", "refined")   # refined: bridge_qrels, pending counted not relevant
 BOOTSTRAP_RESAMPLES = 2000
@@ -69,7 +73,7 @@ BOOTSTRAP_RESAMPLES = 2000
 
 # --- retrieval and evaluation ------------------------------------------------------------------
 
-def retrieve(model, queries: Mapping[str, str], corpus: Mapping[str, str], *, k: int = 10,
+def retrieve(model: SentenceTransformer, queries: Mapping[str, str], corpus: Mapping[str, str], *, k: int = 10,
              batch_size: int = 32, threads: int = 1) -> pl.DataFrame:
     """Exact cosine top-k over the whole corpus: (query_id, doc_id, score, rank)."""
     doc_ids = list(corpus)
@@ -80,7 +84,7 @@ def retrieve(model, queries: Mapping[str, str], corpus: Mapping[str, str], *, k:
         asked = model.encode([queries[q] for q in query_ids], batch_size=batch_size,
                              normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False)
     scores = asked @ docs.T
-    rows = []
+    rows: list[dict[str, object]] = []
     for i, query_id in enumerate(query_ids):
         top = np.argsort(-scores[i], kind="stable")[:k]
         rows.extend({"query_id": query_id, "doc_id": doc_ids[j], "score": float(scores[i, j]), "rank": r}
@@ -240,7 +244,7 @@ def trained_model_key(queries: Sequence[TrainingQuery], settings: TrainSettings,
 
 @dataclass(frozen=True)
 class FoldModel:
-    model: object           # a SentenceTransformer
+    model: SentenceTransformer
     weights_hash: str       # weights_digest[:16]
     log: TrainingLog
     trained_now: bool
@@ -251,7 +255,7 @@ def fold_model(location: str, queries: Sequence[TrainingQuery], settings: TrainS
     """The encoder at `location` fine-tuned on `queries`. With `store` (and the base's identity),
     kept in store/<trained_model_key>/ and found there again while its inputs stay the same: a
     seed gives the same weights anyway, so training again would only cost the minutes."""
-    def train() -> tuple[object, TrainingLog]:
+    def train() -> tuple[SentenceTransformer, TrainingLog]:
         model = load_encoder(location, settings.max_length)
         return model, train_retriever(model, queries, settings)
 

@@ -15,6 +15,7 @@ import polars as pl
 
 from bridge_assets.errors import BridgeError
 from bridge_assets.labeling.pairs import chunk_text
+from bridge_assets.lake.store import one_row
 from bridge_assets.paths import read_sql
 
 if TYPE_CHECKING:
@@ -73,8 +74,8 @@ class TrainingQuery:
 
 
 def _require(con: duckdb.DuckDBPyConnection, table: str, dataset: str) -> None:
-    known = con.execute("select count(*) from information_schema.tables where table_name = ?", [table]).fetchone()[0]
-    rows = con.execute(f"select count(*) from {table} where dataset = ?", [dataset]).fetchone()[0] if known else 0
+    known = one_row(con, "select count(*) from information_schema.tables where table_name = ?", [table])[0]
+    rows = one_row(con, f"select count(*) from {table} where dataset = ?", [dataset])[0] if known else 0
     if not rows:
         raise TrainedRetrieverError(f"the lake has no '{table}' rows for dataset '{dataset}': run "
                                     f"`bridge run --dataset {dataset}` first")

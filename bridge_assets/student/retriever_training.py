@@ -9,8 +9,13 @@ import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from bridge_assets.student.retriever_data import TrainedRetrieverError, TrainingQuery, TrainSettings
+
+if TYPE_CHECKING:
+    import torch
+    from sentence_transformers import SentenceTransformer
 
 
 def base_location(name: str = "all-minilm-l6-v2") -> str:
@@ -21,7 +26,7 @@ def base_location(name: str = "all-minilm-l6-v2") -> str:
     return base_model_location(name)
 
 
-def load_encoder(location: str, max_length: int):
+def load_encoder(location: str, max_length: int) -> SentenceTransformer:
     from sentence_transformers import SentenceTransformer
 
     model = SentenceTransformer(location, device="cpu")
@@ -42,14 +47,15 @@ def torch_threads(count: int) -> Iterator[None]:
         torch.set_num_threads(before)
 
 
-def _embed(model, texts: Sequence[str]):
+def _embed(model: SentenceTransformer, texts: Sequence[str]) -> torch.Tensor:
     import torch.nn.functional as F
 
     features = model.tokenize(list(texts))
     return F.normalize(model(features)["sentence_embedding"], dim=-1)
 
 
-def cached_gradient_step(model, texts: Sequence[str], loss_of: Callable, chunk: int) -> float:
+def cached_gradient_step(model: SentenceTransformer, texts: Sequence[str],
+                         loss_of: Callable[[torch.Tensor], torch.Tensor], chunk: int) -> float:
     """One step's gradients of `loss_of(embeddings of texts)` accumulated into `model`, with at
     most `chunk` texts' activations held at a time (gradient caching, Gao et al. 2021, as
     sentence-transformers' CachedMultipleNegativesRankingLoss): the embeddings are computed
@@ -74,7 +80,8 @@ def cached_gradient_step(model, texts: Sequence[str], loss_of: Callable, chunk: 
     return float(loss.detach())
 
 
-def multi_positive_loss(query_embeddings, doc_embeddings, positive_mask, scale: float):
+def multi_positive_loss(query_embeddings: torch.Tensor, doc_embeddings: torch.Tensor, positive_mask: torch.Tensor,
+                        scale: float) -> torch.Tensor:
     """Mean over queries of -log(sum of the softmax over all batch documents at the query's
     positives): every positive counts, no positive is its own query's negative."""
     import torch
@@ -84,7 +91,7 @@ def multi_positive_loss(query_embeddings, doc_embeddings, positive_mask, scale: 
     return (torch.logsumexp(scores, dim=1) - torch.logsumexp(positive_scores, dim=1)).mean()
 
 
-def _batch(queries: Sequence[TrainingQuery]):
+def _batch(queries: Sequence[TrainingQuery]) -> tuple[list[str], torch.Tensor]:
     """The batch's distinct document texts and which are each query's positives."""
     import torch
 
@@ -100,6 +107,13 @@ def _batch(queries: Sequence[TrainingQuery]):
         for text in q.positives:
             mask[row, index[text]] = True
     return texts, mask
+
+
+def _queries_first_loss(queries: int, positive_mask: torch.Tensor,
+                        scale: float) -> Callable[[torch.Tensor], torch.Tensor]:
+    """multi_positive_loss of embeddings whose first `queries` rows are the batch's queries and
+    the others its documents."""
+    return lambda embeddings: multi_positive_loss(embeddings[:queries], embeddings[queries:], positive_mask, scale)
 
 
 @dataclass
@@ -119,7 +133,7 @@ class TrainingLog:
                 f"{sum(self.losses[-n:]) / n:.3f}")
 
 
-def train_retriever(model, queries: Sequence[TrainingQuery], settings: TrainSettings) -> TrainingLog:
+def train_retriever(model: SentenceTransformer, queries: Sequence[TrainingQuery], settings: TrainSettings) -> TrainingLog:
     """Fine-tune `model` (a SentenceTransformer, changed in place) on `queries`. Seeded: the
     batch order comes from random.Random(seed), dropout from torch.manual_seed(seed)."""
     import torch
@@ -144,9 +158,8 @@ def train_retriever(model, queries: Sequence[TrainingQuery], settings: TrainSett
                 texts, mask = _batch(batch)
                 queries_first = [q.query for q in batch] + texts   # one pass encodes both, in chunks
                 optimizer.zero_grad()
-                loss = cached_gradient_step(
-                    model, queries_first, lambda e, n=len(batch), mask=mask: multi_positive_loss(
-                        e[:n], e[n:], mask, settings.scale), settings.encode_chunk)
+                loss = cached_gradient_step(model, queries_first, _queries_first_loss(len(batch), mask, settings.scale),
+                                            settings.encode_chunk)
                 optimizer.step()
                 log.steps += 1
                 log.losses.append(loss)
@@ -155,7 +168,7 @@ def train_retriever(model, queries: Sequence[TrainingQuery], settings: TrainSett
     return log
 
 
-def weights_digest(model) -> str:
+def weights_digest(model: torch.nn.Module) -> str:
     """sha256 over every parameter and buffer (name, dtype, bytes): equal iff the weights are."""
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
