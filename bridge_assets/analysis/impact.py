@@ -55,7 +55,7 @@ import polars as pl
 from bridge_assets.analysis.retrieval import measure_label
 from bridge_assets.analysis.views import benchmark_runs, require_rows
 from bridge_assets.errors import BridgeError
-from bridge_assets.lake.store import one_row, table_exists
+from bridge_assets.lake.store import int_max, one_row, table_exists
 from bridge_assets.paths import read_sql
 
 if TYPE_CHECKING:
@@ -204,10 +204,8 @@ def compute_pending_impact(con: duckdb.DuckDBPyConnection, dataset: str, *, meas
 
 
 def column_max(column: pl.Series) -> int:
-    """The largest value of a count or rank column, 0 where it has none (polars types a max as
-    any Python value)."""
-    largest = column.max()
-    return int(largest) if isinstance(largest, (int, float)) else 0
+    """The largest value of a count or rank column, 0 where it has none."""
+    return int_max(column) or 0
 
 
 def _labels_until(frame: pl.DataFrame, needed: pl.Expr) -> int:

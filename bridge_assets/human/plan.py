@@ -19,7 +19,7 @@ import duckdb
 import polars as pl
 
 from bridge_assets.human.tables import REQUIRED_VOTES, ensure_schema
-from bridge_assets.lake.store import one_row
+from bridge_assets.lake.store import int_max, one_row
 
 if TYPE_CHECKING:
     from polars._typing import PolarsDataType
@@ -139,12 +139,7 @@ def annotation_plan(con: duckdb.DuckDBPyConnection, dataset: str) -> Plan:
         return Plan(dataset, pl.DataFrame(schema=PLAN_SCHEMA), 0, None, 0)
     open_pairs = frame.filter(~pl.col("completed")).drop("completed")
     return Plan(dataset, open_pairs, frame.height - open_pairs.height, frame["measure"][0],
-                _int_or_none(frame["pairs_in_doubt"].max()) or 0, _int_or_none(frame["significance_in_doubt"].max()))
-
-
-def _int_or_none(value: object) -> int | None:
-    """A count column's max (polars types it as any Python value); None where it has none."""
-    return int(value) if isinstance(value, (int, float)) else None
+                int_max(frame["pairs_in_doubt"]) or 0, int_max(frame["significance_in_doubt"]))
 
 
 def stopping_points(con: duckdb.DuckDBPyConnection, datasets: tuple[str, ...] | None = None) -> dict[str, int]:

@@ -226,6 +226,13 @@ def _sql_string(path: Path) -> str:
     return str(path).replace("'", "''")
 
 
+def int_max(column: pl.Series) -> int | None:
+    """The largest value of a count or rank column, None where it has none (polars types a
+    Series' max as any Python value)."""
+    largest = column.max()
+    return int(largest) if isinstance(largest, (int, float)) else None
+
+
 def one_row(con: duckdb.DuckDBPyConnection, sql: str, parameters: object = None) -> tuple[Any, ...]:
     """The row of a query that always returns one (an aggregate without GROUP BY, a DELETE's
     count, a setting)."""

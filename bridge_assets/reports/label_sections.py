@@ -10,12 +10,12 @@ import polars as pl
 
 from bridge_assets import plots
 from bridge_assets.analysis.retrieval import measure_label, measures_at
-from bridge_assets.lake.store import table_exists
+from bridge_assets.lake.store import int_max, table_exists
 from bridge_assets.qrels.known_holes import KnownHoles, score_known_holes
 from bridge_assets.qrels.merge import corrections, qrels_counts
 from bridge_assets.qrels.trust import debate_trust, dropped_holes, trusted_by_rule
 from bridge_assets.registry.relevance import RelevanceSettings
-from bridge_assets.reports.tables import Section, int_or_none, table
+from bridge_assets.reports.tables import Section, table
 
 
 def qrels_section(qrels: pl.DataFrame | None, dataset: str) -> Section:
@@ -188,17 +188,17 @@ def impact_section(impact: pl.DataFrame | None, qrels: pl.DataFrame | None) -> S
             section.notes.append("No pending pair: every rank change already holds whatever people decide.")
         return section
     flips = pl.col("flips").fill_null(0) > 0 if "flips" in impact.columns else pl.lit(False)
-    deciding_rank = int_or_none(impact.filter(pl.col("decides") > 0)["impact_rank"].max()) or 0
+    deciding_rank = int_max(impact.filter(pl.col("decides") > 0)["impact_rank"]) or 0
     listed = impact.filter((pl.col("decides") > 0) | flips).sort("impact_rank")
     label = measure_label(impact["measure"][0])
     section.notes.append(f"Stopping point: {deciding_rank} more label(s), in impact order, decide every "
-                         f"rank change on {label} ({int_or_none(impact['pairs_in_doubt'].max()) or 0} system pair(s) "
+                         f"rank change on {label} ({int_max(impact['pairs_in_doubt']) or 0} system pair(s) "
                          f"in doubt); the other {impact.height - deciding_rank} pending pair(s) cannot "
                          "change any. (Read at the current bounds: each vote moves them.)")
-    significance_doubt = (int_or_none(impact["significance_in_doubt"].max())
+    significance_doubt = (int_max(impact["significance_in_doubt"])
                           if "significance_in_doubt" in impact.columns else None)
     if significance_doubt is not None:
-        with_significance = int_or_none(listed["impact_rank"].max()) or 0
+        with_significance = int_max(listed["impact_rank"]) or 0
         section.notes.append(
             f"With significance: {with_significance} more label(s), in impact order, also settle every "
             f"significance call on {label} that differs between the bounds ({significance_doubt} system "

@@ -34,11 +34,6 @@ def _cell(value: object) -> str:
     return str(value)
 
 
-def int_or_none(value: object) -> int | None:
-    """A count column's max (polars types it as any Python value); None where it has none."""
-    return int(value) if isinstance(value, (int, float)) else None
-
-
 def table(title: str, frame: pl.DataFrame, headers: dict[str, str] | None = None) -> Table:
     """A frame as a report table; `headers` renames columns (and selects them, in order)."""
     if headers:
