@@ -17,7 +17,7 @@ import contextlib
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -132,14 +132,15 @@ class Step:
     partition_keys: list[str | None]
 
 
-def _partition_keys(partitions_def, dataset: str | None, inst: dg.DagsterInstance) -> list[str | None]:
+def _partition_keys(partitions_def: dg.PartitionsDefinition | None, dataset: str | None,
+                    inst: dg.DagsterInstance) -> list[str | None]:
     if partitions_def is None:
         return [None]
     keys = partitions_def.get_partition_keys(dynamic_partitions_store=inst)
     if dataset is None:
         return list(keys)
     if isinstance(partitions_def, dg.MultiPartitionsDefinition):
-        return [k for k in keys if k.keys_by_dimension.get("dataset") == dataset]
+        return [k for k in keys if isinstance(k, dg.MultiPartitionKey) and k.keys_by_dimension.get("dataset") == dataset]
     if dataset not in keys:
         raise DatasetError(f"unknown dataset '{dataset}' (known: {', '.join(keys)})")
     return [dataset]
@@ -162,6 +163,7 @@ def plan(defs: dg.Definitions, names: Iterable[str], dataset: str | None,
         for parent in upstream:
             partitions_def = graph.get(parent).partitions_def
             needed = set(_partition_keys(partitions_def, dataset, inst))
+            done: set[str | None]
             if partitions_def is None:
                 done = {None} if inst.get_latest_materialization_event(parent) else set()
             else:
@@ -254,12 +256,12 @@ ACTIVE_RUNS = [dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.STARTED, dg.Dag
 WAIT_POLL_SECONDS = 1.0
 
 
-def dataset_lock_file(lake_folder, dataset: str):
+def dataset_lock_file(lake_folder: Path, dataset: str) -> Path:
     return lake_folder / "locks" / f"dataset-{dataset}.lock"
 
 
 @contextlib.contextmanager
-def dataset_turn(lake_folder, datasets: list[str], say: Callable[[str], None]):
+def dataset_turn(lake_folder: Path, datasets: list[str], say: Callable[[str], None]) -> Iterator[None]:
     """Hold the turn of each dataset in `datasets` for the block: a second command on one of
     them waits here, says so, and then plans (it finds what the first built up to date). A file
     lock, so a killed command's turn ends with it."""
@@ -338,14 +340,17 @@ class PartitionState:
 def _failure_message(inst: dg.DagsterInstance, run_id: str) -> str:
     """The asset's own error in the run's step failure (inside the errors Dagster wraps it in)."""
     for record in inst.all_logs(run_id, of_type=dg.DagsterEventType.STEP_FAILURE):
-        error = record.dagster_event.step_failure_data.error
+        event = record.dagster_event
+        error = event.step_failure_data.error if event is not None else None
+        if error is None:
+            continue
         while error.cause is not None:
             error = error.cause
         return error.message.strip().removeprefix(f"{error.cls_name}: ").strip()
     return ""
 
 
-def partition_states(asset: str, keys: list[dg.MultiPartitionKey]) -> dict[str, PartitionState]:
+def partition_states(asset: str, keys: list[dg.MultiPartitionKey]) -> dict[dg.MultiPartitionKey, PartitionState]:
     """The state of each of `keys` (partitions of `asset`) on the instance the UI uses, however
     they were run (a command, the daemon, the UI): a failed one carries its run's error."""
     from bridge_assets.definitions import defs
@@ -353,9 +358,10 @@ def partition_states(asset: str, keys: list[dg.MultiPartitionKey]) -> dict[str, 
     inst = instance()
     asset_key = dg.AssetKey(asset)
     partitions_def = defs.resolve_assets_def(asset_key).partitions_def
+    assert partitions_def is not None, f"{asset} is partitioned"  # callers pass retrieval_run
     known = set(partitions_def.get_partition_keys(dynamic_partitions_store=inst))
     statuses = inst.get_status_by_partition(asset_key, [k for k in keys if k in known], partitions_def) or {}
-    states = {}
+    states: dict[dg.MultiPartitionKey, PartitionState] = {}
     for key in keys:
         status = statuses.get(key)
         if status == dg.AssetPartitionStatus.FAILED:
@@ -447,7 +453,7 @@ class Materialized:
         """The last materialization metadata of `asset` in these runs."""
         for result in reversed(self.results):
             events = [e for e in result.get_asset_materialization_events()
-                      if e.asset_key.to_user_string() == asset]
+                      if e.asset_key is not None and e.asset_key.to_user_string() == asset]
             if events:
                 return {n: v.value for n, v in events[-1].materialization.metadata.items()}
         raise LookupError(f"{asset} was not materialized")
