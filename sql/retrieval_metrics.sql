@@ -4,7 +4,8 @@
 -- docs/metrics.md.
 --
 -- Inputs, temp views made by bridge_assets.metrics.measures:
---   metrics_run(dataset, retriever, query_id, doc_id, score)
+--   metrics_run(dataset, retriever, query_id, doc_id, score)       score: a C float, as trec_eval
+--                                                                  keeps it (a rank-only run: -rank)
 --   metrics_qrels(dataset, query_id, doc_id, relevance)            the qrels evaluated against
 --   metrics_original_qrels(dataset, query_id, doc_id, relevance)   for hole_k (measures.py drops
 --                                              the last join of 1. and 2. when it is not asked for)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 
 import pytest
+import pytrec_eval
 import typer
 from typer.testing import CliRunner
 
@@ -146,6 +147,31 @@ def test_cli_hole_and_judged_with_original_qrels(tmp_path):
         "judged_4              \tall\t0.5000",   # d4 unjudged, 4th slot empty: 2/4
         "hole_2                \tall\t0.5000",   # d3: relevant now, not judged originally
     ]
+
+
+@pytest.mark.parametrize("lines", [(0, 1), (1, 0)])
+def test_scores_equal_as_c_floats_tie_as_in_trec_eval(tmp_path, lines):
+    """trec_eval keeps a score as a C float: these two doubles (s19/q582 of
+    `bench_metrics.py --queries 1000`) are one float, so the tie goes to the doc id, descending:
+    b first. Read as doubles, a came first (ndcg_cut_10 0.6309 where trec_eval prints 1). In
+    either stored order; a score past float's range is refused, as an infinite one is."""
+    scores = {"a": 1.3981799888155353, "b": 1.3981799678568678}
+    run = tmp_path / "run.txt"
+    rows = [f"q1 Q0 {doc} {rank} {score!r} t\n" for rank, (doc, score) in enumerate(scores.items(), 1)]
+    run.write_text("".join(rows[i] for i in lines))
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text("q1 0 b 1\n")
+    names = ["ndcg_cut_10", "recip_rank", "P_1"]
+    frame, _ = evaluate_trec_files(qrels, run, resolve_measures(names), per_query=True)
+    got = {m: v for q, m, v in frame.select("query_id", "measure", "value").iter_rows() if q == "q1"}
+    reference = pytrec_eval.RelevanceEvaluator({"q1": {"b": 1}}, {"ndcg_cut.10", "recip_rank", "P.1"})
+    expected = reference.evaluate({"q1": scores})["q1"]
+    assert expected == {"ndcg_cut_10": 1.0, "recip_rank": 1.0, "P_1": 1.0}
+    assert got == pytest.approx(expected, abs=1e-9)
+
+    run.write_text("q1 Q0 a 1 1e39 t\n")  # a finite double, an infinite float
+    with pytest.raises(DatasetError, match="no finite score"):
+        evaluate_trec_files(qrels, run, resolve_measures(names))
 
 
 def test_read_trec_run_as_trec_eval(tmp_path):

@@ -49,7 +49,9 @@ def _metric_views(con: duckdb.DuckDBPyConnection, run: str, qrels: str,
     if ("dataset" in run_cols) != ("dataset" in qrels_cols):
         raise DatasetError(f"'{run}' and '{qrels}' must both carry a 'dataset' column, or neither")
     if "score" in run_cols:
-        score = "score::double"
+        # trec_eval keeps a score as a C float (TEXT_RESULTS.sim): scores apart only past single
+        # precision tie, and the doc id orders them. A score past float's range reads NULL (refused)
+        score = "try_cast(score::double as float)"
     elif "rank" in run_cols:
         score = "-rank::double"  # no scores: rank 1 first
     else:
@@ -192,7 +194,7 @@ def _in_trec_order(rows: pa.Table, run: str) -> tuple[np.ndarray, np.ndarray]:
     score = rows.column("score").to_numpy()
     if rows.column("score").null_count or not np.isfinite(score).all():
         bad = np.flatnonzero(~np.isfinite(score) | pc.is_null(rows.column("score")).to_numpy())
-        raise _ranking_problem(rows, run, bad[0], "no finite score for some document")
+        raise _ranking_problem(rows, run, bad[0], "no finite score (in single precision) for some document")
     ranking_hash = rows.column("ranking_hash").to_numpy()[at]
     new = np.ones(n, dtype=bool)
     new[1:] = ranking_hash[1:] != ranking_hash[:-1]
