@@ -12,6 +12,7 @@ from bridge_assets.analysis import definitions as analysis
 from bridge_assets.evaluation import definitions as evaluation
 from bridge_assets.executors import executor_from_env
 from bridge_assets.human import definitions as human
+from bridge_assets.human.votes_resource import VotesStore
 from bridge_assets.ingest import definitions as ingest
 from bridge_assets.labeling import definitions as labeling
 from bridge_assets.llm.resource import LLMResource
@@ -30,8 +31,8 @@ main_selection = dg.AssetSelection.all() - dg.AssetSelection.groups(evaluation.G
 # What the daemon keeps current by itself: everything after the retrieval runs (automation.py).
 automated_selection = automation.automated(main_selection)
 
-# One store: it holds where the lake (and the votes store) lives; the LLM resource takes it
-# (nested), so the call ledger is in that lake.
+# One store: it holds where the lake (and the votes store) lives; the LLM resource and the votes
+# store take it (nested), so the call ledger and the votes are that lake's.
 _store = DuckDBStore()
 
 with warnings.catch_warnings():
@@ -40,7 +41,8 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", dg.PreviewWarning)
     defs = dg.Definitions.merge(
         *(stage.defs for stage in STAGES),
-        dg.Definitions(resources={"store": _store, "llm": LLMResource(store=_store)},
+        dg.Definitions(resources={"store": _store, "llm": LLMResource(store=_store),
+                                  "votes": VotesStore(store=_store)},
                        sensors=[automation.sensor(automated_selection)],
                        executor=executor_from_env()),  # $BRIDGE_EXECUTOR: multiprocess (default) | dask | in_process
     ).map_resolved_asset_specs(func=automation.with_condition, selection=automated_selection)

@@ -102,9 +102,11 @@ def external_change(key: dg.AssetKey, partition_key: Any, metadata: dict[str, An
         if metadata.get("systems") != json.dumps(evaluation_system_hashes(), sort_keys=True):
             return "the registry's evaluation-only systems changed"
     if name == "human_labels":
+        from bridge_assets.definitions import defs
         from bridge_assets.human.assets import votes_version
 
-        if metadata.get("votes_version") != votes_version(store or DuckDBStore(), partition_key):
+        # the votes resource of the definitions (nested on their store, the environment's lake)
+        if metadata.get("votes_version") != votes_version((defs.resources or {})["votes"], partition_key):
             return "the votes changed"
     if name == "bridge_qrels":
         from bridge_assets.qrels.assets import imports_version

@@ -29,7 +29,7 @@ from bridge_assets.qrels.assets import bridge_qrels
 from bridge_assets.resources import DuckDBStore
 from fixtures.human_app import login, make_client, post_answer, served_pair
 from fixtures.labeling import write_run
-from fixtures.paths import annotations, shared_data
+from fixtures.paths import annotations, location, shared_data
 from fixtures.scripted_llm import ScriptedLLM, ScriptedServer, completion
 
 # The registry folder's entry replaces the shipped `demo`, so the assets' `demo` partition is
@@ -133,7 +133,7 @@ def materialize(lake, assets, run_config=None, *, succeeds: bool = True, **resou
 
 
 def rows(lake, sql: str) -> list[tuple]:
-    with store.connect(lake / "bridge.duckdb") as con:
+    with store.connect(location(lake)) as con:
         return con.execute(sql).fetchall()
 
 

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 from bridge_assets import settings, store
+from bridge_assets.paths import LakeLocation
 
 logger = logging.getLogger(__name__)
 
@@ -274,7 +275,6 @@ class Leases:
                 logger.warning("LLM call leases not renewed this time: %s", exc)
 
 
-def for_store(where: store.Where | None) -> Coordination:
-    """The coordination file of the lake `where` stands for (None: the environment's)."""
-    path, _ = store.resolve(where)
-    return Coordination(path.parent / FILE)
+def for_store(lake: LakeLocation) -> Coordination:
+    """The coordination file of the lake `lake`."""
+    return Coordination(store.location(lake).folder / FILE)

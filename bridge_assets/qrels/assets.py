@@ -7,7 +7,7 @@ import dagster as dg
 import polars as pl
 
 from bridge_assets import snapshots
-from bridge_assets.human.votes_store import VotesStore
+from bridge_assets.human.votes_resource import VotesStore
 from bridge_assets.ingest.registry import get_dataset
 from bridge_assets.partitions import dataset_partitions
 from bridge_assets.qrels.merge import BridgeQrels, add_missing_columns, build_bridge_qrels, stand_ins
@@ -26,10 +26,10 @@ READS = ("original_qrels", "human_labels", "debate_labels", "debate_turns", "fil
          "review_sample")
 
 
-def qrels_inputs(store: DuckDBStore, dataset: str):
-    """`with qrels_inputs(store, dataset) as con:` an in-memory snapshot of everything
+def qrels_inputs(store: DuckDBStore, votes: VotesStore, dataset: str):
+    """`with qrels_inputs(store, votes, dataset) as con:` an in-memory snapshot of everything
     bridge_qrels reads for `dataset`."""
-    return snapshots.inputs(store, dataset, (*READS, *IMPORT_TABLES), votes=VotesStore(store=store))
+    return snapshots.inputs(store, dataset, (*READS, *IMPORT_TABLES), votes=votes)
 
 
 def qrels_version(qrels: pl.DataFrame) -> str:
@@ -130,11 +130,11 @@ def _metadata(result: BridgeQrels, trec_path) -> dict:
                 "labels are also written as TREC qrels under <data lake>/exports/<dataset>/.",
 )
 @reuse_when_current
-def bridge_qrels(context: dg.AssetExecutionContext, store: DuckDBStore) -> dg.MaterializeResult:
+def bridge_qrels(context: dg.AssetExecutionContext, store: DuckDBStore, votes: VotesStore) -> dg.MaterializeResult:
     dataset = context.partition_key
     relevance = get_dataset(dataset).relevance
     bar = relevance.min_precision
-    with qrels_inputs(store, dataset) as con:
+    with qrels_inputs(store, votes, dataset) as con:
         result = build_bridge_qrels(con, dataset, bar, relevance.drops_in_bounds)
     with store.connect() as con:
         add_missing_columns(con)
