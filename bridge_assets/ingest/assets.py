@@ -58,7 +58,7 @@ def ingest_dataset(context: dg.AssetExecutionContext, store: DuckDBStore):
     dataset = context.partition_key
     spec = get_dataset(dataset)
     started = time.monotonic()
-    tables = load_dataset(spec)
+    tables = load_dataset(spec, store.lake.downloads)
     frames = {
         "corpus": tables.corpus, "queries": tables.queries, "original_qrels": tables.qrels,
     }
