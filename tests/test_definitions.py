@@ -93,7 +93,7 @@ def test_the_votes_store_is_one_resource_on_the_one_store_and_the_vote_readers_t
     for name in ("human_labels", "bridge_qrels"):
         assets_def = graph.get(dg.AssetKey(name)).assets_def
         assert {"store", "votes"} <= assets_def.required_resource_keys, name
-    sensor = defs.get_sensor_def("human_labels_sensor")
+    sensor = defs.resolve_sensor_def("human_labels_sensor")
     assert "votes" in sensor.required_resource_keys
 
 

@@ -40,7 +40,7 @@ from bridge_assets.reports.build import build_report
 from bridge_assets.resources import DuckDBStore
 from bridge_assets.summary import run_summary
 from fixtures.human_app import login, make_client, post_answer, served_pair
-from fixtures.paths import annotations, location
+from fixtures.paths import annotations, lake_resources, location
 from fixtures.scripted_llm import ScriptedLLM, ScriptedServer, completion, section
 
 DATASET = "demo"  # the registry folder's entry replaces the shipped demo (a static partition)
@@ -207,7 +207,7 @@ class Script:
 
 
 def run_assets(lake, assets, llm=None):
-    resources = {"store": DuckDBStore(data_lake=str(lake)), **({"llm": llm} if llm else {})}
+    resources = lake_resources(lake, **({"llm": llm} if llm else {}))
     result = dg.materialize(assets, partition_key=DATASET, resources=resources, raise_on_error=False,
                             run_config={"ops": {"candidate_pool": {"config": {"depth": 4}},
                                                 "filter_pool": {"config": {"models": ["f1"]}},
