@@ -31,13 +31,14 @@ WRITER = """
 import sys, time
 from pathlib import Path
 import polars as pl
-from bridge_assets import store
+from bridge_assets import settings, store
 stop, writes = Path(sys.argv[1]), 0
 while not stop.exists():
     frame = pl.DataFrame({"dataset": "other", "retriever": "bm25", "query_id": [f"q{i % 500}" for i in range(20_000)],
                           "doc_id": [f"d{i}" for i in range(20_000)], "rank": list(range(20_000)),
                           "score": [float(writes)] * 20_000})
-    store.write_partitions({"retrieval_run": frame}, {"dataset": "other", "retriever": "bm25"})
+    store.write_partitions({"retrieval_run": frame}, {"dataset": "other", "retriever": "bm25"},
+                           settings.lake_location())
     writes += 1
     time.sleep(0.1)
 print(writes)
