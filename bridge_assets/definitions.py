@@ -10,6 +10,7 @@ import dagster as dg
 from bridge_assets.analysis import definitions as analysis
 from bridge_assets.evaluation import definitions as evaluation
 from bridge_assets.human import definitions as human
+from bridge_assets.human.votes_resource import VotesStore
 from bridge_assets.ingest import definitions as ingest
 from bridge_assets.labeling import definitions as labeling
 from bridge_assets.lake.resource import DuckDBStore
@@ -30,8 +31,8 @@ main_selection = dg.AssetSelection.all() - dg.AssetSelection.groups(evaluation.G
 # What the daemon keeps current by itself: everything after the retrieval runs (automation.py).
 automated_selection = automation.automated(main_selection)
 
-# One store: it holds where the lake (and the votes store) lives; the LLM resource takes it
-# (nested), so the call ledger is in that lake.
+# One store: it holds where the lake (and the votes store) lives; the LLM resource and the votes
+# store take it (nested), so the call ledger and the votes are that lake's.
 _store = DuckDBStore()
 
 with warnings.catch_warnings():
@@ -40,11 +41,12 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore", dg.PreviewWarning)
     defs = dg.Definitions.merge(
         *(stage.defs for stage in STAGES),
-        dg.Definitions(resources={"store": _store, "llm": LLMResource(store=_store)},
+        dg.Definitions(resources={"store": _store, "llm": LLMResource(store=_store),
+                                  "votes": VotesStore(store=_store)},
                        sensors=[automation.sensor(automated_selection)],
                        executor=executor_from_env()),  # $BRIDGE_EXECUTOR: multiprocess (default) | dask | in_process
     ).map_resolved_asset_specs(func=automation.with_condition, selection=automated_selection)
 
-# staleness (below the stages) judges a partition against the whole graph, which only this
-# module assembles
-staleness.use_asset_graph(defs.resolve_asset_graph)
+# staleness (below the stages) judges a partition against the whole graph and reads the inputs
+# outside the lake (the votes...) through the resources, which only this module assembles
+staleness.use_definitions(defs.resolve_asset_graph, defs.resources or {})

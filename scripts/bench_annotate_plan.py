@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     timings = []
     for _ in range(3):
         started = time.monotonic()
-        with votes_store.connect(where.votes_path, lake_db=where.lake) as live:
+        with votes_store.connect(where.lake) as live:
             text = plan_text(live, DATASET, systems=("sys00", "sys01"))
         timings.append(time.monotonic() - started)
     print(text.splitlines()[0])
@@ -146,8 +146,8 @@ def build(args: argparse.Namespace, where) -> None:
 
     store.write_partitions({"bridge_qrels": con.execute("select * from bridge_qrels").pl(),
                             "pending_impact": impact}, {"dataset": DATASET}, where.lake)
-    votes_store.prepare(where.lake, where.votes_path)
-    with votes_store.connect(where.votes_path) as votes:
+    votes_store.prepare(where.lake)
+    with votes_store.connect(where.lake, pipeline=False) as votes:
         ensure_schema(votes)
         for q, d in impact.select("query_id", "doc_id").head(args.votes).rows():
             insert_vote(votes, dataset=DATASET, query_id=q, doc_id=d, annotator_id="bench", label=1, comment=None,

@@ -50,6 +50,7 @@ def run(lake: Path, pairs: int, annotators: int, rounds: int) -> None:
     from bridge_assets.human.app.annotation import annotation_page
     from bridge_assets.human.app.state import AppState
     from bridge_assets.human.votes import record_vote
+    from bridge_assets.settings import lake_location
     from fixtures.escalated_pairs import write_escalated_pairs
     from fixtures.paths import annotations
 
@@ -58,7 +59,7 @@ def run(lake: Path, pairs: int, annotators: int, rounds: int) -> None:
         people = [f"a{i}" for i in range(annotators)]
         for name in people:
             add_annotator(con, name)
-    state = AppState(AppSettings(db_path=lake / "bridge.duckdb", secret="bench-page-secret-0123456789",
+    state = AppState(AppSettings(lake=lake_location(lake), secret="bench-page-secret-0123456789",
                                  attention_rate=0.0), time.time)
     page = getattr(state.db, "page", state.db.run)  # as the app calls it (run before 2026-11-29)
     pages, votes, shown = [], [], 0

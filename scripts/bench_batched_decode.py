@@ -28,12 +28,12 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 from bench_debate import bench_pairs
 from bench_kv_cache import debate_requests, demo_pairs
 
+from bridge_assets import settings
 from bridge_assets.ingest.loaders import load_dataset
 from bridge_assets.labeling.calls import MeteredGenerate
 from bridge_assets.labeling.debate import run_debate
@@ -137,7 +137,7 @@ def debate(args: argparse.Namespace) -> None:
             lanes = args.width if "lanes" in arm else 1
             client = LLMClient(profile.model_copy(update={"engine_args": {**profile.engine_args,
                                                                           "decode_lanes": lanes}}),
-                               db_path=Path(folder) / "bench.duckdb")
+                               lake=settings.lake_location(folder))
             client.backend  # noqa: B018 - the model is loaded before the clock starts
             with backends._LLAMA_LOCK:
                 for loaded in backends._LLAMA_MODELS.values():

@@ -21,15 +21,14 @@ import json
 import re
 import tempfile
 import time
-from pathlib import Path
 
-import duckdb
-
+from bridge_assets import settings
 from bridge_assets.ingest.loaders import DatasetTables, load_dataset
 from bridge_assets.labeling.calls import MeteredGenerate
 from bridge_assets.labeling.debate import run_debate
 from bridge_assets.labeling.debate_turns import debate_agents
 from bridge_assets.labeling.pairs import Pair, chunk_text
+from bridge_assets.lake import store
 from bridge_assets.llm import LLMClient, role_profiles
 from bridge_assets.registry.datasets import get_dataset
 
@@ -70,8 +69,8 @@ def bench_pairs(tables: DatasetTables, count: int) -> list[Pair]:
 def debate_once(profile: str, pairs: list[Pair], args: argparse.Namespace, pair_major: bool) -> dict:
     """One debate of `pairs` on a fresh temporary ledger: its figures, and its turns' replies."""
     with tempfile.TemporaryDirectory() as folder:
-        db_path = Path(folder) / "bench.duckdb"
-        client = LLMClient(profile, db_path=db_path)
+        ledger_lake = settings.lake_location(folder)  # a scratch lake: its ledger only
+        client = LLMClient(profile, lake=ledger_lake)
         client.backend  # noqa: B018 - load the model before the clock starts
         generate = MeteredGenerate(lambda _, requests: client.generate(requests, context="bench"))
         started = time.perf_counter()
@@ -79,7 +78,7 @@ def debate_once(profile: str, pairs: list[Pair], args: argparse.Namespace, pair_
                              rounds=args.rounds, reason_words=args.reason_words, pair_major=pair_major)
         wall = time.perf_counter() - started
         client.close()
-        with duckdb.connect(str(db_path), read_only=True) as con:
+        with store.connect_read_only(ledger_lake) as con:
             computed, reused, decoded = con.execute(
                 "select sum(prompt_tokens_computed), sum(prompt_tokens_reused), sum(decode_tokens) "
                 "from llm_calls").fetchone()

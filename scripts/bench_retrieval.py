@@ -38,7 +38,7 @@ def _load(dataset: str):
     return tables.corpus, tables.queries.sort("query_id")
 
 
-def bench_one(dataset: str, system: str, llm_queries: int, llm_rerank_depth: int) -> dict:
+def bench_one(dataset: str, system: str, llm_queries: int, llm_rerank_depth: int, lake: Path) -> dict:
     """Run in the child process: two runs of `system`, timings and this process's peak RSS."""
     import logging
 
@@ -60,7 +60,7 @@ def bench_one(dataset: str, system: str, llm_queries: int, llm_rerank_depth: int
         else:
             note = f"{llm_queries} queries"
     started = time.perf_counter()
-    first = run_retriever(dataset, system, corpus, queries, registry=registry)
+    first = run_retriever(dataset, system, corpus, queries, registry=registry, lake=lake)
     cold = time.perf_counter() - started
     built = {family: item["build_seconds"] for family, item in first.metadata.get("indexes", {}).items()
              if item["built_now"]}
@@ -68,7 +68,7 @@ def bench_one(dataset: str, system: str, llm_queries: int, llm_rerank_depth: int
         search_seconds = cold - sum(built.values())
     else:
         started = time.perf_counter()
-        run_retriever(dataset, system, corpus, queries, registry=registry)
+        run_retriever(dataset, system, corpus, queries, registry=registry, lake=lake)
         search_seconds = time.perf_counter() - started
     return {
         "system": system, "kind": registry.system(system).kind, "queries": queries.height,
@@ -95,7 +95,10 @@ def main() -> None:
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
     if args.one:
-        print(json.dumps(bench_one(args.dataset, args.one, args.llm_queries, args.llm_rerank_depth)))
+        from bridge_assets.settings import lake_location
+
+        lake_folder = lake_location().folder  # the child's lake: $BRIDGE_DATA_LAKE, set by the parent
+        print(json.dumps(bench_one(args.dataset, args.one, args.llm_queries, args.llm_rerank_depth, lake_folder)))
         return
 
     from bridge_assets.retrieval.registry import load_registry

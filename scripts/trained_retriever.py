@@ -58,7 +58,7 @@ def utility_labels_for(lake: Path, ledger_lake: Path, dataset: str, query_ids: l
 
     def generate(name, requests):
         if name not in clients:
-            clients[name] = LLMClient(name, db_path=settings.lake_location(ledger_lake))
+            clients[name] = LLMClient(name, lake=settings.lake_location(ledger_lake))
         return clients[name].generate(requests, context=f"trained-retriever:{dataset}:utilsel")
 
     try:

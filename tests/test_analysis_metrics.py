@@ -15,16 +15,16 @@ from scipy import stats
 from bridge_assets.analysis import assets as analysis_assets
 from bridge_assets.analysis.retrieval import measure_label
 from bridge_assets.analysis.shift import kendall_tau_a, kendall_tau_b
-from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.qrels import assets as qrels_assets
 from fixtures.labeled_lake import DATASET, read
+from fixtures.paths import lake_resources
 
 NDCG_SECOND = 1 / math.log2(3)  # a relevant document at rank 2
 
 
 def materialize(lake, *assets, run_config=None) -> dg.ExecuteInProcessResult:
     result = dg.materialize([qrels_assets.bridge_qrels, *assets], partition_key=DATASET,
-                            resources={"store": DuckDBStore(data_lake=str(lake))}, run_config=run_config)
+                            resources=lake_resources(lake), run_config=run_config)
     assert result.success
     return result
 

@@ -15,9 +15,9 @@ from scipy import stats
 
 from bridge_assets.analysis import assets as analysis_assets
 from bridge_assets.analysis.partial import bucket_of, compare_rankings, pair_p_values
-from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.qrels import assets as qrels_assets
 from fixtures.labeled_lake import DATASET, read
+from fixtures.paths import lake_resources, location
 
 
 def statistic(frame: pl.DataFrame, setting: str, name: str, *, base: str | None = None,
@@ -81,7 +81,7 @@ def test_partial_annotation_study_matches_the_hand_computed_settings(labeled_lak
     config = {"samples": 200, "fractions": [0.5, 1.0], "sweep_samples": 5, "seed": 1,
               "measures": ["recall_10", "ndcg_cut_10"]}
     result = dg.materialize([qrels_assets.bridge_qrels, analysis_assets.partial_annotation_study],
-                            partition_key=DATASET, resources={"store": DuckDBStore(data_lake=str(labeled_lake))},
+                            partition_key=DATASET, resources=lake_resources(labeled_lake),
                             run_config={"ops": {"partial_annotation_study": {"config": config}}})
     assert result.success
     metadata = result.asset_materializations_for_node("partial_annotation_study")[0].metadata
@@ -124,7 +124,7 @@ def test_random_single_draws_follow_the_seed(labeled_lake):
     def run(seed: int) -> pl.DataFrame:
         config = {"samples": 50, "fractions": [0.5], "sweep_samples": 3, "seed": seed, "measures": ["ndcg_cut_10"]}
         assert dg.materialize([qrels_assets.bridge_qrels, analysis_assets.partial_annotation_study],
-                              partition_key=DATASET, resources={"store": DuckDBStore(data_lake=str(labeled_lake))},
+                              partition_key=DATASET, resources=lake_resources(labeled_lake),
                               run_config={"ops": {"partial_annotation_study": {"config": config}}}).success
         return read(labeled_lake, "select * from partial_annotation_study order by all")
 
@@ -136,7 +136,7 @@ def test_settings_are_checked_before_any_work(labeled_lake):
     from bridge_assets.analysis.partial import compute_partial_annotation_study
     from bridge_assets.lake import store
 
-    with store.connect() as con:
+    with store.connect(location()) as con:
         with pytest.raises(ValueError, match="name each measure with its cutoff"):
             compute_partial_annotation_study(con, DATASET, measures=["ndcg_cut"])
         with pytest.raises(ValueError, match=r"fractions must lie in \(0, 1\]"):

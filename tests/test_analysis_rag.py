@@ -25,6 +25,7 @@ from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.llm.types import LLMResult
 from bridge_assets.qrels import assets as qrels_assets
 from fixtures.labeled_lake import DATASET, read
+from fixtures.paths import lake_resources, location
 from fixtures.scripted_llm import ScriptedLLM, ScriptedServer, scripted_server_reply
 
 # per system, queries q1..q4: (hit@10, nDCG@10, judgment) on the original and the refined qrels
@@ -89,10 +90,10 @@ def test_rag_alignment_asset_joins_judgments_with_both_qrels_versions(labeled_la
         "dataset": DATASET, "retriever": ["bm25", "bm25", "dense", "dense", "splade", "splade"],
         "query_id": ["q3", "q4", "q3", "q4", "q3", "q4"], "judgment": [False, True, True, None, False, True],
         "decided_by": "llm", "model": "m", "prompt_hash": "h", "call_key": "k", "error": None})
-    store.write_partitions({"rag_judgments": judgments}, {"dataset": DATASET}, labeled_lake / "bridge.duckdb")
+    store.write_partitions({"rag_judgments": judgments}, {"dataset": DATASET}, location(labeled_lake))
     result = dg.materialize([qrels_assets.bridge_qrels, analysis_assets.retrieval_metrics,
                              analysis_assets.rag_alignment], partition_key=DATASET,
-                            resources={"store": DuckDBStore(data_lake=str(labeled_lake))})
+                            resources=lake_resources(labeled_lake))
     assert result.success
     frame = read(labeled_lake, "select * from rag_alignment")
     # every system finds each original gold: Hit@10 = 1, so RAGAlign = share of True judgments
@@ -154,7 +155,7 @@ def test_offline_model_answers_from_the_passages_and_judges_the_answer(small_mod
     from bridge_assets.llm import LLMClient
 
     # one thread: on a CPU shared with other busy processes it answers faster (see models.yaml)
-    client = LLMClient(small_model_profile().model_copy(update={"threads": 1}), db_path=data_lake / "bridge.duckdb")
+    client = LLMClient(small_model_profile().model_copy(update={"threads": 1}), lake=location(data_lake))
 
     def generate(profile, requests):
         assert profile == "qwen-0.5b"
@@ -181,8 +182,7 @@ def test_rag_assets_call_the_llm_once_per_answer_and_never_again(labeled_lake):
     config = {"ops": {"rag_answers": {"config": {"systems": ["bm25", "dense"], "query_limit": 0, "model": "m"}},
                       "rag_judgments": {"config": {"model": "m"}}}}
     with ScriptedServer(scripted_server_reply) as server:
-        resources = {"store": DuckDBStore(data_lake=str(labeled_lake)),
-                     "llm": ScriptedLLM(data_lake=str(labeled_lake), url=server.url)}
+        resources = lake_resources(labeled_lake, llm=ScriptedLLM(data_lake=str(labeled_lake), url=server.url))
 
         def run():
             result = dg.materialize([analysis_assets.rag_answers, analysis_assets.rag_judgments],
@@ -211,11 +211,10 @@ def test_rag_assets_call_the_llm_once_per_answer_and_never_again(labeled_lake):
 def test_rag_assets_run_through_dagster_with_the_offline_model(small_model, labeled_lake):
     from bridge_assets.llm.resource import LLMResource
 
-    resources = {"store": DuckDBStore(data_lake=str(labeled_lake)),
-                 "llm": LLMResource(store=DuckDBStore(data_lake=str(labeled_lake)))}
+    resources = lake_resources(labeled_lake, llm=LLMResource(store=DuckDBStore(data_lake=str(labeled_lake))))
     config = {"ops": {"rag_answers": {"config": {"systems": ["bm25"], "query_limit": 1, "model": "qwen-0.5b"}},
                       "rag_judgments": {"config": {"model": "qwen-0.5b"}}}}
-    with store.connect(labeled_lake / "bridge.duckdb") as con:
+    with store.connect(location(labeled_lake)) as con:
         contexts, _ = rag_contexts(con, DATASET, query_limit=1, systems=["bm25"])
     assert contexts.height == 1 and len(contexts["doc_ids"][0]) == 5
 

@@ -18,10 +18,10 @@ import pytest
 
 from bridge_assets.analysis import assets as analysis_assets
 from bridge_assets.analysis.saturation import growth_rates, holes_found_curve, prefix_scores, system_orders
-from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.metrics import compute_retrieval_metrics
 from bridge_assets.qrels import assets as qrels_assets
 from fixtures.labeled_lake import DATASET, read
+from fixtures.paths import lake_resources
 
 HOLE_SYSTEMS = [["bm25", "dense"], ["dense"], ["bm25"]]
 FOUND_BY_HAND = {("bm25", "dense", "splade"): [2, 3, 3], ("bm25", "splade", "dense"): [2, 2, 3],
@@ -49,7 +49,7 @@ def test_pool_saturation_asset_matches_the_hand_computed_curves(labeled_lake):
     orders, seed = 10, 5
     result = dg.materialize(
         [qrels_assets.bridge_qrels, analysis_assets.pool_saturation], partition_key=DATASET,
-        resources={"store": DuckDBStore(data_lake=str(labeled_lake))},
+        resources=lake_resources(labeled_lake),
         run_config={"ops": {"pool_saturation": {"config": {"orders": orders, "seed": seed}}}})
     assert result.success
     metadata = result.asset_materializations_for_node("pool_saturation")[0].metadata
@@ -118,7 +118,7 @@ def test_marginal_contribution_curve_is_the_mean_over_orders_of_a_brute_force_co
     orders, seed = 6, 11
     result = dg.materialize(
         [qrels_assets.bridge_qrels, analysis_assets.pool_saturation], partition_key=DATASET,
-        resources={"store": DuckDBStore(data_lake=str(labeled_lake))},
+        resources=lake_resources(labeled_lake),
         run_config={"ops": {"pool_saturation": {"config": {"orders": orders, "seed": seed}}}})
     assert result.success
     frame = read(labeled_lake, "select * from pool_saturation")

@@ -28,10 +28,10 @@ from bridge_assets.analysis.significance import (
     randomization_tests,
 )
 from bridge_assets.analysis.views import MissingInput
-from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.reports.system_sections import significance_section
 from fixtures.labeled_lake import DATASET, read
+from fixtures.paths import lake_resources
 
 # A hand-made per-query table: three systems, six queries, one measure.
 VALUES = {"alpha": [0.9, 0.8, 0.7, 1.0, 0.6, 0.9],
@@ -277,7 +277,7 @@ def test_a_measure_retrieval_metrics_lacks_is_named():
 def test_significance_asset_on_the_labeled_lake(labeled_lake):
     result = dg.materialize([qrels_assets.bridge_qrels, analysis_assets.retrieval_metrics,
                              analysis_assets.significance], partition_key=DATASET,
-                            resources={"store": DuckDBStore(data_lake=str(labeled_lake))})
+                            resources=lake_resources(labeled_lake))
     assert result.success
     metadata = result.asset_materializations_for_node("significance")[0].metadata
     assert metadata["systems"].value == 3 and metadata["resamples"].value == 10_000
@@ -306,7 +306,7 @@ def test_significance_asset_on_the_labeled_lake(labeled_lake):
     assert set(refined["concordance"]) == {1.0} and refined["concordance_significant"].is_null().all()
     assert frame.filter(pl.col("qrels_version") == "original")["concordance"].is_null().all()
     again = dg.materialize([analysis_assets.significance], partition_key=DATASET,
-                           resources={"store": DuckDBStore(data_lake=str(labeled_lake))})
+                           resources=lake_resources(labeled_lake))
     assert again.success and read(labeled_lake, "select count(*) as n from significance")["n"][0] == frame.height
 
 

@@ -19,7 +19,7 @@ from bridge_assets.human.app import AppSettings, annotation_app
 from bridge_assets.human.security import SESSION_COOKIE
 from fixtures.escalated_set import write_escalated_set, write_impact
 from fixtures.human_app import login, served
-from fixtures.paths import annotations, votes_db
+from fixtures.paths import annotations, location, votes_db
 
 CHROMIUM = Path(os.environ.get("BRIDGE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -39,7 +39,7 @@ def served_pair(lake, assignment_id: str) -> tuple[tuple[str, str], bool, int | 
 def admin_cookie(token: str) -> str:
     """A session cookie of the admin with `token`, from a login whose redirect is not followed."""
     lake = Path(os.environ["BRIDGE_DATA_LAKE"])
-    client = TestClient(annotation_app(AppSettings(db_path=lake / "bridge.duckdb", secret=SECRET)),
+    client = TestClient(annotation_app(AppSettings(lake=location(lake), secret=SECRET)),
                         follow_redirects=False)
     assert login(client, token).status_code == 303
     return client.cookies[SESSION_COOKIE]
@@ -59,7 +59,7 @@ def test_three_annotators_follow_the_impact_order_timed_while_the_stopping_point
     write_impact(data_lake)
     with annotations() as con:
         tokens = {name: add_annotator(con, name, admin=name == "boss") for name in ("alice", "bob", "carol", "boss")}
-    app = annotation_app(AppSettings(db_path=data_lake / "bridge.duckdb", secret=SECRET,
+    app = annotation_app(AppSettings(lake=location(data_lake), secret=SECRET,
                                      attention_rate=0.25, seed=2))
     order: dict[str, list[tuple[str, str]]] = {}
     counts: list[int | None] = []

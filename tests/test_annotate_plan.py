@@ -10,15 +10,15 @@ from typer.testing import CliRunner
 from bridge_assets.analysis import assets as analysis_assets
 from bridge_assets.analysis import impact_asset
 from bridge_assets.cli import annotate as cli
-from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.qrels import assets as qrels_assets
 from fixtures.labeled_lake import DATASET, read
+from fixtures.paths import lake_resources, location
 
 
 def materialize(lake) -> dg.ExecuteInProcessResult:
     result = dg.materialize([qrels_assets.bridge_qrels, analysis_assets.retrieval_metrics,
                              impact_asset.pending_impact], partition_key=DATASET,
-                            resources={"store": DuckDBStore(data_lake=str(lake))})
+                            resources=lake_resources(lake))
     assert result.success
     return result
 
@@ -61,7 +61,7 @@ def test_the_summary_and_the_report_state_the_stopping_point(labeled_lake, tmp_p
     materialize(labeled_lake)
     frame = read(labeled_lake, "select * from pending_impact")
     deciding = frame.filter(frame["impact"] > 0).height
-    with store.connect(labeled_lake / "bridge.duckdb") as con:
+    with store.connect(location(labeled_lake)) as con:
         summary = run_summary(con, DATASET, time.time())
         files = build_report(con, DATASET, tmp_path / "report")
     line = [x for x in summary.splitlines() if x.startswith("stopping point:")]

@@ -15,12 +15,12 @@ from typer.testing import CliRunner
 from bridge_assets.cli.audit import audit_command, audit_pair, format_story
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.lake import ducklake, store
-from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.llm.parsing import canonical_json
 from bridge_assets.orchestration import runs as orchestration
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.settings import env
 from fixtures.labeled_lake import DATASET, MODEL, QUERIES, turn_call
+from fixtures.paths import lake_resources, location
 
 app = typer.Typer()
 app.command()(audit_command)
@@ -34,7 +34,7 @@ def audited_lake(labeled_lake, monkeypatch):
     (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
     monkeypatch.setenv("DAGSTER_HOME", str(home))
     result = dg.materialize([qrels_assets.bridge_qrels], partition_key=DATASET, instance=orchestration.instance(),
-                            resources={"store": DuckDBStore(data_lake=str(labeled_lake))})
+                            resources=lake_resources(labeled_lake))
     assert result.success
     return labeled_lake, result.run_id
 
@@ -84,7 +84,7 @@ def test_debate_pair_json_for_machines(audited_lake):
     assert {"asset": "bridge_qrels", "partition": DATASET, "run_id": run_id} == \
         {k: v for k, v in qrels_run.items() if k not in ("materialized_at", "snapshot")}
     if env.storage == "ducklake":  # the snapshot its write committed
-        with store.connect_read_only() as con:
+        with store.connect_read_only(location()) as con:
             assert isinstance(qrels_run["snapshot"], int)
             assert qrels_run["snapshot"] == ducklake.snapshot_of_run(con, run_id)
     else:
@@ -135,7 +135,7 @@ def test_pending_pair_and_unknown_pair(audited_lake):
 
 
 def test_stages_never_run_are_reported_not_materialized(labeled_lake):
-    with store.connect() as con:
+    with store.connect(location()) as con:
         # (the votes are in the votes store: a plain lake connection never sees human_votes)
         for table in ("retrieval_run", "candidate_pool", "filter_votes", "filtered_pool", "debate_labels",
                       "debate_turns", "human_labels", "llm_calls"):

@@ -36,7 +36,7 @@ from bridge_assets.llm.budget import DEFERRED
 from bridge_assets.orchestration import runs as orchestration
 from bridge_assets.paths import PROJECT_ROOT, RESOURCES_DIR
 from fixtures.daemon import start_daemon, stop_daemon
-from fixtures.paths import annotations
+from fixtures.paths import annotations, location
 
 pytest.importorskip("llama_cpp")
 
@@ -89,7 +89,7 @@ def bridge(env: dict, *args: str) -> str:
 
 
 def query(lake, sql: str) -> list[tuple]:
-    with store.connect(lake / "bridge.duckdb") as con:
+    with store.connect(location(lake)) as con:
         return con.execute(sql).fetchall()
 
 

@@ -15,6 +15,7 @@ from bridge_assets.llm import coordination
 from bridge_assets.llm.client import LLMClient
 from bridge_assets.llm.ledger import read_calls
 from fixtures import concurrent_calls
+from fixtures.paths import location
 from fixtures.scripted_llm import ScriptedServer, completion, http_profile
 
 SPAWN = multiprocessing.get_context("spawn")
@@ -42,9 +43,9 @@ def test_two_processes_asking_the_same_50_keys_send_each_once(data_lake):
         assert sorted(answered) == sorted(texts)
     assert sum(sent for _answered, sent, _read in answers) == 50
     assert all(sent > 0 for _answered, sent, _read in answers)  # the work was shared, not serialized
-    calls = read_calls()
+    calls = read_calls(location())
     assert calls.height == 50 and calls["key"].n_unique() == 50
-    assert coordination.for_store(None).held(calls["key"].to_list()) == set()  # nothing left leased
+    assert coordination.for_store(location()).held(calls["key"].to_list()) == set()  # nothing left leased
 
 
 def test_a_call_cap_shared_by_two_processes_is_never_exceeded_in_20_races(data_lake):
@@ -61,9 +62,9 @@ def test_a_call_cap_shared_by_two_processes_is_never_exceeded_in_20_races(data_l
         assert server.hits == rounds * cap
     per_round = [a + b for a, b in zip(sent[0], sent[1])]
     assert per_round == [cap] * rounds   # 6 calls wanted each round, 2 sent, by either worker
-    counts = read_calls().group_by("context").len()
+    counts = read_calls(location()).group_by("context").len()
     assert sorted(counts["len"].to_list()) == [cap] * rounds
-    assert coordination.for_store(None).calls_reserved("race-0") == cap
+    assert coordination.for_store(location()).calls_reserved("race-0") == cap
 
 
 def test_a_killed_senders_leases_lapse_and_another_process_sends_its_calls(data_lake, monkeypatch):
@@ -76,7 +77,7 @@ def test_a_killed_senders_leases_lapse_and_another_process_sends_its_calls(data_
         holder = SPAWN.Process(target=concurrent_calls.hold_and_hang, args=(keys, ready))
         holder.start()
         assert ready.wait(60)
-        assert coordination.for_store(None).held(keys) == set(keys)
+        assert coordination.for_store(location()).held(keys) == set(keys)
         os.kill(holder.pid, signal.SIGKILL)
         holder.join()
         started = time.monotonic()
@@ -88,7 +89,7 @@ def test_a_killed_senders_leases_lapse_and_another_process_sends_its_calls(data_
 
 
 def test_a_lease_is_renewed_while_its_holder_lives(data_lake, monkeypatch):
-    shared = coordination.for_store(None)
+    shared = coordination.for_store(location())
     with coordination.Leases(shared, ttl=1) as leases:
         assert leases.claim(["k1", "k2"]) == (["k1", "k2"], [], False)
         time.sleep(1.6)  # past the first expiry: the keeper renewed it
@@ -106,6 +107,6 @@ def test_a_lease_is_renewed_while_its_holder_lives(data_lake, monkeypatch):
 
 @pytest.mark.parametrize("wanted", [[3], [1, 1, 1], [0, 5]])
 def test_reservations_grant_at_most_the_cap(data_lake, wanted):
-    shared = coordination.for_store(None)
+    shared = coordination.for_store(location())
     granted = [shared.reserve_calls("run", 2, n) for n in wanted]
     assert sum(granted) == min(2, sum(wanted)) and shared.calls_reserved("run") == sum(granted)

@@ -27,7 +27,7 @@ from bridge_assets.orchestration import runs as orchestration
 from bridge_assets.paths import PROJECT_ROOT
 from fixtures.daemon import start_daemon, stop_daemon
 from fixtures.event_log import computed, computed_twice, origin
-from fixtures.paths import annotations
+from fixtures.paths import annotations, location
 from fixtures.scripted_demo import script, write_registry
 from fixtures.scripted_llm import ScriptedServer
 
@@ -53,7 +53,7 @@ def doors(data_lake, tmp_path):
 
 
 def query(lake, sql: str) -> list[tuple]:
-    with store.connect_read_only(lake / "bridge.duckdb") as con:
+    with store.connect_read_only(location(lake)) as con:
         return con.execute(sql).fetchall()
 
 

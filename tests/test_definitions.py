@@ -76,8 +76,25 @@ def test_the_code_location_holds_the_same_assets_checks_jobs_sensors_and_schedul
     assert all(s.default_status == dg.DefaultSensorStatus.RUNNING for s in defs.sensors)
     assert {s.name: (s.job_name, s.cron_schedule) for s in defs.schedules} == SCHEDULES
     assert all(s.default_status == dg.DefaultScheduleStatus.STOPPED for s in defs.schedules)
-    assert set(defs.resources) == {"store", "llm"}
+    assert set(defs.resources) == {"store", "llm", "votes"}
     assert names(main_selection.resolve(graph)) == ASSETS - GROUPS["labeler_eval"]
+
+
+def test_the_votes_store_is_one_resource_on_the_one_store_and_the_vote_readers_take_it():
+    """human_labels, bridge_qrels and the votes sensor read votes through the definitions' `votes`
+    resource (built once, nested on the `store` the other resources share), not a VotesStore of
+    their own."""
+    from bridge_assets.human.votes_resource import VotesStore
+
+    resources = defs.resources or {}
+    votes = resources["votes"]
+    assert isinstance(votes, VotesStore) and votes.store is resources["store"] is resources["llm"].store
+    graph = defs.resolve_asset_graph()
+    for name in ("human_labels", "bridge_qrels"):
+        assets_def = graph.get(dg.AssetKey(name)).assets_def
+        assert {"store", "votes"} <= assets_def.required_resource_keys, name
+    sensor = defs.resolve_sensor_def("human_labels_sensor")
+    assert "votes" in sensor.required_resource_keys
 
 
 def test_loading_the_code_location_prints_no_warning():

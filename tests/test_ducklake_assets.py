@@ -25,11 +25,11 @@ from bridge_assets.cli.audit import audit_command
 from bridge_assets.cli.lake import migrate
 from bridge_assets.cli.qrels import app as qrels_app
 from bridge_assets.lake import ducklake, store
-from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.lake.snapshots import METADATA_KEY
 from bridge_assets.orchestration import runs as orchestration
 from bridge_assets.qrels import assets as qrels_assets
 from fixtures.labeled_lake import DATASET, write_labeled_lake
+from fixtures.paths import lake_resources, location
 
 FAST = [qrels_assets.bridge_qrels, analysis_assets.retrieval_metrics, analysis_assets.ranking_shift]
 SLOW = [analysis_assets.significance, analysis_assets.pool_saturation, analysis_assets.partial_annotation_study]
@@ -61,14 +61,14 @@ def use(monkeypatch, lake: Path, storage: str) -> None:
 
 def materialize(lake: Path, assets, instance=None) -> dg.ExecuteInProcessResult:
     result = dg.materialize(assets, partition_key=DATASET, instance=instance,
-                            resources={"store": DuckDBStore(data_lake=str(lake))})
+                            resources=lake_resources(lake))
     assert result.success
     return result
 
 
 def tables(names) -> dict[str, list[tuple]]:
     out = {}
-    with store.connect() as con:
+    with store.connect(location()) as con:
         for name in names:
             columns = [c for c, *_ in con.execute(f"describe {name}").fetchall() if c not in VOLATILE]
             rows = con.execute(f"select {', '.join(columns)} from {name} order by all").fetchall()
@@ -123,12 +123,12 @@ def test_as_of_export_and_the_audit_name_the_snapshot_of_each_run(two_lakes, mon
     assert code == 0, out
 
     # people change their minds: q3/d7 becomes irrelevant, and the qrels are rebuilt
-    with store.connect() as con:
+    with store.connect(location()) as con:
         labels = con.execute("select * from human_labels where dataset = ?", [DATASET]).pl()
     flipped = labels.with_columns(pl.when((pl.col("query_id") == "q3") & (pl.col("doc_id") == "d7"))
                                   .then(0).otherwise(pl.col("label")).cast(labels["label"].dtype).alias("label"))
     assert not flipped.equals(labels)
-    store.write_partitions({"human_labels": flipped}, {"dataset": DATASET})
+    store.write_partitions({"human_labels": flipped}, {"dataset": DATASET}, location())
     second = materialize(lake, [qrels_assets.bridge_qrels], instance)
     assert second.asset_materializations_for_node("bridge_qrels")[0].metadata[METADATA_KEY].value > first_snapshot
     code, out = export("-f", "trec", "-o", str(tmp_path / "now.qrels"))
@@ -175,17 +175,17 @@ def test_as_of_takes_a_run_id_that_starts_with_digits(ducklake_lake):
 
     def commit(run_id: str, value: int) -> int:
         return store.run_transaction(
-            lambda con: con.execute(f"create or replace table t as select {value} as v"),
+            lambda con: con.execute(f"create or replace table t as select {value} as v"), location(),
             message=f"run {run_id}", info={"run_id": run_id})[1]
 
     digits_run, other_run = "97828695-b2f1-4bfa-8f50-5e20f52541fc", "3e0a1c2d-0000-4000-8000-000000000000"
     first, second = commit(digits_run, 1), commit(other_run, 2)
-    with store.connect() as con:
+    with store.connect(location()) as con:
         known = {s["snapshot"] for s in ducklake.snapshots(con)}
     assert first < second and 97828695 not in known
-    assert resolve_as_of("97828695") == first          # a run id prefix, all digits
-    assert resolve_as_of(digits_run) == first
-    assert resolve_as_of("3e0a") == second
-    assert resolve_as_of(str(second)) == second        # a snapshot number stays a snapshot
+    assert resolve_as_of("97828695", location()) == first          # a run id prefix, all digits
+    assert resolve_as_of(digits_run, location()) == first
+    assert resolve_as_of("3e0a", location()) == second
+    assert resolve_as_of(str(second), location()) == second        # a snapshot number stays a snapshot
     with pytest.raises(AsOfError, match="no snapshot 12345 in the lake .* no run id starting with '12345'"):
-        resolve_as_of("12345")
+        resolve_as_of("12345", location())

@@ -28,14 +28,14 @@ from bridge_assets.lake import ducklake, store
 from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.pipeline.executors import dask_cluster_config, executor_from_env
 from fixtures.killed_runs import complete, dagster_home, kill_in_the_write
-from fixtures.paths import PROJECT_ROOT
+from fixtures.paths import PROJECT_ROOT, lake_resources, location
 
 TESTS = Path(__file__).resolve().parent
 INGEST_TABLES = ("corpus", "queries", "original_qrels")
 
 
 def table_rows(tables, where: str = "") -> dict[str, list[tuple]]:
-    with store.connect() as con:
+    with store.connect(location()) as con:
         return {t: con.execute(f"select * exclude (dataset) from {t} {where} order by all").fetchall()
                 for t in tables if store.table_exists(con, t)}
 
@@ -68,7 +68,7 @@ def test_a_dask_local_cluster_runs_steps_on_two_workers_into_one_ducklake(duckla
         with dg.execute_job(recon, instance=instance) as result:
             assert result.success
             run_id = result.run_id
-    with store.connect() as con:
+    with store.connect(location()) as con:
         parts = con.execute("select dataset, count(*), min(pid) from parts group by all order by all").fetchall()
         written = [s for s in ducklake.snapshots(con) if s.get("info", {}).get("run_id") == run_id]
     assert [(p, n) for p, n, _ in parts] == [("p0", 3), ("p1", 3), ("p2", 3), ("p3", 3)]
@@ -80,9 +80,9 @@ def test_kill_9_inside_a_ducklake_transaction_keeps_the_previous_partition(duckl
     env = {"DAGSTER_HOME": str(dagster_home(tmp_path)), "BRIDGE_DATA_LAKE": str(ducklake_lake),
            "BRIDGE_STORAGE": "ducklake"}
     assert dg.materialize([ingest_dataset], partition_key="demo",
-                          resources={"store": DuckDBStore(data_lake=str(ducklake_lake))}).success
+                          resources=lake_resources(ducklake_lake)).success
     fresh = table_rows(INGEST_TABLES)
-    with store.connect() as con:  # a state no run would write
+    with store.connect(location()) as con:  # a state no run would write
         con.execute("update corpus set text = 'left by the previous run' where doc_id = (select min(doc_id) from corpus)")
         con.execute("delete from queries where query_id = (select min(query_id) from queries)")
         before_kill = ducklake.current_snapshot(con)
@@ -91,7 +91,7 @@ def test_kill_9_inside_a_ducklake_transaction_keeps_the_previous_partition(duckl
 
     kill_in_the_write("demo", env)
     assert table_rows(INGEST_TABLES) == previous
-    with store.connect() as con:
+    with store.connect(location()) as con:
         assert ducklake.current_snapshot(con) == before_kill  # the killed commit left no snapshot
     complete("demo", env)  # the next run commits
     assert table_rows(INGEST_TABLES) == fresh
@@ -155,7 +155,7 @@ def test_two_job_runs_and_a_dask_run_fill_one_ducklake_as_an_in_process_run_woul
     assert step_pids and run_pid not in step_pids, (run_pid, step_pids)
 
     lake_tables = table_rows([*INGEST_TABLES, "retrieval_run"], "where dataset = 'demo'")
-    with store.connect() as con:
+    with store.connect(location()) as con:
         runs_in_lake = {s["info"].get("run_id") for s in ducklake.snapshots(con) if "info" in s}
     assert len(runs_in_lake) == 4  # one ingest before, then three runs at once
 
@@ -167,8 +167,7 @@ def test_two_job_runs_and_a_dask_run_fill_one_ducklake_as_an_in_process_run_woul
     from bridge_assets.llm.resource import LLMResource
     from bridge_assets.retrieval.assets import retrieval_run
 
-    resources = {"store": DuckDBStore(data_lake=str(plain)),
-                 "llm": LLMResource(store=DuckDBStore(data_lake=str(plain)))}
+    resources = lake_resources(plain, llm=LLMResource(store=DuckDBStore(data_lake=str(plain))))
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions("retriever", ["bm25", "bm25_rm3"])
         assert dg.materialize([ingest_dataset], partition_key="demo", resources=resources, instance=instance).success

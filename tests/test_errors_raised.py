@@ -61,6 +61,8 @@ ALLOW: dict[str, tuple[int, str]] = {
     "pipeline/asset_config.py:reads_tags": (1, "a programming error: an asset declares reads that do not exist"),
     "pipeline/staleness.py:_reused": (1, "a programming error: bridge_assets.definitions hands the whole "
                                            "graph over when it is imported, before any run can reuse"),
+    "lake/store.py:location": (1, "a programming error: a caller passed a path where the edge resolves a "
+                                  "LakeLocation"),
     "lake/store.py:one_row": (1, "a programming error: a query that always returns one row returned none"),
     "lake/store.py:replace_partition": (1, "a programming error: a frame without its partition columns"),
     "student/rerank.py:run_evaluation_systems": (1, "a programming error: the registry ensures a utility "

@@ -15,6 +15,7 @@ from bridge_assets.llm import LLMClient, ledger
 from bridge_assets.llm.profiles import role_profiles
 from bridge_assets.llm.resource import LLMResource
 from fixtures.oracle_model import OracleModel
+from fixtures.paths import lake_resources, location
 
 GOLDSET = "nq_scifact_mini"
 METHODS = ["judge-0.5b", "lara-0.5b-25", "dream-0.5b-r2", "utilrank-0.5b"]
@@ -29,7 +30,7 @@ def prefill_ledger(db, methods):
     clients: dict[str, LLMClient] = {}
 
     def client(profile):
-        return clients.setdefault(profile, LLMClient(profile, db_path=db))
+        return clients.setdefault(profile, LLMClient(profile, lake=db))
 
     oracle = OracleModel(is_relevant=lambda chunk: gold[chunk] == 1,
                          key=lambda profile, request: client(profile).key(request))
@@ -38,7 +39,7 @@ def prefill_ledger(db, methods):
         results = oracle(profile, requests)
         ledger.append([ledger.CallRecord(q, r, 1) for q, r in zip(requests, results)],
                       profile=profile, backend=client(profile).profile.backend,
-                      model=client(profile).model_id, context="prefill", path=db)
+                      model=client(profile).model_id, context="prefill", lake=db)
         return results
 
     for name in methods:
@@ -47,8 +48,7 @@ def prefill_ledger(db, methods):
 
 
 def materialize(lake, methods):
-    resources = {"store": DuckDBStore(data_lake=str(lake)),
-                 "llm": LLMResource(store=DuckDBStore(data_lake=str(lake)))}
+    resources = lake_resources(lake, llm=LLMResource(store=DuckDBStore(data_lake=str(lake))))
     return dg.materialize([eval_assets.labeler_eval, eval_assets.labeler_eval_plot],
                           partition_key=GOLDSET, resources=resources,
                           run_config={"ops": {"labeler_eval": {"config": {"methods": methods, "limit": LIMIT}}}})
@@ -61,7 +61,7 @@ def metadata(result, key):
 
 
 def test_labeler_eval_tables_and_plot_come_from_the_ledger(data_lake):
-    db = data_lake / "bridge.duckdb"
+    db = location(data_lake)
     made = prefill_ledger(db, METHODS)
     result = materialize(data_lake, METHODS)
     assert result.success
@@ -89,7 +89,7 @@ def test_labeler_eval_tables_and_plot_come_from_the_ledger(data_lake):
 
 
 def test_a_method_subset_replaces_only_its_own_rows(data_lake):
-    db = data_lake / "bridge.duckdb"
+    db = location(data_lake)
     prefill_ledger(db, METHODS)
     assert materialize(data_lake, METHODS).success
     assert materialize(data_lake, ["judge-0.5b"]).success
@@ -99,6 +99,6 @@ def test_a_method_subset_replaces_only_its_own_rows(data_lake):
 
 def test_the_plot_asks_for_results_first(data_lake):
     result = dg.materialize([eval_assets.labeler_eval_plot], partition_key=GOLDSET, raise_on_error=False,
-                            resources={"store": DuckDBStore(data_lake=str(data_lake))})
+                            resources=lake_resources(data_lake))
     [failure] = result.get_step_failure_events()
     assert "materialize labeler_eval first" in str(failure.event_specific_data.error.to_string())

@@ -12,7 +12,7 @@ from bridge_assets.cli.errors import BridgeTyper
 from bridge_assets.cli.label_eval import label_eval_command
 from bridge_assets.llm import get_profile, weights
 from bridge_assets.llm.ledger import read_calls
-from fixtures.paths import PROJECT_ROOT
+from fixtures.paths import PROJECT_ROOT, location
 
 pytest.importorskip("llama_cpp")
 
@@ -50,7 +50,7 @@ def test_label_eval_lara_with_the_real_model_and_again_from_the_cache(provisione
     for key in ("bacc", "recall_relevant", "recall_irrelevant"):
         assert first[key] is None or 0.0 <= first[key] <= 1.0
     assert 0.0 <= first["ece"] <= 1.0 and 0.0 <= first["brier"] <= 1.0
-    calls = read_calls(provisioned_lake / "bridge.duckdb")
+    calls = read_calls(location(provisioned_lake))
     assert calls.height == 4 and set(calls["purpose"]) == {"relevance_score"}
     assert calls["logprobs_json"].is_not_null().all()
 

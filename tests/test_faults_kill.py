@@ -15,9 +15,9 @@ import pytest
 
 from bridge_assets.ingest.assets import ingest_dataset
 from bridge_assets.lake import store
-from bridge_assets.lake.resource import DuckDBStore
 from fixtures.datasets import write_beir
 from fixtures.killed_runs import complete, dagster_home, kill_in_the_write
+from fixtures.paths import lake_resources, location
 
 TABLES = ("corpus", "queries", "original_qrels")
 # Enough rows for DuckDB to write row groups to the file before the commit (optimistic writes).
@@ -26,7 +26,7 @@ BIG_CORPUS = 150_000
 
 def snapshot(lake: Path) -> dict[str, list[tuple]]:
     """Every row of the ingest tables that exist."""
-    with store.connect(lake / "bridge.duckdb") as con:
+    with store.connect(location(lake)) as con:
         present = {r[0] for r in con.execute("select table_name from information_schema.tables").fetchall()}
         return {t: con.execute(f"select * from {t} order by all").fetchall() for t in TABLES if t in present}
 
@@ -37,11 +37,11 @@ def test_kill_9_inside_a_partition_write_keeps_the_previous_tables_and_the_next_
 
     def ingest_in_process() -> None:
         assert dg.materialize([ingest_dataset], partition_key="demo",
-                              resources={"store": DuckDBStore(data_lake=str(data_lake))}).success
+                              resources=lake_resources(data_lake)).success
 
     ingest_in_process()
     fresh = snapshot(data_lake)
-    with store.connect(data_lake / "bridge.duckdb") as con:  # a state no run would write
+    with store.connect(location(data_lake)) as con:  # a state no run would write
         con.execute("update corpus set text = 'left by the previous run' "
                     "where doc_id = (select min(doc_id) from corpus)")
         con.execute("delete from queries where query_id = (select min(query_id) from queries)")
@@ -79,5 +79,5 @@ def test_kill_9_in_a_first_write_and_in_a_big_replacement_through_the_cli(tmp_pa
     complete("mine", env)
     after = snapshot(data_lake)
     assert [len(after[t]) for t in TABLES] == [BIG_CORPUS + 2, 1, 1]
-    with store.connect(data_lake / "bridge.duckdb") as con:
+    with store.connect(location(data_lake)) as con:
         assert con.execute("select text from corpus where doc_id = 'd1'").fetchone() == ("changed",)

@@ -27,7 +27,7 @@ from fixtures.human_app import (
     served_pair,
     votes,
 )
-from fixtures.paths import annotations, votes_db
+from fixtures.paths import annotations, location, votes_db
 
 
 @pytest.fixture
@@ -61,7 +61,7 @@ def test_a_wrong_or_forged_token_gets_no_session(escalated_lake, tokens):
     assert client.get("/annotate").status_code == 303
     assert login(client, tokens["ann"][:-1] + "x").status_code == 401
     # a cookie signed with another secret is ignored
-    other = annotation_app(AppSettings(db_path=escalated_lake / "bridge.duckdb", secret="another-secret-0123456789"))
+    other = annotation_app(AppSettings(lake=location(escalated_lake), secret="another-secret-0123456789"))
     forger = TestClient(other, follow_redirects=False)
     assert login(forger, tokens["ann"]).status_code == 303
     client.cookies.set(SESSION_COOKIE, forger.cookies[SESSION_COOKIE])

@@ -23,10 +23,9 @@ from bridge_assets.human.app import AppSettings, annotation_app
 from bridge_assets.human.assets import human_labels
 from bridge_assets.human.labels import compute_human_labels
 from bridge_assets.lake import store
-from bridge_assets.lake.resource import DuckDBStore
 from fixtures.escalated_set import DATASET, QUERIES, write_escalated_set
 from fixtures.human_app import served
-from fixtures.paths import annotations, votes_db
+from fixtures.paths import annotations, lake_resources, location, votes_db
 
 # Debian's chromium (`make browser` installs it); BRIDGE_CHROMIUM points at another build.
 CHROMIUM = Path(os.environ.get("BRIDGE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium")
@@ -60,7 +59,7 @@ def test_three_annotators_label_the_queue_in_chromium_and_human_labels_holds_the
     write_escalated_set(data_lake)
     with annotations() as con:
         tokens = {name: add_annotator(con, name) for name in ("alice", "bob", "carol")}
-    app = annotation_app(AppSettings(db_path=data_lake / "bridge.duckdb",
+    app = annotation_app(AppSettings(lake=location(data_lake),
                                      secret="browser-test-secret-123", attention_rate=0.25, seed=2))
     screenshot = tmp_path / "annotation_page.png"
     seen: dict[str, list[tuple[str, str]]] = {}
@@ -123,11 +122,11 @@ def test_three_annotators_label_the_queue_in_chromium_and_human_labels_holds_the
     assert result.kappa == pytest.approx(statsmodels_fleiss_kappa(table))
 
     materialized = dg.materialize([human_labels], partition_key=DATASET,
-                                  resources={"store": DuckDBStore(data_lake=str(data_lake))})
+                                  resources=lake_resources(data_lake))
     assert materialized.success
     meta = materialized.asset_materializations_for_node("human_labels")[0].metadata
     assert meta["coverage"].value == 1.0 and meta["fleiss_kappa"].value == pytest.approx(result.kappa)
-    with store.connect(data_lake / "bridge.duckdb") as con:
+    with store.connect(location(data_lake)) as con:
         rows = con.execute("select query_id, doc_id, label, votes from human_labels "
                            "where dataset = ?", [DATASET]).fetchall()
     assert {(q, d): label for q, d, label, _ in rows} == MAJORITY and {r[3] for r in rows} == {3}
@@ -155,7 +154,7 @@ def test_markup_in_chunk_query_answers_and_debate_is_shown_as_text_and_never_run
     write_escalated_set(data_lake)
     with annotations() as con:
         token = add_annotator(con, "alice")
-    with store.connect() as con:
+    with store.connect(location()) as con:
         con.execute("update queries set text = ?, answers = ? where query_id = 'q1'",
                     [HOSTILE["query"], HOSTILE["answers"]])
         con.execute("update corpus set text = ?, title = ? where doc_id = 'd5'",
@@ -163,7 +162,7 @@ def test_markup_in_chunk_query_answers_and_debate_is_shown_as_text_and_never_run
         for agent, quote in (("A", HOSTILE["quote_a"]), ("B", HOSTILE["quote_b"])):
             con.execute("update debate_turns set reference = ?, reason = ? where query_id = 'q1' "
                         "and doc_id = 'd5' and agent = ?", [[quote], HOSTILE["reason"], agent])
-    app = annotation_app(AppSettings(db_path=data_lake / "bridge.duckdb",
+    app = annotation_app(AppSettings(lake=location(data_lake),
                                      secret="browser-test-secret-123", attention_rate=0.0))
     with served(app) as base, sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)

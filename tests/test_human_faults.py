@@ -23,7 +23,7 @@ from bridge_assets.human.security import SESSION_COOKIE
 from bridge_assets.human.transfer import ImportFailed, import_votes
 from bridge_assets.lake import store
 from fixtures.human_app import SECRET, answer, csrf_of, login, make_client, served_pair, votes
-from fixtures.paths import annotations, votes_db
+from fixtures.paths import annotations, location, votes_db
 
 
 @pytest.fixture
@@ -81,7 +81,7 @@ class Clock:
 
 def test_a_session_ends_after_its_absolute_lifetime_however_active(escalated_lake, tokens):
     clock = Clock()
-    app = annotation_app(AppSettings(db_path=escalated_lake / "bridge.duckdb", secret=SECRET, attention_rate=0.0,
+    app = annotation_app(AppSettings(lake=location(escalated_lake), secret=SECRET, attention_rate=0.0,
                                      session_hours=12), clock=clock)
     client = TestClient(app, follow_redirects=False)
     login(client, tokens["ann"])
@@ -97,7 +97,7 @@ def test_a_session_ends_after_its_absolute_lifetime_however_active(escalated_lak
 
 def test_the_session_lifetime_is_a_setting(escalated_lake, tokens):
     clock = Clock()
-    app = annotation_app(AppSettings(db_path=escalated_lake / "bridge.duckdb", secret=SECRET, attention_rate=0.0,
+    app = annotation_app(AppSettings(lake=location(escalated_lake), secret=SECRET, attention_rate=0.0,
                                      session_hours=1), clock=clock)
     client = TestClient(app, follow_redirects=False)
     login(client, tokens["ann"])
@@ -110,7 +110,7 @@ def test_the_session_lifetime_is_a_setting(escalated_lake, tokens):
 # --- 5: an item that errors does not trap its annotator -----------------------------------------
 
 def test_an_item_whose_chunk_is_gone_is_dropped_and_the_next_one_served(escalated_lake, tokens, caplog):
-    with store.connect() as con:
+    with store.connect(location()) as con:
         con.execute("delete from corpus where doc_id = 'd5'")  # the first pair's chunk
     client = make_client(escalated_lake)
     login(client, tokens["ann"])
@@ -127,7 +127,7 @@ def test_an_item_whose_chunk_is_gone_is_dropped_and_the_next_one_served(escalate
 
 
 def test_when_every_item_errors_the_annotator_sees_the_done_page(escalated_lake, tokens):
-    with store.connect() as con:
+    with store.connect(location()) as con:
         con.execute("delete from corpus")
     client = make_client(escalated_lake)
     login(client, tokens["ann"])

@@ -21,7 +21,7 @@ from bridge_assets.human.transfer import ImportFailed, import_votes
 from bridge_assets.lake import store
 from fixtures.escalated_set import DATASET, ESCALATED, vote
 from fixtures.human_app import expected_of, login, make_client, post_answer, served_pair, votes
-from fixtures.paths import annotations
+from fixtures.paths import annotations, location
 
 DESCRIPTION = "Find what len() gives back for a sized container."
 NARRATIVE = "Relevant passages state the returned value; passages on other builtins are not relevant."
@@ -30,7 +30,7 @@ NARRATIVE = "Relevant passages state the returned value; passages on other built
 @pytest.fixture
 def trec_topic_lake(escalated_lake):
     """The escalated set, its first query as a TREC topic: no answers, a description and a narrative."""
-    with store.connect() as con:
+    with store.connect(location()) as con:
         con.execute("alter table queries add column description varchar")
         con.execute("alter table queries add column narrative varchar")
         con.execute("update queries set answers = [], description = ?, narrative = ? "

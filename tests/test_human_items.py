@@ -17,7 +17,7 @@ from bridge_assets.human.items import highlight
 from bridge_assets.lake import store
 from fixtures.escalated_set import CORPUS, ESCALATED
 from fixtures.human_app import expected_of, login, make_client, post_answer, served_pair
-from fixtures.paths import annotations
+from fixtures.paths import annotations, location
 
 
 @pytest.fixture
@@ -92,7 +92,7 @@ def test_without_history_no_item_shows_a_debate(escalated_lake, tokens):
 def test_a_quote_the_chunk_does_not_contain_is_marked_in_words(escalated_lake, tokens):
     own_words = "Agent A says len counts the characters of anything."
     reflowed = "calling LEN on them\n asks the object for its size"
-    with store.connect() as con:
+    with store.connect(location()) as con:
         con.execute("update debate_turns set reference = ? where query_id = 'q1' and doc_id = 'd5' "
                     "and agent = 'A' and round = 1", [[own_words, reflowed]])
     client = make_client(escalated_lake)

@@ -24,7 +24,7 @@ from bridge_assets.lake import store
 from bridge_assets.qrels.known_holes import KnownHoles
 from fixtures.escalated_set import DATASET, ESCALATED, vote
 from fixtures.human_app import csrf_of, login, make_client
-from fixtures.paths import annotations
+from fixtures.paths import annotations, location
 
 # q1/d5 is escalated (its queue votes are scored), q3/d1 a hole the debate never saw; q1/d3 and
 # q3/d4 are no hole by the key, q3/d8 a partial answer (never loaded)
@@ -37,7 +37,7 @@ KNOWN_ONLY = QueueSettings(attention_rate=0.0, known_rate=1.0)
 def _pool(lake) -> None:
     store.write_partitions({"candidate_pool": pl.DataFrame(
         {"dataset": DATASET, "query_id": [q for q, _, _ in POOL], "doc_id": [d for _, d, _ in POOL],
-         "in_original_qrels": [j for _, _, j in POOL]})}, {"dataset": DATASET}, lake / "bridge.duckdb")
+         "in_original_qrels": [j for _, _, j in POOL]})}, {"dataset": DATASET}, location(lake))
 
 
 def _gold(tmp_path):
@@ -145,7 +145,7 @@ def test_a_page_counts_the_pairs_left_for_the_annotator_as_a_fresh_count_does(es
     with annotations(escalated_lake) as con:
         load_holes(con, DATASET, KEY)
         people = [name for name in ("ann", "bob") if add_annotator(con, name)]
-    state = AppState(AppSettings(db_path=escalated_lake / "bridge.duckdb", secret="page-progress-secret-0123",
+    state = AppState(AppSettings(lake=location(escalated_lake), secret="page-progress-secret-0123",
                                  attention_rate=0.3, known_rate=0.3, seed=7), time.time)
     served, lefts = {"check": 0, "pair": 0}, set()
     while people:

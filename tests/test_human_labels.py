@@ -19,11 +19,9 @@ from bridge_assets.human.agreement import category_counts, fleiss_kappa
 from bridge_assets.human.assets import READS, human_labels, human_labels_sensor
 from bridge_assets.human.items import highlight
 from bridge_assets.human.labels import compute_human_labels
-from bridge_assets.human.votes_store import VotesStore
 from bridge_assets.lake import snapshots, store
-from bridge_assets.lake.resource import DuckDBStore
 from fixtures.escalated_set import DATASET, ESCALATED, vote
-from fixtures.paths import annotations, votes_db
+from fixtures.paths import annotations, lake_resources, location, votes_db
 
 # --- Fleiss' kappa --------------------------------------------------------------------------
 
@@ -120,7 +118,7 @@ def test_a_tie_keeps_the_pair_open_until_a_tie_breaking_vote(escalated_lake):
 
 def materialize(lake, allow_partial=False):
     return dg.materialize([human_labels], partition_key=DATASET, raise_on_error=False,
-                          resources={"store": DuckDBStore(data_lake=str(lake))},
+                          resources=lake_resources(lake),
                           run_config={"ops": {"human_labels": {"config": {"allow_partial": allow_partial}}}})
 
 
@@ -133,23 +131,25 @@ def test_asset_refuses_open_pairs_unless_partial_is_asked_and_then_says_how_many
     failure = refused.get_step_failure_events()[0].step_failure_data.error.message
     assert "human_labels for dataset 'demo': 3 of 4 escalated pairs still need votes" in failure
     assert "allow_partial" in failure
-    with store.connect(escalated_lake / "bridge.duckdb") as con:
+    with store.connect(location(escalated_lake)) as con:
         assert not store.table_exists(con, "human_labels")
 
     partial = materialize(escalated_lake, allow_partial=True)
     assert partial.success
     meta = partial.asset_materializations_for_node("human_labels")[0].metadata
     assert meta["open_pairs"].value == 3 and meta["coverage"].value == 0.25
-    with store.connect(escalated_lake / "bridge.duckdb") as con:
+    with store.connect(location(escalated_lake)) as con:
         assert con.execute("select query_id, doc_id, label, votes from human_labels").fetchall() == \
             [("q1", "d5", 1, 3)]
 
 
 def test_sensor_requests_a_run_whenever_the_votes_differ_from_human_labels_and_only_then(escalated_lake, tmp_path):
-    lake_store = DuckDBStore(data_lake=str(escalated_lake))
+    resources = lake_resources(escalated_lake)
+    lake_store, votes = resources["store"], resources["votes"]
     with dg.instance_for_test(temp_dir=str(tmp_path)) as instance:
         def tick():
-            return human_labels_sensor(dg.build_sensor_context(instance=instance, resources={"store": lake_store}))
+            with dg.build_sensor_context(instance=instance, resources=resources) as context:
+                return human_labels_sensor(context)
 
         with annotations() as con:  # three of the four escalated pairs get their votes
             for pair in ESCALATED[:3]:
@@ -161,7 +161,7 @@ def test_sensor_requests_a_run_whenever_the_votes_differ_from_human_labels_and_o
         assert tick().run_requests[0].run_key == request.run_key  # the same state, the same key
 
         result = dg.materialize([human_labels], partition_key=DATASET, instance=instance,
-                                resources={"store": lake_store})
+                                resources=resources)
         assert result.success  # partial by default: the open pair stays pending
         event = result.asset_materializations_for_node("human_labels")[0]
         assert event.metadata["votes_version"].value == request.run_key.rsplit(":", 1)[1]
@@ -172,11 +172,11 @@ def test_sensor_requests_a_run_whenever_the_votes_differ_from_human_labels_and_o
         # a run changed the escalated set (the consensus pair now escalated), no vote arrived: the
         # sensor stays quiet (that run rebuilds human_labels itself), though the table's inputs moved
         def now():
-            with snapshots.inputs(lake_store, DATASET, READS, votes=VotesStore(store=lake_store)) as con:
+            with snapshots.inputs(lake_store, DATASET, READS, votes=votes) as con:
                 return compute_human_labels(con, DATASET)
 
         before = now()
-        with store.connect(escalated_lake / "bridge.duckdb") as con:
+        with store.connect(location(escalated_lake)) as con:
             con.execute("update debate_labels set outcome = 'escalated', label = null where pair_key = 'consensus'")
         after = now()
         assert after.escalated_pairs == before.escalated_pairs + 1

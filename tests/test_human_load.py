@@ -22,7 +22,7 @@ from bridge_assets.human.app import AppSettings, annotation_app
 from bridge_assets.lake import store
 from fixtures.escalated_pairs import write_escalated_pairs
 from fixtures.human_app import served
-from fixtures.paths import PROJECT_ROOT, annotations, votes_db
+from fixtures.paths import PROJECT_ROOT, annotations, location, votes_db
 
 DATASET = "load"
 # Another process rewriting one pipeline partition (a 20k-row retrieval run) again and again,
@@ -32,12 +32,15 @@ import sys, time
 from pathlib import Path
 import polars as pl
 from bridge_assets.lake import store
+from bridge_assets import settings
+from bridge_assets.lake import store
 stop, writes = Path(sys.argv[1]), 0
 while not stop.exists():
     frame = pl.DataFrame({"dataset": "other", "retriever": "bm25", "query_id": [f"q{i % 500}" for i in range(20_000)],
                           "doc_id": [f"d{i}" for i in range(20_000)], "rank": list(range(20_000)),
                           "score": [float(writes)] * 20_000})
-    store.write_partitions({"retrieval_run": frame}, {"dataset": "other", "retriever": "bm25"})
+    store.write_partitions({"retrieval_run": frame}, {"dataset": "other", "retriever": "bm25"},
+                           settings.lake_location())
     writes += 1
     time.sleep(0.1)
 print(writes)
@@ -86,7 +89,7 @@ def test_votes_under_load_with_a_pipeline_writing_the_same_file(data_lake, tmp_p
     stop = tmp_path / "stop"
     writer = subprocess.Popen([sys.executable, "-c", WRITER, str(stop)], cwd=PROJECT_ROOT,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    app = annotation_app(AppSettings(db_path=data_lake / "bridge.duckdb", secret="load-test-secret-0123",
+    app = annotation_app(AppSettings(lake=location(data_lake), secret="load-test-secret-0123",
                                      attention_rate=0.0))
     started = time.perf_counter()
     try:
@@ -112,7 +115,7 @@ def test_votes_under_load_with_a_pipeline_writing_the_same_file(data_lake, tmp_p
         voted = con.execute("select a.annotator_id, a.assignment_id from annotation_assignments a "
                             "join human_votes v using (annotator_id, dataset, query_id, doc_id)"
                             ).fetchall()
-    with store.connect(data_lake / "bridge.duckdb") as con:
+    with store.connect(location(data_lake)) as con:
         last_write = con.execute("select count(*), min(score), max(score) from retrieval_run").fetchone()
     assert len(stored) == annotators * votes                  # no vote lost, none doubled
     for person in people:

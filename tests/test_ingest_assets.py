@@ -13,9 +13,8 @@ import pytest
 from bridge_assets.ingest import assets as ingest_assets
 from bridge_assets.ingest import checks as ingest_checks
 from bridge_assets.lake import store
-from bridge_assets.lake.resource import DuckDBStore
 from fixtures.datasets import write_beir
-from fixtures.paths import PROJECT_ROOT, shared_data
+from fixtures.paths import PROJECT_ROOT, lake_resources, location, shared_data
 
 CHECKS = [ingest_checks.ingest_tables_are_valid]  # corpus_is_valid, queries_are_valid, original_qrels_are_valid
 
@@ -24,7 +23,7 @@ def materialize_demo(lake, selection=None):
     # checks read whole tables, so a checks-only run needs no partition
     return dg.materialize([ingest_assets.ingest_dataset, *CHECKS],
                           partition_key=None if selection else "demo",
-                          resources={"store": DuckDBStore(data_lake=str(lake))}, selection=selection,
+                          resources=lake_resources(lake), selection=selection,
                           raise_on_error=False)
 
 
@@ -37,14 +36,14 @@ def test_ingest_writes_tables_named_after_assets_and_checks_pass(data_lake):
     assert result.success
     assert check_results(result) == {"corpus_is_valid": True, "queries_are_valid": True,
                                      "original_qrels_are_valid": True}
-    with store.connect(data_lake / "bridge.duckdb") as con:
+    with store.connect(location(data_lake)) as con:
         queries = con.execute("select count(*) from queries where dataset = 'demo'").fetchone()[0]
         qrels = con.execute("select count(*) from original_qrels where dataset = 'demo'").fetchone()[0]
         docs = con.execute("select count(*) from corpus where dataset = 'demo'").fetchone()[0]
     assert queries == qrels and docs > 200
     # materializing again replaces the partition instead of appending to it
     assert materialize_demo(data_lake).success
-    with store.connect(data_lake / "bridge.duckdb") as con:
+    with store.connect(location(data_lake)) as con:
         assert con.execute("select count(*) from corpus").fetchone()[0] == docs
 
 
@@ -57,7 +56,7 @@ def test_ingest_writes_tables_named_after_assets_and_checks_pass(data_lake):
 ])
 def test_asset_check_fails_on_a_corrupted_table(data_lake, corruption, failing_check):
     assert materialize_demo(data_lake).success
-    with store.connect(data_lake / "bridge.duckdb") as con:
+    with store.connect(location(data_lake)) as con:
         con.execute(corruption)
     result = materialize_demo(data_lake, selection=dg.AssetSelection.checks(*CHECKS))
     outcomes = check_results(result)
@@ -83,7 +82,7 @@ def test_bad_input_fails_the_run_naming_the_line_and_keeps_previous_tables(tmp_p
     second = bridge_cli("materialize", "--dataset", "mine", "corpus", env_extra=env)
     assert second.returncode != 0
     assert "corpus.jsonl, line 2: malformed JSON" in second.stderr
-    with store.connect(data_lake / "bridge.duckdb") as con:
+    with store.connect(location(data_lake)) as con:
         assert con.execute("select text from corpus where doc_id = 'd1'").fetchone()[0] == \
             "Paris is the capital of France."
         assert con.execute("select count(*) from queries").fetchone()[0] == 2
@@ -130,7 +129,7 @@ def test_parallel_partitions_with_the_multiprocess_executor_share_the_duckdb_fil
             assert sorted(e.dagster_event.event_specific_data.check_name for e in checks) == \
                 ["corpus_is_valid", "original_qrels_are_valid", "queries_are_valid"]
             assert all(e.dagster_event.event_specific_data.passed for e in checks)
-    with store.connect(data_lake / "bridge.duckdb") as con:
+    with store.connect(location(data_lake)) as con:
         counts = dict(con.execute("select dataset, count(*) from queries group by 1").fetchall())
     assert counts["nq_open_mini"] == 2655 and counts["demo"] >= 10
 

@@ -229,8 +229,14 @@ def test_remote_sources_fail_fast_when_unreachable(spec, data_lake, monkeypatch)
     monkeypatch.setenv("IR_DATASETS_HOME", str(data_lake / "ir_datasets"))
     started = time.monotonic()
     with pytest.raises(SourceUnreachable, match="unreachable"):
-        load_dataset(spec)
+        load_dataset(spec, data_lake / "downloads")
     assert time.monotonic() - started < 30
+
+
+def test_a_remote_source_is_fetched_only_into_a_downloads_folder_it_is_handed():
+    """The ingest asset hands its store's downloads/ folder; no lake is looked up from here."""
+    with pytest.raises(DatasetError, match="downloads/ folder"):
+        load_dataset(DatasetSpec(name="hub", kind="huggingface", id="DISLab/BRIDGE"))
 
 
 # --- damage on ingest: quotes, encodings, sizes, numbers ------------------------------------

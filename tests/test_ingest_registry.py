@@ -15,6 +15,7 @@ from bridge_assets.lake import store
 from bridge_assets.qrels.exports import ExportFormat, export_qrels
 from bridge_assets.registry.datasets import DatasetSpec, load_registry, validate_dataset_name
 from bridge_assets.reports.build import build_report
+from fixtures.paths import location
 
 BAD_NAMES = ["../etc", "a/b", "a b", "x';drop table corpus;--", ".", "..", "", "naïve", "demo\n"]
 
@@ -54,7 +55,7 @@ def test_export_refuses_an_invalid_name_before_writing(tmp_path):
 
 
 def test_export_command_reports_an_invalid_name(data_lake, tmp_path):
-    with store.connect(data_lake / "bridge.duckdb"):
+    with store.connect(location(data_lake)):
         pass  # an empty store: the command gets as far as the name
     result = CliRunner().invoke(qrels_app, ["export", "-d", "../x", "-o", str(tmp_path / "out")])
     assert result.exit_code == 2

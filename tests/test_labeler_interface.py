@@ -27,6 +27,7 @@ from bridge_assets.lake import store
 from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.llm.profiles import role_profiles
 from fixtures.labeling import write_run
+from fixtures.paths import lake_resources, location
 from fixtures.scripted_llm import ScriptedLLM, ScriptedServer, scripted_reply
 
 PLUGIN = f"{__name__}:AnswerStringLabeler"
@@ -50,10 +51,9 @@ BM25 = {"q01": ["pydoc-lambda-1", "pydoc-function-7", "pydoc-assert-1"],
 
 def label_demo(lake, url: str, labeling: dict) -> dg.ExecuteInProcessResult:
     assert dg.materialize([ingest_assets.ingest_dataset], partition_key="demo",
-                          resources={"store": DuckDBStore(data_lake=str(lake))}).success
+                          resources=lake_resources(lake)).success
     write_run(lake, "bm25", BM25)
-    resources = {"store": DuckDBStore(data_lake=str(lake)),
-                 "llm": ScriptedLLM(store=DuckDBStore(data_lake=str(lake)), url=url, debate="agent")}
+    resources = lake_resources(lake, llm=ScriptedLLM(store=DuckDBStore(data_lake=str(lake)), url=url, debate="agent"))
     run_config = {"ops": {"candidate_pool": {"config": {"depth": 3}},
                           "filter_pool": {"config": {"models": ["f1"]}},
                           "debate": {"config": labeling}}}
@@ -75,7 +75,7 @@ def test_a_labeler_of_a_test_module_runs_as_the_pipelines_labeling_stage(data_la
         filter_calls = server.hits
     meta = debate_metadata(result)
     assert meta["labeler"] == PLUGIN and "| min_chars | 2 | run config |" in meta["settings"]
-    with store.connect_read_only(data_lake / "bridge.duckdb") as con:
+    with store.connect_read_only(location(data_lake)) as con:
         labels = con.execute("select doc_id, label, outcome, config_hash from debate_labels").pl()
         purposes = {p for (p,) in con.execute("select distinct purpose from llm_calls").fetchall()}
     assert purposes == {"filter"} and filter_calls > 0  # the labeler itself called no model

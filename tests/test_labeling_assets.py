@@ -30,6 +30,7 @@ from bridge_assets.llm.ledger import read_calls
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.llm.types import LLMResult
 from fixtures.labeling import metadata, write_run
+from fixtures.paths import lake_resources, location
 from fixtures.scripted_llm import ScriptedLLM, ScriptedServer, http_profile, scripted_reply
 
 CHECKS = [labeling_checks.candidate_pool_is_valid, labeling_checks.debate_labels_are_valid,
@@ -40,7 +41,7 @@ LABELING = [labeling_assets.candidate_pool, labeling_assets.filter_pool, labelin
 @pytest.fixture
 def demo_lake(data_lake):
     result = dg.materialize([ingest_assets.ingest_dataset], partition_key="demo",
-                            resources={"store": DuckDBStore(data_lake=str(data_lake))})
+                            resources=lake_resources(data_lake))
     assert result.success
     return data_lake
 
@@ -51,9 +52,8 @@ def materialize(lake, url: str, *, debate: dict | None = None, filter_models=("f
         "filter_pool": {"config": {"models": list(filter_models)}},
         "debate": {"config": {"reason_words": 20, **(debate or {})}},
     }}
-    resources = {"store": DuckDBStore(data_lake=str(lake)),
-                 "llm": ScriptedLLM(store=DuckDBStore(data_lake=str(lake)), url=url, debate="agent",
-                                    adjudicator="adj")}
+    resources = lake_resources(lake, llm=ScriptedLLM(store=DuckDBStore(data_lake=str(lake)), url=url, debate="agent",
+                                    adjudicator="adj"))
     result = dg.materialize([*LABELING, *CHECKS], partition_key="demo", resources=resources,
                             run_config=run_config, raise_on_error=False)
     assert result.success
@@ -65,7 +65,7 @@ def checks_passed(result) -> dict[str, bool]:
 
 
 def table(lake, sql: str) -> pl.DataFrame:
-    with store.connect(lake / "bridge.duckdb") as con:
+    with store.connect(location(lake)) as con:
         return con.execute(sql).pl()
 
 
@@ -97,7 +97,7 @@ def test_pipeline_labels_pairs_then_reruns_from_the_ledger_and_labels_only_new_p
         assert (debated["consensus_after_round_1"], debated["consensus_after_round_2"],
                 debated["escalated"], debated["failed"]) == (0, 2, 1, 0)
         assert debated["escalation_ratio"] == 0.3333 and debated["relevant"] == 2
-        ledger_rows = read_calls(demo_lake / "bridge.duckdb").height
+        ledger_rows = read_calls(location(demo_lake)).height
         assert ledger_rows == server.hits
 
         hits = server.hits
@@ -119,7 +119,7 @@ def test_pipeline_labels_pairs_then_reruns_from_the_ledger_and_labels_only_new_p
         assert metadata(third, "filtered_pool")["calls"] == 2  # one vote per filter model
         new_calls = server.bodies[hits:]
         assert len(new_calls) == 2 and all("KeyError" in body["messages"][1]["content"] for body in new_calls)
-        assert read_calls(demo_lake / "bridge.duckdb").height == hits + 2
+        assert read_calls(location(demo_lake)).height == hits + 2
 
 
 def test_adjudicator_labels_escalated_pairs_apart_from_consensus(demo_lake):
@@ -149,7 +149,7 @@ def test_killed_mid_debate_the_rerun_repeats_no_answered_call(data_lake):
     pairs = [Pair(f"q{i}", f"d{i}", f"query {i}", ("answer",), f"chunk {i} with the answer")
              for i in range(3)]
     with ScriptedServer(scripted_reply) as server:
-        client = LLMClient(http_profile(server.url), db_path=data_lake / "bridge.duckdb")
+        client = LLMClient(http_profile(server.url), lake=location(data_lake))
         calls = []
 
         def dies_in_round_two(profile, requests):  # the fault: the process is killed
@@ -160,9 +160,9 @@ def test_killed_mid_debate_the_rerun_repeats_no_answered_call(data_lake):
 
         with pytest.raises(KeyboardInterrupt):
             run_debate(pairs, debate_agents(["m"]), dies_in_round_two, reason_words=20)
-        assert server.hits == 6 and read_calls(data_lake / "bridge.duckdb").height == 6
+        assert server.hits == 6 and read_calls(location(data_lake)).height == 6
 
-        fresh = LLMClient(http_profile(server.url), db_path=data_lake / "bridge.duckdb")
+        fresh = LLMClient(http_profile(server.url), lake=location(data_lake))
         outcome = run_debate(pairs, debate_agents(["m"]), lambda p, r: fresh.generate(r), reason_words=20)
         assert server.hits == 6 + 6  # round 2 only: round 1 came from the ledger
         assert fresh.stats.cache_hits == 6
@@ -175,7 +175,7 @@ def test_a_failing_server_fails_pairs_and_votes_without_labels(data_lake):
 
     pairs = [Pair("q1", "d1", "query", ("answer",), "chunk")]
     with ScriptedServer(broken) as server:
-        client = LLMClient(http_profile(server.url, retries=1), db_path=data_lake / "bridge.duckdb")
+        client = LLMClient(http_profile(server.url, retries=1), lake=location(data_lake))
         generate = lambda profile, requests: client.generate(requests)  # noqa: E731
         votes = run_filter(pairs, ["m"], generate)
         outcome = run_debate(pairs, debate_agents(["m"]), generate, reason_words=20)
@@ -185,10 +185,10 @@ def test_a_failing_server_fails_pairs_and_votes_without_labels(data_lake):
 
 
 def corrupt_and_check(lake, sql: str) -> dict[str, bool]:
-    with store.connect(lake / "bridge.duckdb") as con:
+    with store.connect(location(lake)) as con:
         con.execute(sql)
     result = dg.materialize([*LABELING, *CHECKS],  # checks read whole tables: no partition
-                            resources={"store": DuckDBStore(data_lake=str(lake)), "llm": LLMResource()},
+                            resources=lake_resources(lake, llm=LLMResource()),
                             selection=dg.AssetSelection.checks(*CHECKS), raise_on_error=False)
     return checks_passed(result)
 
@@ -216,7 +216,7 @@ def scripted_tables(lake):
                           "dataset": ["demo"], "query_id": ["q1"], "doc_id": ["d1"],
                           "systems": [["bm25"]], "ranks": [[1]], "best_rank": [1], "n_systems": [1],
                           "in_original_qrels": [False]})},
-                     {"dataset": "demo"}, lake / "bridge.duckdb")
+                     {"dataset": "demo"}, location(lake))
 
 
 @pytest.mark.parametrize("corruption, failing", [

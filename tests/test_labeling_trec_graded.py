@@ -25,11 +25,10 @@ from bridge_assets.human.assets import human_labels
 from bridge_assets.ingest import assets as ingest_assets
 from bridge_assets.labeling import assets as labeling_assets
 from bridge_assets.lake import store
-from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.qrels.assets import bridge_qrels
 from fixtures.human_app import login, make_client, post_answer, served_pair
 from fixtures.labeling import write_run
-from fixtures.paths import annotations, shared_data
+from fixtures.paths import annotations, lake_resources, location, shared_data
 from fixtures.scripted_llm import ScriptedLLM, ScriptedServer, completion
 
 # The registry folder's entry replaces the shipped `demo`, so the assets' `demo` partition is
@@ -126,14 +125,14 @@ class Script:
 
 def materialize(lake, assets, run_config=None, *, succeeds: bool = True, **resources):
     result = dg.materialize(assets, partition_key=DATASET, run_config=run_config or {},
-                            resources={"store": DuckDBStore(data_lake=str(lake)), **resources},
+                            resources=lake_resources(lake, **resources),
                             raise_on_error=False)
     assert result.success == succeeds
     return result
 
 
 def rows(lake, sql: str) -> list[tuple]:
-    with store.connect(lake / "bridge.duckdb") as con:
+    with store.connect(location(lake)) as con:
         return con.execute(sql).fetchall()
 
 

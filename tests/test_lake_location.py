@@ -10,6 +10,7 @@ from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.llm import ledger
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.llm.types import LLMRequest, LLMResult
+from fixtures.paths import location
 
 
 def test_a_relative_bridge_data_lake_is_where_the_ledger_the_store_and_the_llm_resource_look(
@@ -18,16 +19,16 @@ def test_a_relative_bridge_data_lake_is_where_the_ledger_the_store_and_the_llm_r
     monkeypatch.setenv("BRIDGE_DATA_LAKE", "data_lake/eval")  # as the labeler evaluation runs
     monkeypatch.delenv("BRIDGE_VOTES_DB", raising=False)
     expected = tmp_path / "data_lake" / "eval" / "bridge.duckdb"
-    assert DuckDBStore().path == settings.lake_location().duckdb == LLMResource().db_path.duckdb == expected
+    assert DuckDBStore().path == settings.lake_location().duckdb == LLMResource().lake.duckdb == expected
     assert DuckDBStore().lake.dagster_home == tmp_path / "data_lake" / "eval" / "dagster_home"
     assert DuckDBStore().lake.reports("demo") == tmp_path / "data_lake" / "eval" / "reports" / "demo"
 
     request = LLMRequest(messages=(("user", "where is the ledger?"),), purpose="test")
     key = ledger.call_key("llama_cpp", "m", request)
     ledger.append([ledger.CallRecord(request, LLMResult(key=key, text="here"), 1)],
-                  profile="p", backend="llama_cpp", model="m", context=None)  # no path: the default
-    assert store.exists(expected) and ledger.lookup([key])[key].text == "here"
-    with store.connect(expected) as con:
+                  profile="p", backend="llama_cpp", model="m", context=None, lake=location())  # the environment's lake
+    assert store.exists(location()) and ledger.lookup([key], location())[key].text == "here"
+    with store.connect(DuckDBStore().lake) as con:
         assert con.execute("select count(*) from llm_calls").fetchone()[0] == 1
 
 
@@ -41,4 +42,4 @@ def test_the_votes_store_sits_beside_the_lake_unless_configured(tmp_path, monkey
     configured = DuckDBStore(data_lake=str(tmp_path / "lake"), votes_db=str(tmp_path / "v.duckdb"))
     assert configured.votes_path == tmp_path / "v.duckdb"
     nested = LLMResource(store=DuckDBStore(data_lake=str(tmp_path / "lake")))
-    assert nested.db_path.duckdb == tmp_path / "lake" / "bridge.duckdb"
+    assert nested.lake.duckdb == tmp_path / "lake" / "bridge.duckdb"

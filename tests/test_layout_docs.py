@@ -32,7 +32,7 @@ def test_every_package_and_root_module_has_its_line_in_the_readme_layout():
 def test_every_module_the_layout_names_in_a_package_exists():
     layout = _layout()
     for package, text in re.findall(r"^  (\w+)/\s+(.*?)(?=^  \S|^\S|\Z)", layout, re.M | re.S):
-        for module in re.findall(r"\b(\w+\.py)\b", text):
+        for module in re.findall(r"\b([\w/]+\.py)\b", text):
             assert (PACKAGE / package / module).exists() or (PACKAGE / module).exists(), (package, module)
 
 
@@ -54,8 +54,11 @@ def test_each_place_to_add_a_thing_is_that_place():
 
     assert (PROJECT_ROOT / "resources" / "retrievers.yaml").exists() and KINDS
     assert LABELERS and DEFINITIONS
-    # a format is its loader and its name: neither without the other
-    assert set(LOADERS) == set(get_args(DatasetKind))
+    # a format is its loader (or a remote kind's fetcher) and its name: neither without the other
+    from bridge_assets.ingest.remote import FETCHERS
+
+    assert set(LOADERS) | set(FETCHERS) == set(get_args(DatasetKind))
+    assert not set(LOADERS) & set(FETCHERS)
     # every router module of the annotation app is the one list the app includes
     app_dir = PACKAGE / "human" / "app"
     routers = {p.stem for p in app_dir.glob("*.py")

@@ -26,6 +26,7 @@ from bridge_assets.analysis import assets as analysis_assets
 from bridge_assets.analysis import impact_asset
 from bridge_assets.definitions import defs
 from bridge_assets.human import assets as human_assets
+from bridge_assets.human.votes_resource import VotesStore
 from bridge_assets.ingest import assets as ingest_assets
 from bridge_assets.lake import store
 from bridge_assets.lake.resource import DuckDBStore
@@ -76,9 +77,9 @@ class RecordingStore(DuckDBStore):
     declared (a missing table would otherwise go unnoticed: the scope falls back). What it
     reads on a live connection is noted too: that bypasses the declaration."""
 
-    def snapshot(self, dataset: str, tables, *, votes: bool = False):
-        SEEN["asked"] |= set(tables) | ({"human_votes"} if votes else set())
-        with store.connect(self.path) as con:
+    def snapshot(self, dataset: str, tables, *, votes=None):
+        SEEN["asked"] |= set(tables) | ({"human_votes"} if votes is not None else set())
+        with store.connect(self.lake) as con:
             every = [row[0] for row in con.execute(
                 "select distinct table_name from information_schema.columns where column_name = 'dataset'"
             ).fetchall()]
@@ -201,7 +202,8 @@ def with_known_holes(tmp_path, monkeypatch) -> None:
 
 def test_the_declared_deps_equal_the_tables_each_asset_reads(labeled_lake, tmp_path, monkeypatch):  # noqa: F811
     with ScriptedServer(scripted_server_reply) as server:
-        resources = {"store": RecordingStore(data_lake=str(labeled_lake)),
+        recording = RecordingStore(data_lake=str(labeled_lake))
+        resources = {"store": recording, "votes": VotesStore(store=recording),
                      "llm": ScriptedLLM(store=DuckDBStore(data_lake=str(labeled_lake)), url=server.url)}
         # in dependency order: each reads the last
         found = materialize_recording(RUNS, resources, DATASET,

@@ -21,6 +21,7 @@ from bridge_assets.llm import LLMClient, LLMRequest, get_profile, load_models_co
 from bridge_assets.llm.ledger import call_key, read_calls
 from bridge_assets.llm.parsing import InvalidSchema
 from bridge_assets.llm.resource import LLMResource
+from fixtures.paths import location
 from fixtures.scripted_llm import Reply, ScriptedServer, completion, http_profile
 
 YES_NO = {"type": "object", "properties": {"response": {"type": "string", "enum": ["yes", "no"]}},
@@ -86,7 +87,7 @@ def test_second_generate_makes_zero_calls_and_reads_the_ledger(data_lake):
         assert [r.parsed for r in second] == [r.parsed for r in first]
         assert [r.key for r in second] == [r.key for r in first]
 
-    calls = read_calls()
+    calls = read_calls(location())
     assert calls.height == 3  # the second run appended nothing: it made no call
     assert set(calls["context"]) == {"run-1"}
     assert set(calls["purpose"]) == {"test"}
@@ -108,7 +109,7 @@ def test_only_new_requests_are_sent_and_duplicates_in_a_batch_once(data_lake):
         assert results[1] == results[2]
     assert client.stats.requests == 6 and client.stats.cache_hits == 2 and client.stats.calls == 3
     assert client.stats.tokens_in == 33 and client.stats.failures == 0
-    assert read_calls().height == 3
+    assert read_calls(location()).height == 3
 
 
 # --- faults ----------------------------------------------------------------------------------
@@ -136,7 +137,7 @@ def test_timeout_forever_is_a_recorded_failure_then_retried_on_the_next_run(data
         assert server.hits == 3
         [cached] = client.generate([ask(client, "never answers in time")])
         assert cached.cached and server.hits == 3
-    calls = read_calls()
+    calls = read_calls(location())
     assert calls["error"].is_null().to_list() == [False, True]
 
 
@@ -147,7 +148,7 @@ def test_http_500_then_success(data_lake):
         [result] = client.generate([ask(client, "flaky")])
         assert result.ok and result.parsed == {"response": "no"}
         assert server.hits == 3
-    assert read_calls()["attempts"].to_list() == [1]  # transport retries are the backend's business
+    assert read_calls(location())["attempts"].to_list() == [1]  # transport retries are the backend's business
 
 
 def test_http_500_forever_fails_with_the_status_and_body(data_lake):
@@ -156,7 +157,7 @@ def test_http_500_forever_fails_with_the_status_and_body(data_lake):
         [result] = client.generate([ask(client, "broken")])
         assert server.hits == 3
     assert not result.ok and "HTTP 500" in result.error and "model crashed" in result.error
-    assert read_calls()["error"].to_list() == [result.error]
+    assert read_calls(location())["error"].to_list() == [result.error]
 
 
 def test_client_errors_are_not_retried(data_lake):
@@ -174,7 +175,7 @@ def test_malformed_json_forever_is_retried_then_recorded_as_failed(data_lake):
         assert server.hits == 3  # the first answer and two re-asks
     assert not result.ok and result.parsed is None and "not valid JSON" in result.error
     assert result.text == '{"response": "yes"'  # the raw reply is kept for the audit
-    calls = read_calls()
+    calls = read_calls(location())
     assert calls["attempts"].to_list() == [3] and calls["error"].to_list() == [result.error]
     assert calls["raw_reply"].to_list() == ['{"response": "yes"']
     assert client.stats.failures == 1 and client.stats.calls == 3
@@ -184,7 +185,7 @@ def test_malformed_json_forever_is_retried_then_recorded_as_failed(data_lake):
         [cached] = again.generate([ask(again, "truncated")])
         assert server.hits == 0 and again.stats.calls == 0
     assert cached.cached and not cached.ok and cached.error == result.error and cached.parsed is None
-    assert read_calls().height == 1
+    assert read_calls(location()).height == 1
 
 
 def test_neither_yes_nor_no_is_an_error_never_a_label(data_lake):
@@ -203,7 +204,7 @@ def test_a_bad_first_answer_is_replaced_by_a_valid_retry(data_lake):
         [result] = client.generate([ask(client, "chatty model")])
         assert server.hits == 2
     assert result.ok and result.parsed == {"response": "yes"}
-    assert read_calls()["attempts"].to_list() == [2]
+    assert read_calls(location())["attempts"].to_list() == [2]
 
 
 def test_a_reply_without_content_is_an_error(data_lake):
@@ -322,7 +323,7 @@ def test_llm_resource_uses_defaults_unless_configured(data_lake):
     assert LLMResource(debate="qwen-1.5b").profile_for("debate") == "qwen-1.5b"
     assert LLMResource(filter=["qwen-0.5b", "qwen-1.5b"]).profiles_for("filter") == ["qwen-0.5b", "qwen-1.5b"]
     assert resource.client("qwen-0.5b") is resource.client("qwen-0.5b")
-    assert resource.client("qwen-0.5b").db_path.duckdb == data_lake / "bridge.duckdb"
+    assert resource.client("qwen-0.5b").lake.duckdb == data_lake / "bridge.duckdb"
     with pytest.raises(ValueError, match="unknown LLM role"):
         resource.profiles_for("summarise")
 
@@ -382,12 +383,12 @@ def test_a_killed_run_repeats_no_recorded_call(data_lake):
         client.backend.generate = killed_during_second_chunk
         with pytest.raises(KeyboardInterrupt):
             client.generate(requests)
-        assert server.hits == 2 and read_calls().height == 2  # the first chunk was recorded
+        assert server.hits == 2 and read_calls(location()).height == 2  # the first chunk was recorded
 
         rerun = LLMClient(http_profile(server.url, concurrency=2), chunk_size=2).generate(requests)
         assert server.hits == 5  # only the three unanswered pairs were sent
         assert [r.cached for r in rerun] == [True, True, False, False, False]
-    calls = read_calls()
+    calls = read_calls(location())
     assert calls.height == 5 and calls["key"].n_unique() == 5
     assert calls["created_at"].n_unique() == 3  # one transaction per chunk: 1 + 2 on the rerun
 
@@ -412,7 +413,7 @@ def test_a_call_cap_defers_the_calls_past_it_unsent_and_unrecorded(data_lake):
         assert client.stats.failures == 0 and client.stats.deferred == 2
         assert client.stats.as_metadata()["deferred"] == 2
         # deferred calls are not in the ledger: the next (explicit) run asks them
-        assert read_calls().height == 3
+        assert read_calls(location()).height == 3
         again = client.generate(requests, context="explicit-run")
         assert all(r.ok for r in again) and server.hits == 5
 

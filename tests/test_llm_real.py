@@ -17,6 +17,7 @@ from bridge_assets.llm.ledger import read_calls
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.llm.scores import yes_probability
 from bridge_assets.llm.server import llama_cpp_server
+from fixtures.paths import location
 
 pytest.importorskip("llama_cpp")
 
@@ -63,7 +64,7 @@ def test_in_process_llama_cpp_json_schema_and_p_yes(small_model):
     again = LLMClient("qwen-0.5b").generate([judged, scored])
     assert [r.cached for r in again] == [True, True]
     assert again[1].logprobs == score.logprobs and again[0].parsed == verdict.parsed
-    assert read_calls().height == 2  # the second run made no model call
+    assert read_calls(location()).height == 2  # the second run made no model call
 
 
 def test_greedy_log_probs_equal_llama_cpps_own_without_logits_all(small_model):
@@ -128,12 +129,12 @@ def test_end_to_end_through_a_real_openai_compatible_server(llama_server):
         assert result.tokens_in > 10 and result.tokens_out > 0
     scored = results[2]
     assert scored.ok and scored.logprobs and yes_probability(scored.logprobs) is not None
-    calls = read_calls()
+    calls = read_calls(location())
     assert calls.height == 3 and set(calls["backend"]) == {"openai"}
     assert calls["error"].is_null().all()
 
     again = LLMClient(profile).generate(requests)
-    assert all(r.cached for r in again) and read_calls().height == 3
+    assert all(r.cached for r in again) and read_calls(location()).height == 3
 
 
 def test_a_prompt_longer_than_the_context_is_a_recorded_failure(small_model):
@@ -141,7 +142,7 @@ def test_a_prompt_longer_than_the_context_is_a_recorded_failure(small_model):
     client = LLMClient(tiny_context)
     [result] = client.generate([client.request([("user", "word " * 800)], max_tokens=4)])
     assert not result.ok and "context window" in result.error
-    assert read_calls()["error"].to_list() == [result.error]
+    assert read_calls(location())["error"].to_list() == [result.error]
 
 
 def test_one_llama_cpp_model_is_resident_at_a_time(small_model):
@@ -173,7 +174,7 @@ def test_llm_resource_inside_a_dagster_materialization(small_model):
     metadata = outcome.asset_materializations_for_node("judged")[0].metadata
     assert metadata["calls"].value == 1 and metadata["cache_hits"].value == 0
     assert metadata["tokens_out"].value > 0
-    calls = read_calls()
+    calls = read_calls(location())
     assert calls["purpose"].to_list() == ["judge"] and calls["context"].to_list() == [outcome.run_id]
 
 

@@ -18,6 +18,7 @@ from bridge_assets.llm import LLMClient, get_profile, weights
 from bridge_assets.llm.http_backend import reported_prefill
 from bridge_assets.llm.ledger import ADDED_COLUMNS, TABLE, CallRecord, append, read_calls
 from bridge_assets.llm.types import LLMRequest, LLMResult
+from fixtures.paths import location
 from fixtures.scripted_llm import ScriptedServer, completion, http_profile
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -57,14 +58,14 @@ def test_real_in_process_calls_record_prompt_computed_reused_and_decode(data_lak
     assert results[1].prompt_reused > 30 and results[1].prompt_computed < results[1].tokens_in
     assert results[2].prompt_reused > 30
 
-    calls = read_calls()
+    calls = read_calls(location())
     assert calls.height == 3
     rows = calls.select("tokens_in", "tokens_out", *PREFILL).rows()
     assert rows == [(r.tokens_in, r.tokens_out, r.prompt_computed, r.prompt_reused, r.decode_tokens)
                     for r in results]
     # cached answers make no call: nothing new is measured or recorded
     again = LLMClient("qwen-0.5b").generate([first, second, scored])
-    assert all(r.cached for r in again) and read_calls().height == 3
+    assert all(r.cached for r in again) and read_calls(location()).height == 3
 
     table = stage_table(data_lake)
     filter_row = next(line for line in table.splitlines() if line.startswith("| filter |"))
@@ -87,7 +88,7 @@ OLD_TABLE = f"""create table {TABLE} (
 @pytest.mark.parametrize("storage", ["ducklake", "duckdb"])
 def test_an_old_ledger_gets_the_columns_null_in_its_rows(data_lake, monkeypatch, storage):
     monkeypatch.setenv("BRIDGE_STORAGE", storage)
-    with store.connect() as con:  # a ledger written before the columns existed
+    with store.connect(location()) as con:  # a ledger written before the columns existed
         con.execute(OLD_TABLE)
         con.execute(f"insert into {TABLE} values ('old', 'p', 'llama_cpp', 'm', 'debate', 'run-0', '{{}}', "
                     "'yes', null, null, 40, 5, 2.5, 1, null, now()::timestamp)")
@@ -100,8 +101,8 @@ def test_an_old_ledger_gets_the_columns_null_in_its_rows(data_lake, monkeypatch,
     append([CallRecord(request, LLMResult(key="new", text="x", tokens_in=30, tokens_out=4, prompt_computed=12,
                                           prompt_reused=18, decode_tokens=4, latency_s=1.0), 1),
             CallRecord(request, LLMResult(key="unknown", text="y", tokens_in=9, tokens_out=2, latency_s=0.5), 1)],
-           profile="p", backend="llama_cpp", model="m", context="run-1")
-    calls = read_calls()
+           profile="p", backend="llama_cpp", model="m", context="run-1", lake=location())
+    calls = read_calls(location())
     assert set(ADDED_COLUMNS) <= set(calls.columns)
     by_key = {row["key"]: row for row in calls.iter_rows(named=True)}
     assert [by_key["old"][c] for c in PREFILL] == [None, None, None]  # never guessed
@@ -110,8 +111,8 @@ def test_an_old_ledger_gets_the_columns_null_in_its_rows(data_lake, monkeypatch,
     # a second append finds the columns there: no schema change, rows keep coming
     append([CallRecord(request, LLMResult(key="later", text="z", prompt_computed=1, prompt_reused=0,
                                           decode_tokens=1), 1)], profile="p", backend="llama_cpp", model="m",
-           context="run-1")
-    assert read_calls().height == 4
+           context="run-1", lake=location())
+    assert read_calls(location()).height == 4
 
     table = stage_table(data_lake)
     assert "| filter | 3 | 0 | 2 | 39 | 13 | 18 (58%) | 5 |" in table
@@ -159,7 +160,7 @@ def test_http_calls_record_what_the_server_reported_summed_over_parse_retries(da
         [plain] = client.generate([client.request([("user", "is it not?")], json_schema=YES_NO, purpose="judge")])
     assert (plain.prompt_computed, plain.prompt_reused, plain.decode_tokens) == (None, None, 3)
 
-    rows = {row["raw_reply"]: row for row in read_calls().iter_rows(named=True)}
+    rows = {row["raw_reply"]: row for row in read_calls(location()).iter_rows(named=True)}
     assert [rows['{"response": "yes"}'][c] for c in PREFILL] == [21, 19, 6]
     assert [rows['{"response": "no"}'][c] for c in PREFILL] == [None, None, 3]
     assert json.loads(rows['{"response": "no"}']["request_json"])["purpose"] == "judge"
@@ -362,6 +363,6 @@ def test_lanes_reuse_a_lanes_prefix_answer_the_rest_when_one_call_does_not_fit_a
     assert results[4].prompt_reused > results[3].prompt_reused == 0
     for r in answered[:4]:
         assert r.prompt_computed + r.prompt_reused == r.tokens_in and r.decode_tokens == r.tokens_out
-    calls = read_calls()
+    calls = read_calls(location())
     assert calls.height == 6 and calls["error"].drop_nulls().to_list() == [results[2].error]
     assert (calls.filter(calls["error"].is_null())["latency_s"] > 0).all()  # a lane step's time shared

@@ -38,6 +38,7 @@ from bridge_assets.orchestration import runs as orchestration
 from bridge_assets.orchestration.costs import RunEstimate, StageCalls, estimate_run
 from bridge_assets.paths import RESOURCES_DIR
 from bridge_assets.pipeline import automation
+from fixtures.paths import location
 from fixtures.scripted_demo import PIPELINE, script, write_registry
 from fixtures.scripted_llm import ScriptedServer, http_profile
 
@@ -64,7 +65,7 @@ def bridge(*args: str):
 
 
 def ledger(lake, sql: str = "select purpose, count(*) from llm_calls group by 1") -> dict:
-    with store.connect_read_only(lake / "bridge.duckdb") as con:
+    with store.connect_read_only(location(lake)) as con:
         return dict(con.execute(sql).fetchall())
 
 
@@ -92,7 +93,7 @@ def test_the_dry_run_counts_the_calls_the_run_makes(scripted_demo):
     assert re.search(r"Pool: \d+ pairs over 3 queries from 3 system", dry.output)
     assert "filter" in dry.output and "debate round 1" in dry.output and "USD" in dry.output
     assert server.hits == sum(retrieval.values())  # no model call
-    with store.connect_read_only(lake / "bridge.duckdb") as con:
+    with store.connect_read_only(location(lake)) as con:
         assert not con.execute("select count(*) from information_schema.tables "
                                "where table_name = 'candidate_pool'").fetchone()[0]
 
@@ -178,7 +179,7 @@ def test_a_budget_stops_before_the_chunk_that_would_pass_it_and_the_next_run_res
     used, limit, left = (int(g.replace(",", "")) for g in spent.groups())
     assert limit == filter_cost and used + left == limit and 0 < used <= filter_cost
     assert ledger(lake) == {**retrieval, "filter": filtering.new}
-    with store.connect_read_only(lake / "bridge.duckdb") as con:
+    with store.connect_read_only(location(lake)) as con:
         tables = {t for (t,) in con.execute("select table_name from information_schema.tables").fetchall()}
     assert {"filter_votes", "filtered_pool"} <= tables
     assert not tables & {"debate_labels", "debate_turns", "rag_answers"}
@@ -231,7 +232,7 @@ def test_an_automation_run_makes_at_most_its_cap_and_bridge_run_labels_what_it_d
     assert deferred
     sources = ledger(lake, "select query_id || ' ' || doc_id, source from bridge_qrels")
     assert {sources[pair] for pair in deferred} == {"pending"}  # never labels
-    with store.connect_read_only(lake / "bridge.duckdb") as con:
+    with store.connect_read_only(location(lake)) as con:
         summary = run_summary(con, "demo", time.time())
     assert re.search(r"\d+ deferred by the automation cap .* `bridge run --dataset demo` labels them", summary)
 
@@ -263,7 +264,7 @@ def test_the_budget_counts_money_at_the_profiles_prices(data_lake):
     with pytest.raises(BudgetError, match="priced in EUR: --budget-usd counts USD prices only"):
         budget.admit(euros, [request])
 
-    client = LLMClient(priced, db_path=data_lake / "bridge.duckdb")
+    client = LLMClient(priced, lake=location(data_lake))
     with llm_budget.enforce(Budget(tokens=1000)), pytest.raises(BudgetExceeded):
         client.generate([request])  # 1,500 tokens at most: never sent (the URL is dead anyway)
     assert client.stats.calls == 0

@@ -30,10 +30,10 @@ from bridge_assets.analysis.coverage import (
 from bridge_assets.analysis.saturation import holes_found_curve, system_orders
 from bridge_assets.cli.summary import _pool_coverage
 from bridge_assets.lake import store
-from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.reports.system_sections import coverage_section
 from fixtures.labeled_lake import DATASET, read
+from fixtures.paths import lake_resources, location
 
 # per relevant chunk, the systems that surfaced it
 FOUND_BY = [["a"], ["a", "b"], ["c"], ["a", "b", "c", "d"], ["d"], ["b", "d"], ["b"]]
@@ -148,7 +148,7 @@ def test_no_extrapolation_with_too_few_systems_or_a_curve_that_does_not_level_of
 def test_pool_coverage_asset_on_the_labeled_lake(labeled_lake):
     result = dg.materialize(
         [qrels_assets.bridge_qrels, analysis_assets.pool_coverage], partition_key=DATASET,
-        resources={"store": DuckDBStore(data_lake=str(labeled_lake))},
+        resources=lake_resources(labeled_lake),
         run_config={"ops": {"pool_coverage": {"config": {"orders": 6, "seed": 2}}}})
     assert result.success
     frame = read(labeled_lake, "select * from pool_coverage")
@@ -173,7 +173,7 @@ def test_pool_coverage_asset_on_the_labeled_lake(labeled_lake):
     outside = next(t for t in section.tables if t.title == "Outside the pool")
     assert outside.rows == [["verified labels", "7", "0", "not shown"],
                             ["pending pairs relevant", "8", "0", "not shown"]]
-    with store.connect(labeled_lake / "bridge.duckdb") as con:
+    with store.connect(location(labeled_lake)) as con:
         assert _pool_coverage(con, DATASET) == []  # not meaningful: nothing in the summary
 
 

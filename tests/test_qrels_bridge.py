@@ -13,6 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from bridge_assets.cli.qrels import app as qrels_app
+from bridge_assets.human.votes_resource import VotesStore
 from bridge_assets.ingest.loaders import load_beir_folder, load_bridge_release, read_trec_qrels
 from bridge_assets.lake import store
 from bridge_assets.lake.resource import DuckDBStore
@@ -32,12 +33,12 @@ from fixtures.labeled_lake import (
 )
 
 # labeled_lake: test_lineage.py still imports the fixture from here
-from fixtures.paths import annotations
+from fixtures.paths import annotations, lake_resources, location
 
 # --- the merge -------------------------------------------------------------------------------------
 
 def test_sources_follow_the_documented_precedence_and_pending_pairs_are_not_labels(labeled_lake):
-    with qrels_assets.qrels_inputs(DuckDBStore(), DATASET) as con:  # what the asset reads, votes included
+    with qrels_assets.qrels_inputs(DuckDBStore(), VotesStore(), DATASET) as con:  # what the asset reads, votes included
         result = build_bridge_qrels(con, DATASET)
     got = {(r["query_id"], r["doc_id"]): (r["relevance"], r["source"]) for r in result.qrels.iter_rows(named=True)}
     assert got == EXPECTED
@@ -68,7 +69,7 @@ def test_sources_follow_the_documented_precedence_and_pending_pairs_are_not_labe
 
 def test_merge_works_before_the_labeling_stages_ran(data_lake):
     write_labeled_lake(data_lake)
-    with store.connect() as con:  # (the votes live in the votes store: not seen here)
+    with store.connect(location()) as con:  # (the votes live in the votes store: not seen here)
         for table in ("debate_labels", "debate_turns", "human_labels", "filtered_pool", "filter_votes"):
             con.execute(f"drop table {table}")
         result = build_bridge_qrels(con, DATASET)
@@ -80,7 +81,7 @@ def test_merge_works_before_the_labeling_stages_ran(data_lake):
 
 def test_merge_refuses_a_dataset_without_original_qrels(data_lake):
     write_labeled_lake(data_lake)
-    with store.connect() as con, pytest.raises(LookupError, match="dataset 'scifact': no original_qrels rows"):
+    with store.connect(location()) as con, pytest.raises(LookupError, match="dataset 'scifact': no original_qrels rows"):
         build_bridge_qrels(con, "scifact")
 
 
@@ -100,7 +101,7 @@ def test_asset_writes_the_table_the_trec_file_and_reports_pending_pairs(labeled_
     checks = {e.check_name: e.passed for e in result.get_asset_check_evaluations()}
     assert checks == {"bridge_qrels_is_valid": True, "bridge_qrels_escalations_resolved": False}
     # the adjudicator's guess did not resolve the pending pair; people's votes do
-    with store.connect() as con:
+    with store.connect(location()) as con:
         con.execute("insert into human_labels (dataset, query_id, doc_id, label) values ('demo', 'q2', 'd10', 1)")
     resolved = materialize_qrels(labeled_lake)
     assert {e.check_name: e.passed for e in resolved.get_asset_check_evaluations()}[
@@ -111,10 +112,10 @@ def test_asset_writes_the_table_the_trec_file_and_reports_pending_pairs(labeled_
 
 def test_validity_check_catches_a_pair_outside_the_corpus(labeled_lake):
     materialize_qrels(labeled_lake)
-    with store.connect() as con:
+    with store.connect(location()) as con:
         con.execute("insert into bridge_qrels (dataset, query_id, doc_id, relevance, source) "
                     "values ('demo', 'q1', 'ghost', 1, 'debate')")
-    result = dg.materialize([qrels_assets.bridge_qrels_is_valid], resources={"store": DuckDBStore()},
+    result = dg.materialize([qrels_assets.bridge_qrels_is_valid], resources=lake_resources(),
                             selection=dg.AssetSelection.checks(qrels_assets.bridge_qrels_is_valid))
     evaluation = result.get_asset_check_evaluations()[0]
     assert not evaluation.passed

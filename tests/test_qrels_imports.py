@@ -18,13 +18,13 @@ from bridge_assets.cli.qrels import app as qrels_app
 from bridge_assets.cli.summary import _labels
 from bridge_assets.ingest.errors import DatasetError
 from bridge_assets.lake import store
-from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.qrels.imports import ImportFormat, QrelsImportError, import_qrels
 from bridge_assets.qrels.merge import build_bridge_qrels
 from bridge_assets.qrels.sources import BUILTIN_PRECEDENCE, SourceError, place
 from bridge_assets.reports.label_sections import qrels_section
 from fixtures.labeled_lake import DATASET, EXPECTED, EXPECTED_LABELS, materialize_qrels, read
+from fixtures.paths import lake_resources, location
 
 
 def qrels_of(lake) -> dict[tuple[str, str], tuple[int | None, str]]:
@@ -43,21 +43,21 @@ def write(path, lines: list[str]):
 
 
 def imported(lake, path, source: str, **options):
-    with store.connect(lake / "bridge.duckdb") as con:
+    with store.connect(location(lake)) as con:
         return import_qrels(con, DATASET, path, source, **options)
 
 
 def fresh_lake_like(lake, fresh):
     """A new data lake with `lake`'s corpus, queries and original qrels only (nothing labelled)."""
     fresh.mkdir()
-    with store.connect(lake / "bridge.duckdb") as con:
+    with store.connect(location(lake)) as con:
         tables = {t: con.execute(f"select * from {t}").pl() for t in ("corpus", "queries", "original_qrels")}
-    store.write_partitions(tables, {"dataset": DATASET}, fresh / "bridge.duckdb")
+    store.write_partitions(tables, {"dataset": DATASET}, location(fresh))
     return fresh
 
 
 def counts(lake) -> dict:
-    with store.connect(lake / "bridge.duckdb") as con:
+    with store.connect(location(lake)) as con:
         return build_bridge_qrels(con, DATASET).counts()
 
 
@@ -158,7 +158,7 @@ def test_unknown_ids_are_skipped_and_counted_or_an_error(labeled_lake, tmp_path)
     assert (report.lines, report.stored, report.unknown_query_lines, report.unknown_document_lines) == (5, 2, 2, 1)
     assert report.examples == ['line 2: unknown query "q9"', 'line 4: unknown query "q9"',
                                'line 3: unknown document "ghost"']
-    with store.connect() as con:
+    with store.connect(location()) as con:
         sources = con.execute("select source, lines, stored, unknown_query_lines, unknown_document_lines "
                               "from qrels_sources").fetchall()
     assert sources == [("umbrela", 5, 2, 2, 1)]
@@ -182,7 +182,7 @@ def test_malformed_lines_name_the_file_and_line_and_nothing_is_written(labeled_l
     for lines, fmt, message in cases:
         with pytest.raises(DatasetError, match=message):
             imported(labeled_lake, write(tmp_path / "bad.qrels", lines), "assessor2", fmt=fmt)
-    with store.connect() as con:
+    with store.connect(location()) as con:
         assert not store.table_exists(con, "imported_qrels")
     result = CliRunner().invoke(qrels_app, ["import", str(tmp_path / "bad.qrels"), "-d", DATASET, "-s", "x",
                                             "-f", "bridge"])
@@ -191,7 +191,7 @@ def test_malformed_lines_name_the_file_and_line_and_nothing_is_written(labeled_l
 
 def test_a_dataset_not_ingested_is_refused(data_lake, tmp_path):
     file = write(tmp_path / "a.qrels", ["q1 0 d1 1"])
-    with store.connect() as con, pytest.raises(QrelsImportError, match="no corpus rows for dataset 'demo'"):
+    with store.connect(location()) as con, pytest.raises(QrelsImportError, match="no corpus rows for dataset 'demo'"):
         import_qrels(con, DATASET, file, "assessor2")
 
 
@@ -244,7 +244,7 @@ def test_only_verified_imports_count_as_found_holes_and_precedence_decides(label
     assert (after["unverified_imported_relevant"], after["unverified_imported_irrelevant"]) == (1, 1)
     assert (after["pairs_umbrela"], after["relevant_umbrela"], after["pairs_assessor2"]) == (2, 1, 1)
     assert row(labeled_lake, "q4", "d1")["import_line"] == 1 and not row(labeled_lake, "q4", "d1")["verified"]
-    with store.connect() as con:
+    with store.connect(location()) as con:
         text = format_story(audit_pair(con, DATASET, "q4", "d1"))
         outranked = format_story(audit_pair(con, DATASET, "q1", "d12"))
     assert "relevance 3  source umbrela" in text
@@ -264,7 +264,7 @@ def test_only_verified_imports_count_as_found_holes_and_precedence_decides(label
     assert metadata["holes_found"].value == before["holes_found"] + 1
     assert {e.check_name: e.passed for e in result.get_asset_check_evaluations()}["bridge_qrels_is_valid"]
 
-    with store.connect() as con:
+    with store.connect(location()) as con:
         lines = _labels(con, DATASET)
     assert lines[0].endswith(f"verified imported judgments): {before['holes_found'] + 1}")
     assert "assessor2 1 relevant / 0 not" in lines[1] and "umbrela (unverified) 3 relevant / 1 not" in lines[1]
@@ -299,13 +299,13 @@ def test_a_correction_changes_original_judgments_and_says_so_everywhere(labeled_
     assert metadata["precedence"].value.startswith("fix > original > human")
     assert {e.check_name: e.passed for e in result.get_asset_check_evaluations()}["bridge_qrels_is_valid"]
 
-    with store.connect() as con:
+    with store.connect(location()) as con:
         story = audit_pair(con, DATASET, "q1", "d9")
     assert story["final"]["source"] == "fix" and story["final"]["original_relevance"] == 0
     text = format_story(story)
     assert f"the original relevance 0 -> 1 (fix: {fix}, line 1)" in text
     assert f"{'import fix':<22}relevance 1  {fix}, line 1  (correction, precedence 5; the final label)" in text
-    with store.connect() as con:
+    with store.connect(location()) as con:
         same = format_story(audit_pair(con, DATASET, "q1", "d1"))
     assert "source original" in same and "(correction, precedence 5; same as the original: no change)" in same
 
@@ -318,10 +318,10 @@ def test_a_correction_changes_original_judgments_and_says_so_everywhere(labeled_
 
 def test_validity_check_catches_a_silent_overwrite_and_an_unknown_source(labeled_lake):
     materialize_qrels(labeled_lake)
-    with store.connect() as con:
+    with store.connect(location()) as con:
         con.execute("update bridge_qrels set relevance = 0, source = 'debate' where query_id = 'q1' and doc_id = 'd1'")
         con.execute("update bridge_qrels set source = 'nobody' where query_id = 'q1' and doc_id = 'd5'")
-    result = dg.materialize([qrels_assets.bridge_qrels_is_valid], resources={"store": DuckDBStore()},
+    result = dg.materialize([qrels_assets.bridge_qrels_is_valid], resources=lake_resources(),
                             selection=dg.AssetSelection.checks(qrels_assets.bridge_qrels_is_valid))
     evaluation = result.get_asset_check_evaluations()[0]
     assert not evaluation.passed
@@ -331,7 +331,7 @@ def test_validity_check_catches_a_silent_overwrite_and_an_unknown_source(labeled
 
 def test_a_lake_written_before_the_new_columns_gets_them(labeled_lake):
     materialize_qrels(labeled_lake)
-    with store.connect() as con:
+    with store.connect(location()) as con:
         for column in ("original_relevance", "verified", "precedence", "import_file", "import_line"):
             con.execute(f"alter table bridge_qrels drop column {column}")
         # another dataset's rows, built before

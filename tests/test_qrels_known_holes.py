@@ -11,6 +11,7 @@ from bridge_assets.ingest.errors import DatasetError
 from bridge_assets.lake import store
 from bridge_assets.qrels.known_holes import read_known_holes, score_known_holes
 from fixtures.labeled_lake import DATASET, materialize_qrels
+from fixtures.paths import location
 
 
 def write_key(path, records) -> None:
@@ -27,7 +28,7 @@ def test_found_missed_pending_and_false_holes_are_counted(labeled_lake, tmp_path
                          {"query_id": "q2", "doc_ids": ["d10"]},
                          {"query_id": "q3", "doc_ids": [], "partial": ["d7"]},
                          {"query_id": "q4", "doc_ids": []}])
-    with store.connect() as con:
+    with store.connect(location()) as con:
         score = score_known_holes(con, DATASET, read_known_holes(key_file))
     assert (score.queries, score.pooled_holes, score.found, score.missed, score.pending) == (4, 4, 1, 2, 1)
     assert (score.reported, score.reported_true, score.reported_partial, score.reported_false) == (3, 1, 1, 1)

@@ -40,7 +40,7 @@ from bridge_assets.registry.datasets import DatasetSpec, get_dataset
 from bridge_assets.registry.relevance import USEFUL_DEFINITION, Relevance, RelevanceSettings, resolve_relevance
 from bridge_assets.reports.build import build_report
 from fixtures.human_app import login, make_client, post_answer, served_pair
-from fixtures.paths import annotations
+from fixtures.paths import annotations, lake_resources, location
 from fixtures.scripted_llm import ScriptedLLM, ScriptedServer, completion, section
 
 DATASET = "demo"  # the registry folder's entry replaces the shipped demo (a static partition)
@@ -207,7 +207,7 @@ class Script:
 
 
 def run_assets(lake, assets, llm=None):
-    resources = {"store": DuckDBStore(data_lake=str(lake)), **({"llm": llm} if llm else {})}
+    resources = lake_resources(lake, **({"llm": llm} if llm else {}))
     result = dg.materialize(assets, partition_key=DATASET, resources=resources, raise_on_error=False,
                             run_config={"ops": {"candidate_pool": {"config": {"depth": 4}},
                                                 "filter_pool": {"config": {"models": ["f1"]}},
@@ -218,12 +218,12 @@ def run_assets(lake, assets, llm=None):
 
 
 def rows(lake, sql: str) -> list[tuple]:
-    with store.connect(lake / "bridge.duckdb") as con:
+    with store.connect(location(lake)) as con:
         return con.execute(sql).fetchall()
 
 
 def frame(lake, sql: str) -> pl.DataFrame:
-    with store.connect(lake / "bridge.duckdb") as con:
+    with store.connect(location(lake)) as con:
         return con.execute(sql).pl()
 
 
@@ -236,7 +236,7 @@ def write_bm25(lake) -> None:
                        schema=["dataset", "retriever", "query_id", "doc_id", "rank", "score", "config_hash"],
                        orient="row")
     store.write_partitions({"retrieval_run": run}, {"dataset": DATASET, "retriever": "bm25"},
-                           lake / "bridge.duckdb")
+                           location(lake))
 
 
 def vote_all(lake, decide) -> int:
@@ -298,10 +298,10 @@ def test_without_answers_model_labels_stay_provisional_until_people_measure_them
     assert (provisional["source"] == "pending").all() and "debate" not in set(qrels["source"])
     assert qrels_counts(qrels)["holes_found"] == 0
     # neither a drop nor a provisional label is a training label of the student
-    with store.connect(data_lake / "bridge.duckdb") as con:
+    with store.connect(location(data_lake)) as con:
         trained = con.execute(read_sql("student_training_set"), {"dataset": DATASET}).pl()
     assert set(trained["source"]) <= {"original"}
-    with store.connect_read_only(data_lake / "bridge.duckdb") as con:
+    with store.connect_read_only(location(data_lake)) as con:
         summary = run_summary(con, DATASET, 0.0, get_dataset(DATASET))
     assert "holes found (verified" in summary and "): 0" in summary.split("\n")[3]
     assert 'debate consensus "yes": provisional, not counted (provisional: no calibration labels yet)' in summary
@@ -338,7 +338,7 @@ def test_without_answers_model_labels_stay_provisional_until_people_measure_them
     new_yes = consensus.filter(pl.col("label") == 1).join(
         frame(data_lake, "select query_id, doc_id from original_qrels"), on=["query_id", "doc_id"], how="anti")
     assert counts["holes_found"] == new_yes.height + 1  # the consensus "yes" outside the gold, and the audited hole
-    with store.connect_read_only(data_lake / "bridge.duckdb") as con:
+    with store.connect_read_only(location(data_lake)) as con:
         summary = run_summary(con, DATASET, 0.0, get_dataset(DATASET))
     assert f'debate consensus "yes": counted as labels (measured here at or above the bar 0.5); ' \
            f"people agreed {yes}/{yes} = 1.00" in summary
@@ -352,7 +352,7 @@ def test_without_answers_model_labels_stay_provisional_until_people_measure_them
     assert estimate in summary
 
     # the report and bridge audit tell the same
-    with store.connect_read_only(data_lake / "bridge.duckdb") as con:
+    with store.connect_read_only(location(data_lake)) as con:
         report = build_report(con, DATASET, tmp_path / "report", relevance=get_dataset(DATASET).relevance)
         story = audit_pair(con, DATASET, *hole)
     markdown = report.markdown.read_text()
@@ -388,6 +388,6 @@ def labeled_metadata(result) -> dict:
 
 
 def bridge_trust(lake) -> tuple[bool, bool]:
-    with store.connect_read_only(lake / "bridge.duckdb") as con:
+    with store.connect_read_only(location(lake)) as con:
         trust = debate_trust(con, DATASET, by_rule=trusted_by_rule(con, DATASET), bar=0.5)
     return trust.yes.trusted, trust.no.trusted

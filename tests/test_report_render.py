@@ -15,10 +15,10 @@ import pytest
 from bridge_assets.analysis import assets as analysis_assets
 from bridge_assets.analysis import impact_asset
 from bridge_assets.lake import store
-from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.reports import assets as report_assets
 from fixtures.labeled_lake import DATASET
+from fixtures.paths import lake_resources, location
 
 CHROMIUM = Path(os.environ.get("BRIDGE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
@@ -38,13 +38,13 @@ def write_judgments(lake) -> None:
         "dataset": DATASET, "retriever": ["bm25", "bm25", "dense", "dense", "splade", "splade"],
         "query_id": ["q1", "q3", "q1", "q3", "q1", "q3"], "judgment": [True, False, True, True, False, False],
         "decided_by": "llm", "model": "m", "prompt_hash": "h", "call_key": "k", "error": None})},
-        {"dataset": DATASET}, lake / "bridge.duckdb")
+        {"dataset": DATASET}, location(lake))
 
 
 def write_student(lake) -> None:
     """A student's rows as student_annotator and student_scores write them (tests/test_student.py
     trains a real one): q1 and q3 held out, every pool pair scored."""
-    with store.connect(lake / "bridge.duckdb") as con:
+    with store.connect(location(lake)) as con:
         pool = con.execute("select distinct query_id, doc_id from candidate_pool order by all").pl()
     store.write_partitions({
         "student_annotator": pl.DataFrame([{
@@ -53,7 +53,7 @@ def write_student(lake) -> None:
             "held_out_auroc": 0.8, "calibration_queries": ["q1", "q3"]}]),
         "student_scores": pool.with_columns(pl.lit(DATASET).alias("dataset"), pl.lit("k1").alias("student_key"),
                                             ((pl.int_range(pl.len()) % 10) / 10 + 0.05).alias("p_relevant"))},
-        {"dataset": DATASET}, lake / "bridge.duckdb")
+        {"dataset": DATASET}, location(lake))
 
 
 @pytest.fixture
@@ -61,7 +61,7 @@ def report_lake(labeled_lake):
     write_judgments(labeled_lake)
     write_student(labeled_lake)
     result = dg.materialize(ANALYSES, partition_key=DATASET, run_config=CONFIG,
-                            resources={"store": DuckDBStore(data_lake=str(labeled_lake))})
+                            resources=lake_resources(labeled_lake))
     assert result.success
     return labeled_lake, result.asset_materializations_for_node("report")[0].metadata
 
@@ -114,7 +114,7 @@ def test_report_files_hold_every_section_table_and_figure(report_lake):
 
 def test_report_says_which_sections_wait_for_their_tables(labeled_lake):
     result = dg.materialize([qrels_assets.bridge_qrels, report_assets.report], partition_key=DATASET,
-                            resources={"store": DuckDBStore(data_lake=str(labeled_lake))})
+                            resources=lake_resources(labeled_lake))
     assert result.success
     metadata = result.asset_materializations_for_node("report")[0].metadata
     assert metadata["not_materialized"].value == ("partial_annotation_study, pending_impact, pool_coverage, "

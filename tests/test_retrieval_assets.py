@@ -19,6 +19,7 @@ from bridge_assets.retrieval.assets import retrieval_rebenchmark_schedule, retri
 from bridge_assets.retrieval.registry import append_system, load_registry
 from bridge_assets.retrieval.runs import export_trec_run, read_trec
 from bridge_assets.retrieval.sensors import plan_sync, retriever_registry_sensor, sync_partitions
+from fixtures.paths import lake_resources, location
 
 DATASETS = dataset_partitions.get_partition_keys()
 
@@ -88,12 +89,12 @@ def test_sensor_syncs_partitions_with_the_registry(registry_file, data_lake):
         store.write_partitions({"retrieval_run": pl.DataFrame({
             "dataset": ["demo"] * 2, "retriever": ["minilm_hnsw", "bm25"], "query_id": ["q01"] * 2,
             "doc_id": ["d"] * 2, "rank": [1, 1], "score": [1.0, 1.0], "config_hash": ["h"] * 2})},
-            {"dataset": "demo"})
+            {"dataset": "demo"}, location())
         registry_file.write_text(registry_file.read_text().split("  minilm_hnsw:\n")[0])
         shrunk = _evaluate(instance, data_lake, changed.cursor)
         assert _deleted(shrunk) == ["minilm_hnsw"] and _added(shrunk) == [] and shrunk.run_requests == []
         assert "minilm_hnsw" not in instance.get_dynamic_partitions("retriever")
-        left = store.read_frame("select retriever from retrieval_run")["retriever"].to_list()
+        left = store.read_frame("select retriever from retrieval_run", None, location())["retriever"].to_list()
         assert left == ["bm25"]
 
 
@@ -111,8 +112,7 @@ def test_sync_partitions_applies_the_profile_without_a_daemon(registry_file, dat
 
 
 def test_retrieval_run_asset_writes_the_partition_and_passes_its_check(data_lake, tmp_path):
-    resources = {"store": DuckDBStore(data_lake=str(data_lake)),
-                 "llm": LLMResource(store=DuckDBStore(data_lake=str(data_lake)))}
+    resources = lake_resources(data_lake, llm=LLMResource(store=DuckDBStore(data_lake=str(data_lake))))
     with dg.instance_for_test() as instance:
         dg.materialize([ingest_dataset], partition_key="demo", instance=instance, resources=resources)
         instance.add_dynamic_partitions("retriever", ["bm25"])
@@ -126,16 +126,16 @@ def test_retrieval_run_asset_writes_the_partition_and_passes_its_check(data_lake
         assert materialization.metadata["dagster/row_count"].value == 120
         assert materialization.metadata["config_hash"].value == load_registry().config_hash("bm25", 10)
 
-    run = store.read_frame("select * from retrieval_run")
+    run = store.read_frame("select * from retrieval_run", None, location())
     assert set(run.columns) == {"dataset", "retriever", "query_id", "doc_id", "rank", "score", "config_hash",
                                 "inputs_hash"}
     assert run.group_by("query_id").agg(pl.col("rank").sort())["rank"].to_list() == [list(range(1, 11))] * 12
-    path, rows = export_trec_run("demo", "bm25", tmp_path / "demo.bm25.trec")
+    path, rows = export_trec_run("demo", "bm25", tmp_path / "demo.bm25.trec", location())
     assert rows == 120 and read_trec(path).height == 120
     assert path.read_text().split("\n")[0].endswith(" bm25")
 
     # a run with a repeated rank and an unknown document fails the check
-    with store.connect() as con:
+    with store.connect(location()) as con:
         con.execute("insert into retrieval_run values ('demo', 'bm25', 'q01', 'no-such-doc', 1, 0.5, 'x', 'y')")
     outcome = retrieval_run_is_valid(store=DuckDBStore(data_lake=str(data_lake)))
     assert outcome.passed is False
@@ -149,8 +149,7 @@ def test_a_reranker_partition_reads_its_first_stage_from_the_lake_when_current(r
     registry_file.write_text(registry_file.read_text().replace(
         "first_stage: bm25\n    model: all-minilm-l6-v2\n",
         "first_stage: bm25\n    model: all-minilm-l6-v2\n    parameters: {depth: 10}\n"))
-    resources = {"store": DuckDBStore(data_lake=str(data_lake)),
-                 "llm": LLMResource(store=DuckDBStore(data_lake=str(data_lake)))}
+    resources = lake_resources(data_lake, llm=LLMResource(store=DuckDBStore(data_lake=str(data_lake))))
 
     def materialize(instance, retriever):
         key = dg.MultiPartitionKey({"dataset": "demo", "retriever": retriever})
@@ -166,7 +165,7 @@ def test_a_reranker_partition_reads_its_first_stage_from_the_lake_when_current(r
         assert details["first_stage"] == {"bm25": {"depth": 10, "stored_run_reused": True}}
         assert "indexes" not in details or "bm25-lucene" not in details["indexes"]  # no Lucene opened
 
-        with store.connect() as con:  # the queries changed since bm25 ran: its run is not current
+        with store.connect(location()) as con:  # the queries changed since bm25 ran: its run is not current
             con.execute("update queries set text = text || ' ?' where query_id = 'q01'")
         assert materialize(instance, "minilm_rerank_bm25")["first_stage"]["bm25"]["stored_run_reused"] is False
 

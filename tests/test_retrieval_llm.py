@@ -14,6 +14,7 @@ from bridge_assets.retrieval.llm_systems import rewrite_queries
 from bridge_assets.retrieval.registry import load_registry
 from bridge_assets.retrieval.runs import rank_problems
 from bridge_assets.retrieval.systems import run_retriever
+from fixtures.paths import location
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +45,7 @@ def test_llm_reranker_reorders_bm25_by_p_yes_and_caches_its_calls(registry, demo
     clients: dict[str, LLMClient] = {}
 
     def client(profile: str) -> LLMClient:
-        return clients.setdefault(profile, LLMClient(profile, db_path=data_lake / "bridge.duckdb"))
+        return clients.setdefault(profile, LLMClient(profile, lake=location(data_lake)))
 
     first = run_retriever("demo", "bm25", corpus, queries, k=4, registry=local, lake=data_lake).run
     result = run_retriever("demo", "llm_rerank_bm25", corpus, queries, k=4, registry=local, lake=data_lake,
@@ -69,7 +70,7 @@ def test_hyde_searches_bm25_with_a_generated_passage(registry, demo_queries, dat
     corpus, queries = demo_queries
     queries = queries.head(1)
     local = _with_params(registry, "hyde", {"method": "hyde", "passages": 1, "max_tokens": 32})
-    client = LLMClient(local.system("hyde").llm.profile_name(), db_path=data_lake / "bridge.duckdb")
+    client = LLMClient(local.system("hyde").llm.profile_name(), lake=location(data_lake))
     rewritten, counts = rewrite_queries(client, local.prompt("hyde"), queries, local.system("hyde").params())
     assert counts["queries_not_rewritten"] == 0
     assert all(new != old and len(new.split()) > 5

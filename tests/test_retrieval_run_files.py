@@ -24,6 +24,7 @@ from bridge_assets.cli.retrievers import materialize_run
 from bridge_assets.ingest.errors import DatasetError
 from bridge_assets.labeling.pooling import candidate_pool
 from bridge_assets.lake import store
+from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.metrics import compute_retrieval_metrics
 from bridge_assets.pipeline.partitions import dataset_partitions
 from bridge_assets.registry.datasets import get_dataset
@@ -32,7 +33,7 @@ from bridge_assets.retrieval.registry import load_registry
 from bridge_assets.retrieval.run_files import read_run_file, register_run_file, template_for
 from bridge_assets.retrieval.sensors import run_files_sensor
 from bridge_assets.retrieval.systems import run_retriever
-from fixtures.paths import shared_data
+from fixtures.paths import location, shared_data
 
 CORPUS = pl.DataFrame({"doc_id": ["a", "b", "c", "d"], "title": [""] * 4, "text": ["x"] * 4})
 QUERIES = pl.DataFrame({"query_id": ["q1", "q2"], "text": ["x", "y"]})
@@ -168,7 +169,7 @@ def _imported_equals_builtin(dataset: str, systems: list[str], tmp_path) -> None
         result = _import(exported, dataset, f"imported_{system}")
         assert result.exit_code == 0, result.output
         assert f"registered 'imported_{system}' (run_file)" in result.output
-    with store.connect() as con:
+    with store.connect(location()) as con:
         runs = con.execute("select * from retrieval_run where dataset = ?", [dataset]).pl()
         qrels = con.execute("select * from original_qrels where dataset = ?", [dataset]).pl()
         metrics = compute_retrieval_metrics(con, run=f"(select * from retrieval_run where dataset = '{dataset}')",
@@ -232,7 +233,7 @@ def test_import_reports_unknown_ids_and_refuses_bad_input_before_writing(user_di
     assert "line 3: query \"q99\" is not a query of dataset 'demo'" in result.output
     assert (user_dir / "runs" / "demo" / "mine.trec.gz").read_bytes() == run.read_bytes()
     assert load_registry().system("mine").params().k == 5
-    with store.connect() as con:
+    with store.connect(location()) as con:
         stored = con.execute("select query_id, doc_id, rank from retrieval_run where retriever = 'mine' "
                              "order by query_id").fetchall()
     assert stored == [("q01", "pydoc-lambda-1", 1), ("q02", "pydoc-types-21", 1)]
@@ -291,7 +292,8 @@ def test_runs_list_marks_a_failed_system_with_its_file_line_and_field(user_dir, 
 # ---- the run-files sensor -----------------------------------------------------------------
 
 def _evaluate(instance, cursor=None) -> dg.SensorResult:
-    result = run_files_sensor(dg.build_sensor_context(instance=instance, cursor=cursor))
+    result = run_files_sensor(dg.build_sensor_context(instance=instance, cursor=cursor,
+                                                     resources={"store": DuckDBStore()}))
     for request in result.dynamic_partitions_requests:
         instance.add_dynamic_partitions(request.partitions_def_name, list(request.partition_keys))
     return result
@@ -329,7 +331,7 @@ def test_sensor_turns_new_run_files_into_systems_and_requests_their_runs(user_di
 def test_sensor_skips_without_a_registry_folder(monkeypatch):
     monkeypatch.delenv("BRIDGE_REGISTRY_DIR", raising=False)
     with dg.instance_for_test() as instance:
-        result = run_files_sensor(dg.build_sensor_context(instance=instance))
+        result = run_files_sensor(dg.build_sensor_context(instance=instance, resources={"store": DuckDBStore()}))
     assert isinstance(result, dg.SkipReason) and "BRIDGE_REGISTRY_DIR" in result.skip_message
 
 

@@ -60,19 +60,31 @@ def test_hf_hub_offline_is_read_one_way_as_the_hugging_face_libraries_read_it(mo
 def test_the_location_is_built_once_and_every_store_call_of_a_run_uses_it(data_lake, monkeypatch):
     built: list[LakeLocation] = []
     seen: list[object] = []
-    build, resolve = settings.build_location, store.resolve
+    files: list[Path] = []
+    build, location, connect_file, attach_file = (settings.build_location, store.location, store.connect_file,
+                                                  store.attach_file)
 
     def counting_build(*args):
         built.append(build(*args))
         return built[-1]
 
-    def recording_resolve(where):
-        seen.append(where)
-        return resolve(where)
+    def recording_location(lake):
+        seen.append(lake)
+        return location(lake)
+
+    def recording_connect_file(path, **kwargs):
+        files.append(Path(path))
+        return connect_file(path, **kwargs)
+
+    def recording_attach_file(con, path, alias, **kwargs):
+        files.append(Path(path))
+        return attach_file(con, path, alias, **kwargs)
 
     monkeypatch.setattr(settings, "_locations", {})
     monkeypatch.setattr(settings, "build_location", counting_build)
-    monkeypatch.setattr(store, "resolve", recording_resolve)
+    monkeypatch.setattr(store, "location", recording_location)
+    monkeypatch.setattr(store, "connect_file", recording_connect_file)
+    monkeypatch.setattr(store, "attach_file", recording_attach_file)
 
     @dg.asset
     def written(context: dg.AssetExecutionContext, store: DuckDBStore, llm: LLMResource,
@@ -80,7 +92,7 @@ def test_the_location_is_built_once_and_every_store_call_of_a_run_uses_it(data_l
         store.write_partitions({"t": pl.DataFrame({"dataset": ["a"], "value": [1]})}, dataset="a")
         assert store.read("select value from t")["value"].to_list() == [1]
         store.snapshot("a", ("t",), votes=votes).close()
-        assert ledger.lookup([context.run_id], llm.db_path) == {}
+        assert ledger.lookup([context.run_id], llm.lake) == {}
         votes.prepare()
         with votes.connect() as con:  # the votes store, the pipeline's tables readable
             assert con.execute("select count(*) from t").fetchone()[0] == 1
@@ -90,6 +102,6 @@ def test_the_location_is_built_once_and_every_store_call_of_a_run_uses_it(data_l
                                                   "votes": VotesStore(store=lake)})
     assert result.success
     assert len(built) == 1 and built[0].folder == data_lake
-    pipeline = [w for w in seen if isinstance(w, LakeLocation) or Path(str(w)).name == "bridge.duckdb"]
-    assert pipeline and all(w is built[0] for w in pipeline), pipeline
-    assert {Path(str(w)) for w in seen if w not in pipeline} == {built[0].votes_db}  # the votes store's file
+    # every store call was handed the one location; the only file opened as a file is the votes store
+    assert seen and all(w is built[0] for w in seen), seen
+    assert set(files) == {built[0].votes_db}

@@ -43,6 +43,7 @@ from bridge_assets.student.model import (
 from bridge_assets.student.prefilter import lake_study, threshold_table
 from bridge_assets.student.threshold import held_out_pairs, reliability, threshold_retrieval
 from fixtures.labeled_lake import DATASET, VERIFIED_LABELS, materialize_qrels, read
+from fixtures.paths import lake_resources, location
 
 TINY = StudentSettings(epochs=1, max_length=48, batch_size=8, calibration_share=0.34)
 
@@ -65,7 +66,7 @@ def _examples() -> list[Example]:
 
 def _plant_pending_yes(lake) -> None:
     """The escalated pair nobody voted on gets a model's 'yes' guess (an adjudicator label)."""
-    with store.connect(lake / "bridge.duckdb") as con:
+    with store.connect(location(lake)) as con:
         con.execute("update debate_labels set adjudicator_label = 1 "
                     "where query_id = 'q2' and doc_id = 'd10'")
 
@@ -200,7 +201,7 @@ def test_student_is_stored_once_per_training_set(tmp_path):
 def test_student_assets_train_once_and_score_the_whole_pool(labeled_lake, tmp_path):
     _plant_pending_yes(labeled_lake)
     materialize_qrels(labeled_lake)
-    resources = {"store": DuckDBStore(data_lake=str(labeled_lake))}
+    resources = lake_resources(labeled_lake)
     config = dg.RunConfig(ops={"student_annotator": student_assets.StudentConfig(
         # two contrast queries since the filter's drops are no training labels: one is held out
         epochs=1, max_length=48, batch_size=8, calibration_share=0.5)})
@@ -231,7 +232,7 @@ def test_student_assets_train_once_and_score_the_whole_pool(labeled_lake, tmp_pa
     held = set(audit.filter(pl.col("split") == "calibration")["query_id"])
     assert held and sorted(held) == row[0]["calibration_queries"]
 
-    with store.connect(labeled_lake / "bridge.duckdb") as con:  # the report's section, on the held-out queries
+    with store.connect(location(labeled_lake)) as con:  # the report's section, on the held-out queries
         tables = {name: con.execute(f"select * from {name}").pl()
                   for name in ("student_annotator", "student_scores", "bridge_qrels")}
     section = student_section(tables["student_annotator"], tables["student_scores"], tables["bridge_qrels"],
@@ -247,7 +248,7 @@ def test_student_assets_train_once_and_score_the_whole_pool(labeled_lake, tmp_pa
         assert "no better than chance" not in " ".join(section.notes)
     assert (tmp_path / "student_reliability.png").exists()
     assert scores["p_relevant"].is_between(0, 1).all()
-    with store.connect(labeled_lake / "bridge.duckdb") as con:
+    with store.connect(location(labeled_lake)) as con:
         summary = run_summary(con, DATASET, time.time())
     left_out = audit.filter(pl.col("split") == "one-class query").height
     assert (f"student annotator {first['student_key'].value}: trained on {row[0]['trained_on']} and "
@@ -256,7 +257,7 @@ def test_student_assets_train_once_and_score_the_whole_pool(labeled_lake, tmp_pa
     assert row[0]["held_out_auroc"] is not None and f"held-out AUROC {row[0]['held_out_auroc']:.2f}" in summary
     assert f"scores {pool.height} pool pairs" in summary
 
-    with store.connect(labeled_lake / "bridge.duckdb") as con:  # the audit names the student
+    with store.connect(location(labeled_lake)) as con:  # the audit names the student
         learned, unlearned = audit_pair(con, DATASET, "q1", "d5"), audit_pair(con, DATASET, "q2", "d10")
     assert learned["student"]["student"]["weights_hash"] == first["weights_hash"].value
     split = learned["student"]["learned_from_pair"]["split"]
@@ -283,7 +284,7 @@ def test_student_assets_train_once_and_score_the_whole_pool(labeled_lake, tmp_pa
     rows = read(labeled_lake, "select query_id, doc_id, split, teacher from student_training_set "
                               "where teacher is not null and split in ('train', 'calibration')")
     assert "train" in rows["split"].to_list()
-    with store.connect(labeled_lake / "bridge.duckdb") as con:
+    with store.connect(location(labeled_lake)) as con:
         for query_id, doc_id, part, p_yes in rows.iter_rows():
             text = format_story(audit_pair(con, DATASET, query_id, doc_id))
             assert (f"distilled with the debate's P(yes) {p_yes:.2f}" in text) == (part == "train")
@@ -294,7 +295,7 @@ def test_a_sampled_student_says_what_it_left_out(labeled_lake):
     config = dg.RunConfig(ops={"student_annotator": student_assets.StudentConfig(
         epochs=1, max_length=48, batch_size=8, calibration_share=0.25, max_labels=4)})
     result = dg.materialize([student_assets.student_annotator, student_assets.student_scores],
-                            partition_key=DATASET, resources={"store": DuckDBStore(data_lake=str(labeled_lake))},
+                            partition_key=DATASET, resources=lake_resources(labeled_lake),
                             run_config=config)
     assert result.success
     row = read(labeled_lake, "select * from student_annotator").to_dicts()[0]
@@ -304,7 +305,7 @@ def test_a_sampled_student_says_what_it_left_out(labeled_lake):
     left_out = splits.filter(pl.col("split") == "sampled out")
     one_class = splits.filter(pl.col("split") == "one-class query")
     assert left_out.height == len(VERIFIED_LABELS) - row["trained_on"] - row["calibrated_on"] - one_class.height > 0
-    with store.connect(labeled_lake / "bridge.duckdb") as con:
+    with store.connect(location(labeled_lake)) as con:
         summary = run_summary(con, DATASET, time.time())
         sampled_out = audit_pair(con, DATASET, left_out["query_id"][0], left_out["doc_id"][0])
         one_way = audit_pair(con, DATASET, one_class["query_id"][0], one_class["doc_id"][0])
@@ -365,7 +366,7 @@ def test_prefilter_threshold_table_by_hand():
 def test_prefilter_lake_study_scores_the_filtered_pairs_out_of_fold(labeled_lake):
     # people audited one of the filter's drops (q3/d12: not relevant): a verified negative of q3,
     # so each fold of queries holds both classes (an unaudited drop teaches nothing)
-    with store.connect(labeled_lake / "bridge.duckdb") as con:
+    with store.connect(location(labeled_lake)) as con:
         con.execute("insert into human_labels (dataset, query_id, doc_id, label, votes, votes_relevant, agreement) "
                     f"values ('{DATASET}', 'q3', 'd12', 0, 3, 0, 1.0)")
     materialize_qrels(labeled_lake)
@@ -417,15 +418,15 @@ def test_the_uncalibrated_score_is_the_sigmoid_of_the_relevance_logit():
 
 def test_a_dataset_without_negative_labels_gets_no_student_and_says_why(labeled_lake):
     materialize_qrels(labeled_lake)
-    with store.connect(labeled_lake / "bridge.duckdb") as con:  # every verified label relevant
+    with store.connect(location(labeled_lake)) as con:  # every verified label relevant
         con.execute("delete from bridge_qrels where relevance = 0")
     result = dg.materialize([student_assets.student_annotator, student_assets.student_scores],
-                            partition_key=DATASET, resources={"store": DuckDBStore(data_lake=str(labeled_lake))})
+                            partition_key=DATASET, resources=lake_resources(labeled_lake))
     assert result.success  # the rest of the pipeline goes on
     row = read(labeled_lake, "select student_key, not_trained, labels from student_annotator").to_dicts()
     assert row[0]["student_key"] is None and "both classes" in row[0]["not_trained"]
     assert read(labeled_lake, "select count(*) as n from student_scores")["n"][0] == 0
-    with store.connect(labeled_lake / "bridge.duckdb") as con:
+    with store.connect(location(labeled_lake)) as con:
         summary = run_summary(con, DATASET, time.time())
         story = audit_pair(con, DATASET, "q1", "d5")
     assert f"student annotator: none (it needs verified labels of both classes (relevant and not); " \

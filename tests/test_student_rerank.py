@@ -31,6 +31,7 @@ from bridge_assets.student.model import StudentSettings, base_model_location, re
 from bridge_assets.student.rerank import estimate_utility_calls, student_rerank
 from bridge_assets.student.retriever_data import pool_pairs
 from fixtures.labeled_lake import DATASET, materialize_qrels, read
+from fixtures.paths import location
 from fixtures.scripted_llm import ScriptedLLM, ScriptedServer, completion
 
 TINY = StudentSettings(epochs=1, max_length=48, batch_size=8, calibration_share=0.0)
@@ -170,7 +171,7 @@ def make_stored_bm25_current(lake) -> None:
     """The fixture's bm25 run, marked as made by the registry's bm25 from this corpus and these
     queries (its text is not searchable by BM25: the re-ranker must take the stored run)."""
     registry = load_registry()
-    with store.connect(lake / "bridge.duckdb") as con:
+    with store.connect(location(lake)) as con:
         corpus = con.execute("select doc_id, title, text from corpus where dataset = ? order by doc_id", [DATASET]).pl()
         queries = con.execute("select query_id, text from queries where dataset = ? order by query_id", [DATASET]).pl()
         con.execute("alter table retrieval_run add column inputs_hash varchar")
@@ -215,7 +216,7 @@ def test_the_asset_runs_the_registry_systems_and_the_metrics_read_them(labeled_l
     assert '"trained_now": false' in details[0] and '"trained_now": true' in details[1]
     assert read(labeled_lake, "select * from student_rerank_run").sort("query_id", "rank").equals(
         run.sort("query_id", "rank"))
-    with store.connect(labeled_lake / "bridge.duckdb") as con:
+    with store.connect(location(labeled_lake)) as con:
         summary = run_summary(con, DATASET, time.time())
     assert "student re-ranker student_bm25 (evaluated, never pooled; students of the other query fold): " \
            "nDCG@10 " in summary and "vs its first stage bm25" in summary
@@ -239,7 +240,7 @@ def test_the_asset_runs_a_trained_retriever_and_the_metrics_read_it(labeled_lake
     metrics = read(labeled_lake, "select * from retrieval_metrics where query_id = 'all' and measure = 'ndcg_cut_10'")
     assert {"trained", "bm25"} <= set(metrics["retriever"])
     assert "trained" not in str(read(labeled_lake, "select * from candidate_pool").to_dicts())  # never pooled
-    with store.connect(labeled_lake / "bridge.duckdb") as con:
+    with store.connect(location(labeled_lake)) as con:
         summary = run_summary(con, DATASET, time.time())
     assert "trained retriever trained (evaluated, never pooled; fine-tuned on the labels of the other " \
            "query fold): nDCG@10 " in summary and "student re-ranker trained" not in summary
@@ -270,7 +271,7 @@ def test_a_trained_retriever_learns_from_the_candidates_its_llm_selects(labeled_
         return 200, completion('{"selected": [1, 2]}'), 0
 
     # the dry run counts them: one call per query of the pool, none in the ledger yet
-    with store.connect(labeled_lake / "bridge.duckdb") as con:
+    with store.connect(location(labeled_lake)) as con:
         pool = pool_pairs(con, DATASET)
     [estimated] = estimate_utility_calls(load_registry(), pool, LedgerReplay(None))
     assert (estimated.stage, estimated.profile, estimated.new, estimated.bound) == \

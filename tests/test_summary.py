@@ -12,23 +12,23 @@ import dagster as dg
 from bridge_assets.analysis import assets as analysis_assets
 from bridge_assets.cli.summary import rank_range, run_summary
 from bridge_assets.lake import store
-from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.qrels import assets as qrels_assets
 from bridge_assets.registry.datasets import DatasetSpec
 from fixtures.labeled_lake import DATASET
+from fixtures.paths import lake_resources, location
 
 
 def test_the_summary_counts_verified_holes_and_bounds_the_rest(labeled_lake, tmp_path):
     result = dg.materialize([qrels_assets.bridge_qrels, analysis_assets.retrieval_metrics,
                              analysis_assets.ranking_shift], partition_key=DATASET,
-                            resources={"store": DuckDBStore(data_lake=str(labeled_lake))})
+                            resources=lake_resources(labeled_lake))
     assert result.success
     key = tmp_path / "holes.jsonl"
     key.write_text("".join(json.dumps(r) + "\n" for r in (
         {"query_id": "q1", "doc_ids": ["d5"]}, {"query_id": "q3", "doc_ids": ["d7"]},
         {"query_id": "q4", "doc_ids": []})))
     spec = DatasetSpec(name=DATASET, kind="beir", path=".", known_holes=str(key))
-    with store.connect() as con:
+    with store.connect(location()) as con:
         text = run_summary(con, DATASET, time.time(), spec)
     lines = text.splitlines()
     assert lines[0] == "== demo =="
@@ -42,13 +42,13 @@ def test_the_summary_counts_verified_holes_and_bounds_the_rest(labeled_lake, tmp
                and "3 reported holes: 2 verified, 0 partial, 1 false" in line for line in lines)
     # nDCG@10: only changes that hold at both bounds are listed
     robust = next(line for line in lines if line.startswith("robust rank changes"))
-    with store.connect() as con:
+    with store.connect(location()) as con:
         moves = con.execute("select retriever from ranking_shift where measure = 'ndcg_cut_10' "
                             "and robust_rank_change <> 0").fetchall()
     assert all(name in robust for (name,) in moves) and (moves or robust.endswith("none"))
 
     # the agents' vote beyond the human budget is unverified, and nobody is asked to label it
-    with store.connect() as con:
+    with store.connect(location()) as con:
         con.execute("update bridge_qrels set unverified_source = 'vote', unverified_label = 1 "
                     "where source = 'pending'")
         voted = run_summary(con, DATASET, time.time(), spec).splitlines()

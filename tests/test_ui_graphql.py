@@ -11,6 +11,7 @@ import pytest
 
 from bridge_assets.lake import store
 from bridge_assets.orchestration.webserver import dagster_webserver
+from fixtures.paths import location
 
 LAUNCH = """
 mutation Launch($params: ExecutionParams!) {
@@ -73,7 +74,7 @@ def test_materialize_button_path_runs_the_ingest_of_a_dataset(webserver, data_la
             break
         time.sleep(2)
     assert status == "SUCCESS"
-    with store.connect(data_lake / "bridge.duckdb") as con:
+    with store.connect(location(data_lake)) as con:
         assert con.execute("select count(*) from queries where dataset = 'demo'").fetchone()[0] == 12
 
 
@@ -137,7 +138,7 @@ def test_materialize_from_the_ui_uses_the_datasets_pipeline_settings(depth_one, 
         launched = graphql(url, LAUNCH, {"params": params})["launchPipelineExecution"]
         assert launched["__typename"] == "LaunchRunSuccess", launched
         assert wait_for_run(url, launched["run"]["runId"]) == "SUCCESS"
-    with store.connect(data_lake / "bridge.duckdb") as con:
+    with store.connect(location(data_lake)) as con:
         pool = con.execute("select count(*) from candidate_pool where dataset = 'depth_one'").fetchone()[0]
         first_documents = con.execute("select count(distinct (query_id, doc_id)) from retrieval_run "
                                       "where dataset = 'depth_one' and rank = 1").fetchone()[0]

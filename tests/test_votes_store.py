@@ -26,10 +26,9 @@ from bridge_assets.human.assets import human_labels
 from bridge_assets.human.tables import ensure_schema
 from bridge_assets.human.votes import insert_vote
 from bridge_assets.lake import ducklake, store
-from bridge_assets.lake.resource import DuckDBStore
 from fixtures.escalated_set import DATASET, ESCALATED, write_escalated_set
 from fixtures.human_app import assignment_of, csrf_of, login, make_client
-from fixtures.paths import PROJECT_ROOT, annotations, votes_db
+from fixtures.paths import PROJECT_ROOT, annotations, lake_resources, location, votes_db
 
 HUMAN_TABLES = {"annotators", "annotation_assignments", "human_votes"}
 # Holds a DuckDB file's write lock from another process until a line arrives on its stdin.
@@ -102,8 +101,9 @@ def test_a_vote_never_waits_on_a_pipeline_write_and_lands_in_the_votes_store(duc
 WRITING = textwrap.dedent("""
     import sys
     import polars as pl
+    from bridge_assets import settings
     from bridge_assets.lake import store
-    with store.connect() as con:
+    with store.connect(settings.lake_location()) as con:
         con.execute("begin transaction")
         store.replace_partition(con, "corpus", pl.DataFrame({"dataset": ["other"], "doc_id": ["x"],
                                                              "title": [""], "text": ["x"]}), {"dataset": "other"})
@@ -133,7 +133,7 @@ def test_on_ducklake_a_page_and_a_vote_are_served_while_a_pipeline_write_is_open
         writer.communicate("\n", timeout=60)
     assert writer.returncode == 0
     assert [v[1:] for v in stored_votes(escalated_lake)] == [("ann", *ESCALATED[0], 1, "while the lake is written")]
-    with store.connect() as con:  # the writer's commit went through after the app's reads
+    with store.connect(location()) as con:  # the writer's commit went through after the app's reads
         assert con.execute("select count(*) from corpus where dataset = 'other'").fetchone()[0] == 1
 
 
@@ -186,7 +186,7 @@ def write_old_lake(lake) -> str:
     """The human tables where they were before the votes store: in bridge.duckdb (a DuckDB-file
     lake: DuckLake came after the votes store; the tests using it ask for duckdb_storage)."""
     write_escalated_set(lake)
-    with store.connect(lake / "bridge.duckdb") as con:
+    with store.connect(location(lake)) as con:
         ensure_schema(con)
         token = add_annotator(con, "ann")
         for annotator, label in (("bob", 1), ("cat", 1)):
@@ -213,12 +213,12 @@ def test_an_old_lakes_votes_move_to_the_votes_store_when_the_app_starts(duckdb_s
 
 def test_the_pipeline_moves_them_too_and_human_labels_counts_them(duckdb_storage, data_lake):
     write_old_lake(data_lake)
-    with store.connect() as con:  # a third vote completes the first pair
+    with store.connect(location()) as con:  # a third vote completes the first pair
         insert_vote(con, dataset=DATASET, query_id=ESCALATED[0][0], doc_id=ESCALATED[0][1],
                     annotator_id="dan", label=0, comment=None, with_history=True,
                     is_attention_check=False, expected_label=None, status="accepted", source="app")
     result = dg.materialize([human_labels], partition_key=DATASET,
-                            resources={"store": DuckDBStore(data_lake=str(data_lake))},
+                            resources=lake_resources(data_lake),
                             run_config={"ops": {"human_labels": {"config": {"allow_partial": True}}}})
     assert result.success
     assert result.asset_materializations_for_node("human_labels")[0].metadata["accepted_votes"].value == 3
@@ -230,16 +230,16 @@ def test_a_move_cut_short_finishes_without_doubling_and_different_votes_are_refu
     write_old_lake(data_lake)
     assert CliRunner().invoke(cli.app, ["migrate"]).output.startswith("moved 2 votes")
     # as if the process died after copying and before dropping the lake's tables
-    with store.connect(data_lake / "bridge.duckdb") as con:
-        store.attach(con, votes_db(data_lake), "moved")
+    with store.connect(location(data_lake)) as con:
+        store.attach_file(con, votes_db(data_lake), "moved")
         for table in ("annotators", "human_votes"):
             con.execute(f"create table {table} as select * from moved.{table}")
-    assert votes_store.migrate(data_lake / "bridge.duckdb", votes_db(data_lake)) == 2
+    assert votes_store.migrate(location(data_lake)) == 2
     assert not tables(data_lake / "bridge.duckdb") & HUMAN_TABLES
     assert len(stored_votes(data_lake)) == 2
 
     # a lake holding votes the store lacks: refused, and nothing is dropped
-    with store.connect(data_lake / "bridge.duckdb") as con:
+    with store.connect(location(data_lake)) as con:
         ensure_schema(con)
         insert_vote(con, dataset=DATASET, query_id="q2", doc_id="d6", annotator_id="eve", label=1,
                     comment=None, with_history=True, is_attention_check=False, expected_label=None,
@@ -286,7 +286,7 @@ def test_make_clean_never_removes_the_votes(tmp_path, duckdb_storage, monkeypatc
     second = make_clean(project)
     assert second.returncode == 0, second.stdout + second.stderr
     assert not (lake / "ducklake.sqlite").exists() and not (lake / "ducklake").exists()
-    assert not store.exists(lake / "bridge.duckdb")
+    assert not store.exists(location(lake))
     assert stored_votes(lake) == [*kept, (3, "dan", "q2", "d6", 0, "after")]
     with duckdb.connect(str(votes_db(lake)), read_only=True) as con:
         assert con.execute("select annotator_id from annotators").fetchall() == [("ann",)]
@@ -297,27 +297,27 @@ def test_on_ducklake_the_votes_store_is_attached_beside_the_lake_for_one_call_on
     is the process's lake instance (extensions loaded once) with the votes file attached for the
     call, and detached after it, whatever happened inside."""
     monkeypatch.setenv("BRIDGE_STORAGE", "ducklake")
-    votes_store.prepare(escalated_lake / "bridge.duckdb", votes_db(escalated_lake))
-    with store.connect() as con:
+    votes_store.prepare(location(escalated_lake))
+    with store.connect(location()) as con:
         debated = con.execute("select count(*) from debate_labels").fetchone()[0]
 
     def attached() -> set[str]:
-        with store.connect() as con:
+        with store.connect(location()) as con:
             return {row[0] for row in con.execute("select database_name from duckdb_databases()").fetchall()}
 
     for name in ("eve", "fay"):
-        with votes_store.connect(votes_db(escalated_lake), lake_db=escalated_lake / "bridge.duckdb") as con:
+        with votes_store.connect(location(escalated_lake)) as con:
             assert con.execute("select count(*) from debate_labels").fetchone()[0] == debated > 0
             in_use = {row[0] for row in con.execute("select database_name from duckdb_databases()").fetchall()}
             assert {ducklake.ALIAS, votes_store.VOTES} <= in_use  # the lake's own instance
             add_annotator(con, name)  # written to the votes store, not the lake
         assert votes_store.VOTES not in attached()
     with pytest.raises(duckdb.Error):
-        with votes_store.connect(votes_db(escalated_lake), lake_db=escalated_lake / "bridge.duckdb") as con:
+        with votes_store.connect(location(escalated_lake)) as con:
             con.execute("begin transaction")
             con.execute("select * from no_such_table")
     assert votes_store.VOTES not in attached()
-    with store.connect() as con:
+    with store.connect(location()) as con:
         in_lake = {row[0] for row in con.execute(
             "select table_name from duckdb_tables() where database_name = current_database()").fetchall()}
     assert "debate_labels" in in_lake and not in_lake & HUMAN_TABLES

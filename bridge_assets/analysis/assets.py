@@ -365,7 +365,7 @@ def rag_answers(context: dg.AssetExecutionContext, config: RagAnswersConfig, sto
                                           systems=config.systems, scope=config.scope)
     model = config.model or llm.profile_for("judge")
     generate = MeteredGenerate(llm.generate_fn(context.run_id, context.log.info))
-    with automation.llm_cap(context, llm.db_path) as capped:
+    with automation.llm_cap(context, llm.lake) as capped:
         answers = rag.generate_answers(contexts, generate, model, run.dataset, settings=rag.AnswerSettings(
             depth=config.depth, passage_chars=config.passage_chars, max_tokens=config.max_tokens))
     return run.finish(store, answers, {
@@ -394,7 +394,7 @@ def rag_judgments(context: dg.AssetExecutionContext, config: RagJudgmentsConfig,
         queries = con.execute("select query_id, text, answers from queries").pl()
     model = config.model or llm.profile_for("judge")
     generate = MeteredGenerate(llm.generate_fn(context.run_id, context.log.info))
-    with automation.llm_cap(context, llm.db_path) as capped:
+    with automation.llm_cap(context, llm.lake) as capped:
         judgments = rag.judge_answers(answers, queries, generate, model, run.dataset, max_tokens=config.max_tokens)
     decided = judgments.filter(pl.col("judgment").is_not_null())
     return run.finish(store, judgments, {

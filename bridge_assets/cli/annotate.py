@@ -24,12 +24,12 @@ def _votes(lake: bool = False) -> Iterator:
     from bridge_assets.human import votes_store
     from bridge_assets.settings import lake_location
 
-    where = lake_location()  # as the store resource's (no dagster imported for one command)
-    moved = votes_store.prepare(where.duckdb, where.votes_db)
+    where = lake_location()  # the command's edge, as the store resource's (no dagster imported)
+    moved = votes_store.prepare(where)
     if moved:
         typer.secho(f"moved {moved} votes from {where.duckdb} to the votes store {where.votes_db}",
                     err=True)
-    with votes_store.connect(where.votes_db, lake_db=where.duckdb if lake else None) as con:
+    with votes_store.connect(where, pipeline=lake) as con:
         yield con
 
 
@@ -75,12 +75,12 @@ def serve(
     from bridge_assets.settings import lake_location
 
     lake = lake_location()
-    settings = AppSettings(db_path=lake.duckdb, votes_path=lake.votes_db, secret=load_secret(lake.folder),
+    settings = AppSettings(lake=lake, secret=load_secret(lake.folder),
                            with_history=with_history, attention_rate=attention_rate, known_rate=known_rate,
                            datasets=tuple(dataset) if dataset else None, graded=graded_datasets(),
                            secure_cookies=secure_cookies, session_hours=session_hours)
     typer.secho(f"annotation app on http://{host}:{port}/ ({'with' if with_history else 'without'} "
-                f"debate history) -> votes in {settings.votes_db}, pipeline {settings.db_path}",
+                f"debate history) -> votes in {lake.votes_db}, pipeline {lake.duckdb}",
                 fg="cyan", err=True)
     uvicorn.run(annotation_app(settings), host=host, port=port, log_level="info")
 
@@ -110,7 +110,7 @@ def migrate() -> None:
     from bridge_assets.settings import lake_location
 
     where = lake_location()
-    moved = votes_store.prepare(where.duckdb, where.votes_db)
+    moved = votes_store.prepare(where)
     typer.echo(f"moved {moved} votes from {where.duckdb} to {where.votes_db}" if moved
                else f"votes store: {where.votes_db} (nothing to move)")
 

@@ -469,18 +469,18 @@ def audit_command(
     """The whole story of one label: texts, systems and ranks, filter votes, debate turns,
     human votes, final label and source, models, prompt hashes and Dagster run ids."""
     from bridge_assets.cli.errors import fail
-    from bridge_assets.human.votes_store import VotesConflict, VotesStore
+    from bridge_assets.human.votes_store import VotesConflict, copy_votes
     from bridge_assets.lake import store
     from bridge_assets.orchestration import runs as orchestration
+    from bridge_assets.settings import lake_location
 
-    votes = VotesStore()
-    lake = votes.store.lake
+    lake = lake_location()  # the command's edge
     if not store.exists(lake):
         fail(f"no data lake at {store.describe(lake)}")
     try:
         with store.connect(lake) as con:
             # the pair's votes live in the votes store: copied in for the audit (read-only)
-            votes.copy_votes(con, dataset)
+            copy_votes(con, dataset, lake)
             story = audit_pair(con, dataset, query, doc, instance=orchestration.instance())
     except (AuditError, VotesConflict) as exc:
         fail(str(exc))

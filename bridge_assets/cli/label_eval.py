@@ -217,10 +217,10 @@ def _dataset_items(dataset: str) -> list:
     if not spec.known_holes:
         raise BridgeError(f"dataset '{dataset}' has no known_holes key to score against: give --gold FILE")
     key = read_known_holes(spec.resolve(spec.known_holes, "known_holes"))
-    lake = DuckDBStore()
-    if not store.exists(lake.path):
+    lake = DuckDBStore().lake
+    if not store.exists(lake):
         raise BridgeError(f"no data lake yet: run `bridge run --dataset {dataset}` first")
-    with store.connect_read_only() as con:
+    with store.connect_read_only(lake) as con:
         if not store.table_exists(con, "filtered_pool"):
             raise BridgeError(f"dataset '{dataset}' has no filtered pool yet: run `bridge run --dataset "
                              f"{dataset}` first")

@@ -109,7 +109,7 @@ def sql_command(
         with store.connect_read_only(lake, snapshot=as_of) as con:
             # the lake is attached: nothing else on disk is reachable, and it stays so; its
             # Parquet files (DuckLake reads them as a query needs them) are the one place allowed
-            if (config := store.lake_config(lake)) is not None:
+            if (config := lake.ducklake) is not None:
                 con.execute("set allowed_directories = $places", {"places": [config.data_path]})
             con.execute("set enable_external_access = false")
             con.execute("set lock_configuration = true")

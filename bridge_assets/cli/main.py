@@ -88,8 +88,8 @@ def datasets_list() -> None:
     from bridge_assets.registry.datasets import load_registry
 
     counts: dict[str, dict[str, int]] = {}
-    if store.exists(path := DuckDBStore().path):
-        with store.connect(path) as con:
+    if store.exists(lake := DuckDBStore().lake):
+        with store.connect(lake) as con:
             for table in ("corpus", "queries", "original_qrels"):
                 if store.table_exists(con, table):
                     for dataset, n in con.execute(
@@ -205,7 +205,7 @@ def run(
     except DatasetError:
         spec = None
     lake = DuckDBStore().lake
-    with store.connect(lake.duckdb) as con:
+    with store.connect(lake) as con:
         typer.echo(run_summary(con, dataset, started, spec, report=lake.reports(dataset) / "report.html"))
     if limit is not None:
         typer.echo(f"LLM budget: {limit.status()}.")

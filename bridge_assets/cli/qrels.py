@@ -17,6 +17,7 @@ import typer
 from bridge_assets.cli.console import VERBOSE_HELP
 from bridge_assets.cli.errors import BridgeTyper
 from bridge_assets.cli.errors import fail as _fail
+from bridge_assets.paths import LakeLocation
 from bridge_assets.qrels.exports import ExportFormat
 from bridge_assets.qrels.imports import ImportFormat
 
@@ -29,12 +30,14 @@ def qrels() -> None:
     """The refined qrels (bridge_qrels) and their exports."""
 
 
-def _require_lake() -> None:
+def _require_lake() -> LakeLocation:
+    """The command's lake (its edge: the store resource's location), failing when there is none."""
     from bridge_assets.lake import store
     from bridge_assets.lake.resource import DuckDBStore
 
-    if not store.exists(path := DuckDBStore().path):
-        _fail(f"no data lake at {store.describe(path)}")
+    if not store.exists(lake := DuckDBStore().lake):
+        _fail(f"no data lake at {store.describe(lake)}")
+    return lake
 
 
 @app.command("export")
@@ -56,9 +59,9 @@ def export(
     from bridge_assets.lake.snapshots import resolve_as_of
     from bridge_assets.qrels.exports import export_qrels
 
-    _require_lake()
-    snapshot = resolve_as_of(as_of) if as_of else None
-    with store.connect_read_only(snapshot=snapshot) if snapshot is not None else store.connect() as con:
+    lake = _require_lake()
+    snapshot = resolve_as_of(as_of, lake) if as_of else None
+    with store.connect_read_only(lake, snapshot=snapshot) if snapshot is not None else store.connect(lake) as con:
         written = export_qrels(con, dataset, fmt, out)
     if snapshot is not None:
         typer.echo(f"as of lake snapshot {snapshot}", err=True)
@@ -107,10 +110,10 @@ def import_command(
     from bridge_assets.lake import store
     from bridge_assets.qrels.imports import UnknownIds, import_qrels
 
-    _require_lake()
+    lake = _require_lake()
     if unknown_ids not in ("skip", "error"):
         _fail(f"--unknown-ids must be skip or error, not {unknown_ids!r}")
-    with store.connect() as con:
+    with store.connect(lake) as con:
         report = import_qrels(con, dataset, file, source, fmt=fmt, precedence=precedence, before=before,
                               after=after, verified=verified, corrects_original=corrects_original,
                               unknown_ids=cast(UnknownIds, unknown_ids),  # checked above
@@ -156,8 +159,8 @@ def sources_command(
     from bridge_assets.lake import store
     from bridge_assets.qrels.sources import BUILTIN_PRECEDENCE, registered
 
-    _require_lake()
-    with store.connect() as con:
+    lake = _require_lake()
+    with store.connect(lake) as con:
         imported = registered(con, dataset)
     rows = [(p, name, "built-in", "") for name, p in BUILTIN_PRECEDENCE.items()]
     rows += [(r["precedence"], r["source"], "correction" if r["corrects_original"] else
@@ -181,8 +184,8 @@ def remove_command(
     from bridge_assets.lake import store
     from bridge_assets.qrels.imports import remove_source
 
-    _require_lake()
-    with store.connect() as con:
+    lake = _require_lake()
+    with store.connect(lake) as con:
         removed = remove_source(con, dataset, source)
     typer.echo(f"removed '{source}' ({removed} judgments) from {dataset}")
     if run:

@@ -144,7 +144,7 @@ def export_run(
 
     lake = DuckDBStore().lake
     out = out or lake.runs / f"{dataset}.{retriever}.trec"
-    path, rows = export_trec_run(dataset, retriever, out, lake.duckdb)
+    path, rows = export_trec_run(dataset, retriever, out, lake)
     typer.echo(f"{rows} lines -> {path}")
 
 
@@ -211,6 +211,7 @@ def import_run(
     """Copy FILE to <runs folder>/DATASET/NAME.trec[.gz], register NAME as a run_file system and
     materialize its run on DATASET. The runs folder is <BRIDGE_REGISTRY_DIR>/runs, else
     <data lake>/runs."""
+    from bridge_assets.lake.resource import DuckDBStore
     from bridge_assets.registry.datasets import get_dataset
     from bridge_assets.retrieval.registry import load_registry, target_path
     from bridge_assets.retrieval.run_files import copy_run_file, register_run_file, runs_dir, validate_system_name
@@ -223,7 +224,7 @@ def import_run(
     suffix = ".trec.gz" if file.name.endswith(".gz") else ".trec"
     if name in registry.systems and registry.system(name).kind == "run_file":
         suffix = ".trec.gz" if registry.system(name).required_path().endswith(".gz") else ".trec"  # keep its file name
-    target = runs_dir() / dataset / f"{name}{suffix}"
+    target = runs_dir(DuckDBStore().lake) / dataset / f"{name}{suffix}"
     if target.exists() and target.resolve() != file.resolve() and not replace:
         _fail(f"{target} exists (replace it with --replace)")
     # first: a name taken by another system stops here, before the file is copied

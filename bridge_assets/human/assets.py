@@ -3,13 +3,14 @@ follows it) whenever a dataset's votes change."""
 
 # No `from __future__ import annotations` here: Dagster resolves the Config annotation at import.
 
+from collections.abc import Mapping
 from typing import Any
 
 import dagster as dg
 from pydantic import Field
 
 from bridge_assets.human.labels import REQUIRED_VOTES, HumanLabels, compute_human_labels, datasets_with_escalations
-from bridge_assets.human.votes_store import VotesStore
+from bridge_assets.human.votes_resource import VotesStore
 from bridge_assets.lake import snapshots
 from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.pipeline import asset_config
@@ -69,11 +70,11 @@ def _metadata(result: HumanLabels) -> dict:
 )
 @reuse_when_current
 def human_labels(context: dg.AssetExecutionContext, config: HumanLabelsConfig,
-                 store: DuckDBStore) -> dg.MaterializeResult:
+                 store: DuckDBStore, votes: VotesStore) -> dg.MaterializeResult:
     dataset = context.partition_key
     settings = asset_config.for_run(context, config)
     config = settings.config
-    with snapshots.inputs(store, dataset, READS, votes=VotesStore(store=store)) as con:
+    with snapshots.inputs(store, dataset, READS, votes=votes) as con:
         result = compute_human_labels(con, dataset)
     metadata = {**settings.metadata(), **_metadata(result)}
     if result.open_pairs and not config.allow_partial:
@@ -89,11 +90,11 @@ def human_labels(context: dg.AssetExecutionContext, config: HumanLabelsConfig,
     return dg.MaterializeResult(metadata=metadata, data_version=dg.DataVersion(result.data_version))
 
 
-def votes_version(store: DuckDBStore, dataset: str) -> str:
+def votes_version(votes: VotesStore, dataset: str) -> str:
     """A hash of the dataset's counted votes (accepted, on pairs for people) as they are now. Not
     the escalated set: a run that changes it rebuilds human_labels itself, so the sensor and
     `bridge run` see a change of the votes only when a vote changed."""
-    with snapshots.inputs(store, dataset, READS, votes=VotesStore(store=store)) as con:
+    with snapshots.inputs(votes.store, dataset, READS, votes=votes) as con:
         return compute_human_labels(con, dataset).votes_version
 
 
@@ -108,13 +109,13 @@ human_labels_job = dg.define_asset_job(
                        "whenever its votes changed: one run per state of the votes, however many "
                        "arrived since the last tick; pairs still waiting for votes stay pending "
                        "and the metrics bound them.")
-def human_labels_sensor(context: dg.SensorEvaluationContext, store: DuckDBStore):
+def human_labels_sensor(context: dg.SensorEvaluationContext, votes: VotesStore):
     known = set(dataset_partitions.get_partition_keys())
     requests = []
-    with store.connect() as con:
+    with votes.store.connect() as con:
         datasets = [d for d in datasets_with_escalations(con) if d in known]
     for dataset in datasets:
-        version = votes_version(store, dataset)
+        version = votes_version(votes, dataset)
         built = context.instance.fetch_materializations(
             dg.AssetRecordsFilter(asset_key=human_labels.key, asset_partitions=[dataset]), limit=1).records
         materialization = built[0].asset_materialization if built else None
@@ -129,5 +130,6 @@ def human_labels_sensor(context: dg.SensorEvaluationContext, store: DuckDBStore)
 
 
 @external_input("human_labels")
-def _votes_changed(dataset: str, metadata: dict[str, Any], store: DuckDBStore) -> str | None:
-    return "the votes changed" if metadata.get("votes_version") != votes_version(store, dataset) else None
+def _votes_changed(dataset: str, metadata: dict[str, Any],
+                   resources: Mapping[str, Any]) -> str | None:
+    return "the votes changed" if metadata.get("votes_version") != votes_version(resources["votes"], dataset) else None

@@ -16,7 +16,9 @@ from bridge_assets.lake.store import LOCK_WAIT_SECONDS  # by name: the class's f
 
 
 class VotesStore(dg.ConfigurableResource):
-    """The votes store of the store resource's lake (nested: it asks the store where it is)."""
+    """The votes store of the store resource's lake (nested: it asks the store where it is).
+    Built once, in the definitions (resource key `votes`), beside the store it is nested on;
+    human_labels, bridge_qrels and the votes sensor take it from there."""
 
     store: DuckDBStore
 
@@ -31,14 +33,12 @@ class VotesStore(dg.ConfigurableResource):
 
     def prepare(self, *, wait_seconds: float = LOCK_WAIT_SECONDS) -> int:
         """See prepare(): once before first use."""
-        return prepare(self.store.lake, self.path, wait_seconds=wait_seconds)
+        return prepare(self.store.lake, wait_seconds=wait_seconds)
 
     def connect(self, *, wait_seconds: float = LOCK_WAIT_SECONDS) -> AbstractContextManager[duckdb.DuckDBPyConnection]:
         """See connect(): the votes store read-write, the pipeline's tables readable."""
-        lake = self.store.lake
-        return connect(lake.votes_db, lake_db=lake, wait_seconds=wait_seconds)
+        return connect(self.store.lake, wait_seconds=wait_seconds)
 
     def copy_votes(self, con: duckdb.DuckDBPyConnection, dataset: str | None) -> None:
         """See copy_votes(): `dataset`'s votes (all with None) into `con` as human_votes."""
-        lake = self.store.lake
-        copy_votes(con, dataset, lake_db=lake, votes_db=lake.votes_db)
+        copy_votes(con, dataset, self.store.lake)

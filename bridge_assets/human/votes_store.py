@@ -2,8 +2,8 @@
 
 The pipeline's bridge.duckdb is rebuilt, deleted (`make clean`) and written by many processes;
 votes are people's work and outlive all of that. So the annotation app and `bridge annotate`
-write only the votes store (`VotesStore`, a resource on the store resource: `BRIDGE_VOTES_DB`,
-else `<data lake>/annotations/votes.duckdb`), reading the pipeline's tables (queries, chunks,
+write only the votes store (the lake location's `votes_db`: `BRIDGE_VOTES_DB`, else
+`<data lake>/annotations/votes.duckdb`; `VotesStore`, the Dagster resource, in the assets), reading the pipeline's tables (queries, chunks,
 debates) from bridge.duckdb attached read-only. The pipeline never writes the votes store: its
 steps that need votes (human_labels, bridge_qrels, the sensor, `bridge audit`) attach it
 read-only just long enough to copy one dataset's votes.
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     import pyarrow as pa
 
     from bridge_assets.human.votes_resource import VotesStore
+from bridge_assets.paths import LakeLocation
 
 HUMAN_TABLES = ("annotators", "annotation_assignments", "human_votes")
 PIPELINE = "pipeline"   # the alias bridge.duckdb is attached under
@@ -96,7 +97,7 @@ def move_from(lake: duckdb.DuckDBPyConnection, votes_db: Path, *,
     if not legacy:
         return 0
     frames = {table: lake.execute(f'select * from "{table}"').to_arrow_table() for table in legacy}
-    with store.connect(votes_db, wait_seconds=wait_seconds) as votes:
+    with store.connect_file(votes_db, wait_seconds=wait_seconds) as votes:
         ensure_schema(votes)
         stored = sum(store.one_row(votes, f"select count(*) from {table}")[0] for table in HUMAN_TABLES)
         if stored:
@@ -121,42 +122,42 @@ def lake_path(con: duckdb.DuckDBPyConnection) -> str:
     return store.one_row(con, "select path from duckdb_databases() where database_name = current_database()")[0]
 
 
-def migrate(lake_db: store.Where, votes_db: Path, *, wait_seconds: float = store.LOCK_WAIT_SECONDS) -> int:
-    """Move an old lake's annotators, assignments and votes into the votes store (a no-op once
-    done); returns the votes moved."""
-    if not store.exists(lake_db):
+def migrate(lake: LakeLocation, *, wait_seconds: float = store.LOCK_WAIT_SECONDS) -> int:
+    """Move an old lake's annotators, assignments and votes into the lake's votes store (a
+    no-op once done); returns the votes moved."""
+    if not store.exists(lake):
         return 0
-    with store.connect(lake_db, wait_seconds=wait_seconds) as lake:
-        return move_from(lake, votes_db, wait_seconds=wait_seconds)
+    with store.connect(lake, wait_seconds=wait_seconds) as con:
+        return move_from(con, lake.votes_db, wait_seconds=wait_seconds)
 
 
-def prepare(lake_db: store.Where, votes_db: Path, *, wait_seconds: float = store.LOCK_WAIT_SECONDS) -> int:
+def prepare(lake: LakeLocation, *, wait_seconds: float = store.LOCK_WAIT_SECONDS) -> int:
     """Before first use: move an old lake's votes in, and create the votes store's tables.
     A lake folder kept in the other storage than the one in force raises store.StoreMismatch
     (an old bridge.duckdb under the DuckLake default: `bridge lake migrate` moves its votes)."""
-    store.check(lake_db)
-    moved = migrate(lake_db, votes_db, wait_seconds=wait_seconds)
-    with store.connect(votes_db, wait_seconds=wait_seconds) as votes:
+    store.check(lake)
+    moved = migrate(lake, wait_seconds=wait_seconds)
+    with store.connect_file(lake.votes_db, wait_seconds=wait_seconds) as votes:
         ensure_schema(votes)
     return moved
 
 
 @contextlib.contextmanager
-def connect(votes_db: Path, *, lake_db: store.Where | None = None,
+def connect(lake: LakeLocation, *, pipeline: bool = True,
             wait_seconds: float = store.LOCK_WAIT_SECONDS) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A short connection to the votes store (read-write; call prepare() once first). With
-    `lake_db` (once the pipeline's store exists), the pipeline's tables are readable too, by
-    their plain names: bridge.duckdb attached read-only, or the votes store attached beside
+    """A short connection to the lake's votes store (read-write; call prepare() once first).
+    With `pipeline` (once the pipeline's store exists), the pipeline's tables are readable too,
+    by their plain names: bridge.duckdb attached read-only, or the votes store attached beside
     the process's DuckLake. Waits at most `wait_seconds` for either file's lock, then raises
     store.StoreBusy."""
-    config = store.lake_config(lake_db) if lake_db is not None else None
+    config = store.location(lake).ducklake if pipeline else None
     if config is not None and config.exists():
-        with _beside_the_lake(votes_db, config, wait_seconds) as con:
+        with _beside_the_lake(lake.votes_db, config, wait_seconds) as con:
             yield con
         return
-    with store.connect(votes_db, wait_seconds=wait_seconds) as con:
-        if lake_db is not None and store.exists(lake_db):
-            store.attach(con, lake_db, PIPELINE, wait_seconds=wait_seconds)
+    with store.connect_file(lake.votes_db, wait_seconds=wait_seconds) as con:
+        if pipeline and store.exists(lake):
+            store.attach(con, lake, PIPELINE, wait_seconds=wait_seconds)
             name = store.one_row(con, "select current_database()")[0]
             con.execute(f"set search_path = '{_ident(name)}.main,{PIPELINE}.main'")
         yield con
@@ -174,7 +175,7 @@ def _beside_the_lake(votes_db: Path, config: ducklake.DuckLakeConfig,
     connection costs ~0.2 s (their signature checks), which every page of the annotation app
     would pay; the instance has them loaded once."""
     with _BESIDE_THE_LAKE, ducklake.connect(config) as con:
-        store.attach(con, Path(votes_db), VOTES, read_only=False, wait_seconds=wait_seconds)
+        store.attach_file(con, votes_db, VOTES, read_only=False, wait_seconds=wait_seconds)
         try:
             con.execute(f"use {VOTES}")
             con.execute(f"set search_path = '{VOTES}.main,{ducklake.ALIAS}.main'")
@@ -186,22 +187,22 @@ def _beside_the_lake(votes_db: Path, config: ducklake.DuckLakeConfig,
             con.execute(f"detach {VOTES}")
 
 
-def copy_votes(con: duckdb.DuckDBPyConnection, dataset: str | None, *, lake_db: store.Where, votes_db: Path,
+def copy_votes(con: duckdb.DuckDBPyConnection, dataset: str | None, lake: LakeLocation, *,
                wait_seconds: float = store.LOCK_WAIT_SECONDS) -> None:
     """Copy `dataset`'s votes (every dataset's with None) into `con` (an in-memory snapshot, or
-    a connection to the lake) as the temp table human_votes: the votes store attached
+    a connection to the lake) as the temp table human_votes: the lake's votes store attached
     read-only for the copy only, an old lake's votes moved in first."""
-    migrate(lake_db, votes_db, wait_seconds=wait_seconds)
-    if not Path(votes_db).exists():
-        with store.connect(votes_db, wait_seconds=wait_seconds) as votes:
+    migrate(lake, wait_seconds=wait_seconds)
+    if not lake.votes_db.exists():
+        with store.connect_file(lake.votes_db, wait_seconds=wait_seconds) as votes:
             ensure_schema(votes)
     with _BESIDE_THE_LAKE:  # `con` may be a cursor of the process's DuckLake instance
-        _copy_attached(con, dataset, votes_db, wait_seconds)
+        _copy_attached(con, dataset, lake.votes_db, wait_seconds)
 
 
 def _copy_attached(con: duckdb.DuckDBPyConnection, dataset: str | None, votes_db: Path,
                    wait_seconds: float) -> None:
-    store.attach(con, Path(votes_db), VOTES, wait_seconds=wait_seconds)
+    store.attach_file(con, votes_db, VOTES, wait_seconds=wait_seconds)
     try:
         if store.one_row(con, "select count(*) from duckdb_tables() where database_name = ? "
                          "and table_name = 'human_votes'", [VOTES])[0]:

@@ -8,7 +8,7 @@ bad input leaves all three as they were.
 import hashlib
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import dagster as dg
@@ -60,7 +60,7 @@ def ingest_dataset(context: dg.AssetExecutionContext, store: DuckDBStore) -> Ite
     dataset = context.partition_key
     spec = get_dataset(dataset)
     started = time.monotonic()
-    tables = load_dataset(spec)
+    tables = load_dataset(spec, store.lake.downloads)
     frames = {
         "corpus": tables.corpus, "queries": tables.queries, "original_qrels": tables.qrels,
     }
@@ -79,7 +79,8 @@ def ingest_dataset(context: dg.AssetExecutionContext, store: DuckDBStore) -> Ite
 
 
 @external_input("corpus", "queries", "original_qrels")
-def _dataset_changed(dataset: str, metadata: dict[str, Any], store: DuckDBStore) -> str | None:
+def _dataset_changed(dataset: str, metadata: dict[str, Any],
+                   resources: Mapping[str, Any]) -> str | None:
     if metadata.get("source_version") != source_version(get_dataset(dataset)):
         return "the dataset's entry or files changed"
     return None

@@ -446,19 +446,21 @@ def _load_bridge_release(spec: DatasetSpec) -> DatasetTables:
     return load_bridge_release(spec.resolve(spec.queries, "queries"), spec.resolve(spec.corpus, "corpus"))
 
 
-def _remote_loader(fetch: Callable[[DatasetSpec], Path]) -> Callable[[DatasetSpec], DatasetTables]:
-    """A remote kind: fetched into a local BEIR folder, then read as one (the same validation)."""
-    return lambda spec: load_beir_folder(fetch(spec), spec.split)
-
-
-# kind -> loader; this module owns the table, remote.py only fetches (it does not import back)
+# kind -> loader of the local kinds; a remote kind (remote.FETCHERS) is fetched into a local BEIR
+# folder, then read as one (the same validation); remote.py only fetches (it does not import back)
 LOADERS: dict[str, Callable[[DatasetSpec], DatasetTables]] = {
     "beir": _load_beir, "nq_open": lambda spec: load_nq_open(spec.resolve(spec.path, "path")),
-    "trec": _load_trec, "bridge_release": _load_bridge_release,
-    **{kind: _remote_loader(fetch) for kind, fetch in remote.FETCHERS.items()}}
+    "trec": _load_trec, "bridge_release": _load_bridge_release}
 
 
-def load_dataset(spec: DatasetSpec) -> DatasetTables:
-    """Load any registered dataset by its kind, under the entry's size caps."""
+def load_dataset(spec: DatasetSpec, downloads: Path | None = None) -> DatasetTables:
+    """Load any registered dataset by its kind, under the entry's size caps. A remote kind is
+    fetched into `downloads` (the lake's downloads/ folder: the ingest asset's store hands it)."""
     with _using_limits(limits_for(spec)):
-        return LOADERS[spec.kind](spec)
+        fetch = remote.FETCHERS.get(spec.kind)
+        if fetch is None:
+            return LOADERS[spec.kind](spec)
+        if downloads is None:
+            raise DatasetError(f"dataset '{spec.name}' of kind {spec.kind} is fetched into a lake's "
+                               "downloads/ folder, and none was given", field="kind")
+        return load_beir_folder(fetch(spec, downloads), spec.split)

@@ -1,5 +1,6 @@
 """Remote dataset sources for machines with network: a BEIR zip URL, a Hugging Face dataset,
-an ir_datasets id. Each is fetched with its usual library into `<data lake>/downloads/<name>`,
+an ir_datasets id. Each is fetched with its usual library into `<downloads>/<name>` (the
+lake's downloads/ folder, handed down by the ingest asset from its store resource),
 written in the BEIR layout and read by the local loader, so validation is the same. Without
 network they fail within seconds with SourceUnreachable, never hang.
 
@@ -48,11 +49,8 @@ def _socket_timeout(seconds: float) -> Iterator[None]:
         socket.setdefaulttimeout(previous)
 
 
-def _download_dir(spec: DatasetSpec) -> Path:
-    # (imported here: the module's import lines are being reorganized; `Lake` above is then unused)
-    from bridge_assets.settings import lake_location
-
-    folder = lake_location().downloads / spec.name
+def _download_dir(spec: DatasetSpec, downloads: Path) -> Path:
+    folder = downloads / spec.name
     folder.mkdir(parents=True, exist_ok=True)
     return folder
 
@@ -72,14 +70,14 @@ def _write_qrels(path: Path, rows: Iterable[tuple[str, str, int]]) -> None:
     path.write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-def fetch_beir_url(spec: DatasetSpec) -> Path:
+def fetch_beir_url(spec: DatasetSpec, downloads: Path) -> Path:
     import httpx
 
     url = spec.url or ""
     if not url:
         raise DatasetError(f"dataset '{spec.name}' of kind beir_url needs `url`", field="url")
     ensure_reachable(url, spec.name)
-    folder = _download_dir(spec)
+    folder = _download_dir(spec, downloads)
     archive = folder / "source.zip"
     if not archive.exists():
         tmp = archive.with_suffix(".part")
@@ -98,7 +96,7 @@ def fetch_beir_url(spec: DatasetSpec) -> Path:
     return corpus_files[0].parent
 
 
-def fetch_huggingface(spec: DatasetSpec) -> Path:
+def fetch_huggingface(spec: DatasetSpec, downloads: Path) -> Path:
     """A Hugging Face dataset in the BEIR layout (`corpus`/`queries` configs plus a qrels split)
     or the BRIDGE release layout (queries with a `doc_id` list and `answers`)."""
     if not env.hf_offline():  # offline mode: only the local cache serves it
@@ -108,7 +106,7 @@ def fetch_huggingface(spec: DatasetSpec) -> Path:
     except ImportError:
         raise DatasetError("the `datasets` package is not installed", field="kind") from None
     options = spec.options
-    folder = _download_dir(spec)
+    folder = _download_dir(spec, downloads)
 
     def split_of(config: str | None, split: str) -> Iterable[dict]:
         with _socket_timeout(30):
@@ -139,12 +137,12 @@ def fetch_huggingface(spec: DatasetSpec) -> Path:
     return folder
 
 
-def fetch_ir_datasets(spec: DatasetSpec) -> Path:
+def fetch_ir_datasets(spec: DatasetSpec, downloads: Path) -> Path:
     try:
         import ir_datasets
     except ImportError:
         raise DatasetError("the `ir_datasets` package is not installed", field="kind") from None
-    folder = _download_dir(spec)
+    folder = _download_dir(spec, downloads)
     with _socket_timeout(30):
         try:
             dataset = ir_datasets.load(spec.id)
@@ -163,5 +161,5 @@ def fetch_ir_datasets(spec: DatasetSpec) -> Path:
 
 
 # kind -> fetch into a local BEIR folder (read with spec.split by the BEIR loader)
-FETCHERS: dict[str, Callable[[DatasetSpec], Path]] = {
+FETCHERS: dict[str, Callable[[DatasetSpec, Path], Path]] = {
     "beir_url": fetch_beir_url, "huggingface": fetch_huggingface, "ir_datasets": fetch_ir_datasets}

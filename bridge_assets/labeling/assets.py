@@ -160,7 +160,7 @@ def filter_pool(context: dg.AssetExecutionContext, config: FilterConfig, store: 
     before = _previous_keys(store, "filter_votes", "pair_key", dataset)
     models = config.models or llm.profiles_for("filter")
     generate = MeteredGenerate(llm.generate_fn(context.run_id, context.log.info))
-    with automation.llm_cap(context, llm.db_path) as capped:
+    with automation.llm_cap(context, llm.lake) as capped:
         votes = votes_frame(run_filter(pairs, models, generate, max_tokens=config.max_tokens,
                                        keep_p_yes=config.keep_p_yes), dataset)
     pool = summarize_votes(votes)
@@ -217,7 +217,7 @@ def debate(context: dg.AssetExecutionContext, config: LabelingConfig, store: Duc
                                       definition=definition)
     before = _previous_keys(store, "debate_labels", "pair_key, config_hash", dataset)
     generate = MeteredGenerate(llm.generate_fn(context.run_id, context.log.info))
-    with automation.llm_cap(context, llm.db_path) as capped:
+    with automation.llm_cap(context, llm.lake) as capped:
         run = labeler.label(pipeline_items(pairs), generate, prompts)
     labels = labels_frame(DebateOutcome(run.labels, run.turns), dataset, config_hash).with_columns(
         pl.Series("trusted_by_rule", [pair_trusted_by_rule(pair.relevance.kind, label.answer_present)

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     import duckdb
 
     from bridge_assets.lake.resource import DuckDBStore, VotesSource
-    from bridge_assets.lake.store import Where
+    from bridge_assets.paths import LakeLocation
 
 METADATA_KEY = "lake_snapshot"
 NOT_AVAILABLE = "n/a"
@@ -124,7 +124,7 @@ class AsOfError(BridgeError, ValueError):
     """An `--as-of` that names no snapshot of this lake."""
 
 
-def resolve_as_of(value: str, path: Where | None = None) -> int:
+def resolve_as_of(value: str, lake: LakeLocation) -> int:
     """A DuckLake snapshot from `--as-of`: a snapshot id of this lake, else a Dagster run id (or a
     unique prefix of one): the last snapshot that run committed. A run id's first characters
     can all be digits (97828695-...), so digits that name no snapshot are tried as a run id
@@ -132,11 +132,11 @@ def resolve_as_of(value: str, path: Where | None = None) -> int:
     the run). AsOfError when neither."""
     from bridge_assets.lake import ducklake, store
 
-    if store.lake_config(path) is None:
+    if store.location(lake).ducklake is None:
         raise AsOfError("--as-of needs the DuckLake storage (BRIDGE_STORAGE=ducklake): a DuckDB "
                          "file keeps no earlier states")
     value = value.strip()
-    with store.connect(path) as con:
+    with store.connect(lake) as con:
         if value.isdigit():
             known = {s["snapshot"] for s in ducklake.snapshots(con)}
             if int(value) in known:

@@ -1,10 +1,12 @@
 """The store every asset reads and writes: one DuckDB file, or a DuckLake.
 
-Which one is the lake location's (`paths.LakeLocation`, from `settings.lake_location()`;
-$BRIDGE_STORAGE: ducklake, the default, or duckdb). Callers do not care: they pass the location
-(the DuckDBStore resource passes the one it holds) to `connect()`, and get a connection on which
-the tables have their plain names. Any other DuckDB file (the votes store) is always opened as
-a plain DuckDB file.
+Which one is the lake location's (`paths.LakeLocation`; $BRIDGE_STORAGE: ducklake, the default,
+or duckdb). Callers do not care: they pass the location (resolved once at the edge: the
+DuckDBStore resource, a command's entry, a script's main) to `connect()`, and get a connection
+on which the tables have their plain names. Every function here that opens the store takes a
+LakeLocation and nothing else (a path is a TypeError: no environment fallback, no location
+rebuilt from a file's name). Any other DuckDB file (the votes store) is opened as a plain file
+with `connect_file` / `attach_file`.
 
 DuckDB file: one writing process per file, and Dagster's multiprocess executor runs
 partitions in parallel processes (dagster issues 16248/18746). So every access is a short
@@ -42,9 +44,6 @@ LOCK_WAIT_SECONDS = 300.0
 TEST_PAUSE_ENV = "BRIDGE_TEST_PAUSE_IN_WRITE"
 STORAGE_ENV = "BRIDGE_STORAGE"  # named in messages
 T = TypeVar("T")
-# The pipeline's store (a LakeLocation), or another DuckDB file (the votes store). A path named
-# bridge.duckdb stands for the store of the lake folder it is in (tests, old callers).
-Where = LakeLocation | Path | str
 
 
 class StoreBusy(BridgeError, duckdb.IOException):
@@ -63,44 +62,32 @@ class LakeMissing(BridgeError, FileNotFoundError):
     """No data lake where a read needs one (nothing materialized yet, or another lake folder)."""
 
 
-def resolve(where: Where | None) -> tuple[Path, ducklake.DuckLakeConfig | None]:
-    """The file `where` names and the DuckLake it stands for (None: a plain DuckDB file). A
-    LakeLocation as it is; a path named bridge.duckdb: the location of its folder; any other
-    file (the votes store) a DuckDB file; None: the environment's lake (settings.lake_location();
-    for callers with no store resource: the command line, the LLM ledger's default, tests)."""
-    if where is None or isinstance(where, LakeLocation):
-        location = where or settings.lake_location()
-        return location.duckdb, location.ducklake
-    path = Path(where)
-    if path.name != PIPELINE_FILE:
-        return path, None
-    return path, settings.lake_location(path.parent).ducklake
+def location(lake: object) -> LakeLocation:
+    """`lake` itself, checked: the store is named by a LakeLocation only (a path or a string is
+    a caller that skipped the edge that resolves the location)."""
+    if not isinstance(lake, LakeLocation):
+        raise TypeError(f"the store takes a LakeLocation (settings.lake_location(), resolved once at "
+                        f"the edge), not {type(lake).__name__} {lake!r}")
+    return lake
 
 
-def lake_config(where: Where | None) -> ducklake.DuckLakeConfig | None:
-    """The DuckLake that `where` stands for (None: the environment's lake), or None when it is a
-    plain DuckDB file."""
-    return resolve(where)[1]
+def exists(lake: LakeLocation) -> bool:
+    """Whether the store at `lake` was ever written."""
+    config = location(lake).ducklake
+    return config.exists() if config is not None else lake.duckdb.exists()
 
 
-def exists(where: Where) -> bool:
-    """Whether the store at `where` was ever written."""
-    path, config = resolve(where)
-    return config.exists() if config is not None else path.exists()
-
-
-def describe(where: Where | None = None) -> str:
-    """Where the store is (default: the environment's lake), in words (for messages)."""
-    path, config = resolve(where)
+def describe(lake: LakeLocation) -> str:
+    """Where the store is, in words (for messages)."""
+    config = location(lake).ducklake
     if config is None:
-        return str(path)
+        return str(lake.duckdb)
     return f"DuckLake ducklake:{config.catalog} (data {config.data_path})"
 
 
-def _check_storage(path: Path, config: ducklake.DuckLakeConfig | None) -> None:
+def _check_storage(lake: LakeLocation) -> None:
     """Refuse to start an empty store beside a lake kept in the other storage."""
-    if path.name != PIPELINE_FILE:
-        return
+    path, config = location(lake).duckdb, lake.ducklake
     if config is None:
         if not path.exists() and (path.parent / ducklake.CATALOG_FILE).exists():
             raise StoreMismatch(f"{path.parent} holds a DuckLake ({ducklake.CATALOG_FILE}) and no "
@@ -112,10 +99,10 @@ def _check_storage(path: Path, config: ducklake.DuckLakeConfig | None) -> None:
                             f"with `bridge lake migrate`, or keep it with {STORAGE_ENV}=duckdb")
 
 
-def check(where: Where) -> None:
+def check(lake: LakeLocation) -> None:
     """Raise StoreMismatch when the lake folder holds the other storage than the one in force
     (before a run starts, so it stops with what to do instead of failing in its first step)."""
-    _check_storage(*resolve(where))
+    _check_storage(lake)
 
 
 def _is_lock_error(exc: Exception) -> bool:
@@ -158,23 +145,22 @@ def transaction(con: duckdb.DuckDBPyConnection) -> Iterator[duckdb.DuckDBPyConne
 
 
 @contextlib.contextmanager
-def connect(where: Where | None = None, *, wait_seconds: float = LOCK_WAIT_SECONDS) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A short-lived connection; waits (with backoff) while another process holds the file.
-    On DuckLake (see resolve) a cursor of this process's lake instance, the lake in use."""
-    path, config = resolve(where)
-    _check_storage(path, config)
-    if config is not None:
+def connect(lake: LakeLocation, *, wait_seconds: float = LOCK_WAIT_SECONDS) -> Iterator[duckdb.DuckDBPyConnection]:
+    """A short-lived connection to the store; waits (with backoff) while another process holds
+    the DuckDB file. On DuckLake a cursor of this process's lake instance, the lake in use."""
+    _check_storage(lake)
+    if (config := lake.ducklake) is not None:
         with ducklake.connect(config) as con:
             yield con
         return
-    with connect_file(path, wait_seconds=wait_seconds) as con:
+    with connect_file(lake.duckdb, wait_seconds=wait_seconds) as con:
         yield con
 
 
 @contextlib.contextmanager
 def connect_file(path: Path, *, wait_seconds: float = LOCK_WAIT_SECONDS) -> Iterator[duckdb.DuckDBPyConnection]:
-    """A short connection to the DuckDB file `path` itself, whatever the storage in force
-    (`bridge lake migrate` reads the old bridge.duckdb with it)."""
+    """A short connection to the DuckDB file `path` itself, whatever the storage in force: the
+    votes store, or the old bridge.duckdb `bridge lake migrate` reads."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     con = _waiting(lambda: duckdb.connect(str(path)), path, wait_seconds)
@@ -185,12 +171,12 @@ def connect_file(path: Path, *, wait_seconds: float = LOCK_WAIT_SECONDS) -> Iter
 
 
 @contextlib.contextmanager
-def connect_read_only(where: Where | None = None, *, snapshot: int | None = None,
+def connect_read_only(lake: LakeLocation, *, snapshot: int | None = None,
                       wait_seconds: float = LOCK_WAIT_SECONDS) -> Iterator[duckdb.DuckDBPyConnection]:
     """A connection that cannot change the store (`bridge sql`, exports); with `snapshot`, the
     DuckLake as it was at that snapshot (time travel; DuckLake only)."""
-    path, config = resolve(where)
-    _check_storage(path, config)
+    _check_storage(lake)
+    path, config = lake.duckdb, lake.ducklake
     if config is None:
         if snapshot is not None:
             raise StoreMismatch("time travel (--as-of) needs the DuckLake storage (BRIDGE_STORAGE=ducklake); "
@@ -206,17 +192,24 @@ def connect_read_only(where: Where | None = None, *, snapshot: int | None = None
         con.close()
 
 
-def attach(con: duckdb.DuckDBPyConnection, where: Where, alias: str, *, read_only: bool = True,
+def attach(con: duckdb.DuckDBPyConnection, lake: LakeLocation, alias: str, *, read_only: bool = True,
            wait_seconds: float = LOCK_WAIT_SECONDS) -> None:
-    """ATTACH the DuckDB file `where` to `con` as `alias` (read-only by default), waiting like
-    connect() while another process writes it. The pipeline's store on DuckLake attaches the
-    DuckLake under `alias` (its extensions loaded into `con`)."""
-    path, config = resolve(where)
-    if config is not None:
+    """ATTACH the store at `lake` to `con` as `alias` (read-only by default): the DuckLake (its
+    extensions loaded into `con`), or the DuckDB file, waiting like connect() while another
+    process writes it."""
+    if (config := location(lake).ducklake) is not None:
         for name in ducklake.extensions_for(config):
             ducklake.load_extension(con, name)
         ducklake.attach(con, config, alias, read_only=read_only)
         return
+    attach_file(con, lake.duckdb, alias, read_only=read_only, wait_seconds=wait_seconds)
+
+
+def attach_file(con: duckdb.DuckDBPyConnection, path: Path, alias: str, *, read_only: bool = True,
+                wait_seconds: float = LOCK_WAIT_SECONDS) -> None:
+    """ATTACH the DuckDB file `path` itself (the votes store) to `con` as `alias`, waiting like
+    connect_file() while another process writes it."""
+    path = Path(path)
     mode = " (read_only)" if read_only else ""
     _waiting(lambda: con.execute(f"attach '{_sql_string(path)}' as \"{alias}\"{mode}"), path,
              wait_seconds)
@@ -273,7 +266,7 @@ def replace_partition(con: duckdb.DuckDBPyConnection, table: str, frame: pl.Data
         con.unregister("_incoming")
 
 
-def run_transaction(body: Callable[[duckdb.DuckDBPyConnection], T], where: Where | None = None, *,
+def run_transaction(body: Callable[[duckdb.DuckDBPyConnection], T], lake: LakeLocation, *,
                     message: str = "", info: Mapping[str, Any] | None = None,
                     wait_seconds: float = LOCK_WAIT_SECONDS, test_pause: bool = False) -> tuple[T, int | None]:
     """`body(con)` in one transaction, committed or rolled back whole; returns its result and
@@ -281,13 +274,12 @@ def run_transaction(body: Callable[[duckdb.DuckDBPyConnection], T], where: Where
     On DuckLake a commit that lost a race to another writer is rolled back and the whole body
     run again, with growing random waits, until `wait_seconds` have passed: then StoreConflict.
     `message` and `info` label the snapshot (the Dagster run, the partition)."""
-    where = where if where is not None else settings.lake_location()
-    config = lake_config(where)
+    config = location(lake).ducklake
     deadline = time.monotonic() + wait_seconds
     delay, attempt = 0.02, 0
     while True:
         attempt += 1
-        with connect(where, wait_seconds=wait_seconds) as con:
+        with connect(lake, wait_seconds=wait_seconds) as con:
             con.execute("begin transaction")
             try:
                 if config is not None and (message or info):
@@ -304,7 +296,7 @@ def run_transaction(body: Callable[[duckdb.DuckDBPyConnection], T], where: Where
                     raise
                 if time.monotonic() + delay > deadline:
                     raise StoreConflict(
-                        f"{describe(where)}: the commit lost to other writers {attempt} times in "
+                        f"{describe(lake)}: the commit lost to other writers {attempt} times in "
                         f"{wait_seconds:g} s ({message or 'write'}); the previous state is kept, "
                         f"run it again: {exc}") from exc
                 time.sleep(delay * (0.5 + random.random()))
@@ -314,7 +306,7 @@ def run_transaction(body: Callable[[duckdb.DuckDBPyConnection], T], where: Where
 
 
 def write_partitions(tables: Mapping[str, pl.DataFrame], keys: Mapping[str, Any],
-                     where: Where | None = None, *, info: Mapping[str, Any] | None = None) -> int | None:
+                     lake: LakeLocation, *, info: Mapping[str, Any] | None = None) -> int | None:
     """Atomically replace one partition of several tables (all or nothing). Returns the
     DuckLake snapshot it committed (None on a DuckDB file). `info` (the Dagster run id, ...)
     is recorded with the snapshot."""
@@ -324,24 +316,25 @@ def write_partitions(tables: Mapping[str, pl.DataFrame], keys: Mapping[str, Any]
 
     partition = "|".join(f"{k}={v}" for k, v in keys.items())
     _, snapshot = run_transaction(
-        body, where, message=f"write {', '.join(tables)} [{partition}]",
+        body, lake, message=f"write {', '.join(tables)} [{partition}]",
         info={"tables": list(tables), "partition": {k: str(v) for k, v in keys.items()}, **(info or {})},
         test_pause=True)
     return snapshot
 
 
-def read_frame(sql: str, params: list[Any] | None = None, where: Where | None = None) -> pl.DataFrame:
-    with connect(where) as con:
+def read_frame(sql: str, params: list[Any] | None, lake: LakeLocation) -> pl.DataFrame:
+    with connect(lake) as con:
         return con.execute(sql, params or []).pl()
 
 
-def dataset_snapshot(where: Where, dataset: str, tables: Sequence[str]) -> duckdb.DuckDBPyConnection:
+def dataset_snapshot(lake: LakeLocation, dataset: str, tables: Sequence[str]) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB holding `dataset`'s rows of those `tables` that exist in the data
-    lake at `where`. Assets compute on it, so a long computation never holds the lake's
+    lake at `lake`. Assets compute on it, so a long computation never holds the lake's
     single-writer lock (other materializations wait for that lock while it is held). The
     tables an asset passes here are the ones it declares as its Dagster deps (one tuple)."""
+    location(lake)
     memory = duckdb.connect()
-    with connect(where) as con:
+    with connect(lake) as con:
         for table in tables:
             if table_exists(con, table):
                 frame = con.execute(f'select * from "{table}" where dataset = ?', [dataset]).to_arrow_table()

@@ -24,12 +24,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from bridge_assets.lake import store
+from bridge_assets import settings
 from bridge_assets.llm import budget, coordination, ledger
 from bridge_assets.llm.backends import Backend, make_backend, model_id
 from bridge_assets.llm.parsing import check_schema, parse_reply
 from bridge_assets.llm.profiles import ModelProfile, get_profile
 from bridge_assets.llm.types import LLMRequest, LLMResult
+from bridge_assets.paths import LakeLocation
 
 
 @dataclass
@@ -66,9 +67,11 @@ def _sum_known(a: int | None, b: int | None) -> int | None:
 class LLMClient:
     """Calls one models.yaml profile through its backend, with the DuckDB ledger as cache."""
 
-    def __init__(self, profile: str | ModelProfile, *, db_path: store.Where | None = None, chunk_size: int = 64):
+    def __init__(self, profile: str | ModelProfile, *, lake: LakeLocation | None = None, chunk_size: int = 64):
         self.profile = get_profile(profile) if isinstance(profile, str) else profile
-        self.db_path = db_path  # the ledger's lake (a LakeLocation, or its bridge.duckdb); None: the environment's
+        # the ledger's lake: the LLM resource's; None, for a client used on its own (a script, the
+        # labeler evaluation's command), the environment's, resolved here once (its edge)
+        self.lake = lake if lake is not None else settings.lake_location()
         # Requests sent (and then recorded) together: big enough to keep an HTTP server's
         # batch full, small enough that killing a run loses little work.
         self.chunk_size = max(chunk_size, self.profile.concurrency)
@@ -110,12 +113,12 @@ class LLMClient:
         # (llm.coordination); keys another process is sending are waited for once this
         # process's own chunks are answered, then read from the ledger (or sent here, when
         # their sender died or got no reply).
-        with coordination.Leases(coordination.for_store(self.db_path)) as leases:
+        with coordination.Leases(coordination.for_store(self.lake)) as leases:
             return self._generate(requests, keys, leases, context, started)
 
     def _generate(self, requests: Sequence[LLMRequest], keys: list[str], leases: coordination.Leases,
                   context: str | None, started: float) -> list[LLMResult]:
-        answered = ledger.lookup(keys, self.db_path)
+        answered = ledger.lookup(keys, self.lake)
         pending: dict[str, LLMRequest] = {}
         for key, request in zip(keys, requests):
             if key not in answered:
@@ -133,7 +136,7 @@ class LLMClient:
 
         def record(records: list[ledger.CallRecord]) -> None:
             ledger.append(records, profile=self.profile.name, backend=self.profile.backend,
-                          model=self.model_id, context=context, path=self.db_path)
+                          model=self.model_id, context=context, lake=self.lake)
             leases.release(r.result.key for r in records)  # committed: waiters read the replies
 
         def flush(wait: bool) -> None:
@@ -154,7 +157,7 @@ class LLMClient:
                     mine, others, recheck = leases.claim(list(chunk))
                     elsewhere.update((k, chunk.pop(k)) for k in others)
                     if recheck:  # others released leases since the ledger was read: read it again
-                        meanwhile = ledger.lookup(mine, self.db_path)
+                        meanwhile = ledger.lookup(mine, self.lake)
                         answered.update(meanwhile)
                         leases.release(meanwhile)
                         mine = [k for k in mine if k not in meanwhile]
@@ -177,7 +180,7 @@ class LLMClient:
                 flush(wait=True)
                 flush(wait=True)
             leases.wait(list(elsewhere))
-            replies = ledger.lookup(list(elsewhere), self.db_path)
+            replies = ledger.lookup(list(elsewhere), self.lake)
             answered.update(replies)
             self.stats.waited += len(replies)
             todo = [(k, r) for k, r in elsewhere.items() if k not in replies]

@@ -33,6 +33,7 @@ from pathlib import Path
 
 from bridge_assets import settings
 from bridge_assets.lake import store
+from bridge_assets.paths import LakeLocation
 
 logger = logging.getLogger(__name__)
 
@@ -275,7 +276,6 @@ class Leases:
                 logger.warning("LLM call leases not renewed this time: %s", exc)
 
 
-def for_store(where: store.Where | None) -> Coordination:
-    """The coordination file of the lake `where` stands for (None: the environment's)."""
-    path, _ = store.resolve(where)
-    return Coordination(path.parent / FILE)
+def for_store(lake: LakeLocation) -> Coordination:
+    """The coordination file of the lake `lake`."""
+    return Coordination(store.location(lake).folder / FILE)

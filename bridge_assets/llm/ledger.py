@@ -26,6 +26,7 @@ import polars as pl
 from bridge_assets.lake import store
 from bridge_assets.llm.parsing import canonical_json
 from bridge_assets.llm.types import LLMRequest, LLMResult, TokenLogprob
+from bridge_assets.paths import LakeLocation
 
 logger = logging.getLogger(__name__)
 
@@ -94,14 +95,14 @@ class CallRecord:
     attempts: int
 
 
-def lookup(keys: Sequence[str], path: store.Where | None = None) -> dict[str, LLMResult]:
+def lookup(keys: Sequence[str], lake: LakeLocation) -> dict[str, LLMResult]:
     """The recorded answer of each key that has one (cached=True): its latest success, else
     its latest reply that failed strict parsing (the model's answer, final: re-asking the same
     request would repeat it; the result keeps its `error`). Calls that got no reply (timeouts,
     HTTP errors, a prompt over the context) are not answers: they are asked again."""
     if not keys:
         return {}
-    with store.connect(path) as con:
+    with store.connect(lake) as con:
         if not store.table_exists(con, TABLE):
             return {}
         rows = con.execute(
@@ -124,7 +125,7 @@ def lookup(keys: Sequence[str], path: store.Where | None = None) -> dict[str, LL
 
 
 def append(records: Sequence[CallRecord], *, profile: str, backend: str, model: str,
-           context: str | None, path: store.Where | None = None) -> None:
+           context: str | None, lake: LakeLocation) -> None:
     """Append one batch's calls in one short transaction."""
     if not records:
         return
@@ -165,8 +166,8 @@ def append(records: Sequence[CallRecord], *, profile: str, backend: str, model: 
 
     # one transaction (on DuckLake: one snapshot, its rows inlined in the catalog; retried when
     # another writer committed first)
-    store.run_transaction(insert, path)
-    _flush_now_and_then(len(records), path)
+    store.run_transaction(insert, lake)
+    _flush_now_and_then(len(records), lake)
 
 
 # On DuckLake each append's rows stay in the catalog (data inlining: no Parquet file per chunk);
@@ -175,9 +176,9 @@ FLUSH_ROWS = 20_000
 _appended_since_flush = 0
 
 
-def _flush_now_and_then(rows: int, path: store.Where | None) -> None:
+def _flush_now_and_then(rows: int, lake: LakeLocation) -> None:
     global _appended_since_flush
-    if store.lake_config(path) is None:
+    if lake.ducklake is None:
         return
     _appended_since_flush += rows
     if _appended_since_flush < FLUSH_ROWS:
@@ -186,15 +187,15 @@ def _flush_now_and_then(rows: int, path: store.Where | None) -> None:
     from bridge_assets.lake import ducklake
 
     try:  # maintenance: a conflict with another writer just leaves it for the next time
-        with store.connect(path) as con:
+        with store.connect(lake) as con:
             con.execute(f"CALL ducklake_flush_inlined_data('{ducklake.ALIAS}', table_name => '{TABLE}')")
     except duckdb.Error as exc:  # StoreBusy and StoreConflict are duckdb errors too
         logger.warning("the LLM ledger's inlined rows were not flushed to Parquet this time: %s", exc)
 
 
-def read_calls(path: store.Where | None = None) -> pl.DataFrame:
+def read_calls(lake: LakeLocation) -> pl.DataFrame:
     """The whole ledger (empty frame when no call was ever made)."""
-    with store.connect(path) as con:
+    with store.connect(lake) as con:
         if not store.table_exists(con, TABLE):
             return pl.DataFrame()
         return con.execute(f"select * from {TABLE} order by created_at").pl()

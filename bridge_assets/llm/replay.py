@@ -8,12 +8,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from bridge_assets.lake import store
 from bridge_assets.llm import ledger
 from bridge_assets.llm.budget import prompt_tokens
 from bridge_assets.llm.client import LLMClient
 from bridge_assets.llm.profiles import get_profile
 from bridge_assets.llm.types import LLMRequest, LLMResult
+from bridge_assets.paths import LakeLocation
 
 NOT_ANSWERED = "not answered yet (dry run)"
 
@@ -22,8 +22,8 @@ class LedgerReplay:
     """A `Generate` answering from the call ledger only; a request the ledger lacks comes back
     failed with NOT_ANSWERED. Remembers every request it saw, by key."""
 
-    def __init__(self, db_path: store.Where | None):
-        self.db_path = db_path  # the ledger's lake (as LLMClient's); None: an empty ledger
+    def __init__(self, lake: LakeLocation | None):
+        self.lake = lake  # the lake whose ledger answers; None: an empty ledger
         self.requests: dict[str, LLMRequest] = {}
         self.made: set[str] = set()  # keys a stage surely asks: answered for any stage after it
         self._clients: dict[str, LLMClient] = {}
@@ -34,13 +34,13 @@ class LedgerReplay:
     def client(self, profile: str) -> LLMClient:
         """The profile's client, for its keys and request defaults only: it never calls."""
         if profile not in self._clients:
-            self._clients[profile] = LLMClient(profile, db_path=self.db_path)
+            self._clients[profile] = LLMClient(profile, lake=self.lake)
         return self._clients[profile]
 
     def __call__(self, profile: str, requests: Sequence[LLMRequest]) -> list[LLMResult]:
         keys = [self.client(profile).key(r) for r in requests]
         self.requests.update(zip(keys, requests))
-        answered = ledger.lookup(keys, self.db_path) if self.db_path else {}
+        answered = ledger.lookup(keys, self.lake) if self.lake else {}
         return [answered.get(key) or LLMResult(key=key, error=NOT_ANSWERED) for key in keys]
 
 

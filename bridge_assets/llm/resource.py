@@ -57,7 +57,7 @@ class LLMResource(dg.ConfigurableResource):
         super().__init__(**config)
 
     @property
-    def db_path(self) -> LakeLocation:
+    def lake(self) -> LakeLocation:
         """Where the call ledger is: the store's lake."""
         return self.store.lake
 
@@ -78,7 +78,7 @@ class LLMResource(dg.ConfigurableResource):
     def client(self, profile: str) -> LLMClient:
         """The client of a profile, shared by every caller in this run (its stats add up)."""
         if profile not in self._clients:
-            self._clients[profile] = LLMClient(profile, db_path=self.db_path)
+            self._clients[profile] = LLMClient(profile, lake=self.lake)
         return self._clients[profile]
 
     def generate_fn(self, run_id: str, log: Callable[[str], None] | None = None

@@ -28,7 +28,6 @@ import contextlib
 import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import duckdb
@@ -48,6 +47,7 @@ from bridge_assets.llm.budget import Budget
 from bridge_assets.llm.replay import LedgerReplay, StageCalls
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.orchestration.runs import asset_settings
+from bridge_assets.paths import LakeLocation
 from bridge_assets.registry.datasets import get_dataset
 from bridge_assets.retrieval.estimate import current_runs, estimate_retrieval_calls, llm_system_lines, with_upstream
 from bridge_assets.retrieval.registry import load_registry
@@ -83,29 +83,29 @@ class RunEstimate:
 def estimate_run(dataset: str, overrides: Mapping[str, Mapping[str, Any]] | None = None) -> RunEstimate:
     """What the main job would do on `dataset`, with `overrides` (asset name -> fields, as the
     run's explicit config) over the dataset's own settings."""
-    path = DuckDBStore().lake
+    lake = DuckDBStore().lake
     estimate = RunEstimate(dataset)
-    written = store.exists(path)
-    replay = LedgerReplay(path if written else None)
-    con = dataset_snapshot(path, dataset, INPUTS) if written else duckdb.connect()
+    written = store.exists(lake)
+    replay = LedgerReplay(lake if written else None)
+    con = dataset_snapshot(lake, dataset, INPUTS) if written else duckdb.connect()
     with contextlib.closing(con):
         _estimate(estimate, con, overrides or {}, replay)
-    typical = _typical_replies(replay.db_path)
+    typical = _typical_replies(replay.lake)
     for stage in estimate.stages:
         stage.typical_reply = typical.get((stage.profile, stage.purpose), typical.get((None, stage.purpose)))
-    estimate.people = _people(path, dataset) if written else None
+    estimate.people = _people(lake, dataset) if written else None
     return estimate
 
 
-def _people(lake: Any, dataset: str) -> PeopleCost | None:
+def _people(lake: LakeLocation, dataset: str) -> PeopleCost | None:
     """People's time on `dataset` so far and the votes its open pairs need, priced at
     BRIDGE_ANNOTATOR_RATE (None before anyone voted or a debate escalated anything)."""
     from bridge_assets.human.tables import HUMAN_VOTES
     from bridge_assets.human.votes_store import copy_votes
 
     with contextlib.closing(store.dataset_snapshot(lake, dataset, ["debate_labels"])) as con:
-        if Path(lake.votes_db).exists():
-            copy_votes(con, dataset, lake_db=lake, votes_db=lake.votes_db)
+        if lake.votes_db.exists():
+            copy_votes(con, dataset, lake)
         else:  # nobody voted yet: a dry run creates no votes store
             con.execute(HUMAN_VOTES.replace(" default nextval('human_vote_ids')", ""))
         people = people_cost(con, dataset, annotator_rate())
@@ -179,11 +179,11 @@ def _pool(con: duckdb.DuckDBPyConnection, dataset: str, systems: Sequence[str], 
     return info, pairs
 
 
-def _typical_replies(db_path: store.Where | None) -> dict[tuple[str | None, str], float]:
+def _typical_replies(lake: LakeLocation | None) -> dict[tuple[str | None, str], float]:
     """Mean reply tokens of answered calls per (profile, purpose), and per (None, purpose)."""
-    if db_path is None:
+    if lake is None:
         return {}
-    with store.connect(db_path) as con:
+    with store.connect(lake) as con:
         if not store.table_exists(con, ledger.TABLE):
             return {}
         rows = con.execute(f"""select profile, purpose, avg(tokens_out) from {ledger.TABLE}

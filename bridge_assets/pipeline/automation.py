@@ -33,7 +33,7 @@ from bridge_assets.pipeline.asset_config import dataset_of
 from bridge_assets.settings import env
 
 if TYPE_CHECKING:
-    from bridge_assets.lake.store import Where
+    from bridge_assets.paths import LakeLocation
 
 SENSOR_NAME = "bridge_automation_sensor"
 # Dagster's own tag on the runs its automation sensors launch.
@@ -74,7 +74,7 @@ def is_automation_run(context: dg.AssetExecutionContext) -> bool:
 
 
 @contextlib.contextmanager
-def llm_cap(context: dg.AssetExecutionContext, ledger_path: Where | None) -> Iterator[dict[str, Any]]:
+def llm_cap(context: dg.AssetExecutionContext, lake: LakeLocation) -> Iterator[dict[str, Any]]:
     """Inside an automation run, cap the LLM calls of the block at the dataset's
     `llm_calls_per_run` for the whole run: each chunk's calls are reserved against the run's
     count in the lake's coordination file before they are sent, so parallel step processes
@@ -86,7 +86,7 @@ def llm_cap(context: dg.AssetExecutionContext, ledger_path: Where | None) -> Ite
     from bridge_assets.registry.datasets import get_dataset
 
     cap = get_dataset(dataset_of(context.partition_key)).automation.llm_calls_per_run
-    shared = coordination.for_store(ledger_path)
+    shared = coordination.for_store(lake)
     limit = llm_budget.Budget(calls=cap, reserve_calls=functools.partial(shared.reserve_calls, context.run_id, cap))
     with llm_budget.enforce(limit):
         yield metadata

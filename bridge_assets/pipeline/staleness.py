@@ -69,13 +69,14 @@ def resolved_settings(assets_def: dg.AssetsDefinition, dataset: str,
 # What an asset reads from outside the lake's assets (a dataset's files, a retriever's entry or
 # run file, the votes...), compared with what its last materialization recorded in its metadata.
 # The stage that defines the asset declares the check (`@external_input("human_labels")`): this
-# module sits below the stages and names none of them.
-ExternalCheck = Callable[[Any, dict[str, Any], DuckDBStore], "str | None"]
+# module sits below the stages and names none of them. A check reads the definitions' resources
+# ("store": the lake, "votes": the votes store nested on it).
+ExternalCheck = Callable[[Any, dict[str, Any], Mapping[str, Any]], "str | None"]
 EXTERNAL_CHECKS: dict[str, list[ExternalCheck]] = {}
 
 
 def external_input(*assets: str) -> Callable[[ExternalCheck], ExternalCheck]:
-    """Declare `check(partition_key, metadata, store) -> reason | None` for `assets`."""
+    """Declare `check(partition_key, metadata, resources) -> reason | None` for `assets`."""
 
     def declare(check: ExternalCheck) -> ExternalCheck:
         for asset in assets:
@@ -85,26 +86,29 @@ def external_input(*assets: str) -> Callable[[ExternalCheck], ExternalCheck]:
     return declare
 
 
+# The whole asset graph and the resources, handed over by bridge_assets.definitions (above this
+# module): a job's own graph mis-reads its partition-mapped deps' new partitions.
+_whole_graph: Callable[[], BaseAssetGraph] | None = None
+_resources: Mapping[str, Any] = {}
+
+
+def use_definitions(graph: Callable[[], BaseAssetGraph], resources: Mapping[str, Any]) -> None:
+    global _whole_graph, _resources
+    _whole_graph, _resources = graph, resources
+
+
 def external_change(key: dg.AssetKey, partition_key: Any, metadata: dict[str, Any],
-                    store: DuckDBStore | None) -> str | None:
+                    store: DuckDBStore | None = None) -> str | None:
     """An input outside the lake's assets that changed since the materialization, or calls an
-    automation run deferred (an explicit run makes them)."""
+    automation run deferred (an explicit run makes them). `store`: another lake than the
+    definitions' (a test's)."""
     if metadata.get("deferred_calls"):
         return f"{metadata['deferred_calls']} LLM calls were deferred by the automation cap"
+    resources = {**_resources, "store": store or _resources.get("store") or DuckDBStore()}
     for check in EXTERNAL_CHECKS.get(key.to_user_string(), []):
-        if (reason := check(partition_key, metadata, store or DuckDBStore())) is not None:
+        if (reason := check(partition_key, metadata, resources)) is not None:
             return reason
     return None
-
-
-# The whole asset graph, handed over by bridge_assets.definitions (above this module): a job's own
-# graph mis-reads its partition-mapped deps' new partitions.
-_whole_graph: Callable[[], BaseAssetGraph] | None = None
-
-
-def use_asset_graph(graph: Callable[[], BaseAssetGraph]) -> None:
-    global _whole_graph
-    _whole_graph = graph
 
 
 def out_of_date(graph: BaseAssetGraph, inst: dg.DagsterInstance, key: dg.AssetKey, partition_key: Any,
@@ -151,7 +155,7 @@ def _reused(context: dg.AssetExecutionContext) -> list[dg.MaterializeResult] | N
     if not reuses(context.run.tags) or not context.has_partition_key:
         return None
     if _whole_graph is None:  # a run tagged to reuse always loads bridge_assets.definitions
-        raise RuntimeError("the asset graph was not handed over (staleness.use_asset_graph)")
+        raise RuntimeError("the asset graph was not handed over (staleness.use_definitions)")
     graph = _whole_graph()
     partition_key = context.partition_key
     keys = sorted(context.selected_asset_keys, key=lambda k: k.to_user_string())

@@ -2,12 +2,13 @@
 
 # No `from __future__ import annotations`: Dagster reads the context annotation at import.
 import hashlib
+from collections.abc import Mapping
 from typing import Any
 
 import dagster as dg
 import polars as pl
 
-from bridge_assets.human.votes_store import VotesStore
+from bridge_assets.human.votes_resource import VotesStore
 from bridge_assets.lake import snapshots
 from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.lake.store import table_exists
@@ -27,10 +28,10 @@ READS = ("original_qrels", "human_labels", "debate_labels", "debate_turns", "fil
          "review_sample")
 
 
-def qrels_inputs(store: DuckDBStore, dataset: str):
-    """`with qrels_inputs(store, dataset) as con:` an in-memory snapshot of everything
+def qrels_inputs(store: DuckDBStore, votes: VotesStore, dataset: str):
+    """`with qrels_inputs(store, votes, dataset) as con:` an in-memory snapshot of everything
     bridge_qrels reads for `dataset`."""
-    return snapshots.inputs(store, dataset, (*READS, *IMPORT_TABLES), votes=VotesStore(store=store))
+    return snapshots.inputs(store, dataset, (*READS, *IMPORT_TABLES), votes=votes)
 
 
 def qrels_version(qrels: pl.DataFrame) -> str:
@@ -131,11 +132,11 @@ def _metadata(result: BridgeQrels, trec_path) -> dict:
                 "labels are also written as TREC qrels under <data lake>/exports/<dataset>/.",
 )
 @reuse_when_current
-def bridge_qrels(context: dg.AssetExecutionContext, store: DuckDBStore) -> dg.MaterializeResult:
+def bridge_qrels(context: dg.AssetExecutionContext, store: DuckDBStore, votes: VotesStore) -> dg.MaterializeResult:
     dataset = context.partition_key
     relevance = get_dataset(dataset).relevance
     bar = relevance.min_precision
-    with qrels_inputs(store, dataset) as con:
+    with qrels_inputs(store, votes, dataset) as con:
         result = build_bridge_qrels(con, dataset, bar, relevance.drops_in_bounds)
     with store.connect() as con:
         add_missing_columns(con)
@@ -223,8 +224,9 @@ def bridge_qrels_escalations_resolved(store: DuckDBStore) -> dg.AssetCheckResult
 
 
 @external_input("bridge_qrels")
-def _imports_or_relevance_changed(dataset: str, metadata: dict[str, Any], store: DuckDBStore) -> str | None:
-    if metadata.get("imports_version") != imports_version(store, dataset):
+def _imports_or_relevance_changed(dataset: str, metadata: dict[str, Any],
+                   resources: Mapping[str, Any]) -> str | None:
+    if metadata.get("imports_version") != imports_version(resources["store"], dataset):
         return "imported judgments changed (bridge qrels import / remove)"
     relevance = get_dataset(dataset).relevance
     if metadata.get("min_precision") != relevance.min_precision:

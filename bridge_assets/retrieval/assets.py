@@ -8,6 +8,7 @@ asset's real (not stringified) annotations.
 
 import hashlib
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import dagster as dg
@@ -160,7 +161,7 @@ retrieval_rebenchmark_schedule = _rebenchmark_schedule()
 
 @external_input("retrieval_run")
 def _entry_or_run_file_changed(partition_key: dg.MultiPartitionKey, metadata: dict[str, Any],
-                               store: DuckDBStore) -> str | None:
+                               resources: Mapping[str, Any]) -> str | None:
     retriever = partition_key.keys_by_dimension["retriever"]
     k = (metadata.get("details") or {}).get("k")  # a changed k is a settings change
     registry = load_registry()

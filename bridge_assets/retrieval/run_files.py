@@ -23,7 +23,6 @@ from typing import Any
 
 import polars as pl
 
-from bridge_assets import settings
 from bridge_assets.ingest.errors import DatasetError
 from bridge_assets.paths import LakeLocation
 from bridge_assets.registry import registry_files
@@ -37,11 +36,11 @@ _NAME = re.compile(r"[A-Za-z0-9_.-]+")
 EXAMPLES = 5  # unknown ids quoted in the metadata and the log
 
 
-def runs_dir(lake: LakeLocation | None = None) -> Path:
+def runs_dir(lake: LakeLocation) -> Path:
     """Where run files are kept: `<registry dir>/runs` (BRIDGE_REGISTRY_DIR), else the runs/ of
-    `lake` (the store resource's; None: the environment's lake)."""
+    `lake` (the store resource's)."""
     folder = registry_files.registry_dir()
-    return folder / "runs" if folder else (lake or settings.lake_location()).runs
+    return folder / "runs" if folder else lake.runs
 
 
 def validate_system_name(name: str) -> str:

@@ -12,6 +12,7 @@ from typing import cast
 import numpy as np
 import polars as pl
 
+from bridge_assets.paths import LakeLocation
 from bridge_assets.retrieval.errors import MissingRun
 from bridge_assets.trec_io import read_trec_run, write_trec_run
 
@@ -75,12 +76,12 @@ def read_trec(path: Path) -> pl.DataFrame:
     return top_k(run, longest or 1)
 
 
-def export_trec_run(dataset: str, retriever: str, path: Path, db_path: Path | None = None) -> tuple[Path, int]:
+def export_trec_run(dataset: str, retriever: str, path: Path, lake: LakeLocation) -> tuple[Path, int]:
     """Write the stored run of (dataset, retriever) from `retrieval_run` as a TREC run file
     tagged with the retriever's name. MissingRun (a LookupError) when there is no such run."""
     from bridge_assets.lake import store
 
-    with store.connect(db_path) as con:
+    with store.connect(lake) as con:
         if not store.table_exists(con, "retrieval_run"):
             raise MissingRun("no retrieval_run table yet: materialize retrieval_run first")
         run = con.execute("select query_id, doc_id, rank, score from retrieval_run "

@@ -106,14 +106,14 @@ def _stamp(run: FoundRun) -> str:
 @dg.sensor(job=retrieval_job, minimum_interval_seconds=env.sensor_interval(60), default_status=dg.DefaultSensorStatus.RUNNING,
            description="Turns every new TREC run file in <BRIDGE_REGISTRY_DIR>/runs/<dataset>/<name>.trec[.gz] "
                        "into a run_file system and requests the run of each new or changed file.")
-def run_files_sensor(context: dg.SensorEvaluationContext) -> dg.SensorResult | dg.SkipReason:
+def run_files_sensor(context: dg.SensorEvaluationContext, store: DuckDBStore) -> dg.SensorResult | dg.SkipReason:
     if registry_files.registry_dir() is None:
         return dg.SkipReason(f"{registry_files.ENV_REGISTRY_DIR} is not set: there is no runs folder to watch")
     previous = json.loads(context.cursor) if context.cursor else {}
     stamps, runs, added = {}, [], []
     datasets = set(dataset_partitions.get_partition_keys())
     partitions = set(context.instance.get_dynamic_partitions(RETRIEVER_PARTITIONS))
-    for found in find_run_files(runs_dir()):
+    for found in find_run_files(runs_dir(store.lake)):
         stamp = _stamp(found)
         if previous.get(found.key) == stamp:
             stamps[found.key] = stamp

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import polars as pl
 
-from bridge_assets import settings
 from bridge_assets.retrieval import cache, dense, encoders, lucene, splade
 from bridge_assets.retrieval.errors import RetrievalError
 from bridge_assets.retrieval.registry import RetrieverRegistry, SystemSpec, load_registry
@@ -261,7 +260,7 @@ class RunResult:
 
 
 def run_retriever(dataset: str, system: str, corpus: pl.DataFrame, queries: pl.DataFrame, *,
-                  k: int | None = None, registry: RetrieverRegistry | None = None, lake: Path | None = None,
+                  lake: Path, k: int | None = None, registry: RetrieverRegistry | None = None,
                   llm_client: Callable[[str], Any] | None = None, llm_context: str | None = None,
                   progress: Callable[[str], None] = log.info,
                   stored_run: Callable[[str], pl.DataFrame] | None = None) -> RunResult:
@@ -270,10 +269,9 @@ def run_retriever(dataset: str, system: str, corpus: pl.DataFrame, queries: pl.D
     corpus: doc_id, title, text; queries: query_id, text. k defaults to the system's (`system_k`).
     stored_run(system) -> that system's stored rows (STORED_COLUMNS), empty if none: re-rankers
     reuse a current first stage from it. `lake`: the lake folder whose indexes/ caches what is
-    built (the store resource's; None: the environment's lake, for scripts and tests).
+    built (the store resource's).
     """
     registry = registry or load_registry()
-    lake = lake or settings.lake_location().folder
     k = k or registry.system_k(system)
     if corpus.is_empty():
         raise RetrievalError(f"{dataset}: the corpus is empty; materialize `corpus` first")

@@ -14,6 +14,7 @@ pair the student's calibrated P(relevant).
 # No `from __future__ import annotations`: Dagster resolves dg.Config annotations at runtime.
 import hashlib
 import json
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import dagster as dg
@@ -288,7 +289,8 @@ def evaluation_systems_sensor(context: dg.SensorEvaluationContext) -> dg.SensorR
 
 
 @external_input("student_rerank_run")
-def _evaluation_systems_changed(dataset: str, metadata: dict[str, Any], store: DuckDBStore) -> str | None:
+def _evaluation_systems_changed(dataset: str, metadata: dict[str, Any],
+                   resources: Mapping[str, Any]) -> str | None:
     if metadata.get("systems") != json.dumps(evaluation_system_hashes(), sort_keys=True):
         return "the registry's evaluation-only systems changed"
     return None

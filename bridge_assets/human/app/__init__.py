@@ -42,10 +42,10 @@ def annotation_app(settings: AppSettings, clock: Clock = time.time) -> FastAPI:
     app = FastAPI(title="BRIDGE annotation", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.bridge = AppState(settings, clock)
 
-    moved = votes_store.prepare(settings.db_path, settings.votes_db)  # an old lake's votes move
+    moved = votes_store.prepare(settings.lake)  # an old lake's votes move
     if moved:
-        log.warning("moved %d votes from %s to the votes store %s", moved, settings.db_path,
-                    settings.votes_db)
+        log.warning("moved %d votes from %s to the votes store %s", moved, settings.lake.duckdb,
+                    settings.lake.votes_db)
 
     add_middleware(app, limit_for=settings.body_limit)
     add_refusal_handlers(app)

@@ -1,13 +1,12 @@
 """What the annotation app is built with (the `bridge annotate serve` options)."""
 
 from datetime import timedelta
-from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, InstanceOf
 
 from bridge_assets.human.queue import QueueSettings
 from bridge_assets.human.votes import IDLE_CAP_SECONDS
-from bridge_assets.settings import lake_location
+from bridge_assets.paths import LakeLocation
 
 IMPORT_PATH = "/admin/import"  # the one route whose body may be a whole votes file
 
@@ -15,8 +14,7 @@ IMPORT_PATH = "/admin/import"  # the one route whose body may be a whole votes f
 class AppSettings(BaseModel):
     model_config = ConfigDict(frozen=True)
 
-    db_path: Path                         # the pipeline's bridge.duckdb (read only)
-    votes_path: Path | None = None        # the votes store; None: where the lake's config puts it
+    lake: InstanceOf[LakeLocation]        # the pipeline's tables (read only) and the votes store
     secret: str = Field(min_length=16, repr=False)
     with_history: bool = True
     attention_rate: float = Field(0.1, ge=0.0, le=1.0)
@@ -31,10 +29,6 @@ class AppSettings(BaseModel):
     max_form_bytes: int = 64 * 2**10      # every other body (a vote's comment is 2,000 chars at most)
     busy_seconds: float = Field(3.0, gt=0)  # longest wait for a locked file before answering 503
     idle_cap_seconds: float = Field(IDLE_CAP_SECONDS, gt=0)  # the longest a judgment counts
-
-    @property
-    def votes_db(self) -> Path:
-        return self.votes_path or lake_location(self.db_path.parent).votes_db
 
     def body_limit(self, path: str) -> int:
         return self.max_upload_bytes + self.max_form_bytes if path == IMPORT_PATH else self.max_form_bytes

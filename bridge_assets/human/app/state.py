@@ -6,7 +6,6 @@ import random
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import anyio.to_thread
@@ -17,6 +16,7 @@ from bridge_assets.human.app.config import AppSettings
 from bridge_assets.human.queue import QueueSettings
 from bridge_assets.human.security import Clock, SessionSigner
 from bridge_assets.lake.store import transaction
+from bridge_assets.paths import LakeLocation
 
 T = TypeVar("T")
 
@@ -26,14 +26,13 @@ class Database:
     to the votes store: `votes` on it alone, `run` with the pipeline's tables readable too.
     A file locked for longer than `busy_seconds` raises StoreBusy."""
 
-    def __init__(self, votes_path: Path, lake_path: Path, busy_seconds: float):
-        self.votes_path, self.lake_path, self.busy_seconds = votes_path, lake_path, busy_seconds
+    def __init__(self, lake: LakeLocation, busy_seconds: float):
+        self.lake, self.busy_seconds = lake, busy_seconds
         self._lock = threading.Lock()
 
     def _call(self, lake: bool, fn: Callable[..., T], *args: Any, one_transaction: bool = False,
               **kwargs: Any) -> T:
-        with self._lock, votes_store.connect(self.votes_path, lake_db=self.lake_path if lake else None,
-                                             wait_seconds=self.busy_seconds) as con:
+        with self._lock, votes_store.connect(self.lake, pipeline=lake, wait_seconds=self.busy_seconds) as con:
             if not one_transaction:
                 return fn(con, *args, **kwargs)
             with transaction(con):
@@ -66,7 +65,7 @@ class AppState:
     def __post_init__(self) -> None:
         s = self.settings
         self.signer = SessionSigner(s.secret, s.session_hours * 3600, self.clock)
-        self.db = Database(s.votes_db, s.db_path, s.busy_seconds)
+        self.db = Database(s.lake, s.busy_seconds)
         self.rng = random.Random(s.seed)
         self.queue = s.queue
 
