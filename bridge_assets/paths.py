@@ -1,6 +1,6 @@
 """Where things live: the project's resources and the runtime data lake.
 
-The data lake's location is decided in one place, `settings.lake_location()`: the `DuckDBStore`
+The data lake's location is decided in one place, `lake.location.lake_location()`: the `DuckDBStore`
 resource's config (bridge_assets.lake.resource), else `BRIDGE_DATA_LAKE`, else the project's
 `data_lake/`. The votes store (annotators, assignments, votes) is a DuckDB file of its own:
 `BRIDGE_VOTES_DB`, else `<data lake>/annotations/votes.duckdb`, so the pipeline's file can be
@@ -25,7 +25,7 @@ PIPELINE_FILE = "bridge.duckdb"  # the DuckDB-file storage's file, and the path 
 
 @dataclass(frozen=True)
 class LakeLocation:
-    """The runtime storage, resolved once (settings.lake_location()): the lake folder and what
+    """The runtime storage, resolved once (lake.location.lake_location()): the lake folder and what
     is in it, the votes store, and where the pipeline's tables are: the DuckLake `ducklake`
     (the default storage), or the DuckDB file `duckdb` when `ducklake` is None."""
 

@@ -4,20 +4,17 @@ the source of README.md's table of settings, which tests/test_settings.py checks
 Other modules ask `env` (a `Settings`), never `os.environ`. A value is read when asked, not at
 import, so a test's `monkeypatch.setenv` is seen by the code it then runs.
 
-The lake's location is built from these settings in one place, `lake_location()`: once per
-process and configuration (the `DuckDBStore` resource holds it; everything else is handed it).
+The lake's location is built from these settings in one place, bridge_assets.lake.location.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 from bridge_assets.errors import SettingsError
-from bridge_assets.lake import ducklake
-from bridge_assets.paths import PROJECT_ROOT, RESOURCES_DIR, LakeLocation
+from bridge_assets.paths import RESOURCES_DIR
 
 
 @dataclass(frozen=True)
@@ -34,11 +31,11 @@ VARIABLES: tuple[Setting, ...] = (
             "the votes store (annotators, assignments, votes)"),
     Setting("BRIDGE_STORAGE", "ducklake",
             "how the pipeline's tables are stored: ducklake, or duckdb (one file, <data lake>/bridge.duckdb)"),
-    Setting("BRIDGE_LAKE_CATALOG", f"sqlite:{ducklake.CATALOG_FILE}",
+    Setting("BRIDGE_LAKE_CATALOG", "sqlite:ducklake.sqlite",
             "the DuckLake catalog (what follows ducklake:), relative to the lake folder, or postgres:..."),
-    Setting("BRIDGE_LAKE_DATA_PATH", f"<data lake>/{ducklake.DATA_FOLDER}/",
+    Setting("BRIDGE_LAKE_DATA_PATH", "<data lake>/ducklake/",
             "where the DuckLake's Parquet files go: a folder, s3://... or gs://..."),
-    Setting("BRIDGE_LAKE_INLINE_ROWS", str(ducklake.INLINE_ROWS),
+    Setting("BRIDGE_LAKE_INLINE_ROWS", "1000",
             "inserts of at most this many rows stay in the DuckLake catalog"),
     Setting("BRIDGE_EXECUTOR", "multiprocess",
             "the asset jobs' executor: multiprocess, dask or in_process"),
@@ -70,9 +67,6 @@ VARIABLES: tuple[Setting, ...] = (
             "tests only: seconds a partition write sleeps before its commit (to kill it there)"),
 )
 BY_NAME = {setting.name: setting for setting in VARIABLES}
-# What a lake location is built from: a change to any of them is another location.
-LOCATION_VARIABLES = ("BRIDGE_DATA_LAKE", "BRIDGE_VOTES_DB", "BRIDGE_STORAGE", "BRIDGE_LAKE_CATALOG",
-                      "BRIDGE_LAKE_DATA_PATH", "BRIDGE_LAKE_INLINE_ROWS")
 STORAGES = ("duckdb", "ducklake")
 
 
@@ -96,10 +90,6 @@ class Settings:
         if kind not in STORAGES:
             raise SettingsError(f"BRIDGE_STORAGE={kind!r}: expected one of {', '.join(STORAGES)}")
         return kind
-
-    @property
-    def lake_inline_rows(self) -> int:
-        return int(self.raw("BRIDGE_LAKE_INLINE_ROWS") or ducklake.INLINE_ROWS)
 
     @property
     def executor(self) -> str | None:
@@ -174,29 +164,3 @@ class Settings:
 
 
 env = Settings()
-
-_locations: dict[tuple, LakeLocation] = {}
-_locations_lock = threading.Lock()
-
-
-def lake_location(data_lake: str | Path = "", votes_db: str | Path = "") -> LakeLocation:
-    """The lake's location: `data_lake` (empty: BRIDGE_DATA_LAKE, else the project's data_lake/)
-    and `votes_db` (empty: BRIDGE_VOTES_DB, else <data lake>/annotations/votes.duckdb); relative
-    paths are relative to the working directory. Built once per process for each configuration,
-    so every store call of a run shares one object (a test that changes a variable gets another)."""
-    key = (str(data_lake), str(votes_db), os.getcwd(), *(os.environ.get(name) for name in LOCATION_VARIABLES))
-    with _locations_lock:
-        location = _locations.get(key)
-        if location is None:
-            location = _locations[key] = build_location(data_lake, votes_db)
-        return location
-
-
-def build_location(data_lake: str | Path, votes_db: str | Path) -> LakeLocation:
-    """A new LakeLocation from the settings (lake_location() is the one caller: it caches)."""
-    folder = Path(data_lake or env.raw("BRIDGE_DATA_LAKE") or PROJECT_ROOT / "data_lake").resolve()
-    votes = Path(votes_db or env.raw("BRIDGE_VOTES_DB") or folder / "annotations" / "votes.duckdb").resolve()
-    lake = ducklake.DuckLakeConfig.for_folder(folder, catalog=env.raw("BRIDGE_LAKE_CATALOG") or "",
-                                              data_path=env.raw("BRIDGE_LAKE_DATA_PATH") or "",
-                                              inline_rows=env.lake_inline_rows)
-    return LakeLocation(folder, votes, env.storage, lake)

@@ -50,7 +50,7 @@ def run(lake: Path, pairs: int, annotators: int, rounds: int) -> None:
     from bridge_assets.human.app.annotation import annotation_page
     from bridge_assets.human.app.state import AppState
     from bridge_assets.human.votes import record_vote
-    from bridge_assets.settings import lake_location
+    from bridge_assets.lake.location import lake_location
     from fixtures.escalated_pairs import write_escalated_pairs
     from fixtures.paths import annotations
 

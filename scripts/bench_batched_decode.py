@@ -33,11 +33,11 @@ import numpy as np
 from bench_debate import bench_pairs
 from bench_kv_cache import debate_requests, demo_pairs
 
-from bridge_assets import settings
 from bridge_assets.ingest.loaders import load_dataset
 from bridge_assets.labeling.calls import MeteredGenerate
 from bridge_assets.labeling.debate import run_debate
 from bridge_assets.labeling.debate_turns import debate_agents
+from bridge_assets.lake import location
 from bridge_assets.llm import LLMClient
 from bridge_assets.llm import llama_backend as backends
 from bridge_assets.llm.llama_greedy import prompt_tokens
@@ -137,7 +137,7 @@ def debate(args: argparse.Namespace) -> None:
             lanes = args.width if "lanes" in arm else 1
             client = LLMClient(profile.model_copy(update={"engine_args": {**profile.engine_args,
                                                                           "decode_lanes": lanes}}),
-                               lake=settings.lake_location(folder))
+                               lake=location.lake_location(folder))
             client.backend  # noqa: B018 - the model is loaded before the clock starts
             with backends._LLAMA_LOCK:
                 for loaded in backends._LLAMA_MODELS.values():

@@ -22,13 +22,12 @@ import re
 import tempfile
 import time
 
-from bridge_assets import settings
 from bridge_assets.ingest.loaders import DatasetTables, load_dataset
 from bridge_assets.labeling.calls import MeteredGenerate
 from bridge_assets.labeling.debate import run_debate
 from bridge_assets.labeling.debate_turns import debate_agents
 from bridge_assets.labeling.pairs import Pair, chunk_text
-from bridge_assets.lake import store
+from bridge_assets.lake import location, store
 from bridge_assets.llm import LLMClient, role_profiles
 from bridge_assets.registry.datasets import get_dataset
 
@@ -69,7 +68,7 @@ def bench_pairs(tables: DatasetTables, count: int) -> list[Pair]:
 def debate_once(profile: str, pairs: list[Pair], args: argparse.Namespace, pair_major: bool) -> dict:
     """One debate of `pairs` on a fresh temporary ledger: its figures, and its turns' replies."""
     with tempfile.TemporaryDirectory() as folder:
-        ledger_lake = settings.lake_location(folder)  # a scratch lake: its ledger only
+        ledger_lake = location.lake_location(folder)  # a scratch lake: its ledger only
         client = LLMClient(profile, lake=ledger_lake)
         client.backend  # noqa: B018 - load the model before the clock starts
         generate = MeteredGenerate(lambda _, requests: client.generate(requests, context="bench"))

@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bridge_assets import settings
+from bridge_assets.lake import location
 from bridge_assets.llm import LLMClient, get_profile, weights
 from bridge_assets.llm.server import llama_cpp_server
 
@@ -83,7 +83,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         scratch_dir = Path(scratch)
         if not args.skip_in_process:
-            client = LLMClient(profile, lake=settings.lake_location(scratch_dir / "in_process"))
+            client = LLMClient(profile, lake=location.lake_location(scratch_dir / "in_process"))
             started = time.perf_counter()
             client.generate([client.request([("user", "Say OK.")], max_tokens=2)])  # load the model
             print(f"{'in-process: model load':<28}{time.perf_counter() - started:>16.1f} s")
@@ -94,7 +94,7 @@ def main() -> None:
                                   threads=profile.threads) as url:
                 for level in [int(c) for c in args.concurrency.split(",")]:
                     client = LLMClient(http.model_copy(update={"base_urls": (url,), "concurrency": level}),
-                                       lake=settings.lake_location(scratch_dir / f"http_{level}"))
+                                       lake=location.lake_location(scratch_dir / f"http_{level}"))
                     measure(f"http llama.cpp server c={level}", client,
                             requests_for(client, args.prompts, args.max_tokens, f"http{level}"))
 

@@ -95,7 +95,7 @@ def main() -> None:
     os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 
     if args.one:
-        from bridge_assets.settings import lake_location
+        from bridge_assets.lake.location import lake_location
 
         lake_folder = lake_location().folder  # the child's lake: $BRIDGE_DATA_LAKE, set by the parent
         print(json.dumps(bench_one(args.dataset, args.one, args.llm_queries, args.llm_rerank_depth, lake_folder)))

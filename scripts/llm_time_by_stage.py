@@ -26,8 +26,8 @@ from pathlib import Path
 
 import duckdb
 
-from bridge_assets import settings
 from bridge_assets.lake import store
+from bridge_assets.lake.location import lake_location
 from bridge_assets.llm.ledger import ADDED_COLUMNS, TABLE
 
 GROUPS = ("purpose", "profile", "model", "backend", "context")
@@ -240,7 +240,7 @@ def main() -> None:
     by = [name.strip() for name in args.by.split(",") if name.strip()]
     if not by or any(name not in GROUPS for name in by):
         parser.error(f"--by takes some of {', '.join(GROUPS)}")
-    location = settings.lake_location(args.lake or "")
+    location = lake_location(args.lake or "")
     where = store.describe(location)
     try:
         with store.connect_read_only(location, wait_seconds=5) as con:

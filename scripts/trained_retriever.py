@@ -22,8 +22,9 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the shipped weights only, never a download
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bridge_assets import settings  # noqa: E402
-from bridge_assets.lake import store
+
+from bridge_assets.lake import store  # noqa: E402
+from bridge_assets.lake.location import lake_location  # noqa: E402
 from bridge_assets.student.retriever import (  # noqa: E402
     Curriculum,
     format_differences,
@@ -58,11 +59,11 @@ def utility_labels_for(lake: Path, ledger_lake: Path, dataset: str, query_ids: l
 
     def generate(name, requests):
         if name not in clients:
-            clients[name] = LLMClient(name, lake=settings.lake_location(ledger_lake))
+            clients[name] = LLMClient(name, lake=lake_location(ledger_lake))
         return clients[name].generate(requests, context=f"trained-retriever:{dataset}:utilsel")
 
     try:
-        with store.connect_read_only(settings.lake_location(lake), snapshot=snapshot) as con:
+        with store.connect_read_only(lake_location(lake), snapshot=snapshot) as con:
             pairs = pool_pairs(con, dataset, query_ids)
         return utility_positives(pairs, generate, profile)
     finally:
@@ -100,7 +101,7 @@ def main() -> None:
     train_settings = TrainSettings(epochs=args.epochs, negatives_per_query=args.negatives,
                                    learning_rate=args.learning_rate, seed=args.seed,
                                    threads=args.threads)
-    location = settings.lake_location(args.lake)
+    location = lake_location(args.lake)
     with store.connect_read_only(location, snapshot=args.snapshot) as con:
         snapshot = args.snapshot if args.snapshot is not None else lake_snapshot(con, location)
         data = load_lake_data(con, args.dataset)
@@ -152,7 +153,7 @@ def stored_minilm_check(lake: Path, snapshot: int | None, dataset: str, data, un
     qrels: the untrained row should come close to it (same weights; exact search here)."""
     from bridge_assets.student.retriever import SystemResult
 
-    with store.connect_read_only(settings.lake_location(lake), snapshot=snapshot) as con:
+    with store.connect_read_only(lake_location(lake), snapshot=snapshot) as con:
         run = con.execute("select query_id, doc_id, score from retrieval_run where dataset = ? and "
                           "retriever = 'minilm' and rank <= 10", [dataset]).pl()
     if run.is_empty():

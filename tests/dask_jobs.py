@@ -11,8 +11,7 @@ import time
 import dagster as dg
 import polars as pl
 
-from bridge_assets import settings
-from bridge_assets.lake import store
+from bridge_assets.lake import location, store
 
 PARTS = ("p0", "p1", "p2", "p3")
 
@@ -23,7 +22,7 @@ def _writer(part: str) -> dg.OpDefinition:
         time.sleep(1.0)  # long enough for the scheduler to spread the steps over the workers
         snapshot = store.write_partitions(
             {"parts": pl.DataFrame({"dataset": [part] * 3, "value": [1, 2, 3], "pid": [os.getpid()] * 3})},
-            {"dataset": part}, settings.lake_location(), info={"run_id": context.run_id})
+            {"dataset": part}, location.lake_location(), info={"run_id": context.run_id})
         context.log.info(f"{part} written by pid {os.getpid()} as snapshot {snapshot}")
 
     return write

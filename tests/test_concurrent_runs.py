@@ -207,7 +207,7 @@ def test_the_daemon_marks_a_killed_command_line_run_failed_within_a_minute(tmp_p
     lake = tmp_path / "lake"
     env = {**os.environ, "BRIDGE_DATA_LAKE": str(lake), "BRIDGE_TEST_PAUSE_IN_WRITE": "120"}
     env.pop("DAGSTER_HOME", None)
-    subprocess.run([sys.executable, "-c", "from bridge_assets import orchestration; orchestration.instance()"],
+    subprocess.run([sys.executable, "-c", "from bridge_assets.orchestration import runs; runs.instance()"],
                    cwd=PROJECT_ROOT, env=env, check=True)  # the lake's home, its config written
     env["DAGSTER_HOME"] = str(lake / "dagster_home")
     daemon = start_daemon(env)

@@ -22,8 +22,8 @@ import polars as pl
 import pytest
 from typer.testing import CliRunner
 
-from bridge_assets import settings
 from bridge_assets.lake import ducklake, store
+from bridge_assets.lake.location import lake_location
 from bridge_assets.llm import ledger
 from bridge_assets.llm.types import LLMRequest, LLMResult
 from fixtures.paths import PROJECT_ROOT, location
@@ -43,7 +43,7 @@ def data_files(lake: Path, table: str) -> list[Path]:
 
 
 def test_the_lake_location_means_the_ducklake_and_a_bare_path_is_refused(ducklake_lake):
-    lake = settings.lake_location()
+    lake = lake_location()
     config = lake.ducklake
     assert config is not None and config.catalog == f"sqlite:{ducklake_lake / ducklake.CATALOG_FILE}"
     assert config.data_path == f"{ducklake_lake / ducklake.DATA_FOLDER}/"
@@ -119,14 +119,13 @@ def test_a_commit_that_lost_a_race_is_retried_and_then_fails_clearly(ducklake_la
 WRITER = textwrap.dedent("""
     import sys, polars as pl
     from bridge_assets.lake import store
-    from bridge_assets import settings
-    from bridge_assets.lake import store
+    from bridge_assets.lake.location import lake_location
     worker, partitions = sys.argv[1], int(sys.argv[2])
     for i in range(partitions):
         key = f"{worker}-{i}"
         store.write_partitions({"t": pl.DataFrame({"dataset": [key] * 3, "value": [i, i + 1, i + 2]}),
                                 "u": pl.DataFrame({"dataset": [key], "worker": [worker]})}, {"dataset": key},
-                               settings.lake_location())
+                               lake_location())
     print("done", flush=True)
 """)
 

@@ -9,8 +9,9 @@ import pytest
 from bridge_assets.human.cost import Rate, describe, people_cost
 from bridge_assets.human.tables import ensure_schema
 from bridge_assets.human.votes import insert_vote
+from bridge_assets.lake.location import lake_location
 from bridge_assets.orchestration import costs
-from bridge_assets.settings import env, lake_location
+from bridge_assets.settings import env
 from fixtures.escalated_set import DATASET, ESCALATED
 from fixtures.paths import annotations
 

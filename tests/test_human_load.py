@@ -33,6 +33,7 @@ from pathlib import Path
 import polars as pl
 from bridge_assets.lake import store
 from bridge_assets import settings
+from bridge_assets.lake import location
 from bridge_assets.lake import store
 stop, writes = Path(sys.argv[1]), 0
 while not stop.exists():
@@ -40,7 +41,7 @@ while not stop.exists():
                           "doc_id": [f"d{i}" for i in range(20_000)], "rank": list(range(20_000)),
                           "score": [float(writes)] * 20_000})
     store.write_partitions({"retrieval_run": frame}, {"dataset": "other", "retriever": "bm25"},
-                           settings.lake_location())
+                           location.lake_location())
     writes += 1
     time.sleep(0.1)
 print(writes)

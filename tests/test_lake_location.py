@@ -1,15 +1,16 @@
-"""One owner of the lake's location (issue 15, item 6): the DuckDBStore resource (its LakeLocation, built by settings.lake_location),
+"""One owner of the lake's location (issue 15, item 6): the DuckDBStore resource (its LakeLocation, built by lake.location.lake_location),
 which the command line, the sensors and the LLM call ledger all ask. BRIDGE_DATA_LAKE stays the
 way users set it, BRIDGE_VOTES_DB moves the votes store."""
 
 from __future__ import annotations
 
-from bridge_assets import settings
 from bridge_assets.lake import store
+from bridge_assets.lake.location import lake_location
 from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.llm import ledger
 from bridge_assets.llm.resource import LLMResource
 from bridge_assets.llm.types import LLMRequest, LLMResult
+from bridge_assets.paths import PROJECT_ROOT
 from fixtures.paths import location
 
 
@@ -19,7 +20,7 @@ def test_a_relative_bridge_data_lake_is_where_the_ledger_the_store_and_the_llm_r
     monkeypatch.setenv("BRIDGE_DATA_LAKE", "data_lake/eval")  # as the labeler evaluation runs
     monkeypatch.delenv("BRIDGE_VOTES_DB", raising=False)
     expected = tmp_path / "data_lake" / "eval" / "bridge.duckdb"
-    assert DuckDBStore().path == settings.lake_location().duckdb == LLMResource().lake.duckdb == expected
+    assert DuckDBStore().path == lake_location().duckdb == LLMResource().lake.duckdb == expected
     assert DuckDBStore().lake.dagster_home == tmp_path / "data_lake" / "eval" / "dagster_home"
     assert DuckDBStore().lake.reports("demo") == tmp_path / "data_lake" / "eval" / "reports" / "demo"
 
@@ -43,3 +44,19 @@ def test_the_votes_store_sits_beside_the_lake_unless_configured(tmp_path, monkey
     assert configured.votes_path == tmp_path / "v.duckdb"
     nested = LLMResource(store=DuckDBStore(data_lake=str(tmp_path / "lake")))
     assert nested.lake.duckdb == tmp_path / "lake" / "bridge.duckdb"
+
+
+def test_only_the_edges_build_the_lake_location():
+    """`lake_location()` is called where a location enters: the store resource, the commands that
+    open the votes store without Dagster, an LLMClient used on its own; everything else is handed
+    the LakeLocation (ast: calls by name or attribute, docstrings and messages not counted)."""
+    import ast
+
+    package = PROJECT_ROOT / "bridge_assets"
+    callers = set()
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "lake_location":
+                callers.add(path.relative_to(package).as_posix())
+    edges = {"lake/resource.py", "llm/client.py"}
+    assert {c for c in callers if not c.startswith("cli/")} == edges

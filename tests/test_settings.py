@@ -10,7 +10,7 @@ import polars as pl
 
 from bridge_assets import settings
 from bridge_assets.human.votes_store import VotesStore
-from bridge_assets.lake import store
+from bridge_assets.lake import location, store
 from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.llm import ledger
 from bridge_assets.llm.resource import LLMResource
@@ -61,8 +61,8 @@ def test_the_location_is_built_once_and_every_store_call_of_a_run_uses_it(data_l
     built: list[LakeLocation] = []
     seen: list[object] = []
     files: list[Path] = []
-    build, location, connect_file, attach_file = (settings.build_location, store.location, store.connect_file,
-                                                  store.attach_file)
+    build, store_location, connect_file, attach_file = (location.build_location, store.location,
+                                                        store.connect_file, store.attach_file)
 
     def counting_build(*args):
         built.append(build(*args))
@@ -70,7 +70,7 @@ def test_the_location_is_built_once_and_every_store_call_of_a_run_uses_it(data_l
 
     def recording_location(lake):
         seen.append(lake)
-        return location(lake)
+        return store_location(lake)
 
     def recording_connect_file(path, **kwargs):
         files.append(Path(path))
@@ -80,8 +80,8 @@ def test_the_location_is_built_once_and_every_store_call_of_a_run_uses_it(data_l
         files.append(Path(path))
         return attach_file(con, path, alias, **kwargs)
 
-    monkeypatch.setattr(settings, "_locations", {})
-    monkeypatch.setattr(settings, "build_location", counting_build)
+    monkeypatch.setattr(location, "_locations", {})
+    monkeypatch.setattr(location, "build_location", counting_build)
     monkeypatch.setattr(store, "location", recording_location)
     monkeypatch.setattr(store, "connect_file", recording_connect_file)
     monkeypatch.setattr(store, "attach_file", recording_attach_file)
@@ -105,3 +105,11 @@ def test_the_location_is_built_once_and_every_store_call_of_a_run_uses_it(data_l
     # every store call was handed the one location; the only file opened as a file is the votes store
     assert seen and all(w is built[0] for w in seen), seen
     assert set(files) == {built[0].votes_db}
+
+
+def test_the_lake_defaults_the_settings_document_are_the_ones_the_ducklake_applies():
+    from bridge_assets.lake import ducklake
+
+    assert settings.BY_NAME["BRIDGE_LAKE_CATALOG"].default == f"sqlite:{ducklake.CATALOG_FILE}"
+    assert settings.BY_NAME["BRIDGE_LAKE_DATA_PATH"].default == f"<data lake>/{ducklake.DATA_FOLDER}/"
+    assert settings.BY_NAME["BRIDGE_LAKE_INLINE_ROWS"].default == str(ducklake.INLINE_ROWS)

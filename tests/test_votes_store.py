@@ -102,8 +102,9 @@ WRITING = textwrap.dedent("""
     import sys
     import polars as pl
     from bridge_assets import settings
+    from bridge_assets.lake import location
     from bridge_assets.lake import store
-    with store.connect(settings.lake_location()) as con:
+    with store.connect(location.lake_location()) as con:
         con.execute("begin transaction")
         store.replace_partition(con, "corpus", pl.DataFrame({"dataset": ["other"], "doc_id": ["x"],
                                                              "title": [""], "text": ["x"]}), {"dataset": "other"})

@@ -22,7 +22,7 @@ def _votes(lake: bool = False) -> Iterator:
     """A connection to the votes store (an old lake's votes moved in first), with the
     pipeline's tables readable when `lake`."""
     from bridge_assets.human import votes_store
-    from bridge_assets.settings import lake_location
+    from bridge_assets.lake.location import lake_location
 
     where = lake_location()  # the command's edge, as the store resource's (no dagster imported)
     moved = votes_store.prepare(where)
@@ -71,8 +71,8 @@ def serve(
 
     from bridge_assets.human.app import AppSettings, annotation_app
     from bridge_assets.human.security import load_secret
+    from bridge_assets.lake.location import lake_location
     from bridge_assets.registry.datasets import graded_datasets
-    from bridge_assets.settings import lake_location
 
     lake = lake_location()
     settings = AppSettings(lake=lake, secret=load_secret(lake.folder),
@@ -107,7 +107,7 @@ def migrate() -> None:
     bridge.duckdb into the votes store (every other command does it on first use; `make clean`
     runs this first). Prints where the votes are."""
     from bridge_assets.human import votes_store
-    from bridge_assets.settings import lake_location
+    from bridge_assets.lake.location import lake_location
 
     where = lake_location()
     moved = votes_store.prepare(where)

@@ -471,8 +471,8 @@ def audit_command(
     from bridge_assets.cli.errors import fail
     from bridge_assets.human.votes_store import VotesConflict, copy_votes
     from bridge_assets.lake import store
+    from bridge_assets.lake.location import lake_location
     from bridge_assets.orchestration import runs as orchestration
-    from bridge_assets.settings import lake_location
 
     lake = lake_location()  # the command's edge
     if not store.exists(lake):

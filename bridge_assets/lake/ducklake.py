@@ -8,7 +8,7 @@ partition's tables are replaced in one commit, and an older snapshot can still b
 travel: `bridge qrels export --as-of`). Many processes, on one machine or many, write at once:
 nobody holds a file lock; a commit that lost a race to another is retried (store.py).
 
-Where it lives (`for_folder`, given these settings by bridge_assets.settings.lake_location()):
+Where it lives (`for_folder`, given these settings by bridge_assets.lake.location.lake_location()):
 
 - `BRIDGE_LAKE_CATALOG`: what follows `ducklake:` in the ATTACH. Default
   `sqlite:<lake>/ducklake.sqlite` (embedded, in WAL mode so readers never block a commit).

@@ -11,8 +11,7 @@ import dagster as dg
 import duckdb
 import polars as pl
 
-from bridge_assets import settings
-from bridge_assets.lake import store
+from bridge_assets.lake import location, store
 from bridge_assets.paths import LakeLocation
 
 
@@ -33,9 +32,9 @@ class DuckDBStore(dg.ConfigurableResource):
 
     @property
     def lake(self) -> LakeLocation:
-        """The location (built once per process and configuration by settings.lake_location;
+        """The location (built once per process and configuration by lake.location.lake_location;
         not kept on the resource, so a changed setting is seen)."""
-        return settings.lake_location(self.data_lake, self.votes_db)
+        return location.lake_location(self.data_lake, self.votes_db)
 
     @property
     def path(self) -> Path:

@@ -66,7 +66,7 @@ def location(lake: object) -> LakeLocation:
     """`lake` itself, checked: the store is named by a LakeLocation only (a path or a string is
     a caller that skipped the edge that resolves the location)."""
     if not isinstance(lake, LakeLocation):
-        raise TypeError(f"the store takes a LakeLocation (settings.lake_location(), resolved once at "
+        raise TypeError(f"the store takes a LakeLocation (lake.location.lake_location(), resolved once at "
                         f"the edge), not {type(lake).__name__} {lake!r}")
     return lake
 

@@ -24,7 +24,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from bridge_assets import settings
+from bridge_assets.lake import location
 from bridge_assets.llm import budget, coordination, ledger
 from bridge_assets.llm.backends import Backend, make_backend, model_id
 from bridge_assets.llm.parsing import check_schema, parse_reply
@@ -71,7 +71,7 @@ class LLMClient:
         self.profile = get_profile(profile) if isinstance(profile, str) else profile
         # the ledger's lake: the LLM resource's; None, for a client used on its own (a script, the
         # labeler evaluation's command), the environment's, resolved here once (its edge)
-        self.lake = lake if lake is not None else settings.lake_location()
+        self.lake = lake if lake is not None else location.lake_location()
         # Requests sent (and then recorded) together: big enough to keep an HTTP server's
         # batch full, small enough that killing a run loses little work.
         self.chunk_size = max(chunk_size, self.profile.concurrency)
