@@ -249,6 +249,7 @@ def run_child(fraction: float, lake: Path, port: int, out: Path, skip: set[str])
 
     from bridge_assets.analysis import assets as analysis
     from bridge_assets.human.assets import human_labels
+    from bridge_assets.human.votes_resource import VotesStore
     from bridge_assets.labeling import assets as labeling
     from bridge_assets.lake import store
     from bridge_assets.lake.resource import DuckDBStore
@@ -256,7 +257,8 @@ def run_child(fraction: float, lake: Path, port: int, out: Path, skip: set[str])
     from bridge_assets.qrels.assets import bridge_qrels
     from bridge_assets.reports.assets import report
 
-    resources = {"store": DuckDBStore(data_lake=str(lake)), "llm": LLMResource(data_lake=str(lake))}
+    lake_store = DuckDBStore(data_lake=str(lake))
+    resources = {"store": lake_store, "llm": LLMResource(data_lake=str(lake)), "votes": VotesStore(store=lake_store)}
     location = resources["store"].lake  # every store call is handed the run's lake
     results: list[dict] = []
 

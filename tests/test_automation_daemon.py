@@ -82,7 +82,7 @@ def tiny(tmp_path, data_lake):
 
 
 def bridge(env: dict, *args: str) -> str:
-    done = subprocess.run([sys.executable, "-m", "bridge_assets.cli.main", *args], cwd=PROJECT_ROOT, env=env,
+    done = subprocess.run([sys.executable, "-m", "bridge_assets.cli", *args], cwd=PROJECT_ROOT, env=env,
                           capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return done.stdout + done.stderr

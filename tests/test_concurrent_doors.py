@@ -58,7 +58,7 @@ def query(lake, sql: str) -> list[tuple]:
 
 
 def bridge_run(env: dict) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "bridge_assets.cli.main", "run", "--dataset", "demo"],
+    return subprocess.Popen([sys.executable, "-m", "bridge_assets.cli", "run", "--dataset", "demo"],
                             cwd=PROJECT_ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -212,7 +212,7 @@ def test_the_daemon_marks_a_killed_command_line_run_failed_within_a_minute(tmp_p
     env["DAGSTER_HOME"] = str(lake / "dagster_home")
     daemon = start_daemon(env)
     try:
-        command = subprocess.Popen([sys.executable, "-m", "bridge_assets.cli.main", "materialize", "-d", "demo", "corpus"],
+        command = subprocess.Popen([sys.executable, "-m", "bridge_assets.cli", "materialize", "-d", "demo", "corpus"],
                                    cwd=PROJECT_ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         with dg.DagsterInstance.from_config(env["DAGSTER_HOME"]) as inst:
             deadline = time.monotonic() + 120

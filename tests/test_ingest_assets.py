@@ -66,7 +66,7 @@ def test_asset_check_fails_on_a_corrupted_table(data_lake, corruption, failing_c
 
 def bridge_cli(*args, env_extra=None, timeout=300):
     env = {**os.environ, **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "bridge_assets.cli.main", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "bridge_assets.cli", *args], capture_output=True,
                           text=True, env=env, cwd=PROJECT_ROOT, timeout=timeout)
 
 

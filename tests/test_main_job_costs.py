@@ -328,7 +328,7 @@ def test_two_bridge_runs_on_one_dataset_take_turns_and_the_second_finds_it_up_to
     says it waits, then finds every asset up to date; each call was sent once."""
     lake, server = scripted_demo
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}
-    runs = [subprocess.Popen([sys.executable, "-m", "bridge_assets.cli.main", "run", "-d", "demo"],
+    runs = [subprocess.Popen([sys.executable, "-m", "bridge_assets.cli", "run", "-d", "demo"],
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
             for _ in range(2)]
     outputs = [run.communicate(timeout=600)[0] for run in runs]

@@ -117,7 +117,7 @@ def depth_one(tmp_path, data_lake, monkeypatch):
                         "BRIDGE_RETRIEVERS": str(tmp_path / "retrievers.yaml")}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("BRIDGE_RETRIEVER_PROFILE", raising=False)
-    subprocess.run([sys.executable, "-m", "bridge_assets.cli.main", "materialize", "--dataset", "depth_one",
+    subprocess.run([sys.executable, "-m", "bridge_assets.cli", "materialize", "--dataset", "depth_one",
                     "retrieval_run"], cwd=PROJECT_ROOT, check=True, capture_output=True)
     return home
 

@@ -215,6 +215,3 @@ def run(
     if outcome.failed_systems:
         raise typer.Exit(SYSTEM_FAILED_EXIT)
 
-
-if __name__ == "__main__":
-    app()
