@@ -28,7 +28,7 @@ from bridge_assets.labeling.evidence import quote_matches
 from bridge_assets.labeling.pairs import chunk_text, topic_columns
 from bridge_assets.labeling.prompts import Prompts
 from bridge_assets.lake.snapshots import snapshot_of
-from bridge_assets.lake.store import table_exists
+from bridge_assets.lake.store import one_row, table_exists
 from bridge_assets.llm.parsing import canonical_json
 from bridge_assets.registry.relevance import resolve_relevance
 from bridge_assets.student.model import ONE_CLASS_QUERY, SAMPLED_OUT, TRAIN
@@ -228,8 +228,8 @@ def _student(reader: _Reader) -> dict[str, Any] | None:
     learned = None
     if reader.exists("student_training_set"):
         # a lake from before distillation has no `teacher` column
-        teacher = reader.con.execute("select count(*) from information_schema.columns where table_name = "
-                                     "'student_training_set' and column_name = 'teacher'").fetchone()[0]
+        teacher = one_row(reader.con, "select count(*) from information_schema.columns where table_name = "
+                          "'student_training_set' and column_name = 'teacher'")[0]
         learned = reader.pair_rows("student_training_set", "label, source, split" + (", teacher" if teacher else ""))
     return {**scores[0], "student": student[0] if student else None,
             "learned_from_pair": learned[0] if learned else None}
@@ -424,7 +424,7 @@ def _student_lines(story: dict[str, Any]) -> list[str | None]:
         return [_missing(story, "student_scores") or "  not scored (not in the candidate pool)"]
     if "not_trained" in scored:
         return [f"  no student annotator for this dataset: {scored['not_trained']}"]
-    lines = [_line("P(relevant)", f"{scored['p_relevant']:.3f}")]
+    lines: list[str | None] = [_line("P(relevant)", f"{scored['p_relevant']:.3f}")]
     student = scored["student"]
     if student:
         lines.append(_line("scored by", f"student {student['student_key']} (weights {student['weights_hash']}), "

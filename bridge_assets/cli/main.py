@@ -5,8 +5,8 @@ from __future__ import annotations
 import importlib
 import os
 import time
+from typing import TYPE_CHECKING, NoReturn
 
-import click
 import typer
 from typer.core import TyperGroup
 
@@ -14,6 +14,13 @@ from bridge_assets.cli.console import VERBOSE_HELP
 from bridge_assets.cli.errors import BridgeTyper
 from bridge_assets.cli.errors import fail as _fail
 from bridge_assets.errors import BridgeError
+
+if TYPE_CHECKING:
+    # typer carries its own copy of click: its groups take and return these classes, not the
+    # click package's (named for types only: the private module is not imported at runtime)
+    from typer._click import Command, Context
+
+    from bridge_assets.orchestration.runs import Materialized
 
 os.environ.setdefault("GX_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -27,17 +34,17 @@ class LazyGroup(TyperGroup):
 
     LAZY: dict[str, tuple[str, str, bool]] = {}
 
-    def list_commands(self, ctx: click.Context) -> list[str]:
+    def list_commands(self, ctx: Context) -> list[str]:
         return [*self.LAZY, *(name for name in super().list_commands(ctx) if name not in self.LAZY)]
 
-    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+    def get_command(self, ctx: Context, cmd_name: str) -> Command | None:
         if cmd_name in self.LAZY and cmd_name not in self.commands:
             module, attribute, is_app = self.LAZY[cmd_name]
             target = getattr(importlib.import_module(module), attribute)
             holder = BridgeTyper(add_completion=False)  # registered as on the main app
             if is_app:
                 holder.add_typer(target, name=cmd_name)
-                command = typer.main.get_command(holder).commands[cmd_name]
+                command = typer.main.get_group(holder).commands[cmd_name]
             else:
                 holder.command(cmd_name)(target)
                 command = typer.main.get_command(holder)
@@ -102,7 +109,7 @@ def datasets_list() -> None:
         typer.echo(f"{name:<16}{spec.kind:<16}{cells[0]:>10}{cells[1]:>9}{cells[2]:>8}  {spec.source}")
 
 
-def _budget_stop(exc: Exception) -> None:
+def _budget_stop(exc: Exception) -> NoReturn:
     typer.secho(f"{exc}.", fg="yellow", err=True)
     typer.secho("The run stopped there: the asset that asked for them and those after it keep their "
                 "previous state, and every answered call is in the LLM ledger, so the next run "
@@ -111,7 +118,7 @@ def _budget_stop(exc: Exception) -> None:
 
 
 def _materialize(assets: list[str], dataset: str | None, overrides: dict[str, dict] | None = None,
-                 stale_only: bool = False, verbose: bool = False):
+                 stale_only: bool = False, verbose: bool = False) -> Materialized:
     """Run `assets` with a line per step (bridge_assets.cli.console.materialize); Dagster's log
     goes to a log file under the lake, or with `verbose` to the console as it comes.
     `overrides` is the explicit run config (the dataset's `pipeline:` entry is applied inside

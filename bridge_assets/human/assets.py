@@ -109,7 +109,8 @@ human_labels_job = dg.define_asset_job(
                        "whenever its votes changed: one run per state of the votes, however many "
                        "arrived since the last tick; pairs still waiting for votes stay pending "
                        "and the metrics bound them.")
-def human_labels_sensor(context: dg.SensorEvaluationContext, votes: VotesStore):
+def human_labels_sensor(context: dg.SensorEvaluationContext,
+                        votes: VotesStore) -> dg.SensorResult | dg.SkipReason:
     known = set(dataset_partitions.get_partition_keys())
     requests = []
     with votes.store.connect() as con:

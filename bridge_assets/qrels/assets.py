@@ -1,17 +1,20 @@
 """Dagster wiring of `bridge_qrels` (per dataset) and its asset checks."""
 
 # No `from __future__ import annotations`: Dagster reads the context annotation at import.
+import contextlib
 import hashlib
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import dagster as dg
+import duckdb
 import polars as pl
 
 from bridge_assets.human.votes_resource import VotesStore
 from bridge_assets.lake import snapshots
 from bridge_assets.lake.resource import DuckDBStore
-from bridge_assets.lake.store import table_exists
+from bridge_assets.lake.store import one_row, table_exists
 from bridge_assets.pipeline.partitions import dataset_partitions
 from bridge_assets.pipeline.staleness import external_input, reuse_when_current
 from bridge_assets.qrels.merge import BridgeQrels, add_missing_columns, build_bridge_qrels, stand_ins
@@ -28,7 +31,8 @@ READS = ("original_qrels", "human_labels", "debate_labels", "debate_turns", "fil
          "review_sample")
 
 
-def qrels_inputs(store: DuckDBStore, votes: VotesStore, dataset: str):
+def qrels_inputs(store: DuckDBStore, votes: VotesStore,
+                 dataset: str) -> contextlib.AbstractContextManager[duckdb.DuckDBPyConnection]:
     """`with qrels_inputs(store, votes, dataset) as con:` an in-memory snapshot of everything
     bridge_qrels reads for `dataset`."""
     return snapshots.inputs(store, dataset, (*READS, *IMPORT_TABLES), votes=votes)
@@ -55,9 +59,9 @@ def imports_version(store: DuckDBStore, dataset: str) -> str:
     with store.connect() as con:
         for table in IMPORT_TABLES:
             if table_exists(con, table):
-                digest.update(con.execute(
-                    f"select coalesce(string_agg(cast(t as varchar), chr(10) order by cast(t as varchar)), '') "
-                    f"from {table} t where dataset = ?", [dataset]).fetchone()[0].encode())
+                digest.update(one_row(
+                    con, f"select coalesce(string_agg(cast(t as varchar), chr(10) order by cast(t as varchar)), '') "
+                         f"from {table} t where dataset = ?", [dataset])[0].encode())
     return digest.hexdigest()[:16]
 
 
@@ -95,7 +99,7 @@ def trust_table(trust: DebateTrust) -> str:
     return "\n".join(lines)
 
 
-def _metadata(result: BridgeQrels, trec_path) -> dict:
+def _metadata(result: BridgeQrels, trec_path: Path) -> dict:
     metadata = {"dagster/row_count": result.qrels.height, **result.counts(),
                 "trec_qrels": dg.MetadataValue.path(str(trec_path)),
                 "precedence": precedence_order(result.sources),
