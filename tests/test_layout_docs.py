@@ -69,6 +69,6 @@ def test_each_place_to_add_a_thing_is_that_place():
     assert routers and routers == included
     # every command group under cli/ is reachable from `bridge` (main.py's lazy table or main itself)
     lazy_modules = {module for cls in LazyGroup.__subclasses__() for module, _, _ in cls.LAZY.values()}
-    helpers = {"__init__", "main", "errors", "console", "summary"}
+    helpers = {"__init__", "__main__", "main", "errors", "console", "summary"}
     commands = {f"bridge_assets.cli.{p.stem}" for p in (PACKAGE / "cli").glob("*.py") if p.stem not in helpers}
     assert commands <= lazy_modules, commands - lazy_modules

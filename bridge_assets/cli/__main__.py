@@ -2,4 +2,5 @@
 
 from bridge_assets.cli.main import app
 
-app()
+if __name__ == "__main__":
+    app()
