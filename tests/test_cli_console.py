@@ -19,8 +19,7 @@ from typer.testing import CliRunner
 
 from bridge_assets.cli.console import KEEP_LOGS, PROGRESS_EVERY_S, StepConsole
 from bridge_assets.cli.main import app
-from fixtures.scripted_demo import script, write_registry
-from fixtures.scripted_llm import ScriptedServer
+from fixtures.scripted_demo import scripted_demo_env
 
 PROJECT_ROOT = Path(__file__).parent.parent
 # a line of Dagster's log: `<time> - dagster - INFO - <job> - <run id> - ...`
@@ -30,14 +29,7 @@ STEP_LINE = re.compile(r"^\[(\d+)/(\d+)\] (\S.*?) \.\.\. (.+)$")
 
 @pytest.fixture
 def scripted_demo(data_lake, tmp_path, monkeypatch):
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    monkeypatch.setenv("DAGSTER_HOME", str(home))
-    monkeypatch.setenv("BRIDGE_REGISTRY_DIR", str(tmp_path / "registry"))
-    monkeypatch.delenv("BRIDGE_RETRIEVER_PROFILE", raising=False)
-    with ScriptedServer(script) as server:
-        write_registry(tmp_path / "registry", server.url)
+    with scripted_demo_env(tmp_path, monkeypatch):
         yield data_lake
 
 

@@ -39,22 +39,15 @@ from bridge_assets.orchestration.costs import RunEstimate, StageCalls, estimate_
 from bridge_assets.paths import RESOURCES_DIR
 from bridge_assets.pipeline import automation
 from fixtures.paths import location
-from fixtures.scripted_demo import PIPELINE, script, write_registry
-from fixtures.scripted_llm import ScriptedServer, http_profile
+from fixtures.scripted_demo import PIPELINE, scripted_demo_env
+from fixtures.scripted_llm import http_profile
 
 
 @pytest.fixture
 def scripted_demo(data_lake, tmp_path, monkeypatch):
     """A temp lake and Dagster home, a registry folder (the demo with a small pool, BM25 and
     HyDE, the fake model with prices) and the scripted server."""
-    home = tmp_path / "dagster_home"
-    home.mkdir()
-    (home / "dagster.yaml").write_text("telemetry:\n  enabled: false\n")
-    monkeypatch.setenv("DAGSTER_HOME", str(home))
-    monkeypatch.setenv("BRIDGE_REGISTRY_DIR", str(tmp_path / "registry"))
-    monkeypatch.delenv("BRIDGE_RETRIEVER_PROFILE", raising=False)
-    with ScriptedServer(script) as server:
-        write_registry(tmp_path / "registry", server.url)
+    with scripted_demo_env(tmp_path, monkeypatch) as server:
         yield data_lake, server
 
 
