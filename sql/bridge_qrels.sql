@@ -40,9 +40,9 @@
 -- (A pair holds several built-in sources only when the tables come from different
 -- configurations, e.g. a debate re-run after people voted on the earlier escalation.)
 --
--- Inputs: original_qrels, human_labels, human_votes, debate_labels, debate_turns,
--- filtered_pool, filter_votes, imported_qrels, qrels_sources (the caller stands in empty ones
--- for tables not made yet).
+-- Inputs: original_qrels, human_labels (with the ids of the votes each label counted: the
+-- votes store is not read here), debate_labels, debate_turns, filtered_pool, filter_votes,
+-- imported_qrels, qrels_sources (the caller stands in empty ones for tables not made yet).
 with
 original as (
     select query_id, doc_id, relevance::integer as relevance, 'original' as source,
@@ -65,21 +65,14 @@ debated as (
     where d.dataset = $dataset
     group by d.query_id, d.doc_id
 ),
-counted_votes as (
-    select query_id, doc_id, list(vote_id order by vote_id) as vote_ids
-    from human_votes
-    where dataset = $dataset and status = 'accepted' and not is_attention_check
-    group by query_id, doc_id
-),
 human as (
     select h.query_id, h.doc_id, h.label::integer as relevance, 'human' as source,
            20 as precedence, true as verified, null::integer as unverified_label,
            null::varchar as unverified_source,
            d.pair_key, d.config_hash, []::varchar[] as call_keys,
-           coalesce(v.vote_ids, []::bigint[]) as vote_ids
+           coalesce(h.vote_ids, []::bigint[]) as vote_ids
     from human_labels h
     left join debated d using (query_id, doc_id)
-    left join counted_votes v using (query_id, doc_id)
     where h.dataset = $dataset and h.label is not null
 ),
 debate as (

@@ -8,8 +8,9 @@
 -- number differ (on 0/1 votes, a tie) there is no median and the pair waits for one more vote.
 -- A pair is `decided` once it has $required_votes accepted votes and a median; attention-check
 -- votes and excluded votes never count. `votes_relevant` counts the votes of 1 or more,
--- `agreement` is the share of the most frequent vote. The asset keeps the decided rows; the
--- annotation queue serves the others.
+-- `agreement` is the share of the most frequent vote, `vote_ids` the votes counted (the refined
+-- qrels cite them: bridge_qrels reads them here, not from the votes store). The asset keeps the
+-- decided rows; the annotation queue serves the others.
 with escalated as (
     select dataset, query_id, doc_id, any_value(review) as review
     from (select dataset, query_id, doc_id, null::varchar as review
@@ -25,7 +26,9 @@ tallies as (
     select e.dataset, e.query_id, e.doc_id, e.review,
            count(v.label)::int as votes,
            count(v.label) filter (where v.label >= 1)::int as votes_relevant,
-           list_sort(list(v.label) filter (where v.label is not null)) as sorted
+           list_sort(list(v.label) filter (where v.label is not null)) as sorted,
+           coalesce(list(v.vote_id order by v.vote_id) filter (where v.vote_id is not null),
+                    []::bigint[]) as vote_ids
     from escalated e
     left join human_votes v
       on v.dataset = e.dataset and v.query_id = e.query_id and v.doc_id = e.doc_id
@@ -43,6 +46,7 @@ select dataset, query_id, doc_id, review,
        case when votes > 0 then list_max(list_transform(list_distinct(sorted),
                                          g -> len(list_filter(sorted, x -> x = g)))) / votes end
            as agreement,
+       vote_ids,
        votes >= $required_votes and coalesce(low_median = high_median, false) as decided
 from medians
 order by dataset, query_id, doc_id

@@ -81,18 +81,17 @@ def test_the_code_location_holds_the_same_assets_checks_jobs_sensors_and_schedul
 
 
 def test_the_votes_store_is_one_resource_on_the_one_store_and_the_vote_readers_take_it():
-    """human_labels, bridge_qrels and the votes sensor read votes through the definitions' `votes`
-    resource (built once, nested on the `store` the other resources share), not a VotesStore of
-    their own."""
+    """human_labels and the votes sensor read votes through the definitions' `votes` resource
+    (built once, nested on the `store` the other resources share), not a VotesStore of their
+    own; bridge_qrels reads none (the ids of the counted votes come with human_labels)."""
     from bridge_assets.human.votes_resource import VotesStore
 
     resources = defs.resources or {}
     votes = resources["votes"]
     assert isinstance(votes, VotesStore) and votes.store is resources["store"] is resources["llm"].store
     graph = defs.resolve_asset_graph()
-    for name in ("human_labels", "bridge_qrels"):
-        assets_def = graph.get(dg.AssetKey(name)).assets_def
-        assert {"store", "votes"} <= assets_def.required_resource_keys, name
+    assert {"store", "votes"} <= graph.get(dg.AssetKey("human_labels")).assets_def.required_resource_keys
+    assert "votes" not in graph.get(dg.AssetKey("bridge_qrels")).assets_def.required_resource_keys
     sensor = defs.resolve_sensor_def("human_labels_sensor")
     assert "votes" in sensor.required_resource_keys
 

@@ -80,11 +80,13 @@ def test_majority_over_accepted_votes_with_coverage_kappa_and_open_pairs(escalat
         vote(con, p3, "dan", 1, status="excluded")          # excluded votes never count
         vote(con, p4, "ann", 0, check=True)                 # nor attention checks
         before = compute_human_labels(con, DATASET)
+        counted = [r[0] for r in con.execute("select vote_id from human_votes where query_id = 'q1' "
+                                             "and doc_id = 'd5' order by vote_id").fetchall()]
     assert before.escalated_pairs == 4 and before.open_pairs == 2 and before.decided_pairs == 2
     assert before.coverage == 0.5 and before.accepted_votes == 8 and before.excluded_votes == 1
     rows = {(r["query_id"], r["doc_id"]): r for r in before.labels.to_dicts()}
     assert rows[p1] == {"dataset": DATASET, "query_id": "q1", "doc_id": "d5", "review": None, "label": 1, "votes": 3,
-                        "votes_relevant": 2, "agreement": pytest.approx(2 / 3)}
+                        "votes_relevant": 2, "agreement": pytest.approx(2 / 3), "vote_ids": counted}
     assert rows[p2]["label"] == 0 and rows[p2]["agreement"] == 1.0 and set(rows) == {p1, p2}
     assert before.kappa == pytest.approx(statsmodels_fleiss_kappa(np.array([[1, 2], [3, 0]])))
 

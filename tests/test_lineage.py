@@ -39,10 +39,11 @@ from fixtures.scripted_llm import ScriptedLLM, ScriptedServer, scripted_reply, s
 
 GRAPH = defs.resolve_asset_graph()
 ASSET_TABLES = {key.to_user_string() for key in GRAPH.get_all_asset_keys()}
-# What some assets read besides asset tables: the votes store's human_votes (copied into the
-# snapshot) and what `bridge qrels import` stored. Not assets, so never deps.
+# What some assets read besides asset tables: the votes store's human_votes (copied into
+# human_labels' snapshot, the run's one copy: bridge_qrels takes the vote ids from human_labels)
+# and what `bridge qrels import` stored. Not assets, so never deps.
 EXTERNAL = {"human_labels": {"human_votes"},
-            "bridge_qrels": {"human_votes", "imported_qrels", "qrels_sources"}}
+            "bridge_qrels": {"imported_qrels", "qrels_sources"}}
 KNOWN_TABLES = ASSET_TABLES | {"human_votes", "imported_qrels", "qrels_sources", "annotators",
                                "annotation_assignments", "llm_calls"}
 SEEN: dict[str, Any] = {}

@@ -13,7 +13,6 @@ import pytest
 from typer.testing import CliRunner
 
 from bridge_assets.cli.qrels import app as qrels_app
-from bridge_assets.human.votes_resource import VotesStore
 from bridge_assets.ingest.loaders import load_beir_folder, load_bridge_release, read_trec_qrels
 from bridge_assets.lake import store
 from bridge_assets.lake.resource import DuckDBStore
@@ -38,7 +37,7 @@ from fixtures.paths import annotations, lake_resources, location
 # --- the merge -------------------------------------------------------------------------------------
 
 def test_sources_follow_the_documented_precedence_and_pending_pairs_are_not_labels(labeled_lake):
-    with qrels_assets.qrels_inputs(DuckDBStore(), VotesStore(), DATASET) as con:  # what the asset reads, votes included
+    with qrels_assets.qrels_inputs(DuckDBStore(), DATASET) as con:  # what the asset reads
         result = build_bridge_qrels(con, DATASET)
     got = {(r["query_id"], r["doc_id"]): (r["relevance"], r["source"]) for r in result.qrels.iter_rows(named=True)}
     assert got == EXPECTED
@@ -75,8 +74,49 @@ def test_merge_works_before_the_labeling_stages_ran(data_lake):
         result = build_bridge_qrels(con, DATASET)
     assert result.qrels.select("query_id", "doc_id", "relevance").rows() == sorted(ORIGINAL)
     assert set(result.qrels["source"]) == {"original"} and result.pending.is_empty()
-    assert set(result.missing_inputs) == {"debate_labels", "debate_turns", "human_labels", "human_votes",
+    assert set(result.missing_inputs) == {"debate_labels", "debate_turns", "human_labels",
                                           "filtered_pool", "filter_votes"}
+
+
+def test_a_run_copies_the_votes_once_and_the_qrels_cite_the_votes_human_labels_counted(
+        labeled_lake, tmp_path, monkeypatch):
+    """The votes store is copied once per run (by human_labels); bridge_qrels cites the vote ids
+    human_labels counted, from the lake; the staleness check and the sensor read the votes'
+    version in place. In a run that reuses, current assets copy nothing."""
+    from bridge_assets.definitions import defs
+    from bridge_assets.human import votes_resource
+    from bridge_assets.pipeline.staleness import ONLY_WHAT_CHANGED_TAG
+    from fixtures.escalated_set import vote
+
+    copies, versions = [], []
+    copy_votes, votes_version = votes_resource.copy_votes, votes_resource.votes_version
+    monkeypatch.setattr(votes_resource, "copy_votes", lambda *a, **k: (copies.append(1), copy_votes(*a, **k))[1])
+    monkeypatch.setattr(votes_resource, "votes_version",
+                        lambda *a, **k: (versions.append(1), votes_version(*a, **k))[1])
+    job = defs.resolve_implicit_global_asset_job_def()
+
+    def run() -> tuple[int, int, dict]:
+        copies.clear(), versions.clear()
+        result = job.execute_in_process(instance=instance, partition_key=DATASET,
+                                        asset_selection=[dg.AssetKey("human_labels"), dg.AssetKey("bridge_qrels")],
+                                        tags={ONLY_WHAT_CHANGED_TAG: "true"})
+        assert result.success
+        with store.connect(location()) as con:
+            labels = dict(con.execute("select query_id || '/' || doc_id, vote_ids from human_labels").fetchall())
+            cited = dict(con.execute("select query_id || '/' || doc_id, vote_ids from bridge_qrels "
+                                     "where source = 'human'").fetchall())
+        assert cited == labels  # the qrels cite exactly the votes each label counted
+        return len(copies), len(versions), labels
+
+    with dg.instance_for_test(temp_dir=str(tmp_path)) as instance:
+        copied, _, labels = run()
+        assert copied == 1 and len(labels["q3/d7"]) == 3  # the excluded vote and the attention check not counted
+        assert run()[:2] == (0, 1)  # both current: the votes' version read in place, nothing copied
+        with annotations() as con:
+            for who in ("ann", "bob", "cat"):
+                vote(con, ("q2", "d10"), who, 1)
+        copied, read, labels = run()
+        assert (copied, read) == (1, 1) and len(labels["q2/d10"]) == 3  # the new votes, copied once
 
 
 def test_merge_refuses_a_dataset_without_original_qrels(data_lake):

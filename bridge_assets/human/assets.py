@@ -61,11 +61,12 @@ def _metadata(result: HumanLabels) -> dict:
     partitions_def=dataset_partitions,
     deps=list(READS),
     group_name="human",
-    code_version="1",
+    code_version="2",  # 2: the vote_ids column
     description=f"Median of {REQUIRED_VOTES} accepted human votes per escalated pair (the "
                 "majority of 0/1 votes, the middle grade of grades 0-3; from the annotation app's "
                 "append-only human_votes table in the votes store), with Fleiss' kappa, the annotators' "
-                "quadratic-weighted kappa and coverage. Its data version is a hash of the votes "
+                "quadratic-weighted kappa and coverage; each label lists the votes it counted "
+                "(vote_ids), which bridge_qrels cites. Its data version is a hash of the votes "
                 "it was built from.",
 )
 @reuse_when_current
@@ -90,14 +91,6 @@ def human_labels(context: dg.AssetExecutionContext, config: HumanLabelsConfig,
     return dg.MaterializeResult(metadata=metadata, data_version=dg.DataVersion(result.data_version))
 
 
-def votes_version(votes: VotesStore, dataset: str) -> str:
-    """A hash of the dataset's counted votes (accepted, on pairs for people) as they are now. Not
-    the escalated set: a run that changes it rebuilds human_labels itself, so the sensor and
-    `bridge run` see a change of the votes only when a vote changed."""
-    with snapshots.inputs(votes.store, dataset, READS, votes=votes) as con:
-        return compute_human_labels(con, dataset).votes_version
-
-
 human_labels_job = dg.define_asset_job(
     "human_labels_job", selection=dg.AssetSelection.assets(human_labels).downstream(),
     description="human_labels of one dataset and everything downstream of it.")
@@ -116,7 +109,7 @@ def human_labels_sensor(context: dg.SensorEvaluationContext,
     with votes.store.connect() as con:
         datasets = [d for d in datasets_with_escalations(con) if d in known]
     for dataset in datasets:
-        version = votes_version(votes, dataset)
+        version = votes.version(dataset)
         built = context.instance.fetch_materializations(
             dg.AssetRecordsFilter(asset_key=human_labels.key, asset_partitions=[dataset]), limit=1).records
         materialization = built[0].asset_materialization if built else None
@@ -133,4 +126,4 @@ def human_labels_sensor(context: dg.SensorEvaluationContext,
 @external_input("human_labels")
 def _votes_changed(dataset: str, metadata: dict[str, Any],
                    resources: Mapping[str, Any]) -> str | None:
-    return "the votes changed" if metadata.get("votes_version") != votes_version(resources["votes"], dataset) else None
+    return "the votes changed" if metadata.get("votes_version") != resources["votes"].version(dataset) else None

@@ -17,7 +17,7 @@ import polars as pl
 
 from bridge_assets.errors import BridgeError
 from bridge_assets.human.agreement import PairKappa, category_counts, fleiss_kappa, weighted_kappas
-from bridge_assets.human.tables import REQUIRED_VOTES  # noqa: F401 (named here too)
+from bridge_assets.human.tables import REQUIRED_VOTES, votes_version  # noqa: F401 (REQUIRED_VOTES named here too)
 from bridge_assets.lake.store import table_exists
 from bridge_assets.paths import read_sql
 from bridge_assets.registry.datasets import GRADES
@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 HUMAN_LABELS_SCHEMA: dict[str, PolarsDataType] = {
     "dataset": pl.String, "query_id": pl.String, "doc_id": pl.String, "review": pl.String,
     "label": pl.Int32, "votes": pl.Int32, "votes_relevant": pl.Int32, "agreement": pl.Float64,
+    "vote_ids": pl.List(pl.Int64),
 }
 TALLY_SCHEMA: dict[str, PolarsDataType] = {**HUMAN_LABELS_SCHEMA, "decided": pl.Boolean}
 # Stands in for the review sample where the lake has none yet (an older lake, or before the debate).
@@ -70,7 +71,7 @@ class HumanLabels:
     kappa_without_history: float | None
     kappa_pairs: int
     data_version: str               # the escalated pairs and their counted votes: the table's inputs
-    votes_version: str              # the counted votes alone: what the votes sensor watches
+    votes_version: str              # the dataset's counted votes alone: what the votes sensor watches
     # quadratic-weighted Cohen's kappa of every two annotators over their common pairs
     annotator_kappas: tuple[PairKappa, ...] = ()
     # of the pairs for people, those the review sample drew (labeling/review.py): all, decided
@@ -143,13 +144,11 @@ def compute_human_labels(con: duckdb.DuckDBPyConnection, dataset: str) -> HumanL
             "query_id", "doc_id", "annotator_id", "label").iter_rows():
         by_annotator.setdefault(annotator_id, {})[(query_id, doc_id)] = label
 
-    digest, votes_digest = hashlib.sha256(), hashlib.sha256()
+    digest = hashlib.sha256()
     for row in tallies.select("query_id", "doc_id").iter_rows():
         digest.update(repr(("pair", *row)).encode())
     for row in accepted.select("vote_id", "query_id", "doc_id", "annotator_id", "label").iter_rows():
-        vote = repr(("vote", *row)).encode()
-        digest.update(vote)
-        votes_digest.update(vote)
+        digest.update(repr(("vote", *row)).encode())
 
     return HumanLabels(
         dataset=dataset,
@@ -161,7 +160,7 @@ def compute_human_labels(con: duckdb.DuckDBPyConnection, dataset: str) -> HumanL
         kappa=kappa, kappa_with_history=kappa_with, kappa_without_history=kappa_without,
         kappa_pairs=kappa_pairs,
         data_version=digest.hexdigest()[:32],
-        votes_version=votes_digest.hexdigest()[:32],
+        votes_version=votes_version(con, dataset),
         annotator_kappas=tuple(weighted_kappas(by_annotator)),
         audit=_drawn(tallies, "audit"), calibration=_drawn(tallies, "calibration"),
     )

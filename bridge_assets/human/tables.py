@@ -130,3 +130,18 @@ def _allow_grades(con: duckdb.DuckDBPyConnection) -> None:
 def utc_now() -> datetime:
     """Timestamps are stored as naive UTC (DuckDB TIMESTAMP)."""
     return datetime.now(UTC).replace(tzinfo=None)
+
+
+# The votes of a dataset that count (accepted, no attention check), as one hash: what the votes
+# sensor and `bridge run` compare with the one human_labels was built from. Computed in place on
+# the votes store (votes_store.votes_version) and on human_labels' snapshot, by this one query.
+_VOTES_VERSION = """
+    select md5(coalesce(string_agg(to_json([vote_id::varchar, query_id, doc_id, annotator_id, label::varchar]),
+                                   chr(10) order by vote_id), ''))
+    from human_votes
+    where dataset = $dataset and status = 'accepted' and not is_attention_check"""
+
+
+def votes_version(con: duckdb.DuckDBPyConnection, dataset: str) -> str:
+    """A hash of `dataset`'s counted votes in the human_votes `con` sees."""
+    return str(one_row(con, _VOTES_VERSION, {"dataset": dataset})[0])

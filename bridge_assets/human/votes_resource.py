@@ -10,7 +10,7 @@ from typing import Any
 import dagster as dg
 import duckdb
 
-from bridge_assets.human.votes_store import connect, copy_votes, prepare
+from bridge_assets.human.votes_store import connect, copy_votes, prepare, votes_version
 from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.lake.store import LOCK_WAIT_SECONDS  # by name: the class's field `store` hides the module
 
@@ -18,7 +18,8 @@ from bridge_assets.lake.store import LOCK_WAIT_SECONDS  # by name: the class's f
 class VotesStore(dg.ConfigurableResource):
     """The votes store of the store resource's lake (nested: it asks the store where it is).
     Built once, in the definitions (resource key `votes`), beside the store it is nested on;
-    human_labels, bridge_qrels and the votes sensor take it from there."""
+    human_labels (the one copy of a run's votes), the votes sensor and the staleness check (each
+    reading the votes' version in place) take it from there."""
 
     store: DuckDBStore
 
@@ -42,3 +43,7 @@ class VotesStore(dg.ConfigurableResource):
     def copy_votes(self, con: duckdb.DuckDBPyConnection, dataset: str | None) -> None:
         """See copy_votes(): `dataset`'s votes (all with None) into `con` as human_votes."""
         copy_votes(con, dataset, self.store.lake)
+
+    def version(self, dataset: str) -> str:
+        """See votes_version(): a hash of `dataset`'s counted votes, read in place."""
+        return votes_version(self.store.lake, dataset)

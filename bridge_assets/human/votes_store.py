@@ -4,9 +4,11 @@ The pipeline's bridge.duckdb is rebuilt, deleted (`make clean`) and written by m
 votes are people's work and outlive all of that. So the annotation app and `bridge annotate`
 write only the votes store (the lake location's `votes_db`: `BRIDGE_VOTES_DB`, else
 `<data lake>/annotations/votes.duckdb`; `VotesStore`, the Dagster resource, in the assets), reading the pipeline's tables (queries, chunks,
-debates) from bridge.duckdb attached read-only. The pipeline never writes the votes store: its
-steps that need votes (human_labels, bridge_qrels, the sensor, `bridge audit`) attach it
-read-only just long enough to copy one dataset's votes.
+debates) from bridge.duckdb attached read-only. The pipeline never writes the votes store: it
+attaches it read-only, briefly. human_labels copies one dataset's votes, once per run (the
+refined qrels take the ids of the votes each label counted from human_labels); the votes sensor
+and the staleness check read only a hash of them, in place (`votes_version`); `bridge audit`
+copies the dataset's it shows a pair of.
 
 A vote never waits on the pipeline: recording one reads and writes the votes store only.
 
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING
 import duckdb
 
 from bridge_assets.errors import BridgeError
+from bridge_assets.human import tables
 from bridge_assets.human.tables import HUMAN_VOTES, SCHEMA, ensure_schema
 from bridge_assets.lake import ducklake, store
 
@@ -192,26 +195,45 @@ def copy_votes(con: duckdb.DuckDBPyConnection, dataset: str | None, lake: LakeLo
     """Copy `dataset`'s votes (every dataset's with None) into `con` (an in-memory snapshot, or
     a connection to the lake) as the temp table human_votes: the lake's votes store attached
     read-only for the copy only, an old lake's votes moved in first."""
+    _ready(lake, wait_seconds)
+    with _BESIDE_THE_LAKE, _attached(con, lake.votes_db, wait_seconds) as source:  # `con` may be a cursor of the process's DuckLake instance
+        con.execute(f"create or replace temp table human_votes as select * from {source} "
+                    "where $dataset is null or dataset = $dataset", {"dataset": dataset})
+
+
+def votes_version(lake: LakeLocation, dataset: str, *, wait_seconds: float = store.LOCK_WAIT_SECONDS) -> str:
+    """tables.votes_version of the lake's votes store as it is now, read in place: nothing is
+    copied (the votes sensor and the staleness check ask it; human_labels copies the votes, once)."""
+    _ready(lake, wait_seconds)
+    with contextlib.closing(duckdb.connect()) as con, _attached(con, lake.votes_db, wait_seconds) as source:
+        con.execute(f"create temp view human_votes as select * from {source}")
+        return tables.votes_version(con, dataset)
+
+
+def _ready(lake: LakeLocation, wait_seconds: float) -> None:
+    """An old lake's votes moved in; the file created where nobody has opened it yet."""
     migrate(lake, wait_seconds=wait_seconds)
     if not lake.votes_db.exists():
         with store.connect_file(lake.votes_db, wait_seconds=wait_seconds) as votes:
             ensure_schema(votes)
-    with _BESIDE_THE_LAKE:  # `con` may be a cursor of the process's DuckLake instance
-        _copy_attached(con, dataset, lake.votes_db, wait_seconds)
 
 
-def _copy_attached(con: duckdb.DuckDBPyConnection, dataset: str | None, votes_db: Path,
-                   wait_seconds: float) -> None:
+@contextlib.contextmanager
+def _attached(con: duckdb.DuckDBPyConnection, votes_db: Path, wait_seconds: float) -> Iterator[str]:
+    """The votes store attached to `con` read-only for the block; yields the name its
+    human_votes is read by (an empty stand-in in a store without the table)."""
     store.attach_file(con, votes_db, VOTES, wait_seconds=wait_seconds)
+    stand_in = not store.one_row(con, "select count(*) from duckdb_tables() where database_name = ? "
+                                 "and table_name = 'human_votes'", [VOTES])[0]
     try:
-        if store.one_row(con, "select count(*) from duckdb_tables() where database_name = ? "
-                         "and table_name = 'human_votes'", [VOTES])[0]:
-            con.execute(f"create or replace temp table human_votes as select * from {VOTES}.human_votes "
-                        "where $dataset is null or dataset = $dataset", {"dataset": dataset})
-        else:  # a votes store nobody has opened yet
-            con.execute(HUMAN_VOTES.replace("create table if not exists", "create or replace temp table")
+        if stand_in:  # a votes store nobody has opened yet
+            con.execute(HUMAN_VOTES.replace("create table if not exists human_votes",
+                                            "create or replace temp table _no_votes")
                         .replace(" default nextval('human_vote_ids')", ""))
+        yield "_no_votes" if stand_in else f"{VOTES}.human_votes"
     finally:
+        if stand_in:
+            con.execute("drop table if exists temp._no_votes")
         con.execute(f"detach {VOTES}")
 
 

@@ -11,7 +11,6 @@ import dagster as dg
 import duckdb
 import polars as pl
 
-from bridge_assets.human.votes_resource import VotesStore
 from bridge_assets.lake import snapshots
 from bridge_assets.lake.resource import DuckDBStore
 from bridge_assets.lake.store import one_row, table_exists
@@ -26,16 +25,16 @@ from bridge_assets.trec_io import write_trec_qrels
 
 PENDING_SHOWN = 20
 # The pipeline tables bridge_qrels reads: its deps. It also reads what `bridge qrels import`
-# stored (IMPORT_TABLES, not assets) and the ids of the counted votes (the votes store).
+# stored (IMPORT_TABLES, not assets); the ids of the votes a human label counted come with
+# human_labels (the votes store is copied once per run, by human_labels).
 READS = ("original_qrels", "human_labels", "debate_labels", "debate_turns", "filtered_pool", "filter_votes",
          "review_sample")
 
 
-def qrels_inputs(store: DuckDBStore, votes: VotesStore,
-                 dataset: str) -> contextlib.AbstractContextManager[duckdb.DuckDBPyConnection]:
-    """`with qrels_inputs(store, votes, dataset) as con:` an in-memory snapshot of everything
+def qrels_inputs(store: DuckDBStore, dataset: str) -> contextlib.AbstractContextManager[duckdb.DuckDBPyConnection]:
+    """`with qrels_inputs(store, dataset) as con:` an in-memory snapshot of everything
     bridge_qrels reads for `dataset`."""
-    return snapshots.inputs(store, dataset, (*READS, *IMPORT_TABLES), votes=votes)
+    return snapshots.inputs(store, dataset, (*READS, *IMPORT_TABLES))
 
 
 def qrels_version(qrels: pl.DataFrame) -> str:
@@ -136,11 +135,11 @@ def _metadata(result: BridgeQrels, trec_path: Path) -> dict:
                 "labels are also written as TREC qrels under <data lake>/exports/<dataset>/.",
 )
 @reuse_when_current
-def bridge_qrels(context: dg.AssetExecutionContext, store: DuckDBStore, votes: VotesStore) -> dg.MaterializeResult:
+def bridge_qrels(context: dg.AssetExecutionContext, store: DuckDBStore) -> dg.MaterializeResult:
     dataset = context.partition_key
     relevance = get_dataset(dataset).relevance
     bar = relevance.min_precision
-    with qrels_inputs(store, votes, dataset) as con:
+    with qrels_inputs(store, dataset) as con:
         result = build_bridge_qrels(con, dataset, bar, relevance.drops_in_bounds)
     with store.connect() as con:
         add_missing_columns(con)

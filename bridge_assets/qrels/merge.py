@@ -48,9 +48,7 @@ ADDED_COLUMNS = {"original_relevance": "integer", "verified": "boolean", "preced
 
 # The columns sql/bridge_qrels.sql reads from each optional input, for empty stand-ins.
 OPTIONAL_INPUTS = {
-    "human_labels": "dataset varchar, query_id varchar, doc_id varchar, label integer",
-    "human_votes": "vote_id bigint, dataset varchar, query_id varchar, doc_id varchar, "
-                   "status varchar, is_attention_check boolean",
+    "human_labels": "dataset varchar, query_id varchar, doc_id varchar, label integer, vote_ids bigint[]",
     "debate_labels": "dataset varchar, query_id varchar, doc_id varchar, pair_key varchar, "
                      "label integer, outcome varchar, config_hash varchar, "
                      "adjudicator_label integer, adjudicator_call_key varchar",
@@ -185,6 +183,9 @@ def build_bridge_qrels(con: duckdb.DuckDBPyConnection, dataset: str, min_precisi
     with stand_ins(con, OPTIONAL_INPUTS) as missing, stand_ins(con, IMPORT_TABLES):
         # filter votes written before the scorer's P(yes) was kept
         con.execute("alter table filter_votes add column if not exists p_yes double")
+        # human labels written before they listed their votes (human_labels code version 1:
+        # Dagster marks it changed, and a run builds it again before this)
+        con.execute("alter table human_labels add column if not exists vote_ids bigint[]")
         trust = debate_trust(con, dataset, by_rule=trusted_by_rule(con, dataset), bar=min_precision)
         dropped = dropped_holes(con, dataset)
         qrels = con.execute(read_sql("bridge_qrels"), {
