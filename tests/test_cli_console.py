@@ -52,12 +52,15 @@ def test_a_line_per_step_llm_progress_and_dagsters_log_in_a_file(scripted_demo):
     assert unknown.exit_code == 2 and "no_such_asset" in unknown.output, unknown.output
     assert "Dagster's log of this command" not in unknown.output
     assert not (scripted_demo / "logs").exists() or list((scripted_demo / "logs").iterdir()) == []
-    # the log files of earlier commands: the newest KEEP_LOGS are kept, a file of someone else's too
-    earlier = [scripted_demo / "logs" / f"202601{day:02d}-120000-{100 + day}.log" for day in range(1, 26)]
+    # the log files of earlier commands (their processes gone: no pid is that high): the newest
+    # KEEP_LOGS are kept, a file of someone else's too, and the oldest, whose command still runs
+    earlier = [scripted_demo / "logs" / f"202601{day:02d}-120000-{99_000_000 + day}.log" for day in range(1, 26)]
     for path in earlier:
         path.parent.mkdir(exist_ok=True)
         path.write_text("an earlier command's log\n")
     (scripted_demo / "logs" / "notes.log").write_text("mine\n")
+    running = scripted_demo / "logs" / f"20251231-120000-{os.getpid()}.log"
+    running.write_text("a command still writing\n")
 
     result = bridge("materialize", "-d", "demo", "retrieval_run")
     console = result.stderr
@@ -92,7 +95,7 @@ def test_a_line_per_step_llm_progress_and_dagsters_log_in_a_file(scripted_demo):
     assert re.search(r"^\[\d+/\d+\] retrieval_run \(demo\|hyde\) \.\.\. done in \d+ s \(12 LLM requests "
                      r"answered, 12 from the ledger\)$", again.output, re.MULTILINE), again.output
     assert KEEP_LOGS == 20
-    assert sorted((scripted_demo / "logs").iterdir()) == sorted([*earlier[-19:], log_file,
+    assert sorted((scripted_demo / "logs").iterdir()) == sorted([*earlier[-19:], log_file, running,
                                                                   scripted_demo / "logs" / "notes.log"])
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 import click
 
 from bridge_assets.errors import BridgeError
+from bridge_assets.processes import alive
 
 if TYPE_CHECKING:
     from bridge_assets.orchestration.runs import Materialized, Step
@@ -65,11 +66,13 @@ def log_path(lake_folder: Path) -> Path:
 
 def prune_logs(folder: Path, keep: int) -> None:
     """Delete all but the `keep` newest log files in `folder` (their names start with the time
-    they were opened); other files there are left alone."""
+    they were opened); other files there are left alone, and so is the log of a command still
+    running (its name ends with the process id)."""
     logs = sorted((path for path in folder.glob("*.log") if LOG_NAME.fullmatch(path.name)),
                   key=lambda path: path.name)
     for old in logs[:len(logs) - keep] if keep > 0 else logs:
-        old.unlink(missing_ok=True)
+        if not alive(int(old.stem.rsplit("-", 1)[1])):
+            old.unlink(missing_ok=True)
 
 
 class StepConsole:
