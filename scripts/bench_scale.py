@@ -287,8 +287,11 @@ def run_child(fraction: float, lake: Path, port: int, out: Path, skip: set[str])
                 if store.table_exists(con, "llm_calls") else 0
 
     def materialize(assets, config: dict | None = None) -> dg.ExecuteInProcessResult:
+        # Dagster's console logger at WARNING: the stage lines are the benchmark's output
         result = dg.materialize(assets, partition_key=DATASET, resources=resources,
-                                run_config={"ops": config or {}}, raise_on_error=True)
+                                run_config={"ops": config or {},
+                                            "loggers": {"console": {"config": {"log_level": "WARNING"}}}},
+                                raise_on_error=True)
         return result
 
     tables = {}
