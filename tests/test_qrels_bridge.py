@@ -119,6 +119,15 @@ def test_a_run_copies_the_votes_once_and_the_qrels_cite_the_votes_human_labels_c
         assert (copied, read) == (1, 1) and len(labels["q2/d10"]) == 3  # the new votes, copied once
 
 
+def test_merge_reads_human_labels_written_before_they_listed_their_votes(labeled_lake):
+    with store.connect(location()) as con:
+        con.execute("alter table human_labels drop column vote_ids")  # human_labels code version 1
+    with qrels_assets.qrels_inputs(DuckDBStore(), DATASET) as con:
+        result = build_bridge_qrels(con, DATASET)
+    human = result.qrels.filter(pl.col("source") == "human")
+    assert human.height == 3 and human["vote_ids"].to_list() == [[], [], []]  # labels kept, no ids to cite
+
+
 def test_merge_refuses_a_dataset_without_original_qrels(data_lake):
     write_labeled_lake(data_lake)
     with store.connect(location()) as con, pytest.raises(LookupError, match="dataset 'scifact': no original_qrels rows"):
