@@ -14,8 +14,8 @@ ranx's numba kernels are compiled before timing.
 ascending, as BRIDGE keeps its own runs (ranx is left out then), --layout shuffled scatters
 the rows; the default stores them in trec_eval's order.
 
---previous REV also times BRIDGE's metrics as of git revision REV (its measures.py and
-retrieval_metrics.sql, read with `git show`), in the same run, its values asserted equal too;
+--previous REV also times BRIDGE's metrics as of git revision REV (its bridge_assets and sql/,
+from `git archive`), in the same run, its values asserted equal too;
 the default is the last revision before statement 1's window was cut (docs/metrics.md).
 
     .venv/bin/python scripts/bench_metrics.py [--systems 25 --queries 3657 --seed 7 --repeat 3]
@@ -27,13 +27,20 @@ the default is the last revision before statement 1's window was cut (docs/metri
 from __future__ import annotations
 
 import argparse
+import atexit
+import importlib
+import io
+import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 import types
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import duckdb
 import numpy as np
@@ -174,16 +181,29 @@ def best_of(repeat: int, tools: dict[str, Callable[[], tuple[dict, Timing]]]) ->
 
 
 def previous_measures(revision: str) -> types.ModuleType:
-    """bridge_assets/metrics/measures.py as of `revision`, reading that revision's SQL."""
-    def show(path: str) -> str:
-        return subprocess.run(["git", "show", f"{revision}:{path}"], cwd=PROJECT_ROOT, check=True,
-                              capture_output=True, text=True).stdout
-    module = sys.modules["previous_measures"] = types.ModuleType("previous_measures")
-    exec(compile(show("bridge_assets/metrics/measures.py"), f"{revision}:measures.py", "exec"),
-         module.__dict__)
-    sql = show("sql/retrieval_metrics.sql")
-    module.read_sql = lambda name: sql  # the module's own name for bridge_assets.paths.read_sql
-    return module
+    """bridge_assets.metrics.measures as of `revision`: that revision's package and SQL (`git
+    archive` into a temporary folder) imported under their own names, this process's
+    bridge_assets set aside meanwhile and put back after. The module keeps its own imports
+    (measure_names, judged_rows, paths, whatever the revision had), so any revision loads."""
+    folder = Path(tempfile.mkdtemp(prefix=f"bridge-{revision[:12]}-"))
+    atexit.register(shutil.rmtree, folder, True)  # its SQL is read as the measures run
+    archive = subprocess.run(["git", "archive", revision, "bridge_assets", "sql"], cwd=PROJECT_ROOT,
+                             check=True, capture_output=True).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(folder, filter="data")
+
+    def ours() -> list[str]:
+        return [name for name in sys.modules if name == "bridge_assets" or name.startswith("bridge_assets.")]
+
+    current = {name: sys.modules.pop(name) for name in ours()}
+    sys.path.insert(0, str(folder))
+    try:
+        return importlib.import_module("bridge_assets.metrics.measures")
+    finally:
+        sys.path.remove(str(folder))
+        for name in ours():
+            del sys.modules[name]
+        sys.modules.update(current)
 
 
 @dataclass

@@ -614,3 +614,27 @@ def test_every_script_has_a_case():
 def test_script_runs_at_its_smallest_size(name, data_lake, tmp_path, request):
     """Whatever a script does not point elsewhere goes to the test's own lake (data_lake)."""
     CASES[name].check(tmp_path, request)
+
+
+def test_bench_metrics_previous_revision_brings_its_own_modules(monkeypatch):
+    """--previous REV loads REV's measures with REV's modules (measure_names, judged_rows, paths,
+    its SQL), not this tree's, and leaves this process's bridge_assets as it was."""
+    import importlib.util
+    import inspect
+
+    import bridge_assets.metrics.measures as current
+
+    if subprocess.run(["git", "rev-parse", "--verify", "-q", "HEAD"], cwd=PROJECT_ROOT,
+                      capture_output=True).returncode:
+        pytest.skip("no git history here")
+    spec = importlib.util.spec_from_file_location("bench_metrics", SCRIPTS / "bench_metrics.py")
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "bench_metrics", bench)  # its dataclasses look themselves up there
+    spec.loader.exec_module(bench)
+    previous = bench.previous_measures("HEAD")
+    folder = Path(previous.__file__).parents[2]
+    assert folder != PROJECT_ROOT and (folder / "sql" / "retrieval_metrics.sql").exists()
+    for name in ("measure_values", "resolve_measures", "read_sql"):  # what it imported: the revision's
+        assert Path(inspect.getfile(getattr(previous, name))).is_relative_to(folder), name
+    assert sys.modules["bridge_assets.metrics.measures"] is current
+
