@@ -335,3 +335,30 @@ def test_an_old_duckdb_lake_under_the_ducklake_default_is_refused_with_what_to_d
     refused = CliRunner().invoke(cli.app, ["migrate"])
     assert refused.exit_code == 2 and "bridge lake migrate" in refused.output
     assert not votes_db(data_lake).exists() and HUMAN_TABLES <= tables(data_lake / "bridge.duckdb")
+
+
+def test_the_votes_version_is_read_in_place_and_moves_only_with_a_counted_vote(escalated_lake):
+    """votes_store.votes_version (what the sensor and the staleness check compare with the one
+    human_labels was built from): a store file nobody has opened reads as no votes; an excluded
+    vote and an attention check change nothing; an accepted vote does."""
+    from bridge_assets.human.tables import votes_version
+    from fixtures.escalated_set import vote
+
+    where = location()
+    where.votes_db.unlink(missing_ok=True)
+    where.votes_db.parent.mkdir(parents=True, exist_ok=True)
+    duckdb.connect(str(where.votes_db)).close()  # a file without the tables
+    with duckdb.connect() as con:
+        con.execute("create table human_votes (vote_id bigint, dataset varchar, query_id varchar, doc_id varchar, "
+                    "annotator_id varchar, label integer, status varchar, is_attention_check boolean)")
+        none = votes_version(con, DATASET)
+    assert votes_store.votes_version(where, DATASET) == none
+    assert tables(where.votes_db) == set()  # read, not written
+    with annotations() as con:
+        vote(con, ESCALATED[0], "ann", 1, status="excluded")
+        vote(con, ESCALATED[0], "bob", 1, check=True)
+    assert votes_store.votes_version(where, DATASET) == none
+    with annotations() as con:
+        vote(con, ESCALATED[0], "cat", 1)
+        counted = votes_version(con, DATASET)
+    assert votes_store.votes_version(where, DATASET) == counted != none

@@ -223,9 +223,10 @@ def _attached(con: duckdb.DuckDBPyConnection, votes_db: Path, wait_seconds: floa
     """The votes store attached to `con` read-only for the block; yields the name its
     human_votes is read by (an empty stand-in in a store without the table)."""
     store.attach_file(con, votes_db, VOTES, wait_seconds=wait_seconds)
-    stand_in = not store.one_row(con, "select count(*) from duckdb_tables() where database_name = ? "
-                                 "and table_name = 'human_votes'", [VOTES])[0]
+    stand_in = False
     try:
+        stand_in = not store.one_row(con, "select count(*) from duckdb_tables() where database_name = ? "
+                                     "and table_name = 'human_votes'", [VOTES])[0]
         if stand_in:  # a votes store nobody has opened yet
             con.execute(HUMAN_VOTES.replace("create table if not exists human_votes",
                                             "create or replace temp table _no_votes")
